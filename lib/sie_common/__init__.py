@@ -1,0 +1,1 @@
+"""Code shared by the engine's services and its Python client."""

@@ -1,0 +1,25 @@
+"""What every gRPC server of the engine serves beside its own API: health and reflection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+
+def add_health_and_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> health.aio.HealthServicer:
+    """Register grpc.health.v1 (all NOT_SERVING until the caller says otherwise) and reflection."""
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    return health_servicer
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, service_names: Sequence[str], serving: bool) -> None:
+    """Mark the server ("") and each named service SERVING or NOT_SERVING."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", *service_names):
+        await health_servicer.set(name, status)

@@ -1,0 +1,216 @@
+"""The model config schema and its validator: one YAML file per model.
+
+Every service that reads model configs parses them here, so a config the
+config service accepts is one every worker can load. Errors name the file,
+the field and the problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TASKS = ("encode", "score", "extract")
+OUTPUT_TYPES = ("dense", "sparse", "multivector")
+INPUTS = ("text", "image")
+COMPUTE_PRECISIONS = ("float32", "float16", "bfloat16")
+DEFAULT_PROFILE = "default"
+
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+_TOP_LEVEL_KEYS = {
+    "id", "hf_id", "revision", "path", "bundled_weights", "inputs", "tasks",
+    "output_types", "dims", "max_sequence_length", "profiles",
+}
+_PROFILE_KEYS = {"extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision"}
+
+
+class ModelConfigError(ValueError):
+    """A config that does not validate: `source: field: problem`."""
+
+    def __init__(self, source: str, field_path: str, problem: str) -> None:
+        super().__init__(f"{source}: {field_path}: {problem}" if field_path else f"{source}: {problem}")
+        self.source = source
+        self.field_path = field_path
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How to run a model: adapter, options and limits. Fields left unset come from `extends`."""
+
+    adapter: str | None = None
+    extends: str | None = None
+    load_options: Mapping[str, Any] = field(default_factory=dict)
+    run_options: Mapping[str, Any] = field(default_factory=dict)
+    max_batch_tokens: int | None = None
+    compute_precision: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    id: str
+    source: str
+    hf_id: str | None = None
+    revision: str | None = None
+    path: Path | None = None
+    bundled_weights: str | None = None
+    inputs: tuple[str, ...] = ("text",)
+    tasks: tuple[str, ...] = ("encode",)
+    output_types: tuple[str, ...] = ("dense",)
+    dims: int | None = None
+    max_sequence_length: int | None = None
+    profiles: Mapping[str, Profile] = field(default_factory=dict)
+
+    def profile(self, name: str = DEFAULT_PROFILE) -> Profile:
+        """The named profile with its `extends` chain applied."""
+        if name not in self.profiles:
+            raise KeyError(name)
+        return _resolve(self.profiles, name, ())
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    """Parse and validate one model YAML file."""
+    source = str(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise ModelConfigError(source, "", f"not valid YAML: {error}") from None
+    return parse_model_config(data, source=source, base_dir=path.parent)
+
+
+def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) -> ModelConfig:
+    """Validate a config mapping (from YAML or JSON); relative paths resolve against `base_dir`."""
+    if not isinstance(data, Mapping):
+        raise ModelConfigError(source, "", "a model config must be a mapping")
+    _no_unknown_keys(data, _TOP_LEVEL_KEYS, source, "")
+    model_id = _string(data, "id", source, required=True)
+    assert model_id is not None
+    if not _MODEL_ID.match(model_id) or ".." in model_id.split("/"):
+        raise ModelConfigError(source, "id", f"{model_id!r} is not a model id (letters, digits, '.', '_', '-', '/'-separated)")
+    path = _string(data, "path", source)
+    resolved_path = Path(path) if path else None
+    if resolved_path is not None and not resolved_path.is_absolute() and base_dir is not None:
+        resolved_path = base_dir / resolved_path
+    config = ModelConfig(
+        id=model_id,
+        source=source,
+        hf_id=_string(data, "hf_id", source),
+        revision=_string(data, "revision", source),
+        path=resolved_path,
+        bundled_weights=_string(data, "bundled_weights", source),
+        inputs=_choices(data, "inputs", INPUTS, ("text",), source),
+        tasks=_choices(data, "tasks", TASKS, ("encode",), source),
+        output_types=_choices(data, "output_types", OUTPUT_TYPES, ("dense",), source),
+        dims=_positive_int(data, "dims", source),
+        max_sequence_length=_positive_int(data, "max_sequence_length", source),
+        profiles=_profiles(data.get("profiles"), source),
+    )
+    if not (config.hf_id or config.path or config.bundled_weights):
+        raise ModelConfigError(source, "", "no weights: set hf_id, path or bundled_weights")
+    if config.bundled_weights and ":" not in config.bundled_weights:
+        raise ModelConfigError(source, "bundled_weights", "expected 'package:subdir'")
+    for name in config.profiles:
+        try:
+            resolved = config.profile(name)
+        except ModelConfigError as error:
+            raise ModelConfigError(source, f"profiles.{name}", error.problem) from None
+        if not resolved.adapter:
+            raise ModelConfigError(source, f"profiles.{name}.adapter", "required (directly or through extends)")
+    return config
+
+
+def _profiles(raw: Any, source: str) -> dict[str, Profile]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise ModelConfigError(source, "profiles", f"required: a mapping with at least a {DEFAULT_PROFILE!r} profile")
+    if DEFAULT_PROFILE not in raw:
+        raise ModelConfigError(source, "profiles", f"needs a {DEFAULT_PROFILE!r} profile")
+    profiles = {}
+    for name, body in raw.items():
+        where = f"profiles.{name}"
+        if not isinstance(body, Mapping):
+            raise ModelConfigError(source, where, "a profile must be a mapping")
+        _no_unknown_keys(body, _PROFILE_KEYS, source, where + ".")
+        precision = _string(body, "compute_precision", source, prefix=where + ".")
+        if precision is not None and precision not in COMPUTE_PRECISIONS:
+            raise ModelConfigError(source, f"{where}.compute_precision", f"{precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}")
+        extends = _string(body, "extends", source, prefix=where + ".")
+        if extends is not None and extends not in raw:
+            raise ModelConfigError(source, f"{where}.extends", f"no profile named {extends!r}")
+        profiles[str(name)] = Profile(
+            adapter=_string(body, "adapter", source, prefix=where + "."),
+            extends=extends,
+            load_options=_mapping(body, "load_options", source, where + "."),
+            run_options=_mapping(body, "run_options", source, where + "."),
+            max_batch_tokens=_positive_int(body, "max_batch_tokens", source, prefix=where + "."),
+            compute_precision=precision,
+        )
+    return profiles
+
+
+def _resolve(profiles: Mapping[str, Profile], name: str, seen: tuple[str, ...]) -> Profile:
+    if name in seen:
+        raise ModelConfigError("", "", f"extends cycle: {' -> '.join((*seen, name))}")
+    profile = profiles[name]
+    if profile.extends is None:
+        return profile
+    base = _resolve(profiles, profile.extends, (*seen, name))
+    return Profile(
+        adapter=profile.adapter or base.adapter,
+        extends=profile.extends,
+        load_options={**base.load_options, **profile.load_options},
+        run_options={**base.run_options, **profile.run_options},
+        max_batch_tokens=profile.max_batch_tokens or base.max_batch_tokens,
+        compute_precision=profile.compute_precision or base.compute_precision,
+    )
+
+
+def _no_unknown_keys(data: Mapping, allowed: set[str], source: str, prefix: str) -> None:
+    unknown = sorted(str(key) for key in data if key not in allowed)
+    if unknown:
+        raise ModelConfigError(source, prefix + unknown[0], f"unknown field; expected one of {', '.join(sorted(allowed))}")
+
+
+def _string(data: Mapping, key: str, source: str, *, required: bool = False, prefix: str = "") -> str | None:
+    value = data.get(key)
+    if value is None or value == "":
+        if required:
+            raise ModelConfigError(source, prefix + key, "required")
+        return None
+    if not isinstance(value, str):
+        raise ModelConfigError(source, prefix + key, f"must be a string, got {type(value).__name__}")
+    return value
+
+
+def _positive_int(data: Mapping, key: str, source: str, *, prefix: str = "") -> int | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelConfigError(source, prefix + key, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def _choices(data: Mapping, key: str, allowed: tuple[str, ...], default: tuple[str, ...], source: str) -> tuple[str, ...]:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str) or not isinstance(value, list) or not value:
+        raise ModelConfigError(source, key, f"must be a non-empty list of {', '.join(allowed)}")
+    for entry in value:
+        if entry not in allowed:
+            raise ModelConfigError(source, key, f"{entry!r} is not one of {', '.join(allowed)}")
+    return tuple(value)
+
+
+def _mapping(data: Mapping, key: str, source: str, prefix: str) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ModelConfigError(source, prefix + key, "must be a mapping")
+    return dict(value)

@@ -1,0 +1,104 @@
+"""Typed service settings read from flags, then `SIE_*` environment variables, then defaults.
+
+Each service declares one frozen dataclass whose fields are made with
+`setting()`; `add_flags` turns it into argparse flags and `load_settings`
+builds the instance, so every knob is defined, documented and parsed once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable that cannot be parsed; names the source."""
+
+
+def setting(default: Any, *, env: str, help: str) -> Any:
+    """A settings field: its default, the environment variable it reads, its help text."""
+    if isinstance(default, list):
+        raise TypeError("use a tuple for list-valued settings")
+    return dataclasses.field(default=default, metadata={"env": env, "help": help})
+
+
+def add_flags(parser: argparse.ArgumentParser, settings_type: type) -> None:
+    """Add a `--kebab-case` flag per field; unset flags fall back to the environment."""
+    hints = typing.get_type_hints(settings_type)
+    for field in dataclasses.fields(settings_type):
+        flag = "--" + field.name.replace("_", "-")
+        help_text = f"{field.metadata['help']} [env {field.metadata['env']}, default {_show(field.default)}]"
+        if _base_type(hints[field.name]) is bool:
+            parser.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=field.name, default=None, metavar=field.name.upper(), help=help_text)
+
+
+def load_settings(
+    settings_type: type[T],
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> T:
+    """Build settings: a flag wins over its environment variable, which wins over the default."""
+    environ = os.environ if environ is None else environ
+    hints = typing.get_type_hints(settings_type)
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(settings_type):
+        env = field.metadata["env"]
+        flag_value = getattr(args, field.name, None) if args is not None else None
+        if flag_value is not None:
+            source, raw = "--" + field.name.replace("_", "-"), flag_value
+        elif environ.get(env, "") != "":
+            source, raw = env, environ[env]
+        else:
+            continue
+        values[field.name] = _parse(raw, hints[field.name], source)
+    return settings_type(**values)
+
+
+def _base_type(hint: Any) -> Any:
+    """`int | None` -> int; `tuple[str, ...]` -> tuple; plain types unchanged."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (inner,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _base_type(inner)
+    return typing.get_origin(hint) or hint
+
+
+def _parse(raw: Any, hint: Any, source: str) -> Any:
+    kind = _base_type(hint)
+    if isinstance(raw, bool) or not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    try:
+        if kind is bool:
+            lowered = text.lower()
+            if lowered in _TRUE:
+                return True
+            if lowered in _FALSE:
+                return False
+            raise ValueError("expected true or false")
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind is tuple:
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        return text
+    except ValueError as error:
+        raise SettingsError(f"{source}={raw!r}: {error}") from None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value) or "unset"
+    return "unset" if value is None else str(value)
