@@ -1,0 +1,1 @@
+"""The worker: batches items onto a device and runs the models."""

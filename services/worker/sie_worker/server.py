@@ -1,0 +1,48 @@
+"""Run the worker's gRPC server until SIGTERM or SIGINT, then drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+
+from sie.v1 import inference_pb2, inference_pb2_grpc
+from sie_common.grpc_server import add_health_and_reflection, set_serving
+from sie_worker.engine import Engine
+from sie_worker.inference_api import InferenceService
+from sie_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+# In-flight calls get this long to finish after a stop signal.
+DRAIN_GRACE_S = 30.0
+
+
+async def serve(settings: WorkerSettings) -> None:
+    engine = Engine(settings)
+    server = grpc.aio.server()
+    inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(engine), server)
+    health = add_health_and_reflection(server, [INFERENCE_SERVICE])
+    address = f"{settings.host}:{settings.port}"
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address}")
+    await server.start()
+    await engine.start()
+    await set_serving(health, [INFERENCE_SERVICE], True)
+    log.info(
+        "sie-worker serving sie.v1.Inference on %s (device %s; models: %s)",
+        address, engine.device, ", ".join(engine.registry.model_ids),
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("stopping: draining in-flight requests (up to %.0f s)", DRAIN_GRACE_S)
+    await set_serving(health, [INFERENCE_SERVICE], False)
+    await server.stop(DRAIN_GRACE_S)
+    await engine.stop()

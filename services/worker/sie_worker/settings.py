@@ -1,0 +1,27 @@
+"""Every knob of the worker, in one typed object (flags > SIE_* env > defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sie_common.settings import setting
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
+    port: int = setting(50061, env="SIE_PORT", help="gRPC port")
+    device: str = setting("auto", env="SIE_DEVICE", help="auto, cpu, cuda, cuda:N or mps")
+    models_dir: str = setting("./models", env="SIE_MODELS_DIR", help="directory of model YAML configs (added to the built-in ones)")
+    model_filter: tuple[str, ...] = setting((), env="SIE_MODEL_FILTER", help="comma-separated model ids to serve; unset serves all")
+    preload_models: tuple[str, ...] = setting((), env="SIE_PRELOAD_MODELS", help="comma-separated model ids to load at start")
+    local_cache: str | None = setting(None, env="SIE_LOCAL_CACHE", help="Hugging Face cache directory for weights (default: HF_HOME)")
+    hf_fallback: bool = setting(True, env="SIE_HF_FALLBACK", help="download from the Hugging Face Hub when no local copy is found")
+    max_batch_requests: int = setting(64, env="SIE_MAX_BATCH_REQUESTS", help="most items in one forward pass")
+    max_batch_wait_ms: float = setting(10.0, env="SIE_MAX_BATCH_WAIT_MS", help="longest an item waits for its batch to fill")
+    max_batch_tokens: int = setting(16384, env="SIE_MAX_BATCH_TOKENS", help="token budget of one forward pass (padded); a profile's max_batch_tokens overrides it")
+    max_concurrent_requests: int = setting(512, env="SIE_MAX_CONCURRENT_REQUESTS", help="requests in flight before RESOURCE_EXHAUSTED")
+    preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
+    default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
+    attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
+    log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
