@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+
+from sie.v1 import inference_pb2_grpc  # noqa: E402
+from tiny_models import VARIANTS, build_tiny_model, write_model_yaml  # noqa: E402
+from worker_process import WorkerProcess  # noqa: E402
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Model id -> directory for each tiny variant."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    built = {}
+    for name, (pooling, normalize, include_prompt) in VARIANTS.items():
+        built[f"test/{name}"] = build_tiny_model(root / name, pooling=pooling, normalize=normalize, include_prompt=include_prompt)
+    return built
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
+    directory = tmp_path_factory.mktemp("model-configs")
+    for model_id, weights in tiny_models.items():
+        write_model_yaml(directory, model_id, weights)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def start_worker(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator:
+    """Start workers with extra env; all are stopped at the end of the session."""
+    started: list[WorkerProcess] = []
+
+    def start(**env: str) -> WorkerProcess:
+        log = tmp_path_factory.mktemp("worker-logs") / "worker.log"
+        worker = WorkerProcess({"SIE_MODELS_DIR": str(models_dir), **env}, log)
+        started.append(worker)
+        worker.wait_serving()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+def worker(start_worker) -> WorkerProcess:
+    """One shared worker with default settings."""
+    return start_worker()
+
+
+@pytest.fixture
+def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with grpc.insecure_channel(worker.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)

@@ -1,0 +1,90 @@
+"""BatchFormer decisions: when a batch flushes, what it takes, and what may share it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sie_worker.batching import BatchFormer, BatchLimits, PendingItem
+
+LIMITS = BatchLimits(max_items=4, max_tokens=100, max_wait_s=0.05)
+
+
+def items(key: str, costs: list[int]) -> list[PendingItem]:
+    loop = asyncio.get_running_loop()
+    return [PendingItem(key, cost, f"{key}{index}", loop.create_future()) for index, cost in enumerate(costs)]
+
+
+async def test_flushes_at_once_when_the_item_cap_is_reached() -> None:
+    former = BatchFormer()
+    former.add(items("a", [1, 1, 1, 1, 1]), BatchLimits(max_items=4, max_tokens=100, max_wait_s=60))
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert len(batch) == 4
+    assert former.pending == 1
+
+
+async def test_flushes_at_once_when_the_token_budget_is_reached() -> None:
+    former = BatchFormer()
+    former.add(items("a", [30, 30, 30, 30]), BatchLimits(max_items=64, max_tokens=100, max_wait_s=60))
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    # Padded cost: 3 items x 30 tokens fit in 100, a fourth would not.
+    assert [item.cost for item in batch] == [30, 30, 30]
+
+
+async def test_a_lone_item_waits_for_the_window_then_goes() -> None:
+    former = BatchFormer()
+    former.add(items("a", [5]), LIMITS)
+    started = time.monotonic()
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert len(batch) == 1
+    assert time.monotonic() - started >= LIMITS.max_wait_s * 0.9
+
+
+async def test_items_that_arrive_within_the_window_share_a_batch() -> None:
+    former = BatchFormer()
+    former.add(items("a", [5]), LIMITS)
+    waiting = asyncio.create_task(former.next_batch())
+    await asyncio.sleep(0.01)
+    former.add(items("b", [6]), LIMITS)  # another key: not in this batch
+    former.add(items("a", [7]), LIMITS)
+    batch = await asyncio.wait_for(waiting, 1)
+    assert sorted(item.cost for item in batch) == [5, 7]
+    assert {item.key for item in batch} == {"a"}
+    assert former.pending == 1
+
+
+async def test_only_items_with_the_same_key_share_a_batch() -> None:
+    former = BatchFormer()
+    former.add(items("a", [1, 1]), LIMITS)
+    former.add(items("b", [1, 1]), LIMITS)
+    first = await asyncio.wait_for(former.next_batch(), 1)
+    second = await asyncio.wait_for(former.next_batch(), 1)
+    assert {item.key for item in first} == {"a"}  # the older group first
+    assert {item.key for item in second} == {"b"}
+
+
+async def test_batch_keeps_the_oldest_item_and_fills_with_the_shortest() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=3, max_tokens=1000, max_wait_s=0)
+    former.add(items("a", [50, 40, 3, 30, 2]), limits)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert sorted(item.cost for item in batch) == [2, 3, 50]
+    assert [item.cost for item in batch] == [2, 3, 50]  # sorted by cost
+    rest = await asyncio.wait_for(former.next_batch(), 1)
+    assert sorted(item.cost for item in rest) == [30, 40]
+
+
+async def test_cancelled_items_are_dropped() -> None:
+    former = BatchFormer()
+    pending = items("a", [1, 1, 1])
+    former.add(pending, BatchLimits(max_items=64, max_tokens=100, max_wait_s=0))
+    pending[1].future.cancel()
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.payload for item in batch] == ["a0", "a2"]
+
+
+async def test_an_item_over_the_budget_still_runs_alone() -> None:
+    former = BatchFormer()
+    former.add(items("a", [500, 1]), LIMITS)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.cost for item in batch] == [500]

@@ -1,0 +1,42 @@
+"""`sie-worker serve` on the command line: help, bad settings, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from worker_process import WorkerProcess
+
+
+def sie_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "sie_worker", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
+
+
+def test_help_lists_flags_with_their_variables() -> None:
+    result = sie_worker("serve", "--help")
+    assert result.returncode == 0
+    assert "--max-batch-wait-ms" in result.stdout
+    assert "SIE_MAX_BATCH_WAIT_MS" in " ".join(result.stdout.split())
+
+
+def test_a_bad_variable_is_refused_by_name() -> None:
+    result = sie_worker("serve", env={"SIE_MAX_BATCH_REQUESTS": "lots"})
+    assert result.returncode == 2
+    assert "SIE_MAX_BATCH_REQUESTS='lots'" in result.stderr
+
+
+def test_an_unknown_model_in_the_filter_is_refused() -> None:
+    result = sie_worker("serve", env={"SIE_MODEL_FILTER": "no/such", "SIE_PORT": "0"})
+    assert result.returncode == 1
+    assert "SIE_MODEL_FILTER names unknown model 'no/such'" in result.stderr
+
+
+def test_sigterm_stops_the_worker_cleanly(tmp_path) -> None:
+    worker = WorkerProcess({}, tmp_path / "worker.log")
+    worker.wait_serving()
+    assert worker.stop() == 0
+    assert "draining in-flight requests" in worker.log()
