@@ -1,0 +1,33 @@
+# Quick start:  make serve   (engine on :50061 with the demo model)
+#               make test    (the whole suite)
+# Both create .venv and install what they need on first use.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: serve test protos proto-check proto-lint proto-breaking bench
+
+$(INSTALLED): pyproject.toml scripts/bootstrap
+	scripts/bootstrap $(VENV)
+	touch $@
+
+serve: $(INSTALLED)
+	$(VENV)/bin/sie-worker serve $(ARGS)
+
+test: $(INSTALLED)
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+protos: $(INSTALLED)
+	$(PYTHON) tools/protos.py generate
+
+proto-check: $(INSTALLED)
+	$(PYTHON) tools/protos.py check
+
+proto-lint: $(INSTALLED)
+	$(PYTHON) tools/protos.py lint
+
+proto-breaking: $(INSTALLED)
+	$(PYTHON) tools/protos.py breaking $(AGAINST)
+
+bench: $(INSTALLED)
+	$(PYTHON) bench/encode_throughput.py $(ARGS)
