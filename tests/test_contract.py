@@ -61,3 +61,17 @@ def test_every_rpc_of_the_contract_is_present() -> None:
     assert set(config) == {"AddModel", "GetModelConfig", "ListModelConfigs", "ExportConfigs", "GetEpoch", "ListBundles", "GetBundle"}
     work = worker_pb2.DESCRIPTOR.services_by_name["Worker"].methods_by_name["Work"]
     assert work.client_streaming and work.server_streaming
+
+
+def test_buf_breaking_catches_a_removed_field(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import protos
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    for workspace in (before, after):
+        shutil.copytree(ROOT / "proto", workspace / "proto")
+        shutil.copy(ROOT / "buf.yaml", workspace / "buf.yaml")
+    types = after / "proto" / "sie" / "v1" / "types.proto"
+    types.write_text(types.read_text().replace("  double queue_ms = 1;\n", ""))
+    assert protos.breaking_between(after, before) != 0
+    assert protos.breaking_between(before, before) == 0

@@ -123,7 +123,6 @@ def lint() -> int:
 
 def breaking(against: str) -> int:
     """buf breaking against the contract at a git ref, staged with the same deps."""
-    stage_googleapis(DEPS_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         archive = subprocess.run(
@@ -133,11 +132,14 @@ def breaking(against: str) -> int:
             check=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-        stage_googleapis(base / "build" / "proto-deps")
-        image = base / "against.binpb"
-        if buf("build", "-o", str(image), cwd=base) != 0:
-            return 1
-        return buf("breaking", "--against", str(image))
+        return breaking_between(ROOT, base)
+
+
+def breaking_between(current: Path, against: Path) -> int:
+    """buf breaking of the workspace at `current` against the one at `against`."""
+    for workspace in (current, against):
+        stage_googleapis(workspace / "build" / "proto-deps")
+    return buf("breaking", "--against", str(against), cwd=current)
 
 
 def main(argv: list[str] | None = None) -> int:
