@@ -40,9 +40,12 @@ def start_worker(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> 
     """Start workers with extra env; all are stopped at the end of the session."""
     started: list[WorkerProcess] = []
 
+    every_model = ",".join([MINILM, *(f"test/{name}" for name in VARIANTS)])
+
     def start(**env: str) -> WorkerProcess:
+        """A worker with every test model preloaded unless `SIE_PRELOAD_MODELS` says otherwise."""
         log = tmp_path_factory.mktemp("worker-logs") / "worker.log"
-        worker = WorkerProcess({"SIE_MODELS_DIR": str(models_dir), **env}, log)
+        worker = WorkerProcess({"SIE_MODELS_DIR": str(models_dir), "SIE_PRELOAD_MODELS": every_model, **env}, log)
         started.append(worker)
         worker.wait_serving()
         return worker

@@ -66,6 +66,18 @@ class ModelConfig:
     max_sequence_length: int | None = None
     profiles: Mapping[str, Profile] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data, unset fields left out: the canonical form for hashing and export."""
+        data: dict[str, Any] = {"id": self.id}
+        for key in ("hf_id", "revision", "bundled_weights", "dims", "max_sequence_length"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        if self.path is not None:
+            data["path"] = str(self.path)
+        data.update(inputs=list(self.inputs), tasks=list(self.tasks), output_types=list(self.output_types))
+        data["profiles"] = {name: _profile_dict(profile) for name, profile in sorted(self.profiles.items())}
+        return data
+
     def profile(self, name: str = DEFAULT_PROFILE) -> Profile:
         """The named profile with its `extends` chain applied."""
         if name not in self.profiles:
@@ -150,6 +162,18 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
             compute_precision=precision,
         )
     return profiles
+
+
+def _profile_dict(profile: Profile) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key in ("adapter", "extends", "max_batch_tokens", "compute_precision"):
+        if getattr(profile, key) is not None:
+            data[key] = getattr(profile, key)
+    if profile.load_options:
+        data["load_options"] = dict(profile.load_options)
+    if profile.run_options:
+        data["run_options"] = dict(profile.run_options)
+    return data
 
 
 def _resolve(profiles: Mapping[str, Profile], name: str, seen: tuple[str, ...]) -> Profile:

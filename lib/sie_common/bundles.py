@@ -1,0 +1,96 @@
+"""Bundles: what a worker image can serve, and the hashes that show config drift.
+
+A bundle is one YAML file (`bundles/<id>.yaml`):
+
+    id: default
+    adapters: [sentence_transformer]   # adapters the image can run
+    models: []                         # optional: only these model ids
+    priority: 0                        # higher wins when several bundles can serve a model
+
+A model belongs to a bundle when the adapter of its default profile is one the
+bundle runs (and, if the bundle lists models, the model is listed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sie_common.model_config import ModelConfig, ModelConfigError
+
+_KEYS = {"id", "adapters", "models", "priority"}
+
+
+@dataclass(frozen=True)
+class Bundle:
+    id: str
+    adapters: tuple[str, ...]
+    models: tuple[str, ...] = ()
+    priority: int = 0
+
+    def can_serve(self, config: ModelConfig) -> bool:
+        if self.models and config.id not in self.models:
+            return False
+        return config.profile().adapter in self.adapters
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "adapters": list(self.adapters), "models": list(self.models), "priority": self.priority}
+
+
+def parse_bundle(data: Any, *, source: str) -> Bundle:
+    """Validate a bundle mapping; errors name the source, field and problem."""
+    if not isinstance(data, Mapping):
+        raise ModelConfigError(source, "", "a bundle must be a mapping")
+    unknown = sorted(str(key) for key in data if key not in _KEYS)
+    if unknown:
+        raise ModelConfigError(source, unknown[0], f"unknown field; expected one of {', '.join(sorted(_KEYS))}")
+    bundle_id = data.get("id")
+    if not isinstance(bundle_id, str) or not bundle_id:
+        raise ModelConfigError(source, "id", "required: a non-empty string")
+    adapters = data.get("adapters")
+    if not isinstance(adapters, list) or not adapters or not all(isinstance(a, str) and a for a in adapters):
+        raise ModelConfigError(source, "adapters", "required: a non-empty list of adapter names")
+    models = data.get("models") or []
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        raise ModelConfigError(source, "models", "must be a list of model ids")
+    priority = data.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ModelConfigError(source, "priority", f"must be an integer, got {priority!r}")
+    return Bundle(bundle_id, tuple(adapters), tuple(models), priority)
+
+
+def load_bundles(directory: Path) -> dict[str, Bundle]:
+    """Every `*.yaml` bundle in a directory, by id."""
+    bundles: dict[str, Bundle] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as error:
+            raise ModelConfigError(str(path), "", f"not valid YAML: {error}") from None
+        bundle = parse_bundle(data, source=str(path))
+        if bundle.id in bundles:
+            raise ModelConfigError(str(path), "id", f"bundle {bundle.id!r} is defined twice")
+        bundles[bundle.id] = bundle
+    return bundles
+
+
+def bundle_config_hash(bundle: Bundle, configs: Iterable[ModelConfig]) -> str:
+    """Hash of a bundle and the model configs it serves: equal hashes mean equal served config."""
+    served = sorted((config.to_dict() for config in configs if bundle.can_serve(config)), key=lambda c: c["id"])
+    return _digest({"bundle": bundle.to_dict(), "models": served})
+
+
+def bundle_set_hash(bundles: Iterable[Bundle]) -> str:
+    """Hash of a set of bundle definitions (not of the models they serve)."""
+    return _digest(sorted((bundle.to_dict() for bundle in bundles), key=lambda b: b["id"]))
+
+
+def _digest(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

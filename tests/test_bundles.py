@@ -1,0 +1,58 @@
+"""Bundles: parsing, which models they serve, and hashes that move when served config moves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sie_common.bundles import Bundle, bundle_config_hash, bundle_set_hash, load_bundles, parse_bundle
+from sie_common.model_config import ModelConfigError, parse_model_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def model(model_id: str, adapter: str = "sentence_transformer", dims: int | None = None):
+    data = {"id": model_id, "hf_id": model_id, "profiles": {"default": {"adapter": adapter}}}
+    if dims:
+        data["dims"] = dims
+    return parse_model_config(data, source="test")
+
+
+def test_the_repository_bundles_load() -> None:
+    bundles = load_bundles(ROOT / "bundles")
+    assert "default" in bundles
+    assert "sentence_transformer" in bundles["default"].adapters
+
+
+def test_a_bundle_serves_models_by_adapter_and_optional_list() -> None:
+    by_adapter = Bundle("a", ("sentence_transformer",))
+    listed = Bundle("b", ("sentence_transformer",), models=("x/one",))
+    assert by_adapter.can_serve(model("x/one")) and by_adapter.can_serve(model("x/two"))
+    assert not by_adapter.can_serve(model("x/three", adapter="gliner"))
+    assert listed.can_serve(model("x/one")) and not listed.can_serve(model("x/two"))
+
+
+def test_config_hash_follows_the_served_configs_only() -> None:
+    bundle = Bundle("a", ("sentence_transformer",))
+    base = bundle_config_hash(bundle, [model("x/one")])
+    assert bundle_config_hash(bundle, [model("x/one")]) == base
+    assert bundle_config_hash(bundle, [model("x/one"), model("x/two")]) != base
+    assert bundle_config_hash(bundle, [model("x/one", dims=8)]) != base
+    assert bundle_config_hash(bundle, [model("x/one"), model("x/other", adapter="gliner")]) == base
+    assert bundle_set_hash([bundle]) != bundle_set_hash([bundle, Bundle("b", ("gliner",))])
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"adapters": ["x"]}, "b.yaml: id: required"),
+        ({"id": "b"}, "b.yaml: adapters: required"),
+        ({"id": "b", "adapters": ["x"], "priority": "high"}, "b.yaml: priority: must be an integer"),
+        ({"id": "b", "adapters": ["x"], "gpu": "l4"}, "b.yaml: gpu: unknown field"),
+    ],
+)
+def test_bad_bundles_name_the_field(data: dict, message: str) -> None:
+    with pytest.raises(ModelConfigError) as raised:
+        parse_bundle(data, source="b.yaml")
+    assert str(raised.value).startswith(message)
