@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -12,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 
 from sie.v1 import inference_pb2_grpc  # noqa: E402
 from tiny_models import VARIANTS, build_tiny_model, write_model_yaml  # noqa: E402
-from worker_process import WorkerProcess  # noqa: E402
+from worker_process import WorkerProcess, free_port  # noqa: E402
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -65,3 +69,40 @@ def worker(start_worker) -> WorkerProcess:
 def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
     with grpc.insecure_channel(worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint_url: str
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server (moto in server mode) on loopback; AWS_* test credentials in the environment."""
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="2"
+    )
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("s3-server") / "moto.log", "wb")
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
+    server = S3Server(f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            server.client().list_buckets()
+            break
+        except Exception:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    yield server
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sie_common.errors import Internal, InvalidArgument, ResourceExhausted
+from sie_common.errors import Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
 from sie_worker.batching import BatchFormer, PendingItem
 from sie_worker.device import select_device
+from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_splitting_on_oom
+from sie_worker.model_catalog import read_catalog
 from sie_worker.postprocess import finish_dense
-from sie_worker.registry import LoadedModel, ModelRegistry, read_model_configs
+from sie_worker.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -72,25 +74,40 @@ class Engine:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.device = select_device(settings.device)
-        self.registry = ModelRegistry(read_model_configs(settings), settings, self.device)
+        self.registry = ModelRegistry(read_catalog(settings), settings, self.device)
         self._former = BatchFormer()
         self._cpu_pool = ThreadPoolExecutor(settings.preprocessor_workers, thread_name_prefix="sie-cpu")
         # One inference thread per device serializes device work.
         self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
-        self._device_loop: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._in_flight = 0
         self._batches = 0
+        self._draining = False
 
     async def start(self) -> None:
-        self._device_loop = asyncio.create_task(self._run_device(), name="sie-device-loop")
+        self._background = [
+            asyncio.create_task(self._run_device(), name="sie-device-loop"),
+            asyncio.create_task(self.registry.monitor(), name="sie-memory-monitor"),
+        ]
         for model_id in self.settings.preload_models:
-            await self.registry.get(model_id)
+            try:
+                await self.registry.load(model_id)
+            except Exception as error:  # reported in the log and ListModels; the other models still serve
+                log.error("preloading %s failed: %s", model_id, error)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests (UNAVAILABLE) and wait for those in flight; False if the deadline passed first."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._in_flight == 0
 
     async def stop(self) -> None:
-        if self._device_loop is not None:
-            self._device_loop.cancel()
+        for task in self._background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._device_loop
+                await task
         self._cpu_pool.shutdown(wait=False, cancel_futures=True)
         self._device_thread.shutdown(wait=True)
 
@@ -101,6 +118,12 @@ class Engine:
     @contextlib.contextmanager
     def admitted(self) -> Iterator[None]:
         """Hold one of SIE_MAX_CONCURRENT_REQUESTS slots, or answer RESOURCE_EXHAUSTED."""
+        if self._draining:
+            raise Unavailable(
+                "worker is shutting down; send the request to another worker",
+                reason="SHUTTING_DOWN",
+                retry_after_s=1.0,
+            )
         limit = self.settings.max_concurrent_requests
         if self._in_flight >= limit:
             raise ResourceExhausted(
@@ -116,10 +139,10 @@ class Engine:
 
     async def encode(self, job: EncodeJob) -> EncodeOutcome:
         started = time.perf_counter()
-        with self.admitted():
+        with self.admitted(), contextlib.ExitStack() as holds:
             config = self.registry.config(job.model)
             _check_against_config(job, config.output_types)
-            model = await self.registry.get(job.model, job.profile)
+            model = holds.enter_context(self.registry.use(job.model, job.profile))
             if job.dims is not None and job.dims > model.encoder.dims:
                 raise InvalidArgument(
                     f"dims {job.dims} exceeds the {model.encoder.dims} dimensions of {job.model}",
@@ -177,11 +200,16 @@ class Engine:
             started = time.monotonic()
             try:
                 vectors = await loop.run_in_executor(
-                    self._device_thread, model.encoder.embed, [item.payload[1] for item in batch]
+                    self._device_thread,
+                    lambda: run_splitting_on_oom(
+                        model.encoder.embed, [item.payload[1] for item in batch], is_oom=is_cuda_oom, recover=release_cuda_cache
+                    ),
                 )
             except Exception as error:
                 log.exception("forward pass of %d items on %s failed", len(batch), model.config.id)
-                failure = Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")
+                failure = error
+                if not isinstance(error, SieError):
+                    failure = Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(failure)

@@ -146,7 +146,12 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
         registry = self._engine.registry
-        return inference_pb2.ListModelsResponse(models=[registry.describe(model) for model in registry.model_ids])
+        return inference_pb2.ListModelsResponse(
+            models=[registry.describe(model) for model in registry.model_ids],
+            config_problems=[
+                inference_pb2.ConfigProblem(source=problem.source, message=problem.message) for problem in registry.catalog.problems
+            ],
+        )
 
     async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
         try:

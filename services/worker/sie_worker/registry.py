@@ -1,33 +1,59 @@
-"""The models this worker knows, and the ones it has loaded.
+"""The models this worker serves, and their lifecycle in memory.
 
-Configs come from the built-in demo configs plus SIE_MODELS_DIR, narrowed by
-SIE_MODEL_FILTER. Models load on first use (or at start with
-SIE_PRELOAD_MODELS); concurrent first requests share one load.
+    available -> loading -> loaded -> unloading -> available
+                        \\-> failed (permanent, or retried after a cool-down)
+
+Requests never wait on a load: a model that is not loaded starts loading and
+the request gets UNAVAILABLE (reason MODEL_LOADING) with a retry delay.
+SIE_PRELOAD_MODELS loads models before the worker reports SERVING. Loaded
+models live in an LRU: before a load, and from a background monitor, the
+least recently used idle model is evicted while memory is over the
+threshold; SIE_IDLE_EVICT_S evicts models nobody used for that long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
+import gc
 import logging
 import time
+from collections.abc import Iterator
+from typing import NoReturn
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from sie.v1 import inference_pb2
-from sie_common.errors import FailedPrecondition, NotFound
-from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, load_model_config
+from sie_common.errors import FailedPrecondition, NotFound, Unavailable
+from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, TextEncoder
 from sie_worker.batching import BatchLimits
 from sie_worker.device import compute_dtype
+from sie_worker.memory import MemoryPressure, module_bytes, release_cuda_cache, weight_file_bytes
+from sie_worker.model_catalog import Catalog
 from sie_worker.settings import WorkerSettings
-from sie_worker.weights import resolve_weights
+from sie_worker.weight_cache import weights_key
+from sie_worker.weights import ResolvedWeights, WeightResolver, WeightsNotFound
 
 log = logging.getLogger(__name__)
 
-BUILTIN_MODELS_DIR = Path(__file__).parent / "builtin_models"
+# Retry delay suggested to a caller while a model loads whose load time is not known yet.
+FIRST_LOAD_RETRY_S = 1.0
+# Cool-downs after retryable failures double up to this.
+MAX_COOLDOWN_S = 300.0
+
+Key = tuple[str, str]  # (model id, profile)
+
+
+class ModelState(enum.Enum):
+    AVAILABLE = inference_pb2.MODEL_STATE_AVAILABLE
+    LOADING = inference_pb2.MODEL_STATE_LOADING
+    LOADED = inference_pb2.MODEL_STATE_LOADED
+    UNLOADING = inference_pb2.MODEL_STATE_UNLOADING
+    FAILED = inference_pb2.MODEL_STATE_FAILED
 
 
 @dataclass
@@ -37,6 +63,17 @@ class ModelStats:
     forward_passes: int = 0
 
 
+@dataclass
+class LoadFailure:
+    error: str
+    attempts: int
+    permanent: bool
+    retry_at: float  # time.monotonic() after which a request may try again
+
+    def retry_in_s(self) -> float:
+        return 0.0 if self.permanent else max(0.0, self.retry_at - time.monotonic())
+
+
 @dataclass(eq=False)
 class LoadedModel:
     config: ModelConfig
@@ -44,54 +81,57 @@ class LoadedModel:
     encoder: TextEncoder
     limits: BatchLimits
     stats: ModelStats
+    weights_key: str = ""
+    memory_bytes: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    # Requests holding the model; a model in use is never evicted.
+    active: int = 0
 
 
-def read_model_configs(settings: WorkerSettings) -> dict[str, ModelConfig]:
-    """Built-in configs, then SIE_MODELS_DIR (a later file with the same id wins), filtered."""
-    files = sorted(BUILTIN_MODELS_DIR.glob("*.yaml"))
-    models_dir = Path(settings.models_dir)
-    if models_dir.is_dir():
-        files += sorted(models_dir.glob("*.yaml")) + sorted(models_dir.glob("*.yml"))
-    configs: dict[str, ModelConfig] = {}
-    for path in files:
-        config = load_model_config(path)
-        configs[config.id] = config
-    if settings.model_filter:
-        missing = [model for model in settings.model_filter if model not in configs]
-        if missing:
-            raise ValueError(f"SIE_MODEL_FILTER names unknown model {missing[0]!r}; known: {', '.join(sorted(configs))}")
-        configs = {model: configs[model] for model in settings.model_filter}
-    return configs
+def is_permanent(error: BaseException) -> bool:
+    """Failures that another attempt cannot fix: missing weights, bad config or model files, unknown adapter."""
+    if isinstance(error, WeightsNotFound):
+        return not error.retryable
+    return isinstance(error, (ModelConfigError, ValueError, KeyError, FileNotFoundError))
 
 
 class ModelRegistry:
-    def __init__(self, configs: dict[str, ModelConfig], settings: WorkerSettings, device: torch.device) -> None:
-        self._configs = configs
+    def __init__(self, catalog: Catalog, settings: WorkerSettings, device: torch.device) -> None:
+        self._catalog = catalog
+        self._configs = catalog.configs
         self._settings = settings
         self._device = device
-        self._loaded: dict[tuple[str, str], LoadedModel] = {}
-        self._loading: dict[tuple[str, str], asyncio.Task[LoadedModel]] = {}
-        self._failed: set[str] = set()
-        self._stats: dict[str, ModelStats] = {model: ModelStats() for model in configs}
+        self._weights = WeightResolver(settings)
+        self.pressure = MemoryPressure(device, settings)
+        self._loaded: dict[Key, LoadedModel] = {}
+        self._loading: dict[Key, asyncio.Task[LoadedModel]] = {}
+        self._unloading: dict[Key, asyncio.Future[None]] = {}
+        self._failures: dict[Key, LoadFailure] = {}
+        self._load_seconds: dict[str, float] = {}
+        self._stats: dict[str, ModelStats] = {model: ModelStats() for model in self._configs}
 
     @property
     def model_ids(self) -> list[str]:
         return sorted(self._configs)
 
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
     def config(self, model_id: str) -> ModelConfig:
         """The config of a served model, or NOT_FOUND naming the ones that are."""
         config = self._configs.get(model_id)
         if config is None:
+            why = self._catalog.excluded.get(model_id)
+            problem = f"{why}" if why else "it is not served here"
             raise NotFound(
-                f"model {model_id!r} is not served here; available: {', '.join(self.model_ids)}",
+                f"model {model_id!r}: {problem}; available: {', '.join(self.model_ids)}",
                 reason="MODEL_NOT_FOUND",
                 metadata={"model": model_id},
             )
         return config
 
-    async def get(self, model_id: str, profile: str = "") -> LoadedModel:
-        """The loaded model for (id, profile), loading it first if needed."""
+    def _key(self, model_id: str, profile: str) -> Key:
         config = self.config(model_id)
         profile = profile or DEFAULT_PROFILE
         if profile not in config.profiles:
@@ -100,48 +140,98 @@ class ModelRegistry:
                 reason="PROFILE_NOT_FOUND",
                 metadata={"model": model_id, "profile": profile},
             )
-        key = (model_id, profile)
+        return (model_id, profile)
+
+    @contextlib.contextmanager
+    def use(self, model_id: str, profile: str = "") -> Iterator[LoadedModel]:
+        """Hold a loaded model for one request; starts a load and answers UNAVAILABLE when it is not loaded."""
+        key = self._key(model_id, profile)
         loaded = self._loaded.get(key)
         if loaded is None:
-            task = self._loading.get(key)
-            if task is None:
-                task = asyncio.create_task(self._load(config, profile))
-                self._loading[key] = task
-            loaded = await asyncio.shield(task)
+            self._refuse_until_loaded(key)
+        loaded.active += 1
         loaded.last_used = time.monotonic()
-        return loaded
+        try:
+            yield loaded
+        finally:
+            loaded.active -= 1
+            loaded.last_used = time.monotonic()
 
-    async def _load(self, config: ModelConfig, profile_name: str) -> LoadedModel:
-        key = (config.id, profile_name)
+    def _refuse_until_loaded(self, key: Key) -> NoReturn:
+        model_id, profile = key
+        failure = self._failures.get(key)
+        if failure is not None and failure.permanent:
+            raise FailedPrecondition(
+                f"model {model_id!r} cannot be loaded: {failure.error}. Fix the cause and restart the worker.",
+                reason="MODEL_LOAD_FAILED",
+                metadata={"model": model_id, "attempts": str(failure.attempts)},
+            )
+        if failure is not None and key not in self._loading and failure.retry_in_s() > 0:
+            raise Unavailable(
+                f"model {model_id!r} failed to load ({failure.attempts} attempts): {failure.error}; "
+                f"next attempt in {failure.retry_in_s():.0f} s",
+                reason="MODEL_LOAD_BACKOFF",
+                retry_after_s=failure.retry_in_s(),
+                metadata={"model": model_id, "attempts": str(failure.attempts)},
+            )
+        self._start_load(key)
+        raise Unavailable(
+            f"model {model_id!r} (profile {profile}) is loading; retry shortly",
+            reason="MODEL_LOADING",
+            retry_after_s=self._load_seconds.get(model_id, FIRST_LOAD_RETRY_S),
+            metadata={"model": model_id},
+        )
+
+    def _start_load(self, key: Key) -> asyncio.Task[LoadedModel]:
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.create_task(self._load(key), name=f"load {key[0]}")
+            self._loading[key] = task
+        return task
+
+    async def load(self, model_id: str, profile: str = "") -> LoadedModel:
+        """Load now and wait (SIE_PRELOAD_MODELS); raises what the load raised."""
+        key = self._key(model_id, profile)
+        if key in self._loaded:
+            return self._loaded[key]
+        return await asyncio.shield(self._start_load(key))
+
+    async def _load(self, key: Key) -> LoadedModel:
+        model_id, profile = key
+        config = self._configs[model_id]
         started = time.perf_counter()
         try:
-            loaded = await asyncio.to_thread(self._load_blocking, config, profile_name)
+            if key in self._unloading:
+                await self._unloading[key]
+            keep = frozenset(model.weights_key for model in self._loaded.values())
+            weights = await asyncio.to_thread(self._weights.resolve, config, keep=keep)
+            await self._make_room(await asyncio.to_thread(weight_file_bytes, weights.path))
+            loaded = await asyncio.to_thread(self._build, config, profile, weights)
         except Exception as error:
-            self._failed.add(config.id)
-            log.exception("loading %s (profile %s) failed", config.id, profile_name)
-            raise FailedPrecondition(
-                f"model {config.id!r} could not be loaded: {error}",
-                reason="MODEL_LOAD_FAILED",
-                metadata={"model": config.id},
-            ) from error
+            self._record_failure(key, error)
+            raise
         finally:
             self._loading.pop(key, None)
-        self._failed.discard(config.id)
+        self._failures.pop(key, None)
         self._loaded[key] = loaded
-        log.info("loaded %s (profile %s) in %.1f s", config.id, profile_name, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self._load_seconds[model_id] = max(FIRST_LOAD_RETRY_S, seconds)
+        log.info(
+            "loaded %s (profile %s) from %s in %.1f s: %.1f MiB",
+            model_id, profile, weights.source, seconds, loaded.memory_bytes / 2**20,
+        )
         return loaded
 
-    def _load_blocking(self, config: ModelConfig, profile_name: str) -> LoadedModel:
+    def _build(self, config: ModelConfig, profile_name: str, weights: ResolvedWeights) -> LoadedModel:
         profile = config.profile(profile_name)
         factory = ADAPTERS.get(profile.adapter or "")
         if factory is None:
             raise ValueError(f"adapter {profile.adapter!r} is not in this worker; available: {', '.join(sorted(ADAPTERS))}")
-        weights = resolve_weights(config, local_cache=self._settings.local_cache, hf_fallback=self._settings.hf_fallback)
         precision = profile.compute_precision or self._settings.default_compute_precision
         context = LoadContext(
             config=config,
             profile=profile,
-            weights=weights,
+            weights=weights.path,
             device=self._device,
             dtype=compute_dtype(self._device, precision),
             attention_backend=self._settings.attention_backend,
@@ -151,29 +241,109 @@ class ModelRegistry:
             max_tokens=profile.max_batch_tokens or self._settings.max_batch_tokens,
             max_wait_s=self._settings.max_batch_wait_ms / 1000,
         )
-        return LoadedModel(config, profile_name, factory(context), limits, self._stats[config.id])
+        encoder = factory(context)
+        return LoadedModel(
+            config, profile_name, encoder, limits, self._stats[config.id],
+            weights_key=weights_key(config), memory_bytes=module_bytes(encoder),
+        )
+
+    def _record_failure(self, key: Key, error: Exception) -> None:
+        previous = self._failures.get(key)
+        attempts = (previous.attempts if previous else 0) + 1
+        permanent = is_permanent(error)
+        cooldown = min(MAX_COOLDOWN_S, self._settings.load_retry_cooldown_s * 2 ** (attempts - 1))
+        self._failures[key] = LoadFailure(str(error), attempts, permanent, time.monotonic() + cooldown)
+        log.error(
+            "loading %s (profile %s) failed (attempt %d, %s): %s",
+            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", error,
+        )
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(model.memory_bytes for model in self._loaded.values())
+
+    async def _make_room(self, incoming_bytes: int) -> None:
+        """Evict least recently used idle models while `incoming_bytes` more would be over the threshold."""
+        while self.pressure.over(self.loaded_bytes, incoming_bytes):
+            idle = [(model.last_used, key) for key, model in self._loaded.items() if model.active == 0]
+            if not idle:
+                log.warning("memory over %s and every loaded model is in use; nothing to evict", self.pressure.describe())
+                return
+            _, key = min(idle)
+            await self.unload(key, f"memory over {self.pressure.describe()}")
+
+    async def unload(self, key: Key, why: str) -> None:
+        model = self._loaded.pop(key, None)
+        if model is None:
+            return
+        log.info("evicting %s (profile %s): %s", key[0], key[1], why)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._unloading[key] = done
+        del model  # the last reference: _free_memory can reclaim it
+        try:
+            await asyncio.to_thread(_free_memory)
+        finally:
+            self._unloading.pop(key, None)
+            done.set_result(None)
+
+    async def monitor(self) -> None:
+        """Background: evict idle models (SIE_IDLE_EVICT_S) and LRU models under memory pressure."""
+        while True:
+            await asyncio.sleep(self._settings.memory_check_interval_s)
+            try:
+                await self.check_memory()
+            except Exception:
+                log.exception("memory check failed")
+
+    async def check_memory(self) -> None:
+        idle_limit = self._settings.idle_evict_s
+        if idle_limit > 0:
+            now = time.monotonic()
+            idle = [key for key, model in self._loaded.items() if model.active == 0 and now - model.last_used > idle_limit]
+            for key in idle:
+                await self.unload(key, f"idle for more than {idle_limit:.0f} s")
+        await self._make_room(0)
+
+    def state(self, model_id: str) -> ModelState:
+        keys = [key for key in (*self._loaded, *self._loading, *self._unloading, *self._failures) if key[0] == model_id]
+        if any(key in self._loaded for key in keys):
+            return ModelState.LOADED
+        if any(key in self._loading for key in keys):
+            return ModelState.LOADING
+        if any(key in self._unloading for key in keys):
+            return ModelState.UNLOADING
+        if any(key in self._failures for key in keys):
+            return ModelState.FAILED
+        return ModelState.AVAILABLE
 
     def describe(self, model_id: str) -> inference_pb2.Model:
         config = self.config(model_id)
         loaded = [model for (model_id_, _), model in self._loaded.items() if model_id_ == model_id]
-        if loaded:
-            state = inference_pb2.MODEL_STATE_LOADED
-        elif any(model == model_id for model, _ in self._loading):
-            state = inference_pb2.MODEL_STATE_LOADING
-        elif model_id in self._failed:
-            state = inference_pb2.MODEL_STATE_FAILED
-        else:
-            state = inference_pb2.MODEL_STATE_AVAILABLE
+        state = self.state(model_id)
         stats = self._stats[model_id]
         encoder = loaded[0].encoder if loaded else None
-        return inference_pb2.Model(
+        described = inference_pb2.Model(
             id=config.id,
             tasks=config.tasks,
             output_types=config.output_types,
             dims=config.dims or (encoder.dims if encoder else 0),
             max_sequence_length=config.max_sequence_length or (encoder.max_sequence_length if encoder else 0),
             profiles=sorted(config.profiles),
-            state=state,
+            state=state.value,
             stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),
             inputs=config.inputs,
+            memory_bytes=sum(model.memory_bytes for model in loaded),
         )
+        failure = next((failure for (model_id_, _), failure in self._failures.items() if model_id_ == model_id), None)
+        if state is ModelState.FAILED and failure is not None:
+            described.failure.CopyFrom(
+                inference_pb2.ModelLoadFailure(
+                    error=failure.error, attempts=failure.attempts, permanent=failure.permanent, retry_in_s=failure.retry_in_s()
+                )
+            )
+        return described
+
+
+def _free_memory() -> None:
+    gc.collect()
+    release_cuda_cache()

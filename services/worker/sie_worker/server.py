@@ -17,8 +17,8 @@ from sie_worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
-# In-flight calls get this long to finish after a stop signal.
-DRAIN_GRACE_S = 30.0
+# After the drain, open calls (idle streams) get this long before they are cancelled.
+STOP_GRACE_S = 1.0
 
 
 async def serve(settings: WorkerSettings) -> None:
@@ -26,15 +26,19 @@ async def serve(settings: WorkerSettings) -> None:
     server = grpc.aio.server()
     inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(engine), server)
     health = add_health_and_reflection(server, [INFERENCE_SERVICE])
+    # The health servicer starts with "" SERVING; say NOT_SERVING until the preloads are done.
+    await set_serving(health, [INFERENCE_SERVICE], False)
     address = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address}")
     await server.start()
     await engine.start()
     await set_serving(health, [INFERENCE_SERVICE], True)
+    catalog = engine.registry.catalog
     log.info(
-        "sie-worker serving sie.v1.Inference on %s (device %s; models: %s)",
-        address, engine.device, ", ".join(engine.registry.model_ids),
+        "sie-worker serving sie.v1.Inference on %s (device %s, bundle %s, memory limit: %s; models: %s; config problems: %d)",
+        address, engine.device, catalog.bundle.id, engine.registry.pressure.describe(),
+        ", ".join(engine.registry.model_ids), len(catalog.problems),
     )
 
     stop = asyncio.Event()
@@ -42,7 +46,11 @@ async def serve(settings: WorkerSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
-    log.info("stopping: draining in-flight requests (up to %.0f s)", DRAIN_GRACE_S)
+    log.info("stopping: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
     await set_serving(health, [INFERENCE_SERVICE], False)
-    await server.stop(DRAIN_GRACE_S)
+    if await engine.drain(settings.drain_timeout_s):
+        log.info("drained: no requests in flight")
+    else:
+        log.warning("drain deadline passed with %d requests in flight; cancelling them", engine.in_flight)
+    await server.stop(STOP_GRACE_S)
     await engine.stop()

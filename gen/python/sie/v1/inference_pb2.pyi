@@ -21,11 +21,13 @@ class ModelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MODEL_STATE_LOADING: _ClassVar[ModelState]
     MODEL_STATE_LOADED: _ClassVar[ModelState]
     MODEL_STATE_FAILED: _ClassVar[ModelState]
+    MODEL_STATE_UNLOADING: _ClassVar[ModelState]
 MODEL_STATE_UNSPECIFIED: ModelState
 MODEL_STATE_AVAILABLE: ModelState
 MODEL_STATE_LOADING: ModelState
 MODEL_STATE_LOADED: ModelState
 MODEL_STATE_FAILED: ModelState
+MODEL_STATE_UNLOADING: ModelState
 
 class EncodeRequest(_message.Message):
     __slots__ = ("model", "items", "output_types", "output_dtype", "instruction", "is_query", "dims", "profile", "lora", "options", "request_id")
@@ -242,10 +244,20 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListModelsResponse(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "config_problems")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[Model]
-    def __init__(self, models: _Optional[_Iterable[_Union[Model, _Mapping]]] = ...) -> None: ...
+    config_problems: _containers.RepeatedCompositeFieldContainer[ConfigProblem]
+    def __init__(self, models: _Optional[_Iterable[_Union[Model, _Mapping]]] = ..., config_problems: _Optional[_Iterable[_Union[ConfigProblem, _Mapping]]] = ...) -> None: ...
+
+class ConfigProblem(_message.Message):
+    __slots__ = ("source", "message")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    message: str
+    def __init__(self, source: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("model",)
@@ -260,7 +272,7 @@ class GetModelResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[Model, _Mapping]] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs")
+    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs", "failure", "memory_bytes")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +282,8 @@ class Model(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     id: str
     tasks: _containers.RepeatedScalarFieldContainer[str]
     output_types: _containers.RepeatedScalarFieldContainer[str]
@@ -279,7 +293,21 @@ class Model(_message.Message):
     state: ModelState
     stats: ModelStats
     inputs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ...) -> None: ...
+    failure: ModelLoadFailure
+    memory_bytes: int
+    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ..., failure: _Optional[_Union[ModelLoadFailure, _Mapping]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class ModelLoadFailure(_message.Message):
+    __slots__ = ("error", "attempts", "permanent", "retry_in_s")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_IN_S_FIELD_NUMBER: _ClassVar[int]
+    error: str
+    attempts: int
+    permanent: bool
+    retry_in_s: float
+    def __init__(self, error: _Optional[str] = ..., attempts: _Optional[int] = ..., permanent: _Optional[bool] = ..., retry_in_s: _Optional[float] = ...) -> None: ...
 
 class ModelStats(_message.Message):
     __slots__ = ("requests", "items", "forward_passes")
