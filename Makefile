@@ -11,8 +11,9 @@ $(INSTALLED): pyproject.toml scripts/bootstrap
 	scripts/bootstrap $(VENV)
 	touch $@
 
+# The demo model is preloaded so the first request answers at once.
 serve: $(INSTALLED)
-	$(VENV)/bin/sie-worker serve $(ARGS)
+	$(VENV)/bin/sie-worker serve --preload-models sentence-transformers/all-MiniLM-L6-v2 $(ARGS)
 
 test: $(INSTALLED)
 	$(PYTHON) -m pytest $(PYTEST_ARGS)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from rpc import encode_request, encode_when_loaded, error_info
+from rpc import encode_request, encode_when_loaded, error_info, retry_delay_s
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.model_config import parse_model_config
 from sie_worker.settings import WorkerSettings
@@ -170,3 +170,30 @@ def test_worker_serves_from_the_cluster_cache_and_refuses_missing_weights(start_
         assert stub.GetModel(inference_pb2.GetModelRequest(model="test/missing")).model.failure.attempts == 1
         # ...and the other model keeps serving.
         np.testing.assert_allclose(encode_when_loaded(stub, "test/from-cluster", texts)[0], reference, atol=1e-5)
+
+
+def test_a_retryable_load_failure_cools_down(start_worker, tmp_path) -> None:
+    from worker_process import free_port
+
+    (tmp_path / "m.yaml").write_text("id: test/remote\nhf_id: org/remote\nprofiles:\n  default:\n    adapter: sentence_transformer\n")
+    worker = start_worker(
+        SIE_MODELS_DIR=str(tmp_path),
+        SIE_PRELOAD_MODELS="",
+        SIE_LOCAL_CACHE=str(tmp_path / "local"),
+        SIE_CLUSTER_CACHE="s3://unreachable/cache",
+        SIE_S3_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",
+        SIE_HF_FALLBACK="false",
+        SIE_LOAD_RETRY_COOLDOWN_S="120",
+    )
+    with grpc.insecure_channel(worker.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        with pytest.raises(grpc.RpcError) as raised:
+            encode_when_loaded(stub, "test/remote", ["x"])
+        assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert error_info(raised.value).reason == "MODEL_LOAD_BACKOFF"
+        assert "next attempt in" in raised.value.details() and "cluster cache s3://unreachable/cache" in raised.value.details()
+        assert retry_delay_s(raised.value) > 60
+        model = stub.GetModel(inference_pb2.GetModelRequest(model="test/remote")).model
+        assert model.state == inference_pb2.MODEL_STATE_FAILED
+        assert (model.failure.permanent, model.failure.attempts) == (False, 1)
+        assert model.failure.retry_in_s > 60

@@ -1,0 +1,53 @@
+"""A batch that runs out of device memory is retried in halves before RESOURCE_EXHAUSTED."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from sie_common.errors import ResourceExhausted
+from sie_worker.memory import is_cuda_oom, run_splitting_on_oom
+
+
+def embed_fitting(limit: int, calls: list[int]):
+    """A forward pass that runs out of CUDA memory on more than `limit` items."""
+
+    def embed(items):
+        calls.append(len(items))
+        if len(items) > limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return np.array([[float(item), float(item) * 2] for item in items], dtype=np.float32)
+
+    return embed
+
+
+def test_an_oom_batch_is_split_in_halves_and_keeps_item_order() -> None:
+    calls: list[int] = []
+    recovered: list[bool] = []
+    items = list(range(7))
+    result = run_splitting_on_oom(embed_fitting(2, calls), items, is_oom=is_cuda_oom, recover=lambda: recovered.append(True))
+    np.testing.assert_array_equal(result, [[i, 2 * i] for i in items])
+    assert calls == [7, 3, 1, 2, 4, 2, 2]
+    assert len(recovered) == 3  # one per failed attempt
+
+
+def test_a_single_item_that_does_not_fit_is_resource_exhausted() -> None:
+    with pytest.raises(ResourceExhausted) as raised:
+        run_splitting_on_oom(embed_fitting(0, []), [1, 2], is_oom=is_cuda_oom)
+    assert raised.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert raised.value.reason == "DEVICE_OUT_OF_MEMORY"
+    assert "out of device memory on a single item" in raised.value.message
+
+
+def test_other_errors_are_not_retried() -> None:
+    calls: list[int] = []
+
+    def broken(items):
+        calls.append(len(items))
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_splitting_on_oom(broken, [1, 2, 3], is_oom=is_cuda_oom)
+    assert calls == [3]
