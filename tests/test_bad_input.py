@@ -7,9 +7,9 @@ import time
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2
 
 from conftest import MINILM
+from rpc import error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
 MODEL = "test/tiny-mean"
@@ -22,12 +22,7 @@ def encode_request(**fields) -> inference_pb2.EncodeRequest:
 
 
 def error_reason(error: grpc.RpcError) -> str:
-    details = dict(error.trailing_metadata() or ())["grpc-status-details-bin"]
-    status = status_pb2.Status.FromString(details)
-    info = error_details_pb2.ErrorInfo()
-    assert status.details[0].Unpack(info)
-    assert info.domain == "sie"
-    return info.reason
+    return error_info(error).reason
 
 
 CASES = [

@@ -29,9 +29,8 @@ DiskUsage = Callable[[Path], tuple[int, int]]  # path -> (total bytes, used byte
 
 
 def weights_key(config: ModelConfig) -> str:
-    """One folder name per (weights repository, revision)."""
-    name = (config.hf_id or config.id).replace("/", "--")
-    return f"{name}@{config.revision or 'main'}"
+    """One folder name per (weights repository, revision); never a path with separators."""
+    return f"{config.hf_id or config.id}@{config.revision or 'main'}".replace("/", "--")
 
 
 def _disk_usage(path: Path) -> tuple[int, int]:
