@@ -64,6 +64,14 @@ class Unavailable(SieError):
         return status
 
 
+class DeadlineExceeded(SieError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unimplemented(SieError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
 class Internal(SieError):
     code = grpc.StatusCode.INTERNAL
 

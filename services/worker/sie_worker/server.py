@@ -8,15 +8,17 @@ import signal
 
 import grpc
 
-from sie.v1 import inference_pb2, inference_pb2_grpc
+from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from sie_common.grpc_server import add_health_and_reflection, set_serving
 from sie_worker.engine import Engine
 from sie_worker.inference_api import InferenceService
 from sie_worker.settings import WorkerSettings
+from sie_worker.work_api import WorkService
 
 log = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 # After the drain, open calls (idle streams) get this long before they are cancelled.
 STOP_GRACE_S = 1.0
 
@@ -24,20 +26,24 @@ STOP_GRACE_S = 1.0
 async def serve(settings: WorkerSettings) -> None:
     engine = Engine(settings)
     server = grpc.aio.server()
-    inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(engine), server)
-    health = add_health_and_reflection(server, [INFERENCE_SERVICE])
+    inference = InferenceService(engine)
+    inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkService({"encode": inference.run_encode}, settings.worker_id), server)
+    services = [INFERENCE_SERVICE, WORKER_SERVICE]
+    health = add_health_and_reflection(server, services)
     # The health servicer starts with "" SERVING; say NOT_SERVING until the preloads are done.
-    await set_serving(health, [INFERENCE_SERVICE], False)
+    await set_serving(health, services, False)
     address = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address}")
     await server.start()
     await engine.start()
-    await set_serving(health, [INFERENCE_SERVICE], True)
+    await set_serving(health, services, True)
     catalog = engine.registry.catalog
     log.info(
-        "sie-worker serving sie.v1.Inference on %s (device %s, bundle %s, memory limit: %s; models: %s; config problems: %d)",
-        address, engine.device, catalog.bundle.id, engine.registry.pressure.describe(),
+        "sie-worker %s serving sie.v1.Inference and sie.v1.Worker on %s "
+        "(device %s, bundle %s, memory limit: %s; models: %s; config problems: %d)",
+        settings.worker_id, address, engine.device, catalog.bundle.id, engine.registry.pressure.describe(),
         ", ".join(engine.registry.model_ids), len(catalog.problems),
     )
 
@@ -47,7 +53,7 @@ async def serve(settings: WorkerSettings) -> None:
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("stopping: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
-    await set_serving(health, [INFERENCE_SERVICE], False)
+    await set_serving(health, services, False)
     if await engine.drain(settings.drain_timeout_s):
         log.info("drained: no requests in flight")
     else:
