@@ -40,3 +40,10 @@ def test_sigterm_stops_the_worker_cleanly(tmp_path) -> None:
     worker.wait_serving()
     assert worker.stop() == 0
     assert "draining in-flight requests" in worker.log()
+
+
+def test_an_unknown_bundle_is_refused() -> None:
+    result = sie_worker("serve", env={"SIE_BUNDLE": "gpu-big", "SIE_PORT": "0"})
+    assert result.returncode == 1
+    assert "SIE_BUNDLE='gpu-big' is not a bundle in " in result.stderr
+    assert "bundles: default" in result.stderr

@@ -17,6 +17,7 @@ import yaml
 
 from sie_common.bundles import Bundle, load_bundles
 from sie_common.model_config import ModelConfig, ModelConfigError, load_model_config, parse_model_config
+from sie_worker.adapters import ADAPTERS
 from sie_worker.s3 import S3Location, S3Store, is_s3_url
 from sie_worker.settings import WorkerSettings
 
@@ -80,7 +81,10 @@ def read_catalog(settings: WorkerSettings) -> Catalog:
 
 
 def select_bundle(settings: WorkerSettings) -> Bundle:
+    """SIE_BUNDLE from SIE_BUNDLES_DIR; an installed worker without a bundles directory runs every adapter it has."""
     directory = Path(settings.bundles_dir) if settings.bundles_dir else REPOSITORY_BUNDLES_DIR
+    if not settings.bundles_dir and not directory.is_dir() and settings.bundle == "default":
+        return Bundle("default", tuple(sorted(ADAPTERS)))
     if not directory.is_dir():
         raise ValueError(f"bundles directory {directory} does not exist; set SIE_BUNDLES_DIR")
     bundles = load_bundles(directory)
