@@ -122,8 +122,7 @@ class ModelRegistry:
         """The config of a served model, or NOT_FOUND naming the ones that are."""
         config = self._configs.get(model_id)
         if config is None:
-            why = self._catalog.excluded.get(model_id)
-            problem = f"{why}" if why else "it is not served here"
+            problem = self._catalog.excluded.get(model_id) or "it is not served here"
             raise NotFound(
                 f"model {model_id!r}: {problem}; available: {', '.join(self.model_ids)}",
                 reason="MODEL_NOT_FOUND",
@@ -168,7 +167,7 @@ class ModelRegistry:
             )
         if failure is not None and key not in self._loading and failure.retry_in_s() > 0:
             raise Unavailable(
-                f"model {model_id!r} failed to load ({failure.attempts} attempts): {failure.error}; "
+                f"model {model_id!r} failed to load (failures in a row: {failure.attempts}): {failure.error}; "
                 f"next attempt in {failure.retry_in_s():.0f} s",
                 reason="MODEL_LOAD_BACKOFF",
                 retry_after_s=failure.retry_in_s(),
@@ -186,6 +185,8 @@ class ModelRegistry:
         task = self._loading.get(key)
         if task is None:
             task = asyncio.create_task(self._load(key), name=f"load {key[0]}")
+            # A lazy load's failure is recorded and logged by _load; nobody else awaits it.
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
             self._loading[key] = task
         return task
 
@@ -262,14 +263,21 @@ class ModelRegistry:
     def loaded_bytes(self) -> int:
         return sum(model.memory_bytes for model in self._loaded.values())
 
-    async def _make_room(self, incoming_bytes: int) -> None:
-        """Evict least recently used idle models while `incoming_bytes` more would be over the threshold."""
+    async def _make_room(self, incoming_bytes: int, *, spare_newest: bool = False) -> None:
+        """Evict least recently used idle models while `incoming_bytes` more would be over the threshold.
+
+        `spare_newest` keeps the most recently used model, so memory held by
+        something else (another process on the GPU) cannot make the monitor
+        unload every model in turn."""
         while self.pressure.over(self.loaded_bytes, incoming_bytes):
-            idle = [(model.last_used, key) for key, model in self._loaded.items() if model.active == 0]
+            idle = sorted((model.last_used, key) for key, model in self._loaded.items() if model.active == 0)
+            if spare_newest and idle and len(idle) == len(self._loaded):
+                idle.pop()
             if not idle:
-                log.warning("memory over %s and every loaded model is in use; nothing to evict", self.pressure.describe())
+                # The monitor meets this every check while something else holds the memory: keep it quiet.
+                log.log(logging.DEBUG if spare_newest else logging.WARNING, "memory over %s; no idle model left to evict", self.pressure.describe())
                 return
-            _, key = min(idle)
+            _, key = idle[0]
             await self.unload(key, f"memory over {self.pressure.describe()}")
 
     async def unload(self, key: Key, why: str) -> None:
@@ -302,7 +310,7 @@ class ModelRegistry:
             idle = [key for key, model in self._loaded.items() if model.active == 0 and now - model.last_used > idle_limit]
             for key in idle:
                 await self.unload(key, f"idle for more than {idle_limit:.0f} s")
-        await self._make_room(0)
+        await self._make_room(0, spare_newest=True)
 
     def state(self, model_id: str) -> ModelState:
         keys = [key for key in (*self._loaded, *self._loading, *self._unloading, *self._failures) if key[0] == model_id]
