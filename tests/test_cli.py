@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import grpc
+
+from conftest import MINILM
+from sie.v1 import inference_pb2, inference_pb2_grpc
 from worker_process import WorkerProcess
 
 
@@ -29,10 +33,18 @@ def test_a_bad_variable_is_refused_by_name() -> None:
     assert "SIE_MAX_BATCH_REQUESTS='lots'" in result.stderr
 
 
-def test_an_unknown_model_in_the_filter_is_refused() -> None:
-    result = sie_worker("serve", env={"SIE_MODEL_FILTER": "no/such", "SIE_PORT": "0"})
-    assert result.returncode == 1
-    assert "SIE_MODEL_FILTER names unknown model 'no/such'" in result.stderr
+def test_an_unknown_model_in_the_filter_is_reported_and_the_rest_served(tmp_path) -> None:
+    worker = WorkerProcess({"SIE_MODEL_FILTER": f"no/such,{MINILM}"}, tmp_path / "worker.log")
+    try:
+        worker.wait_serving()
+        with grpc.insecure_channel(worker.address) as channel:
+            listed = inference_pb2_grpc.InferenceStub(channel).ListModels(inference_pb2.ListModelsRequest())
+        assert [model.id for model in listed.models] == [MINILM]
+        [problem] = listed.config_problems
+        assert problem.source == "SIE_MODEL_FILTER"
+        assert problem.message.startswith("SIE_MODEL_FILTER names model 'no/such', which has no usable config here; known: ")
+    finally:
+        assert worker.stop() == 0
 
 
 def test_sigterm_stops_the_worker_cleanly(tmp_path) -> None:

@@ -68,10 +68,13 @@ def read_catalog(settings: WorkerSettings) -> Catalog:
                 f" (adapter {config.profile().adapter!r})"
             )
     if settings.model_filter:
-        missing = [model for model in settings.model_filter if model not in catalog.configs]
-        if missing:
-            raise ValueError(f"SIE_MODEL_FILTER names unknown model {missing[0]!r}; known: {', '.join(sorted(catalog.configs))}")
-        catalog.configs = {model: catalog.configs[model] for model in settings.model_filter}
+        # Reported, not fatal: the model's file may be the one that failed to validate.
+        known = ", ".join(sorted(catalog.configs))
+        for model in settings.model_filter:
+            if model not in catalog.configs:
+                message = f"SIE_MODEL_FILTER names model {model!r}, which has no usable config here; known: {known}"
+                catalog.problems.append(ConfigProblem("SIE_MODEL_FILTER", message))
+        catalog.configs = {model: catalog.configs[model] for model in settings.model_filter if model in catalog.configs}
 
     for problem in catalog.problems:
         log.error("model config skipped: %s", problem.message)
