@@ -81,7 +81,10 @@ def test_lru_eviction_under_a_budget_that_fits_two(start_worker, expected) -> No
         assert states(stub)[A] == inference_pb2.MODEL_STATE_AVAILABLE
         assert_matches(encode_when_loaded(stub, C, TEXTS)[0], expected[C])
         assert_matches(encode_when_loaded(stub, A, TEXTS)[0], expected[A])
-    assert worker.log().count("evicting ") == 3
+    log = worker.log()
+    assert log.count("evicting ") == 3
+    # However many requests were told MODEL_LOADING, each load ran once: A and B twice (evicted in between), C once.
+    assert [log.count(f"loaded {model} (profile default)") for model in (A, B, C)] == [2, 2, 1]
 
 
 def test_idle_models_are_unloaded(start_worker) -> None:
