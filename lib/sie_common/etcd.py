@@ -152,6 +152,11 @@ class Etcd:
         _, revision = await self.txn([], [self.ops.put(self.key(name), value, lease=lease)])
         return revision
 
+    async def delete(self, name: str) -> int:
+        """Delete one key; returns the revision after."""
+        _, revision = await self.txn([], [self.ops.delete(self.key(name))])
+        return revision
+
     async def grant_lease(self, ttl_s: int) -> int:
         try:
             return (await self.client.lease(ttl_s)).id
