@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -13,7 +15,7 @@ from google.rpc import error_details_pb2, status_pb2
 from sie.v1 import config_pb2, config_pb2_grpc
 from sie_common.etcd import Etcd
 from test_grpcurl import grpcurl
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, free_port
 
 MODEL = "test/config-added"
 
@@ -195,3 +197,12 @@ def test_admin_token_guards_writes_and_export(start_config) -> None:
         assert [c.id for c in stub.ExportConfigs(config_pb2.ExportConfigsRequest(), metadata=good).configs] == [MODEL]
         assert stub.GetEpoch(config_pb2.GetEpochRequest()).epoch > 0  # reads stay open
     assert "s3cret" not in replica.log()
+
+
+def test_unreachable_etcd_stops_the_service_with_a_message() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sie_config", "serve", "--etcd-endpoints", f"127.0.0.1:{free_port()}", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "cannot reach etcd at 127.0.0.1:" in result.stderr

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from sie_common.bundles import Bundle, parse_bundle
 from sie_common.model_config import ModelConfig, ModelConfigError, parse_model_config
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MODELS = "models/"
 BUNDLES = "bundles/"
@@ -50,24 +53,22 @@ def decode_bundle(value: bytes, *, source: str) -> Bundle:
 
 def decode_models(values: Mapping[str, bytes]) -> dict[str, ModelConfig]:
     """Model id -> config for stored values keyed by model id; a value that does not parse is logged and left out."""
-    configs = {}
-    for model_id, value in values.items():
-        try:
-            configs[model_id] = decode_model(value, source=f"etcd {model_name(model_id)}")
-        except ModelConfigError as error:
-            log.error("ignoring stored model config: %s", error)
-    return configs
+    return _decode_each(values, lambda model_id, value: decode_model(value, source=f"etcd {model_name(model_id)}"))
 
 
 def decode_bundles(values: Mapping[str, bytes]) -> dict[str, Bundle]:
     """Bundle id -> bundle for stored values keyed by bundle id; bad ones are logged and left out."""
-    bundles = {}
-    for bundle_id, value in values.items():
+    return _decode_each(values, lambda bundle_id, value: decode_bundle(value, source=f"etcd {bundle_name(bundle_id)}"))
+
+
+def _decode_each(values: Mapping[str, bytes], decode: Callable[[str, bytes], T]) -> dict[str, T]:
+    decoded = {}
+    for name, value in values.items():
         try:
-            bundles[bundle_id] = decode_bundle(value, source=f"etcd {bundle_name(bundle_id)}")
+            decoded[name] = decode(name, value)
         except ModelConfigError as error:
-            log.error("ignoring stored bundle: %s", error)
-    return bundles
+            log.error("ignoring a stored value that does not validate: %s", error)
+    return decoded
 
 
 def _json(value: bytes, source: str) -> object:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "/sie/"
 
 
-class EtcdUnavailable(Exception):
+class EtcdUnavailable(ConnectionError):
     """etcd could not be reached or answered with an error; callers retry."""
 
 

@@ -80,6 +80,9 @@ class PrefixMirror:
             except EtcdUnavailable as error:
                 log.warning("etcd mirror %s: %s; resuming from revision %d", self._prefix, error, self.revision)
                 await asyncio.sleep(self._retry_s)
+            except Exception:  # noqa: BLE001 - the mirror must outlive any one failure
+                log.exception("etcd mirror %s: unexpected failure; resuming from revision %d", self._prefix, self.revision)
+                await asyncio.sleep(self._retry_s)
 
     async def _retrying(self, step: Callable[[], Awaitable[None]]) -> None:
         while True:

@@ -70,7 +70,7 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
 
     async def GetEpoch(self, request: config_pb2.GetEpochRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetEpochResponse:
         async def epoch() -> config_pb2.GetEpochResponse:
-            snapshot = await self._store.snapshot()
+            snapshot = await self._store.snapshot(with_models=False)
             return config_pb2.GetEpochResponse(epoch=snapshot.epoch, bundle_set_hash=snapshot.bundle_set_hash)
 
         return await _answer(context, epoch)

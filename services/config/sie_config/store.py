@@ -62,10 +62,10 @@ class ConfigStore:
         entry = await self._etcd.get(config_store.EPOCH)
         return entry.mod_revision if entry else 0
 
-    async def snapshot(self) -> Snapshot:
-        """Models, bundles and epoch read at one etcd revision."""
-        models, revision = await self._etcd.read_prefix(config_store.MODELS)
-        bundles, _ = await self._etcd.read_prefix(config_store.BUNDLES, revision)
+    async def snapshot(self, *, with_models: bool = True) -> Snapshot:
+        """Bundles, epoch and (unless not needed) models read at one etcd revision."""
+        bundles, revision = await self._etcd.read_prefix(config_store.BUNDLES)
+        models = (await self._etcd.read_prefix(config_store.MODELS, revision))[0] if with_models else []
         epoch = await self._etcd.get(config_store.EPOCH, revision)
         return Snapshot(
             configs=config_store.decode_models({entry.name.removeprefix(config_store.MODELS): entry.value for entry in models}),
@@ -121,6 +121,8 @@ class ConfigStore:
                 answer.epoch = epoch_before
                 return answer
             committed, revision = await self._etcd.txn(compare, writes)
+            if idempotency_key and not committed:
+                await self._etcd.revoke_lease(lease)
             if committed:
                 answer.epoch = revision if answer.added_profiles else epoch_before
                 if answer.added_profiles:
