@@ -26,6 +26,9 @@ class WorkerSettings:
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
+    etcd_endpoints: tuple[str, ...] = setting((), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd endpoints; when set, models the config service adds for this worker's bundle are served live")
+    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    bundle: str = setting("default", env="SIE_BUNDLE", help="the bundle this worker image serves (which etcd model configs apply to it)")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
 
     def __post_init__(self) -> None:
