@@ -39,8 +39,20 @@ class NotFound(SieError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class AlreadyExists(SieError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class FailedPrecondition(SieError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unauthenticated(SieError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(SieError):
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class ResourceExhausted(SieError):

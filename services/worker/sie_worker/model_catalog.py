@@ -84,16 +84,20 @@ def read_catalog(settings: WorkerSettings) -> Catalog:
 
 
 def select_bundle(settings: WorkerSettings) -> Bundle:
-    """SIE_BUNDLE from SIE_BUNDLES_DIR; an installed worker without a bundles directory runs every adapter it has."""
+    """SIE_BUNDLE from SIE_BUNDLES_DIR.
+
+    Without a definition there, a worker that follows the config service (etcd
+    holds its bundle), or an installed worker with no bundles directory asking
+    for `default`, serves local configs for every adapter it has."""
     directory = Path(settings.bundles_dir) if settings.bundles_dir else REPOSITORY_BUNDLES_DIR
-    if not settings.bundles_dir and not directory.is_dir() and settings.bundle == "default":
-        return Bundle("default", tuple(sorted(ADAPTERS)))
-    if not directory.is_dir():
-        raise ValueError(f"bundles directory {directory} does not exist; set SIE_BUNDLES_DIR")
-    bundles = load_bundles(directory)
-    if settings.bundle not in bundles:
-        raise ValueError(f"SIE_BUNDLE={settings.bundle!r} is not a bundle in {directory}; bundles: {', '.join(sorted(bundles))}")
-    return bundles[settings.bundle]
+    bundles = load_bundles(directory) if directory.is_dir() else {}
+    if settings.bundle in bundles:
+        return bundles[settings.bundle]
+    if settings.etcd_endpoints or (settings.bundle == "default" and not settings.bundles_dir and not bundles):
+        return Bundle(settings.bundle, tuple(sorted(ADAPTERS)))
+    raise ValueError(
+        f"SIE_BUNDLE={settings.bundle!r} is not a bundle in {directory}; bundles: {', '.join(sorted(bundles)) or 'none'}"
+    )
 
 
 Loaded = tuple[str, ModelConfig | ConfigProblem]

@@ -19,7 +19,7 @@ import enum
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NoReturn
 from dataclasses import dataclass, field
 
@@ -109,6 +109,12 @@ class ModelRegistry:
         self._failures: dict[Key, LoadFailure] = {}
         self._load_seconds: dict[str, float] = {}
         self._stats: dict[str, ModelStats] = {model: ModelStats() for model in self._configs}
+
+    def add_configs(self, configs: Iterable[ModelConfig]) -> None:
+        """Serve these configs from now on: new models, or served models with new profiles."""
+        for config in configs:
+            self._configs[config.id] = config
+            self._stats.setdefault(config.id, ModelStats())
 
     @property
     def model_ids(self) -> list[str]:

@@ -10,6 +10,7 @@ import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from sie_common.grpc_server import add_health_and_reflection, set_serving
+from sie_worker.config_sync import ConfigSync
 from sie_worker.engine import Engine
 from sie_worker.inference_api import InferenceService
 from sie_worker.settings import WorkerSettings
@@ -38,6 +39,9 @@ async def serve(settings: WorkerSettings) -> None:
         raise OSError(f"cannot listen on {address}")
     await server.start()
     await engine.start()
+    config_sync = ConfigSync(settings, engine.registry) if settings.etcd_endpoints else None
+    if config_sync is not None:
+        await config_sync.start()
     await set_serving(health, services, True)
     catalog = engine.registry.catalog
     log.info(
@@ -59,4 +63,6 @@ async def serve(settings: WorkerSettings) -> None:
     else:
         log.warning("drain deadline passed with %d requests in flight; cancelling them", engine.in_flight)
     await server.stop(STOP_GRACE_S)
+    if config_sync is not None:
+        await config_sync.stop()
     await engine.stop()

@@ -15,7 +15,7 @@ class WorkerSettings:
     worker_id: str = setting("", env="SIE_WORKER_ID", help="stable id in logs and answers (default: <hostname>:<port>)")
     device: str = setting("auto", env="SIE_DEVICE", help="auto, cpu, cuda, cuda:N or mps")
     models_dir: str = setting("./models", env="SIE_MODELS_DIR", help="directory or s3://bucket/prefix of model YAML configs (added to the built-in ones)")
-    bundle: str = setting("default", env="SIE_BUNDLE", help="bundle this worker serves: only models whose adapter the bundle runs")
+    bundle: str = setting("default", env="SIE_BUNDLE", help="bundle this worker serves: only models whose adapter the bundle runs (from SIE_MODELS_DIR and, with etcd, the config service)")
     bundles_dir: str | None = setting(None, env="SIE_BUNDLES_DIR", help="directory of bundle YAML files (default: the repository's bundles/)")
     model_filter: tuple[str, ...] = setting((), env="SIE_MODEL_FILTER", help="comma-separated model ids to serve; unset serves all")
     preload_models: tuple[str, ...] = setting((), env="SIE_PRELOAD_MODELS", help="comma-separated model ids to load at start")
@@ -38,6 +38,8 @@ class WorkerSettings:
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
+    etcd_endpoints: tuple[str, ...] = setting((), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd endpoints; when set, models the config service adds for this worker's bundle are served live")
+    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
 
     def __post_init__(self) -> None:
