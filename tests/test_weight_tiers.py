@@ -19,7 +19,7 @@ from rpc import encode_request, encode_when_loaded, error_info, retry_delay_s
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.model_config import parse_model_config
 from sie_worker.settings import WorkerSettings
-from sie_worker.weight_cache import CLUSTER_MARKER, LOCAL_MARKER, LocalCache
+from sie_worker.weight_cache import CLUSTER_MARKER, LOCAL_MARKER, LocalCache, weights_key
 from sie_worker.weights import WeightResolver, WeightsNotFound
 
 MODEL = "test/tiny-mean"
@@ -197,3 +197,15 @@ def test_a_retryable_load_failure_cools_down(start_worker, tmp_path) -> None:
         assert model.state == inference_pb2.MODEL_STATE_FAILED
         assert (model.failure.permanent, model.failure.attempts) == (False, 1)
         assert model.failure.retry_in_s > 60
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"hf_id": "BAAI/bge-small-en-v1.5"}, "BAAI--bge-small-en-v1.5@main"),
+        ({"hf_id": "org/m", "revision": "refs/pr/1"}, "org--m@refs--pr--1"),
+        ({"hf_id": "org/m", "revision": "../../etc"}, "org--m@..--..--etc"),  # one folder name, never a path
+    ],
+)
+def test_weights_key_is_one_folder_name(fields: dict, key: str) -> None:
+    assert weights_key(config(fields["hf_id"], **{k: v for k, v in fields.items() if k != "hf_id"})) == key
