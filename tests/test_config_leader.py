@@ -10,7 +10,8 @@ import pytest
 
 from sie.v1 import config_pb2, config_pb2_grpc
 from sie_common.etcd import Etcd
-from test_config_service import MODEL, error_reason, model_config, wait_for_leader
+from local_cluster import wait_for_leader
+from test_config_service import MODEL, error_reason, model_config
 
 WRITES_PER_WRITER = 8
 

@@ -13,6 +13,7 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from sie.v1 import config_pb2, config_pb2_grpc
+from local_cluster import wait_for_leader
 from sie_common.etcd import Etcd
 from test_grpcurl import grpcurl
 from worker_process import WorkerProcess, free_port
@@ -38,15 +39,6 @@ def error_reason(error: grpc.RpcError) -> tuple[str, dict[str, str]]:
                     return info.reason, dict(info.metadata)
     raise AssertionError(f"no ErrorInfo in {error}")
 
-
-def wait_for_leader(stub: config_pb2_grpc.ConfigServiceStub, timeout_s: float = 30) -> None:
-    """A leader has published the bundles once ListBundles shows them."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if stub.ListBundles(config_pb2.ListBundlesRequest(), timeout=5).bundles:
-            return
-        time.sleep(0.2)
-    raise TimeoutError("no config leader published the bundles")
 
 
 @pytest.fixture

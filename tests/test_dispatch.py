@@ -10,13 +10,13 @@ import pytest
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.tensors import from_tensor
 from sie_gateway.dispatch import Dispatcher, NoWorker
-from sie_gateway.routing import WorkerState
+from sie_common.cluster_store import WorkerRecord
 
 MODEL = "test/tiny-cls"
 
 
-def state(worker_id: str, worker, loaded: bool) -> WorkerState:
-    return WorkerState(worker_id, worker.address, "default", "cpu", loaded_models=frozenset({MODEL} if loaded else ()))
+def state(worker_id: str, worker, loaded: bool) -> WorkerRecord:
+    return WorkerRecord(worker_id, worker.address, "default", "cpu", loaded_models=frozenset({MODEL} if loaded else ()))
 
 
 def request(n: int) -> inference_pb2.EncodeRequest:

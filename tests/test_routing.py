@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from sie_gateway.routing import WorkerState, choose_worker, eligible_workers
+from sie_common.cluster_store import WorkerRecord
+from sie_gateway.routing import choose_worker, eligible_workers
 
 
-def worker(worker_id: str, *, loaded: tuple[str, ...] = (), profile: str = "l4", pool: str = "", bundle: str = "default", ready: bool = True, queue: int = 0) -> WorkerState:
-    return WorkerState(worker_id, f"{worker_id}:1", bundle, profile, pool=pool, loaded_models=frozenset(loaded), ready=ready, queue_depth=queue)
+def worker(worker_id: str, *, loaded: tuple[str, ...] = (), profile: str = "l4", pool: str = "", bundle: str = "default", ready: bool = True, queue: int = 0) -> WorkerRecord:
+    return WorkerRecord(worker_id, f"{worker_id}:1", bundle, profile, pool=pool, loaded_models=frozenset(loaded), ready=ready, queue_depth=queue)
 
 
 WORKERS = [

@@ -18,16 +18,24 @@ class SieError(Exception):
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
-    def __init__(self, message: str, *, reason: str, metadata: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, reason: str, metadata: Mapping[str, str] | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason
         self.metadata = dict(metadata or {})
+        # When set: google.rpc.RetryInfo and a `retry-after` trailer tell the caller when to try again.
+        self.retry_after_s = retry_after_s
 
     def to_status(self) -> status_pb2.Status:
         info = error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata)
         status = status_pb2.Status(code=self.code.value[0], message=self.message)
         status.details.add().Pack(info)
+        if self.retry_after_s is not None:
+            delay = duration_pb2.Duration()
+            delay.FromNanoseconds(int(self.retry_after_s * 1e9))
+            status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         return status
 
 
@@ -60,20 +68,12 @@ class ResourceExhausted(SieError):
 
 
 class Unavailable(SieError):
-    """Retry later: carries the delay in google.rpc.RetryInfo and a `retry-after` trailer."""
+    """Retry later: always says after how long."""
 
     code = grpc.StatusCode.UNAVAILABLE
 
     def __init__(self, message: str, *, reason: str, retry_after_s: float, metadata: Mapping[str, str] | None = None) -> None:
-        super().__init__(message, reason=reason, metadata=metadata)
-        self.retry_after_s = retry_after_s
-
-    def to_status(self) -> status_pb2.Status:
-        status = super().to_status()
-        delay = duration_pb2.Duration()
-        delay.FromNanoseconds(int(self.retry_after_s * 1e9))
-        status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
-        return status
+        super().__init__(message, reason=reason, metadata=metadata, retry_after_s=retry_after_s)
 
 
 class DeadlineExceeded(SieError):
@@ -88,15 +88,24 @@ class Internal(SieError):
     code = grpc.StatusCode.INTERNAL
 
 
-def status_trailers(error: SieError) -> tuple[tuple[str, str | bytes], ...]:
-    """Trailing metadata carrying the rich status (and `retry-after` when there is one)."""
-    trailers: list[tuple[str, str | bytes]] = [("grpc-status-details-bin", error.to_status().SerializeToString())]
-    if isinstance(error, Unavailable):
-        trailers.append(("retry-after", str(max(1, round(error.retry_after_s)))))
+def status_trailers(status: status_pb2.Status) -> tuple[tuple[str, str | bytes], ...]:
+    """Trailing metadata carrying a rich status (and `retry-after` when it has a RetryInfo)."""
+    trailers: list[tuple[str, str | bytes]] = [("grpc-status-details-bin", status.SerializeToString())]
+    for detail in status.details:
+        retry = error_details_pb2.RetryInfo()
+        if detail.Unpack(retry):
+            seconds = retry.retry_delay.ToTimedelta().total_seconds()
+            trailers.append(("retry-after", str(max(1, round(seconds)))))
     return tuple(trailers)
 
 
 async def abort(context: grpc.aio.ServicerContext, error: SieError) -> NoReturn:
     """End the call with `error`'s status, message and details."""
-    await context.abort(error.code, error.message, trailing_metadata=status_trailers(error))
+    await abort_with_status(context, error.to_status())
+
+
+async def abort_with_status(context: grpc.aio.ServicerContext, status: status_pb2.Status) -> NoReturn:
+    """End the call with a google.rpc.Status as it is (e.g. one a worker answered with)."""
+    code = next((c for c in grpc.StatusCode if c.value[0] == status.code), grpc.StatusCode.UNKNOWN)
+    await context.abort(code, status.message, trailing_metadata=status_trailers(status))
     raise AssertionError("context.abort returned")  # it raises; this tells type checkers so

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 
 import grpc
@@ -23,3 +24,12 @@ async def set_serving(health_servicer: health.aio.HealthServicer, service_names:
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ("", *service_names):
         await health_servicer.set(name, status)
+
+
+def advertised_address(host: str, port: int, override: str | None = None) -> str:
+    """host:port other processes use to reach this server: `override`, else the listen
+    address, else (listening on every address) this machine's name."""
+    if override:
+        return override
+    reachable = socket.gethostname() if host in ("0.0.0.0", "::", "[::]", "") else host
+    return f"{reachable}:{port}"

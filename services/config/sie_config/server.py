@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 from pathlib import Path
 
 import grpc
@@ -13,7 +12,7 @@ import grpc
 from sie.v1 import config_pb2, config_pb2_grpc
 from sie_common.bundles import load_bundles
 from sie_common.etcd import Etcd
-from sie_common.grpc_server import add_health_and_reflection, set_serving
+from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_config.api import ConfigService
 from sie_config.leader import LeaderElection
 from sie_config.settings import ConfigSettings
@@ -31,7 +30,7 @@ async def serve(settings: ConfigSettings) -> None:
         raise ValueError(f"no bundle YAML files in {settings.bundles_dir} (SIE_BUNDLES_DIR)")
     etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
     await etcd.connect()
-    address = settings.advertise_address or f"{_reachable_host(settings.host)}:{settings.port}"
+    address = advertised_address(settings.host, settings.port, settings.advertise_address)
     store: ConfigStore | None = None
 
     async def on_elected() -> None:
@@ -62,7 +61,3 @@ async def serve(settings: ConfigSettings) -> None:
     await election.stop()
     await etcd.close()
 
-
-def _reachable_host(host: str) -> str:
-    """The listen address, unless it is a wildcard: then this machine's name."""
-    return socket.gethostname() if host in ("0.0.0.0", "::", "[::]", "") else host

@@ -12,11 +12,12 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sie.v1 import worker_pb2
-from sie_gateway.routing import WorkerState, choose_worker
+from sie_common.cluster_store import WorkerRecord
+from sie_gateway.routing import choose_worker
 from sie_gateway.worker_link import WorkerLink, WorkerLost
 
 # Given the workers already tried, the workers still eligible for this request.
-Candidates = Callable[[Collection[str]], Sequence[WorkerState]]
+Candidates = Callable[[Collection[str]], Sequence[WorkerRecord]]
 
 
 class NoWorker(Exception):
@@ -57,7 +58,7 @@ class Dispatcher:
                 tried.add(worker.worker_id)
         raise NoWorker(tried)
 
-    def _link(self, worker: WorkerState) -> WorkerLink:
+    def _link(self, worker: WorkerRecord) -> WorkerLink:
         link = self._links.get(worker.worker_id)
         if link is None or link.address != worker.address:
             link = WorkerLink(worker.worker_id, worker.address, window=self._window)

@@ -11,34 +11,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class WorkerState:
-    """A worker as its registry entry describes it."""
-
-    worker_id: str
-    address: str
-    bundle: str
-    machine_profile: str
-    pool: str = ""
-    gpu_count: int = 1
-    loaded_models: frozenset[str] = field(default_factory=frozenset)
-    queue_depth: int = 0
-    free_capacity: int = 0
-    bundle_config_hash: str = ""
-    ready: bool = True
+from sie_common.cluster_store import WorkerRecord
 
 
 def eligible_workers(
-    workers: Sequence[WorkerState],
+    workers: Sequence[WorkerRecord],
     *,
     bundles: Collection[str],
     machine_profile: str = "",
     pool: str = "",
     exclude: Collection[str] = (),
-) -> list[WorkerState]:
+) -> list[WorkerRecord]:
     """Ready workers of the given bundles, profile and pool. Pool workers serve only their pool."""
     return [
         worker
@@ -51,7 +35,7 @@ def eligible_workers(
     ]
 
 
-def choose_worker(candidates: Sequence[WorkerState], model: str, outstanding: Mapping[str, int]) -> WorkerState | None:
+def choose_worker(candidates: Sequence[WorkerRecord], model: str, outstanding: Mapping[str, int]) -> WorkerRecord | None:
     """The best candidate for `model`; `outstanding` is this gateway's in-flight count per worker."""
     if not candidates:
         return None

@@ -22,24 +22,22 @@ log = logging.getLogger(__name__)
 
 
 class ConfigSync:
-    def __init__(self, settings: WorkerSettings, registry: ModelRegistry) -> None:
+    def __init__(self, settings: WorkerSettings, registry: ModelRegistry, etcd: Etcd) -> None:
         self._settings = settings
         self._registry = registry
-        self._etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+        self._etcd = etcd
         self._bundles = PrefixMirror(self._etcd, config_store.BUNDLES, self._refresh)
         self._models = PrefixMirror(self._etcd, config_store.MODELS, self._refresh)
         self.bundle_config_hash: str | None = None
 
     async def start(self) -> None:
-        """Connect and apply everything etcd holds now; later changes apply as they come."""
-        await self._etcd.connect()
+        """Apply everything etcd holds now; later changes apply as they come."""
         await self._bundles.start()
         await self._models.start()
 
     async def stop(self) -> None:
         await self._models.stop()
         await self._bundles.stop()
-        await self._etcd.close()
 
     def _refresh(self, update: MirrorUpdate) -> None:
         bundle = config_store.decode_bundles(self._bundles.state).get(self._settings.bundle)

@@ -117,6 +117,10 @@ class ModelRegistry:
             self._stats.setdefault(config.id, ModelStats())
 
     @property
+    def loaded_model_ids(self) -> frozenset[str]:
+        return frozenset(model_id for model_id, _ in self._loaded)
+
+    @property
     def model_ids(self) -> list[str]:
         return sorted(self._configs)
 

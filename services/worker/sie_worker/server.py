@@ -9,10 +9,13 @@ import signal
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
-from sie_common.grpc_server import add_health_and_reflection, set_serving
+from sie_common.cluster_store import WorkerRecord
+from sie_common.etcd import Etcd
+from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_worker.config_sync import ConfigSync
 from sie_worker.engine import Engine
 from sie_worker.inference_api import InferenceService
+from sie_worker.registration import Registration
 from sie_worker.settings import WorkerSettings
 from sie_worker.work_api import WorkService
 
@@ -38,10 +41,10 @@ async def serve(settings: WorkerSettings) -> None:
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address}")
     await server.start()
-    await engine.start()
-    config_sync = ConfigSync(settings, engine.registry) if settings.etcd_endpoints else None
-    if config_sync is not None:
-        await config_sync.start()
+    cluster = await _Cluster.follow(settings, engine) if settings.etcd_endpoints else None
+    await engine.start()  # preloads, including models only etcd knows
+    if cluster is not None:
+        await cluster.register(settings, engine)
     await set_serving(health, services, True)
     catalog = engine.registry.catalog
     log.info(
@@ -58,11 +61,66 @@ async def serve(settings: WorkerSettings) -> None:
     await stop.wait()
     log.info("stopping: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
     await set_serving(health, services, False)
+    if cluster is not None:
+        await cluster.deregister()  # gateways stop routing here first
     if await engine.drain(settings.drain_timeout_s):
         log.info("drained: no requests in flight")
     else:
         log.warning("drain deadline passed with %d requests in flight; cancelling them", engine.in_flight)
     await server.stop(STOP_GRACE_S)
-    if config_sync is not None:
-        await config_sync.stop()
+    if cluster is not None:
+        await cluster.leave()
     await engine.stop()
+
+
+class _Cluster:
+    """A worker's membership of a cluster: the etcd connection, config sync and registration."""
+
+    def __init__(self, etcd: Etcd, config_sync: ConfigSync) -> None:
+        self.etcd = etcd
+        self.config_sync = config_sync
+        self.registration: Registration | None = None
+
+    @classmethod
+    async def follow(cls, settings: WorkerSettings, engine: Engine) -> _Cluster:
+        """Connect and start serving the control plane's model configs for this bundle."""
+        etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+        await etcd.connect()
+        config_sync = ConfigSync(settings, engine.registry, etcd)
+        await config_sync.start()
+        return cls(etcd, config_sync)
+
+    async def register(self, settings: WorkerSettings, engine: Engine) -> None:
+        """Publish this worker under its lease, so gateways route to it."""
+        address = advertised_address(settings.host, settings.port, settings.advertise_address)
+
+        def record() -> WorkerRecord:
+            return WorkerRecord(
+                worker_id=settings.worker_id,
+                address=address,
+                bundle=settings.bundle,
+                machine_profile=settings.machine_profile,
+                pool=settings.pool,
+                gpu_count=settings.gpu_count,
+                loaded_models=engine.registry.loaded_model_ids,
+                queue_depth=engine.in_flight,
+                free_capacity=max(0, settings.max_concurrent_requests - engine.in_flight),
+                bundle_config_hash=self.config_sync.bundle_config_hash or "",
+            )
+
+        self.registration = Registration(
+            self.etcd,
+            settings.worker_id,
+            record,
+            ttl_s=settings.worker_lease_ttl_s,
+            publish_interval_s=settings.health_publish_interval_ms / 1000,
+        )
+        await self.registration.start()
+
+    async def deregister(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
+
+    async def leave(self) -> None:
+        await self.config_sync.stop()
+        await self.etcd.close()

@@ -40,6 +40,12 @@ class WorkerSettings:
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
     etcd_endpoints: tuple[str, ...] = setting((), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd endpoints; when set, models the config service adds for this worker's bundle are served live")
     etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    advertise_address: str | None = setting(None, env="SIE_ADVERTISE_ADDRESS", help="host:port gateways use to reach this worker (default: SIE_HOST:port, or hostname:port when listening on all addresses)")
+    machine_profile: str = setting("default", env="SIE_MACHINE_PROFILE", help="machine-profile label gateways route on (x-sie-machine-profile)")
+    pool: str = setting("", env="SIE_POOL", help="resource pool this worker is dedicated to; empty: shared, and assignable to pools created through the API")
+    gpu_count: int = setting(1, env="SIE_GPU_COUNT", help="GPU count advertised in the worker's registration")
+    health_publish_interval_ms: int = setting(5000, env="SIE_HEALTH_PUBLISH_INTERVAL_MS", help="how often the worker's etcd registration is refreshed (loaded models, queue depth, capacity)")
+    worker_lease_ttl_s: int = setting(10, env="SIE_WORKER_LEASE_TTL_S", help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
 
     def __post_init__(self) -> None:

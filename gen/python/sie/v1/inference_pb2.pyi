@@ -272,7 +272,7 @@ class GetModelResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[Model, _Mapping]] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs", "failure", "memory_bytes")
+    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs", "failure", "memory_bytes", "rollouts", "loaded_on")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +284,8 @@ class Model(_message.Message):
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_ON_FIELD_NUMBER: _ClassVar[int]
     id: str
     tasks: _containers.RepeatedScalarFieldContainer[str]
     output_types: _containers.RepeatedScalarFieldContainer[str]
@@ -295,7 +297,9 @@ class Model(_message.Message):
     inputs: _containers.RepeatedScalarFieldContainer[str]
     failure: ModelLoadFailure
     memory_bytes: int
-    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ..., failure: _Optional[_Union[ModelLoadFailure, _Mapping]] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    rollouts: _containers.RepeatedCompositeFieldContainer[ModelRollout]
+    loaded_on: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ..., failure: _Optional[_Union[ModelLoadFailure, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., rollouts: _Optional[_Iterable[_Union[ModelRollout, _Mapping]]] = ..., loaded_on: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelLoadFailure(_message.Message):
     __slots__ = ("error", "attempts", "permanent", "retry_in_s")
@@ -308,6 +312,18 @@ class ModelLoadFailure(_message.Message):
     permanent: bool
     retry_in_s: float
     def __init__(self, error: _Optional[str] = ..., attempts: _Optional[int] = ..., permanent: _Optional[bool] = ..., retry_in_s: _Optional[float] = ...) -> None: ...
+
+class ModelRollout(_message.Message):
+    __slots__ = ("bundle", "config_hash", "current_workers", "lagging_workers")
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LAGGING_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    bundle: str
+    config_hash: str
+    current_workers: _containers.RepeatedScalarFieldContainer[str]
+    lagging_workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, bundle: _Optional[str] = ..., config_hash: _Optional[str] = ..., current_workers: _Optional[_Iterable[str]] = ..., lagging_workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelStats(_message.Message):
     __slots__ = ("requests", "items", "forward_passes")

@@ -1,4 +1,4 @@
-"""Tiny random BERT-style sentence-transformers models with a real tokenizer, built for tests."""
+"""Tiny random BERT-style sentence-transformers models with a real tokenizer, built for tests and benchmarks."""
 
 from __future__ import annotations
 

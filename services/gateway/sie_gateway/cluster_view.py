@@ -1,0 +1,73 @@
+"""The gateway's in-memory mirror of etcd: model configs, bundles, workers, pools.
+
+Four PrefixMirrors keep it current (full read, then watch; resume or re-read
+after a disconnect or compaction). Decoded views are rebuilt on each change,
+so routing reads plain dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Collection
+
+from sie_common import cluster_store, config_store
+from sie_common.bundles import Bundle, bundle_config_hash
+from sie_common.cluster_store import PoolRecord, WorkerRecord
+from sie_common.etcd import Etcd
+from sie_common.etcd_mirror import MirrorUpdate, PrefixMirror
+from sie_common.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+WorkersChanged = Callable[[Collection[str]], Awaitable[None]]
+
+
+class ClusterView:
+    def __init__(self, etcd: Etcd, on_workers_changed: WorkersChanged | None = None) -> None:
+        self._on_workers_changed = on_workers_changed
+        self._models = PrefixMirror(etcd, config_store.MODELS, self._models_changed)
+        self._bundles = PrefixMirror(etcd, config_store.BUNDLES, self._bundles_changed)
+        self._workers = PrefixMirror(etcd, cluster_store.WORKERS, self._membership_changed)
+        self._pools = PrefixMirror(etcd, cluster_store.POOLS, self._membership_changed)
+        self.models: dict[str, ModelConfig] = {}
+        self.bundles: dict[str, Bundle] = {}
+        self.pools: dict[str, PoolRecord] = {}
+        # Each worker with `pool` set to the resource pool it serves (its own SIE_POOL, or an assignment).
+        self.workers: dict[str, WorkerRecord] = {}
+        self.synced = False
+
+    async def start(self) -> None:
+        for mirror in (self._models, self._bundles, self._pools, self._workers):
+            await mirror.start()
+        self.synced = True
+
+    async def stop(self) -> None:
+        for mirror in (self._models, self._bundles, self._pools, self._workers):
+            await mirror.stop()
+
+    def bundles_for(self, config: ModelConfig) -> list[str]:
+        """Bundles that can serve `config`, highest priority first."""
+        serving = [bundle for bundle in self.bundles.values() if bundle.can_serve(config)]
+        return [bundle.id for bundle in sorted(serving, key=lambda b: (-b.priority, b.id))]
+
+    def expected_hash(self, bundle_id: str) -> str:
+        """The bundle config hash a worker of `bundle_id` reports once it has caught up."""
+        return bundle_config_hash(self.bundles[bundle_id], self.models.values())
+
+    def _models_changed(self, update: MirrorUpdate) -> None:
+        self.models = config_store.decode_models(update.state)
+
+    def _bundles_changed(self, update: MirrorUpdate) -> None:
+        self.bundles = config_store.decode_bundles(update.state)
+
+    async def _membership_changed(self, update: MirrorUpdate) -> None:
+        self.pools = cluster_store.decode_all(self._pools.state, cluster_store.decode_pool)
+        assigned = {worker: pool.name for pool in self.pools.values() for worker in pool.workers}
+        records = cluster_store.decode_all(self._workers.state, cluster_store.decode_worker)
+        self.workers = {
+            record.worker_id: dataclasses.replace(record, pool=record.pool or assigned.get(record.worker_id, ""))
+            for record in records.values()
+        }
+        if self._on_workers_changed is not None:
+            await self._on_workers_changed(self.workers.keys())

@@ -1,0 +1,257 @@
+"""sie.v1.Inference on the gateway: route each call to a worker's Work stream.
+
+Every answer names the worker that served it in the `x-sie-worker` trailer
+(EncodeStream answers carry it in their response's request_id tag instead:
+one stream may be served by several workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import grpc
+
+from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
+from sie_common.auth import require_token
+from sie_common.concurrent_answers import ConcurrentAnswers
+from sie_common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    SieError,
+    Unavailable,
+    abort,
+    abort_with_status,
+)
+from sie_gateway.cluster_view import ClusterView
+from sie_gateway.demand import DemandRecorder
+from sie_gateway.dispatch import Dispatcher, NoWorker
+from sie_gateway.pools import PoolManager
+from sie_gateway.routing import eligible_workers
+from sie_gateway.settings import GatewaySettings
+
+MACHINE_PROFILE_HEADER = "x-sie-machine-profile"
+POOL_HEADER = "x-sie-pool"
+WORKER_TRAILER = "x-sie-worker"
+
+
+class GatewayInference(inference_pb2_grpc.InferenceServicer):
+    def __init__(
+        self, settings: GatewaySettings, view: ClusterView, dispatcher: Dispatcher, pools: PoolManager, demand: DemandRecorder
+    ) -> None:
+        self._settings = settings
+        self._view = view
+        self._dispatcher = dispatcher
+        self._pools = pools
+        self._demand = demand
+        self.in_flight = 0
+
+    async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
+        return await self._unary(context, "encode", request)
+
+    async def Score(self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ScoreResponse:
+        return await self._unary(context, "score", request)
+
+    async def Extract(self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ExtractResponse:
+        return await self._unary(context, "extract", request)
+
+    async def EncodeStream(
+        self, requests: AsyncIterator[inference_pb2.EncodeStreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
+        try:
+            self._authorize(context)
+        except SieError as error:
+            await abort(context, error)
+        headers = _headers(context)
+        answers: ConcurrentAnswers[inference_pb2.EncodeStreamResponse] = ConcurrentAnswers()
+
+        async def answer(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeStreamResponse:
+            try:
+                with self._admitted():
+                    work = await self._route("encode", request, headers, self._deadline(context))
+            except SieError as error:
+                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=error.to_status())
+            if work.WhichOneof("outcome") == "error":
+                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=work.error)
+            return inference_pb2.EncodeStreamResponse(request_id=request.request_id, response=work.encode)
+
+        async def feed() -> None:
+            ordinal = 0
+            async for message in requests:
+                request = message.request
+                if not request.request_id:
+                    request.request_id = str(ordinal)
+                ordinal += 1
+                if not answers.start(request.request_id, answer(request)):
+                    duplicate = InvalidArgument(
+                        f"request_id {request.request_id!r} is already in flight on this stream", reason="DUPLICATE_REQUEST_ID"
+                    )
+                    answers.reply(inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=duplicate.to_status()))
+
+        async for response in answers.stream(feed()):
+            yield response
+
+    async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
+        return inference_pb2.ListModelsResponse(models=[self._describe(model) for model in sorted(self._view.models)])
+
+    async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
+        try:
+            self._config(request.model)
+        except SieError as error:
+            await abort(context, error)
+        return inference_pb2.GetModelResponse(model=self._describe(request.model))
+
+    async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
+        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s))
+        return inference_pb2.CreatePoolResponse(pool=pool)
+
+    async def GetPool(self, request: inference_pb2.GetPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetPoolResponse:
+        return inference_pb2.GetPoolResponse(pool=await self._guarded(context, lambda: self._pools.get(request.name)))
+
+    async def ListPools(self, request: inference_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListPoolsResponse:
+        pools = await self._guarded(context, lambda: [self._pools.message(r) for _, r in sorted(self._view.pools.items())])
+        return inference_pb2.ListPoolsResponse(pools=pools)
+
+    async def RenewPool(self, request: inference_pb2.RenewPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.RenewPoolResponse:
+        return inference_pb2.RenewPoolResponse(pool=await self._guarded(context, lambda: self._pools.renew(request.name)))
+
+    async def DeletePool(self, request: inference_pb2.DeletePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.DeletePoolResponse:
+        await self._guarded(context, lambda: self._pools.delete(request.name))
+        return inference_pb2.DeletePoolResponse()
+
+    async def _guarded(self, context: grpc.aio.ServicerContext, call: Callable[[], Any]) -> Any:
+        """Authorize, then run `call` (awaiting what it returns if needed); SieErrors end the call with their status."""
+        try:
+            self._authorize(context)
+            result = call()
+            return await result if inspect.isawaitable(result) else result
+        except SieError as error:
+            await abort(context, error)
+
+    async def _unary(self, context: grpc.aio.ServicerContext, task: str, request: Any) -> Any:
+        try:
+            self._authorize(context)
+            with self._admitted():
+                work = await self._route(task, request, _headers(context), self._deadline(context))
+        except SieError as error:
+            await abort(context, error)
+        context.set_trailing_metadata(((WORKER_TRAILER, work.worker_id),))
+        if work.WhichOneof("outcome") == "error":
+            await abort_with_status(context, work.error)
+        return getattr(work, task)
+
+    async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
+        config = self._config(request.model)
+        bundles = self._view.bundles_for(config)
+        if not bundles:
+            raise FailedPrecondition(
+                f"no bundle can serve {request.model} (adapter {config.profile().adapter})", reason="NO_BUNDLE_FOR_MODEL"
+            )
+        profile = headers.get(MACHINE_PROFILE_HEADER, "")
+        pool = headers.get(POOL_HEADER, "")
+        if pool and pool not in self._view.pools and not any(w.pool == pool for w in self._view.workers.values()):
+            raise NotFound(f"pool {pool!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": pool})
+
+        def candidates(tried: Any) -> list:
+            return eligible_workers(list(self._view.workers.values()), bundles=bundles, machine_profile=profile, pool=pool, exclude=tried)
+
+        try:
+            return await self._dispatcher.dispatch(task, request, model=request.model, candidates=candidates, deadline=deadline)
+        except NoWorker as error:
+            if error.tried:
+                raise Unavailable(
+                    f"every worker tried for {request.model} went away ({', '.join(error.tried)}); retry",
+                    reason="WORKERS_LOST",
+                    retry_after_s=1.0,
+                ) from None
+            await self._no_capacity(request.model, profile, pool)
+            raise AssertionError("unreachable") from None
+
+    async def _no_capacity(self, model: str, profile: str, pool: str) -> None:
+        known = set(self._settings.configured_gpus) | {w.machine_profile for w in self._view.workers.values()}
+        if profile and profile not in known:
+            raise FailedPrecondition(
+                f"machine profile {profile!r} is not configured; configured: {', '.join(sorted(known)) or 'none'}",
+                reason="UNKNOWN_MACHINE_PROFILE",
+                metadata={"machine_profile": profile},
+            )
+        await self._demand.record(profile, pool)
+        where = f"machine profile {profile!r}" if profile else "any machine profile"
+        raise Unavailable(
+            f"no worker of {where}{f' in pool {pool!r}' if pool else ''} is up for {model}; capacity is being provisioned",
+            reason="PROVISIONING",
+            retry_after_s=self._settings.provisioning_retry_s,
+            metadata={"machine_profile": profile, "pool": pool},
+        )
+
+    def _config(self, model: str) -> Any:
+        if not model:
+            raise InvalidArgument("model is required", reason="MISSING_MODEL")
+        config = self._view.models.get(model)
+        if config is None:
+            raise NotFound(
+                f"model {model!r} is not configured; available: {', '.join(sorted(self._view.models)) or 'none'}",
+                reason="MODEL_NOT_FOUND",
+                metadata={"model": model},
+            )
+        return config
+
+    def _describe(self, model_id: str) -> inference_pb2.Model:
+        config = self._view.models[model_id]
+        workers = self._view.workers.values()
+        loaded_on = sorted(w.worker_id for w in workers if model_id in w.loaded_models)
+        rollouts = []
+        for bundle in self._view.bundles_for(config):
+            expected = self._view.expected_hash(bundle)
+            members = sorted((w for w in workers if w.bundle == bundle), key=lambda w: w.worker_id)
+            rollouts.append(
+                inference_pb2.ModelRollout(
+                    bundle=bundle,
+                    config_hash=expected,
+                    current_workers=[w.worker_id for w in members if w.bundle_config_hash == expected],
+                    lagging_workers=[w.worker_id for w in members if w.bundle_config_hash != expected],
+                )
+            )
+        return inference_pb2.Model(
+            id=config.id,
+            tasks=config.tasks,
+            output_types=config.output_types,
+            dims=config.dims or 0,
+            max_sequence_length=config.max_sequence_length or 0,
+            profiles=sorted(config.profiles),
+            inputs=config.inputs,
+            state=inference_pb2.MODEL_STATE_LOADED if loaded_on else inference_pb2.MODEL_STATE_AVAILABLE,
+            rollouts=rollouts,
+            loaded_on=loaded_on,
+        )
+
+    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        if self._settings.auth_mode == "static":
+            require_token(context, self._settings.auth_tokens, what="call the inference API")
+
+    @contextlib.contextmanager
+    def _admitted(self) -> Iterator[None]:
+        if self.in_flight >= self._settings.max_in_flight:
+            raise ResourceExhausted(
+                f"gateway at capacity: {self._settings.max_in_flight} requests in flight (SIE_GATEWAY_MAX_IN_FLIGHT); retry",
+                reason="GATEWAY_BUSY",
+                retry_after_s=0.5,
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    def _deadline(self, context: grpc.aio.ServicerContext) -> float:
+        remaining = context.time_remaining()
+        return time.monotonic() + (remaining if remaining is not None else self._settings.request_timeout_s)
+
+
+def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}

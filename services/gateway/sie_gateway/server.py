@@ -1,0 +1,57 @@
+"""Run the gateway until SIGTERM or SIGINT: mirror etcd, serve sie.v1.Inference, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+
+from sie.v1 import inference_pb2, inference_pb2_grpc
+from sie_common.etcd import Etcd
+from sie_common.grpc_server import add_health_and_reflection, set_serving
+from sie_gateway.cluster_view import ClusterView
+from sie_gateway.demand import DemandRecorder
+from sie_gateway.dispatch import Dispatcher
+from sie_gateway.inference_api import GatewayInference
+from sie_gateway.pools import PoolManager
+from sie_gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+DRAIN_GRACE_S = 30.0
+
+
+async def serve(settings: GatewaySettings) -> None:
+    etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+    await etcd.connect()
+    dispatcher = Dispatcher(window=settings.worker_window, max_attempts=settings.max_attempts)
+    view = ClusterView(etcd, on_workers_changed=dispatcher.forget_others)
+    api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings.pool_default_ttl_s), DemandRecorder(etcd))
+
+    server = grpc.aio.server()
+    inference_pb2_grpc.add_InferenceServicer_to_server(api, server)
+    health = add_health_and_reflection(server, [INFERENCE_SERVICE])
+    listen = f"{settings.host}:{settings.port}"
+    if server.add_insecure_port(listen) == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    await view.start()  # readiness: SERVING only once the mirror is synced
+    await set_serving(health, [INFERENCE_SERVICE], True)
+    log.info(
+        "sie-gateway serving sie.v1.Inference on %s (etcd %s; %d models, %d workers)",
+        listen, ",".join(etcd.endpoints), len(view.models), len(view.workers),
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await set_serving(health, [INFERENCE_SERVICE], False)
+    await server.stop(DRAIN_GRACE_S)
+    await view.stop()
+    await dispatcher.close()
+    await etcd.close()

@@ -1,0 +1,33 @@
+"""Every knob of the gateway, in one typed object (flags > SIE_* env > defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sie_common.settings import SettingsError, setting
+
+AUTH_MODES = ("none", "static")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
+    port: int = setting(50051, env="SIE_PORT", help="gRPC port")
+    etcd_endpoints: tuple[str, ...] = setting(("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)")
+    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    configured_gpus: tuple[str, ...] = setting((), env="SIE_GATEWAY_CONFIGURED_GPUS", help="comma-separated machine profiles that may scale from zero: with no live worker they answer UNAVAILABLE/PROVISIONING; other unknown profiles are FAILED_PRECONDITION")
+    max_in_flight: int = setting(1024, env="SIE_GATEWAY_MAX_IN_FLIGHT", help="requests in flight through this gateway before RESOURCE_EXHAUSTED")
+    worker_window: int = setting(64, env="SIE_GATEWAY_WORKER_WINDOW", help="requests in flight on one worker's stream; more wait for a slot")
+    max_attempts: int = setting(3, env="SIE_GATEWAY_MAX_ATTEMPTS", help="workers one request may be tried on when workers vanish under it")
+    request_timeout_s: float = setting(300.0, env="SIE_GATEWAY_REQUEST_TIMEOUT_S", help="deadline for calls that set none")
+    provisioning_retry_s: float = setting(5.0, env="SIE_GATEWAY_PROVISIONING_RETRY_S", help="retry delay sent with UNAVAILABLE/PROVISIONING")
+    pool_default_ttl_s: int = setting(60, env="SIE_POOL_DEFAULT_TTL_S", help="lease of a resource pool created without ttl_s")
+    auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: inference and pool calls need a bearer token from SIE_AUTH_TOKENS")
+    auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
+    log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+
+    def __post_init__(self) -> None:
+        if self.auth_mode not in AUTH_MODES:
+            raise SettingsError(f"SIE_AUTH_MODE={self.auth_mode!r}: expected one of {', '.join(AUTH_MODES)}")
+        if self.auth_mode == "static" and not self.auth_tokens:
+            raise SettingsError("SIE_AUTH_MODE=static needs at least one token in SIE_AUTH_TOKENS")

@@ -1,0 +1,90 @@
+"""A cluster on loopback for tests and benchmarks: config service (on a given etcd), workers, gateways."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
+from worker_process import WorkerProcess
+
+
+def wait_for_leader(stub: config_pb2_grpc.ConfigServiceStub, timeout_s: float = 30) -> None:
+    """A config leader has published the bundles once ListBundles shows them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if stub.ListBundles(config_pb2.ListBundlesRequest(), timeout=5).bundles:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("no config leader published the bundles")
+
+
+class Cluster:
+    def __init__(self, tmp: Path, etcd_endpoint: str, prefix: str, models: dict[str, Path], start_config: Callable[..., WorkerProcess]) -> None:
+        """Start a config service with `start_config` and add `models` (id -> weights directory) through it."""
+        self._tmp = tmp
+        self.etcd_endpoint = etcd_endpoint
+        self.prefix = prefix
+        self.processes: list[WorkerProcess] = []
+        self.config = start_config()
+        with grpc.insecure_channel(self.config.address) as channel:
+            admin = config_pb2_grpc.ConfigServiceStub(channel)
+            wait_for_leader(admin)
+            for model_id, weights in models.items():
+                admin.AddModel(config_pb2.AddModelRequest(config={
+                    "id": model_id,
+                    "path": str(weights),
+                    "profiles": {"default": {"adapter": "sentence_transformer"}},
+                }))
+        self._empty_models_dir = tmp / "no-local-models"
+        self._empty_models_dir.mkdir(exist_ok=True)
+
+    def _env(self) -> dict[str, str]:
+        return {"SIE_ETCD_ENDPOINTS": self.etcd_endpoint, "SIE_ETCD_PREFIX": self.prefix}
+
+    def start_worker(self, name: str, **env: str) -> WorkerProcess:
+        """A cluster-mode worker with id `name`; it serves only what the config service holds."""
+        defaults = {
+            **self._env(),
+            "SIE_WORKER_ID": name,
+            "SIE_MODELS_DIR": str(self._empty_models_dir),
+            "SIE_PRELOAD_MODELS": "",
+            "SIE_HEALTH_PUBLISH_INTERVAL_MS": "200",
+            "SIE_WORKER_LEASE_TTL_S": "3",
+        }
+        worker = WorkerProcess({**defaults, **env}, self._tmp / f"{name}.log")
+        self.processes.append(worker)
+        worker.wait_serving()
+        return worker
+
+    def start_gateway(self, **env: str) -> WorkerProcess:
+        gateway = WorkerProcess({**self._env(), **env}, self._tmp / f"gateway-{len(self.processes)}.log", module="sie_gateway")
+        self.processes.append(gateway)
+        gateway.wait_serving(timeout_s=60)
+        return gateway
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def gateway_model(stub: inference_pb2_grpc.InferenceStub, model: str) -> inference_pb2.Model:
+    return stub.GetModel(inference_pb2.GetModelRequest(model=model), timeout=10).model
+
+
+def served_by(call_result: tuple) -> str:
+    """The worker id from a `with_call` result's trailers."""
+    _, call = call_result
+    return dict(call.trailing_metadata())["x-sie-worker"]
