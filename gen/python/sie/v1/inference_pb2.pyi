@@ -260,7 +260,7 @@ class GetModelResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[Model, _Mapping]] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs")
+    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs", "loras", "loaded_loras")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +270,8 @@ class Model(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
+    LORAS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_LORAS_FIELD_NUMBER: _ClassVar[int]
     id: str
     tasks: _containers.RepeatedScalarFieldContainer[str]
     output_types: _containers.RepeatedScalarFieldContainer[str]
@@ -279,7 +281,9 @@ class Model(_message.Message):
     state: ModelState
     stats: ModelStats
     inputs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ...) -> None: ...
+    loras: _containers.RepeatedScalarFieldContainer[str]
+    loaded_loras: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ..., loras: _Optional[_Iterable[str]] = ..., loaded_loras: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelStats(_message.Message):
     __slots__ = ("requests", "items", "forward_passes")
