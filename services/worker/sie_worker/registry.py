@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,9 @@ from sie_worker.weights import resolve_weights
 log = logging.getLogger(__name__)
 
 BUILTIN_MODELS_DIR = Path(__file__).parent / "builtin_models"
+# transformers' from_pretrained is not safe to run in two threads at once (its
+# meta-device initialisation is process-wide), so loads take turns.
+_LOAD_LOCK = threading.Lock()
 
 
 @dataclass
@@ -118,7 +122,7 @@ class ModelRegistry:
         key = (config.id, profile_name)
         started = time.perf_counter()
         try:
-            loaded = await asyncio.to_thread(self._load_blocking, config, profile_name)
+            loaded = await asyncio.to_thread(self._load_serialized, config, profile_name)
         except SieError:
             self._failed.add(config.id)
             raise
@@ -136,6 +140,10 @@ class ModelRegistry:
         self._loaded[key] = loaded
         log.info("loaded %s (profile %s) in %.1f s", config.id, profile_name, time.perf_counter() - started)
         return loaded
+
+    def _load_serialized(self, config: ModelConfig, profile_name: str) -> LoadedModel:
+        with _LOAD_LOCK:
+            return self._load_blocking(config, profile_name)
 
     def _load_blocking(self, config: ModelConfig, profile_name: str) -> LoadedModel:
         profile = config.profile(profile_name)

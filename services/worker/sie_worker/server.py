@@ -26,6 +26,8 @@ async def serve(settings: WorkerSettings) -> None:
     server = grpc.aio.server()
     inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(engine), server)
     health = add_health_and_reflection(server, [INFERENCE_SERVICE])
+    # grpc's HealthServicer starts "" as SERVING; nothing is served before the preloads finish.
+    await set_serving(health, [INFERENCE_SERVICE], False)
     address = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address}")
