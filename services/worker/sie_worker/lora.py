@@ -23,6 +23,7 @@ import torch
 from huggingface_hub import snapshot_download
 
 from sie_common.errors import FailedPrecondition, Unavailable
+from sie_worker.adapters.hf_text import LOAD_LOCK
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +118,11 @@ class LoraAdapters:
                 evicted, _ = self._loaded.popitem(last=False)
                 self._peft.delete_adapter(evicted)
                 log.info("evicted LoRA %s of %s (SIE_MAX_LORAS_PER_MODEL=%d)", evicted, self.model_id, self._capacity)
-        if self._peft is None:
-            self._peft = PeftModel.from_pretrained(self._target, str(path), adapter_name=name)
-        else:
-            self._peft.load_adapter(str(path), adapter_name=name)
+        with LOAD_LOCK:
+            if self._peft is None:
+                self._peft = PeftModel.from_pretrained(self._target, str(path), adapter_name=name)
+            else:
+                self._peft.load_adapter(str(path), adapter_name=name)
         self._peft.eval()
         with self._lock:
             self._loaded[name] = None

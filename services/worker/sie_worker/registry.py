@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from sie_common.errors import FailedPrecondition, NotFound, SieError
 from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, load_model_config
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
+from sie_worker.adapters.hf_text import LOAD_LOCK
 from sie_worker.batching import BatchLimits
 from sie_worker.capabilities import dense_dims
 from sie_worker.device import compute_dtype
@@ -31,9 +31,7 @@ from sie_worker.weights import resolve_weights
 log = logging.getLogger(__name__)
 
 BUILTIN_MODELS_DIR = Path(__file__).parent / "builtin_models"
-# transformers' from_pretrained is not safe to run in two threads at once (its
-# meta-device initialisation is process-wide), so loads take turns.
-_LOAD_LOCK = threading.Lock()
+
 
 
 @dataclass
@@ -142,7 +140,7 @@ class ModelRegistry:
         return loaded
 
     def _load_serialized(self, config: ModelConfig, profile_name: str) -> LoadedModel:
-        with _LOAD_LOCK:
+        with LOAD_LOCK:
             return self._load_blocking(config, profile_name)
 
     def _load_blocking(self, config: ModelConfig, profile_name: str) -> LoadedModel:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,9 @@ from sie_worker.adapters.base import LoadContext, TokenizedText
 
 # Above this, a tokenizer's model_max_length is a placeholder, not a limit.
 _UNSET_MAX_LENGTH = 1_000_000
+# transformers' and peft's from_pretrained are not safe to run in two threads at
+# once (meta-device initialisation is process-wide): model and LoRA loads take turns.
+LOAD_LOCK = threading.Lock()
 
 
 class TextTokenizer:
