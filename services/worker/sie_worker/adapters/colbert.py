@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, attention_kwargs, model_inputs, padded
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
 
 
 class ColbertEncoder(TextEncoder):
@@ -35,7 +35,7 @@ class ColbertEncoder(TextEncoder):
     def __init__(self, context: LoadContext) -> None:
         directory = context.weights
         options = dict(context.profile.load_options)
-        self.model = AutoModel.from_pretrained(directory, dtype=context.dtype, **attention_kwargs(context)).to(context.device).eval()
+        self.model = load_model(AutoModel, context)
         self.device = context.device
         # One position is reserved for the marker token.
         self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, reserve=1)

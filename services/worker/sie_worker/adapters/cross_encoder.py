@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, attention_kwargs, model_inputs, padded, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded, read_json
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits}
 
@@ -27,11 +27,7 @@ class CrossEncoderScorer(PairScorer):
     dims = 0
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = (
-            AutoModelForSequenceClassification.from_pretrained(context.weights, dtype=context.dtype, **attention_kwargs(context))
-            .to(context.device)
-            .eval()
-        )
+        self.model = load_model(AutoModelForSequenceClassification, context)
         if self.model.config.num_labels != 1:
             raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
         self.device = context.device

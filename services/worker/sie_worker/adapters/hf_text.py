@@ -55,6 +55,12 @@ class TextTokenizer:
         return [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in self.rust.encode_batch(pairs)]
 
 
+def load_model(auto_class: Any, context: LoadContext) -> torch.nn.Module:
+    """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode."""
+    model = auto_class.from_pretrained(context.weights, dtype=context.dtype, **attention_kwargs(context))
+    return model.to(context.device).eval()
+
+
 def padded(batch: Sequence[TokenizedText], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask and token_type_ids of a batch, right-padded to its longest item."""
     longest = max(len(item.ids) for item in batch)

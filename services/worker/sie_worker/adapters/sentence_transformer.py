@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, attention_kwargs, padded, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, padded, read_json
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.
@@ -53,7 +53,7 @@ class SentenceTransformerEncoder(TextEncoder):
         self.include_prompt: bool = bool(pooling.get("include_prompt", True))
         self.normalized: bool = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
 
-        self.model = AutoModel.from_pretrained(directory, dtype=context.dtype, **attention_kwargs(context)).to(context.device).eval()
+        self.model = load_model(AutoModel, context)
         self.device = context.device
         self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model)
         self.max_sequence_length = self.tokenizer.max_length

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, SparseWeights, TextEncoder, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, attention_kwargs, model_inputs, padded
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
 
 
 class SpladeEncoder(TextEncoder):
@@ -23,11 +23,7 @@ class SpladeEncoder(TextEncoder):
     normalized = False
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = (
-            AutoModelForMaskedLM.from_pretrained(context.weights, dtype=context.dtype, **attention_kwargs(context))
-            .to(context.device)
-            .eval()
-        )
+        self.model = load_model(AutoModelForMaskedLM, context)
         self.device = context.device
         self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model)
         self.max_sequence_length = self.tokenizer.max_length

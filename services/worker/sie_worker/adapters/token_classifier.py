@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForTokenClassification
 
 from sie_worker.adapters.base import Entity, LoadContext, TokenClassifier, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, attention_kwargs, model_inputs, padded
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
 
 
 class TokenClassificationExtractor(TokenClassifier):
@@ -25,11 +25,7 @@ class TokenClassificationExtractor(TokenClassifier):
     dims = 0
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = (
-            AutoModelForTokenClassification.from_pretrained(context.weights, dtype=context.dtype, **attention_kwargs(context))
-            .to(context.device)
-            .eval()
-        )
+        self.model = load_model(AutoModelForTokenClassification, context)
         self.device = context.device
         self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model)
         self.max_sequence_length = self.tokenizer.max_length
