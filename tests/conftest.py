@@ -33,11 +33,13 @@ OPERATION_MODELS = {
         "    load_options: {query_length: 12}\n"
         "    run_options:\n      muvera: {k_sim: 3, d_proj: 8, repetitions: 20, seed: 7}\n"
     ),
-    "test/tiny-reranker": "tasks: [score]\noutput_types: [dense]\nprofiles:\n  default:\n    adapter: cross_encoder\n",
+    "test/tiny-reranker": "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n",
     "test/tiny-ner": "tasks: [extract]\nprofiles:\n  default:\n    adapter: token_classifier\n",
 }
 # Served but never preloaded: loading it needs the optional gliner package.
 GLINER_MODEL = "test/tiny-gliner"
+# Served but never preloaded: its config asks its adapter for a task it lacks.
+MISCONFIGURED_MODEL = "test/splade-as-reranker"
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +70,9 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, 
         directory,
         LORA_MODEL,
         f"path: {tiny_models['test/tiny-mean']}\nloras:\n{loras}profiles:\n  default:\n    adapter: sentence_transformer\n",
+    )
+    write_config(
+        directory, MISCONFIGURED_MODEL, f"path: {tiny_models['test/tiny-splade']}\ntasks: [score]\nprofiles:\n  default:\n    adapter: splade\n"
     )
     write_config(directory, GLINER_MODEL, f"path: {tiny_models['test/tiny-ner']}\ntasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n")
     return directory

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer, pipeline
 
-from conftest import GLINER_MODEL
+from conftest import GLINER_MODEL, MISCONFIGURED_MODEL
 from grpc_helpers import error_details, items
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.tensors import from_tensor
@@ -101,6 +101,14 @@ def test_gliner_without_the_package_is_failed_precondition(stub) -> None:
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "pip install gliner" in raised.value.details()
     assert error_details(raised.value)[0].reason == "ADAPTER_DEPENDENCY_MISSING"
+
+
+def test_config_asking_an_adapter_for_a_task_it_lacks_fails_to_load(stub) -> None:
+    with pytest.raises(grpc.RpcError) as raised:
+        score(stub, MISCONFIGURED_MODEL)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "adapter splade does not do score; it does: encode" in raised.value.details()
+    assert error_details(raised.value)[0].reason == "MODEL_LOAD_FAILED"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,25 @@ from sie_common.model_config import ModelConfig
 from sie_worker.postprocess import MuveraParams
 
 if TYPE_CHECKING:
+    from sie_worker.adapters.base import ModelAdapter
     from sie_worker.registry import LoadedModel
+
+
+def check_adapter_serves(config: ModelConfig, adapter_name: str, adapter: ModelAdapter) -> None:
+    """At load: the config's tasks and output types must be ones its adapter provides (ValueError otherwise)."""
+    missing_tasks = [task for task in config.tasks if task not in adapter.tasks]
+    if missing_tasks:
+        raise ValueError(
+            f"tasks: adapter {adapter_name} does not do {', '.join(missing_tasks)}; it does: {', '.join(adapter.tasks)}"
+        )
+    if "encode" not in config.tasks:
+        return
+    produced = set(adapter.output_types) | ({"dense"} if "multivector" in adapter.output_types else set())
+    missing = [output for output in config.output_types if output not in produced]
+    if missing:
+        raise ValueError(
+            f"output_types: adapter {adapter_name} does not produce {', '.join(missing)}; it produces: {', '.join(sorted(produced))}"
+        )
 
 
 def check_task(config: ModelConfig, task: str) -> None:

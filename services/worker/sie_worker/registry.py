@@ -22,7 +22,7 @@ from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
 from sie_worker.adapters.hf_text import LOAD_LOCK
 from sie_worker.batching import BatchLimits
-from sie_worker.capabilities import dense_dims
+from sie_worker.capabilities import check_adapter_serves, dense_dims
 from sie_worker.device import compute_dtype
 from sie_worker.lora import LoraAdapters
 from sie_worker.settings import WorkerSettings
@@ -164,6 +164,7 @@ class ModelRegistry:
             max_wait_s=self._settings.max_batch_wait_ms / 1000,
         )
         adapter = factory(context)
+        check_adapter_serves(config, profile.adapter or "", adapter)
         loras = LoraAdapters(
             config.id,
             adapter.model,
