@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -10,7 +11,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 
+from etcd_process import EtcdProcess  # noqa: E402
 from sie.v1 import inference_pb2_grpc  # noqa: E402
+from sie_common.etcd import Etcd  # noqa: E402
 from tiny_models import (  # noqa: E402
     VARIANTS,
     build_tiny_colbert,
@@ -118,3 +121,45 @@ def batching_stub(start_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
 def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
     with grpc.insecure_channel(worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    """One real etcd on loopback for the session; tests keep apart by key prefix."""
+    root = tmp_path_factory.mktemp("etcd")
+    server = EtcdProcess(root / "data", root / "etcd.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def etcd_prefix() -> str:
+    return f"/sie-test-{uuid.uuid4().hex[:8]}/"
+
+
+@pytest.fixture
+async def etcd(etcd_server: EtcdProcess, etcd_prefix: str) -> AsyncIterator[Etcd]:
+    """A client of the session etcd under this test's prefix."""
+    client = Etcd([etcd_server.endpoint], etcd_prefix)
+    await client.connect()
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def start_config(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProcess, etcd_prefix: str) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start `sie-config serve` replicas on this test's prefix; all are stopped when the test ends."""
+    started: list[WorkerProcess] = []
+
+    def start(**env: str) -> WorkerProcess:
+        log = tmp_path_factory.mktemp("config-logs") / "config.log"
+        defaults = {"SIE_ETCD_ENDPOINTS": etcd_server.endpoint, "SIE_ETCD_PREFIX": etcd_prefix, "SIE_CONFIG_LEADER_TTL_S": "3"}
+        replica = WorkerProcess({**defaults, **env}, log, module="sie_config")
+        started.append(replica)
+        replica.wait_serving(timeout_s=60)
+        return replica
+
+    yield start
+    for replica in started:
+        replica.stop()

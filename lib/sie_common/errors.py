@@ -39,8 +39,20 @@ class NotFound(SieError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class AlreadyExists(SieError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class FailedPrecondition(SieError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unauthenticated(SieError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(SieError):
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class ResourceExhausted(SieError):
@@ -62,6 +74,14 @@ class Unavailable(SieError):
         delay.FromNanoseconds(int(self.retry_after_s * 1e9))
         status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
         return status
+
+
+class DeadlineExceeded(SieError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Unimplemented(SieError):
+    code = grpc.StatusCode.UNIMPLEMENTED
 
 
 class Internal(SieError):

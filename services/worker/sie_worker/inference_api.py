@@ -11,6 +11,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
 from sie_common.tensors import to_tensor
@@ -201,26 +202,35 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    async def _encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
+    # run_*: one request, raising SieError for anything the caller should be told
+    # (shared by the unary RPCs, EncodeStream and the internal Work stream).
+
+    async def run_encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
         return await _guarded("encode", request.request_id, lambda: self._engine.encode(encode_job(request)), lambda o: encode_response(request, o))
+
+    async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
+        return await _guarded("score", request.request_id, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
+
+    async def run_extract(self, request: inference_pb2.ExtractRequest) -> inference_pb2.ExtractResponse:
+        return await _guarded(
+            "extract", request.request_id, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o)
+        )
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
-            return await self._encode(request)
+            return await self.run_encode(request)
         except SieError as error:
             await abort(context, error)
 
     async def Score(self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ScoreResponse:
         try:
-            return await _guarded("score", request.request_id, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
+            return await self.run_score(request)
         except SieError as error:
             await abort(context, error)
 
     async def Extract(self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ExtractResponse:
         try:
-            return await _guarded(
-                "extract", request.request_id, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o)
-            )
+            return await self.run_extract(request)
         except SieError as error:
             await abort(context, error)
 
@@ -230,39 +240,30 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
         """Run every request as it arrives; answer each as it completes, tagged by request_id."""
-        answers: asyncio.Queue[inference_pb2.EncodeStreamResponse | None] = asyncio.Queue()
-        running: set[asyncio.Task[None]] = set()
+        answers: ConcurrentAnswers[inference_pb2.EncodeStreamResponse] = ConcurrentAnswers()
 
-        async def answer(request: inference_pb2.EncodeRequest) -> None:
+        async def answer(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeStreamResponse:
             try:
-                response = await self._encode(request)
-                await answers.put(inference_pb2.EncodeStreamResponse(request_id=request.request_id, response=response))
+                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, response=await self.run_encode(request))
             except SieError as error:
-                await answers.put(inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=error.to_status()))
+                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=error.to_status())
 
-        async def read() -> None:
+        async def feed() -> None:
             ordinal = 0
             async for message in requests:
                 request = message.request
                 if not request.request_id:
                     request.request_id = str(ordinal)
                 ordinal += 1
-                task = asyncio.create_task(answer(request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            while running:
-                await asyncio.gather(*list(running))
-            await answers.put(None)
+                if not answers.start(request.request_id, answer(request)):
+                    duplicate = InvalidArgument(
+                        f"request_id {request.request_id!r} is already in flight on this stream",
+                        reason="DUPLICATE_REQUEST_ID",
+                    )
+                    answers.reply(inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=duplicate.to_status()))
 
-        reader = asyncio.create_task(read())
-        try:
-            while (response := await answers.get()) is not None:
-                yield response
-            await reader
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
+        async for response in answers.stream(feed()):
+            yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
         registry = self._engine.registry

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +80,12 @@ class ModelRegistry:
         self._loading: dict[tuple[str, str], asyncio.Task[LoadedModel]] = {}
         self._failed: set[str] = set()
         self._stats: dict[str, ModelStats] = {model: ModelStats() for model in configs}
+
+    def add_configs(self, configs: Iterable[ModelConfig]) -> None:
+        """Serve these configs from now on: new models, or served models with new profiles."""
+        for config in configs:
+            self._configs[config.id] = config
+            self._stats.setdefault(config.id, ModelStats())
 
     @property
     def model_ids(self) -> list[str]:

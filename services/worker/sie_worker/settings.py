@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 from sie_common.settings import setting
@@ -11,6 +12,7 @@ from sie_common.settings import setting
 class WorkerSettings:
     host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
     port: int = setting(50061, env="SIE_PORT", help="gRPC port")
+    worker_id: str = setting("", env="SIE_WORKER_ID", help="stable id in logs and answers (default: <hostname>:<port>)")
     device: str = setting("auto", env="SIE_DEVICE", help="auto, cpu, cuda, cuda:N or mps")
     models_dir: str = setting("./models", env="SIE_MODELS_DIR", help="directory of model YAML configs (added to the built-in ones)")
     model_filter: tuple[str, ...] = setting((), env="SIE_MODEL_FILTER", help="comma-separated model ids to serve; unset serves all")
@@ -25,4 +27,11 @@ class WorkerSettings:
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
+    etcd_endpoints: tuple[str, ...] = setting((), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd endpoints; when set, models the config service adds for this worker's bundle are served live")
+    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    bundle: str = setting("default", env="SIE_BUNDLE", help="the bundle this worker image serves (which etcd model configs apply to it)")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+
+    def __post_init__(self) -> None:
+        if not self.worker_id:
+            object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{self.port}")

@@ -1,0 +1,1 @@
+"""Framework adapters on top of SIEClient (each needs its framework installed)."""

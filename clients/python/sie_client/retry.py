@@ -1,0 +1,51 @@
+"""When the client tries a failed call again, and after how long."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import grpc
+
+from sie_client.status import CallStatus
+
+# UNAVAILABLE reasons that mean "capacity is on its way": waited out with wait_for_capacity.
+CAPACITY_REASONS = frozenset({"PROVISIONING", "MODEL_LOADING"})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    wait_for_capacity: bool = True
+    # How long to wait for capacity (PROVISIONING, MODEL_LOADING) in all.
+    provision_timeout_s: float = 300.0
+    # Tries while a LoRA adapter loads.
+    lora_loading_attempts: int = 10
+    # Tries on RESOURCE_EXHAUSTED (and UNAVAILABLE without a retry delay), backing off.
+    busy_attempts: int = 8
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 2.0
+
+    def delay(self, status: CallStatus, attempt: int, waited_s: float) -> float | None:
+        """Seconds to wait before try `attempt + 1`, or None to give up. `attempt` counts from 1."""
+        hinted = status.retry_after_s
+        if status.code == grpc.StatusCode.UNAVAILABLE:
+            if status.reason in CAPACITY_REASONS:
+                if not self.wait_for_capacity:
+                    return None
+                delay = hinted if hinted is not None else 1.0
+                return delay if waited_s + delay <= self.provision_timeout_s else None
+            if status.reason == "LORA_LOADING":
+                return (hinted if hinted is not None else 0.5) if attempt < self.lora_loading_attempts else None
+            if hinted is not None:
+                return hinted if attempt < self.busy_attempts else None
+            return self._backoff(attempt)
+        if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            backoff = self._backoff(attempt)
+            return None if backoff is None else max(backoff, hinted or 0.0)
+        return None
+
+    def _backoff(self, attempt: int) -> float | None:
+        if attempt >= self.busy_attempts:
+            return None
+        ceiling = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1))
+        return ceiling * random.uniform(0.5, 1.0)  # jitter: callers that failed together retry apart

@@ -1,0 +1,5 @@
+import sys
+
+from sie_config.cli import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""sie.v1.ConfigService: reads from any replica, writes through the leader."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from sie.v1 import config_pb2, config_pb2_grpc
+from sie_common.auth import require_token
+from sie_common.config_messages import bundle_to_message, config_from_message, config_to_message
+from sie_common.errors import Internal, InvalidArgument, NotFound, SieError, Unavailable, abort
+from sie_common.etcd import EtcdUnavailable
+from sie_common.model_config import ModelConfigError
+from sie_config.store import ConfigStore, request_fingerprint
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+IDEMPOTENCY_KEY = "idempotency-key"
+
+
+class ConfigService(config_pb2_grpc.ConfigServiceServicer):
+    def __init__(self, store: ConfigStore, admin_token: str | None) -> None:
+        self._store = store
+        self._admin_token = admin_token
+
+    async def AddModel(self, request: config_pb2.AddModelRequest, context: grpc.aio.ServicerContext) -> config_pb2.AddModelResponse:
+        async def add() -> config_pb2.AddModelResponse:
+            self._require_admin(context, "add models")
+            try:
+                config = config_from_message(request.config, source="AddModel config")
+            except ModelConfigError as error:
+                raise InvalidArgument(str(error), reason="INVALID_MODEL_CONFIG", metadata={"field": error.field_path}) from None
+            metadata = dict(context.invocation_metadata() or ())
+            return await self._store.add_model(config, metadata.get(IDEMPOTENCY_KEY) or None, request_fingerprint(request))
+
+        return await _answer(context, add)
+
+    async def GetModelConfig(self, request: config_pb2.GetModelConfigRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetModelConfigResponse:
+        async def get() -> config_pb2.GetModelConfigResponse:
+            if not request.model:
+                raise InvalidArgument("model is required", reason="MISSING_MODEL")
+            return config_pb2.GetModelConfigResponse(config=config_to_message(await self._store.model(request.model)))
+
+        return await _answer(context, get)
+
+    async def ListModelConfigs(self, request: config_pb2.ListModelConfigsRequest, context: grpc.aio.ServicerContext) -> config_pb2.ListModelConfigsResponse:
+        async def list_configs() -> config_pb2.ListModelConfigsResponse:
+            snapshot = await self._store.snapshot()
+            return config_pb2.ListModelConfigsResponse(configs=[config_to_message(c) for _, c in sorted(snapshot.configs.items())])
+
+        return await _answer(context, list_configs)
+
+    async def ExportConfigs(self, request: config_pb2.ExportConfigsRequest, context: grpc.aio.ServicerContext) -> config_pb2.ExportConfigsResponse:
+        async def export() -> config_pb2.ExportConfigsResponse:
+            self._require_admin(context, "export configs")
+            snapshot = await self._store.snapshot()
+            hashes = snapshot.bundle_hashes()
+            return config_pb2.ExportConfigsResponse(
+                configs=[config_to_message(c) for _, c in sorted(snapshot.configs.items())],
+                bundles=[bundle_to_message(b, hashes[b.id]) for _, b in sorted(snapshot.bundles.items())],
+                epoch=snapshot.epoch,
+                bundle_set_hash=snapshot.bundle_set_hash,
+            )
+
+        return await _answer(context, export)
+
+    async def GetEpoch(self, request: config_pb2.GetEpochRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetEpochResponse:
+        async def epoch() -> config_pb2.GetEpochResponse:
+            snapshot = await self._store.snapshot(with_models=False)
+            return config_pb2.GetEpochResponse(epoch=snapshot.epoch, bundle_set_hash=snapshot.bundle_set_hash)
+
+        return await _answer(context, epoch)
+
+    async def ListBundles(self, request: config_pb2.ListBundlesRequest, context: grpc.aio.ServicerContext) -> config_pb2.ListBundlesResponse:
+        async def list_bundles() -> config_pb2.ListBundlesResponse:
+            snapshot = await self._store.snapshot()
+            hashes = snapshot.bundle_hashes()
+            return config_pb2.ListBundlesResponse(bundles=[bundle_to_message(b, hashes[b.id]) for _, b in sorted(snapshot.bundles.items())])
+
+        return await _answer(context, list_bundles)
+
+    async def GetBundle(self, request: config_pb2.GetBundleRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetBundleResponse:
+        async def get_bundle() -> config_pb2.GetBundleResponse:
+            snapshot = await self._store.snapshot()
+            bundle = snapshot.bundles.get(request.bundle_id)
+            if bundle is None:
+                raise NotFound(
+                    f"no bundle {request.bundle_id!r}; bundles: {', '.join(sorted(snapshot.bundles)) or 'none published yet'}",
+                    reason="BUNDLE_NOT_FOUND",
+                    metadata={"bundle": request.bundle_id},
+                )
+            return config_pb2.GetBundleResponse(bundle=bundle_to_message(bundle, snapshot.bundle_hashes()[bundle.id]))
+
+        return await _answer(context, get_bundle)
+
+    def _require_admin(self, context: grpc.aio.ServicerContext, what: str) -> None:
+        if self._admin_token is not None:
+            require_token(context, [self._admin_token], what=what)
+
+
+async def _answer(context: grpc.aio.ServicerContext, handle: Callable[[], Awaitable[T]]) -> T:
+    """Run a handler; SieErrors become their status, etcd outages UNAVAILABLE, anything else INTERNAL."""
+    try:
+        return await handle()
+    except SieError as error:
+        await abort(context, error)
+    except EtcdUnavailable as error:
+        await abort(context, Unavailable(f"etcd is unavailable: {error}", reason="ETCD_UNAVAILABLE", retry_after_s=1))
+    except Exception as error:
+        log.exception("config service bug")
+        await abort(context, Internal(f"internal error: {error}", reason="INTERNAL"))

@@ -1,0 +1,68 @@
+"""Run the config service until SIGTERM or SIGINT; a leader resigns on the way out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+
+from sie.v1 import config_pb2, config_pb2_grpc
+from sie_common.bundles import load_bundles
+from sie_common.etcd import Etcd
+from sie_common.grpc_server import add_health_and_reflection, set_serving
+from sie_config.api import ConfigService
+from sie_config.leader import LeaderElection
+from sie_config.settings import ConfigSettings
+from sie_config.store import ConfigStore
+
+log = logging.getLogger(__name__)
+
+CONFIG_SERVICE = config_pb2.DESCRIPTOR.services_by_name["ConfigService"].full_name
+DRAIN_GRACE_S = 10.0
+
+
+async def serve(settings: ConfigSettings) -> None:
+    bundles = load_bundles(Path(settings.bundles_dir))
+    if not bundles:
+        raise ValueError(f"no bundle YAML files in {settings.bundles_dir} (SIE_BUNDLES_DIR)")
+    etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+    await etcd.connect()
+    address = settings.advertise_address or f"{_reachable_host(settings.host)}:{settings.port}"
+    store: ConfigStore | None = None
+
+    async def on_elected() -> None:
+        assert store is not None
+        await store.publish_bundles()
+
+    election = LeaderElection(etcd, address, settings.leader_ttl_s, on_elected)
+    store = ConfigStore(etcd, election, bundles, settings.idempotency_ttl_s)
+
+    server = grpc.aio.server()
+    config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, settings.admin_token), server)
+    health = add_health_and_reflection(server, [CONFIG_SERVICE])
+    listen = f"{settings.host}:{settings.port}"
+    if server.add_insecure_port(listen) == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    election.start()
+    await set_serving(health, [CONFIG_SERVICE], True)
+    log.info("sie-config serving sie.v1.ConfigService on %s (etcd %s, prefix %s)", listen, ",".join(etcd.endpoints), etcd.prefix)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await set_serving(health, [CONFIG_SERVICE], False)
+    await server.stop(DRAIN_GRACE_S)
+    await election.stop()
+    await etcd.close()
+
+
+def _reachable_host(host: str) -> str:
+    """The listen address, unless it is a wildcard: then this machine's name."""
+    return socket.gethostname() if host in ("0.0.0.0", "::", "[::]", "") else host

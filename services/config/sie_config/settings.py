@@ -1,0 +1,25 @@
+"""Every knob of the config service, in one typed object (flags > SIE_* env > defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sie_common.settings import setting
+
+# The repository's bundles/ (the directory baked into the service's image).
+DEFAULT_BUNDLES_DIR = str(Path(__file__).resolve().parents[3] / "bundles")
+
+
+@dataclass(frozen=True)
+class ConfigSettings:
+    host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
+    port: int = setting(50071, env="SIE_PORT", help="gRPC port")
+    advertise_address: str | None = setting(None, env="SIE_ADVERTISE_ADDRESS", help="host:port other replicas name when they send writers to this leader (default: SIE_HOST:port, or hostname:port when listening on all addresses)")
+    etcd_endpoints: tuple[str, ...] = setting(("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)")
+    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    bundles_dir: str = setting(DEFAULT_BUNDLES_DIR, env="SIE_BUNDLES_DIR", help="directory of bundle YAML files published to etcd when this replica becomes leader")
+    admin_token: str | None = setting(None, env="SIE_ADMIN_TOKEN", help="bearer token AddModel and ExportConfigs require; unset leaves them open")
+    leader_ttl_s: int = setting(10, env="SIE_CONFIG_LEADER_TTL_S", help="lease TTL of the leader key: a dead leader is replaced within about this long")
+    idempotency_ttl_s: int = setting(86400, env="SIE_IDEMPOTENCY_TTL_S", help="how long an idempotency-key's first answer is replayed")
+    log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")

@@ -1,0 +1,1 @@
+"""The gateway: the stateless edge that routes public calls to workers."""

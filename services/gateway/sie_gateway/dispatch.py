@@ -1,0 +1,68 @@
+"""Send a request to the best worker, and to another one if that worker is lost.
+
+Inference is idempotent, so a request whose worker dies before answering is
+sent again to the next best eligible worker; the caller still gets exactly
+one answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from sie.v1 import worker_pb2
+from sie_gateway.routing import WorkerState, choose_worker
+from sie_gateway.worker_link import WorkerLink, WorkerLost
+
+# Given the workers already tried, the workers still eligible for this request.
+Candidates = Callable[[Collection[str]], Sequence[WorkerState]]
+
+
+class NoWorker(Exception):
+    """No eligible worker is left for the request."""
+
+    def __init__(self, tried: Collection[str]) -> None:
+        super().__init__(f"no eligible worker (tried: {', '.join(sorted(tried)) or 'none'})")
+        self.tried = tuple(tried)
+
+
+class Dispatcher:
+    def __init__(self, *, window: int, max_attempts: int = 3) -> None:
+        self._window = window
+        self._max_attempts = max_attempts
+        self._links: dict[str, WorkerLink] = {}
+
+    def outstanding(self) -> dict[str, int]:
+        return {worker_id: link.outstanding for worker_id, link in self._links.items()}
+
+    async def forget_others(self, live: Collection[str]) -> None:
+        """Close the links of workers that left the registry; their requests fail over."""
+        for worker_id in [worker_id for worker_id in self._links if worker_id not in live]:
+            await self._links.pop(worker_id).close()
+
+    async def dispatch(
+        self, task: str, message: Any, *, model: str, candidates: Candidates, deadline: float | None
+    ) -> worker_pb2.WorkResponse:
+        """The answer of the first worker that does not vanish; `deadline` is a time.monotonic() value."""
+        tried: set[str] = set()
+        for _ in range(self._max_attempts):
+            worker = choose_worker(candidates(tried), model, self.outstanding())
+            if worker is None:
+                break
+            timeout_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return await self._link(worker).call(task, message, timeout_s=timeout_s)
+            except WorkerLost:
+                tried.add(worker.worker_id)
+        raise NoWorker(tried)
+
+    def _link(self, worker: WorkerState) -> WorkerLink:
+        link = self._links.get(worker.worker_id)
+        if link is None or link.address != worker.address:
+            link = WorkerLink(worker.worker_id, worker.address, window=self._window)
+            self._links[worker.worker_id] = link
+        return link
+
+    async def close(self) -> None:
+        await self.forget_others(())

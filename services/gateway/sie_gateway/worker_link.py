@@ -1,0 +1,125 @@
+"""One long-lived sie.v1.Worker/Work stream from the gateway to one worker.
+
+Requests are multiplexed on the stream by request id; at most `window` are
+in flight, the rest wait for a slot. When the stream breaks, every request in
+flight on it fails with WorkerLost at once (inference is idempotent, so the
+caller may retry elsewhere) and the next call opens a new stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+
+from sie.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class WorkerLost(Exception):
+    """The worker's stream ended before it answered; the request may be retried elsewhere."""
+
+
+class _Stream:
+    """One open Work call: its outgoing queue, its reader, and the requests awaiting answers."""
+
+    def __init__(self, stub: worker_pb2_grpc.WorkerStub) -> None:
+        self.outgoing: asyncio.Queue[worker_pb2.WorkRequest | None] = asyncio.Queue()
+        self.pending: dict[str, asyncio.Future[worker_pb2.WorkResponse]] = {}
+        self.call = stub.Work(self._requests())
+        self.reader = asyncio.create_task(self._read())
+
+    async def _requests(self) -> AsyncIterator[worker_pb2.WorkRequest]:
+        while (request := await self.outgoing.get()) is not None:
+            yield request
+
+    async def _read(self) -> None:
+        error: BaseException | None = None
+        try:
+            async for response in self.call:
+                future = self.pending.pop(response.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(response)
+        except grpc.aio.AioRpcError as rpc_error:
+            error = rpc_error
+        finally:
+            lost = WorkerLost(f"work stream ended: {error.code().name if error else 'closed by the worker'}")
+            for future in self.pending.values():
+                if not future.done():
+                    future.set_exception(lost)
+            self.pending.clear()
+
+    @property
+    def broken(self) -> bool:
+        return self.reader.done()
+
+    async def close(self) -> None:
+        self.outgoing.put_nowait(None)
+        self.call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.reader
+
+
+class WorkerLink:
+    def __init__(self, worker_id: str, address: str, *, window: int, channel: grpc.aio.Channel | None = None) -> None:
+        self.worker_id = worker_id
+        self.address = address
+        self.window = window
+        self._channel = channel or grpc.aio.insecure_channel(address)
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        self._slots = asyncio.Semaphore(window)
+        self._stream: _Stream | None = None
+        self._ids = itertools.count()
+        self.outstanding = 0
+
+    async def call(self, task: str, message: Any, *, timeout_s: float | None) -> worker_pb2.WorkResponse:
+        """Send one request ("encode", "score", "extract") and wait for its answer.
+
+        `timeout_s` travels with the request, so the worker stops when the
+        caller's deadline passes; raises WorkerLost when the stream breaks.
+        """
+        async with self._slots:
+            self.outstanding += 1
+            try:
+                return await self._exchange(task, message, timeout_s)
+            finally:
+                self.outstanding -= 1
+
+    async def _exchange(self, task: str, message: Any, timeout_s: float | None) -> worker_pb2.WorkResponse:
+        stream = self._open_stream()
+        request_id = str(next(self._ids))
+        request = worker_pb2.WorkRequest(request_id=request_id, **{task: message})
+        if timeout_s is not None:
+            request.timeout.CopyFrom(_duration(timeout_s))
+        future: asyncio.Future[worker_pb2.WorkResponse] = asyncio.get_running_loop().create_future()
+        stream.pending[request_id] = future
+        stream.outgoing.put_nowait(request)
+        try:
+            return await future
+        finally:
+            if not future.done() and not stream.broken:
+                stream.pending.pop(request_id, None)
+                stream.outgoing.put_nowait(worker_pb2.WorkRequest(request_id=request_id, cancel=worker_pb2.CancelWork()))
+
+    def _open_stream(self) -> _Stream:
+        if self._stream is None or self._stream.broken:
+            self._stream = _Stream(self._stub)
+        return self._stream
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+        await self._channel.close()
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(int(seconds * 1e9))
+    return duration

@@ -1,0 +1,58 @@
+"""Dispatch over real workers: affinity, and failover when a worker is killed mid-flight."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from sie.v1 import inference_pb2, types_pb2
+from sie_common.tensors import from_tensor
+from sie_gateway.dispatch import Dispatcher, NoWorker
+from sie_gateway.routing import WorkerState
+
+MODEL = "test/tiny-cls"
+
+
+def state(worker_id: str, worker, loaded: bool) -> WorkerState:
+    return WorkerState(worker_id, worker.address, "default", "cpu", loaded_models=frozenset({MODEL} if loaded else ()))
+
+
+def request(n: int) -> inference_pb2.EncodeRequest:
+    return inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=f"failover item {n}")])
+
+
+async def test_requests_fail_over_when_their_worker_is_killed(start_worker, stub) -> None:
+    victim = start_worker(SIE_MAX_BATCH_WAIT_MS="30000")  # holds requests until it dies
+    survivor = start_worker()
+    workers = [state("victim", victim, loaded=True), state("survivor", survivor, loaded=False)]
+    expected = {n: from_tensor(stub.Encode(request(n)).results[0].dense) for n in range(12)}
+    dispatcher = Dispatcher(window=64)
+
+    def candidates(tried):
+        return [w for w in workers if w.worker_id not in tried]
+
+    calls = {n: asyncio.ensure_future(dispatcher.dispatch("encode", request(n), model=MODEL, candidates=candidates, deadline=None)) for n in expected}
+    await asyncio.sleep(1.5)
+    assert dispatcher.outstanding()["victim"] == len(expected)  # affinity: all went to the warm worker
+    victim.process.kill()
+    answers = await asyncio.wait_for(asyncio.gather(*calls.values()), 60)
+    await dispatcher.close()
+
+    for n, answer in zip(calls, answers):
+        assert answer.worker_id == survivor_id(survivor)
+        np.testing.assert_allclose(from_tensor(answer.encode.results[0].dense), expected[n], atol=1e-5)
+
+
+def survivor_id(worker) -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{worker.port}"
+
+
+async def test_no_eligible_worker_raises() -> None:
+    dispatcher = Dispatcher(window=4)
+    with pytest.raises(NoWorker) as raised:
+        await dispatcher.dispatch("encode", request(0), model=MODEL, candidates=lambda tried: [], deadline=None)
+    assert raised.value.tried == ()

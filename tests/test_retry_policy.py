@@ -1,0 +1,46 @@
+"""The client's retry decisions for each status and reason."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from sie_client.retry import RetryPolicy
+from sie_client.status import CallStatus
+
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+def status(code: grpc.StatusCode, reason: str = "", retry_after_s: float | None = None) -> CallStatus:
+    return CallStatus(code, "message", reason, {}, retry_after_s)
+
+
+@pytest.mark.parametrize("reason", ["PROVISIONING", "MODEL_LOADING"])
+def test_capacity_waits_follow_the_server_delay_until_the_timeout(reason: str) -> None:
+    policy = RetryPolicy(provision_timeout_s=10)
+    assert policy.delay(status(UNAVAILABLE, reason, 2.5), attempt=1, waited_s=0) == 2.5
+    assert policy.delay(status(UNAVAILABLE, reason, 2.5), attempt=40, waited_s=7.5) == 2.5
+    assert policy.delay(status(UNAVAILABLE, reason, 2.5), attempt=4, waited_s=8.0) is None
+    assert RetryPolicy(wait_for_capacity=False).delay(status(UNAVAILABLE, reason, 2.5), attempt=1, waited_s=0) is None
+
+
+def test_lora_loading_is_retried_a_bounded_number_of_times() -> None:
+    policy = RetryPolicy(lora_loading_attempts=3)
+    assert policy.delay(status(UNAVAILABLE, "LORA_LOADING", 0.2), attempt=2, waited_s=0) == 0.2
+    assert policy.delay(status(UNAVAILABLE, "LORA_LOADING", 0.2), attempt=3, waited_s=0) is None
+
+
+def test_resource_exhausted_backs_off_with_a_cap_and_gives_up() -> None:
+    policy = RetryPolicy(busy_attempts=6, backoff_initial_s=0.1, backoff_max_s=0.5)
+    delays = [policy.delay(status(grpc.StatusCode.RESOURCE_EXHAUSTED), attempt=n, waited_s=0) for n in range(1, 7)]
+    assert all(d is not None and d <= 0.5 for d in delays[:5])
+    assert delays[0] <= 0.1 and delays[4] >= 0.25  # grows, with jitter of at most half
+    assert delays[5] is None
+
+
+@pytest.mark.parametrize(
+    "code",
+    [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED],
+)
+def test_request_errors_are_never_retried(code: grpc.StatusCode) -> None:
+    assert RetryPolicy().delay(status(code, "ANY", 1.0), attempt=1, waited_s=0) is None
