@@ -139,3 +139,18 @@ def test_models_list_their_capabilities(stub) -> None:
     assert list(models["test/tiny-splade"].output_types) == ["sparse"]
     assert list(models["test/tiny-ner"].tasks) == ["extract"]
     assert list(models["test/tiny-mean-lora"].loras) == ["alpha", "beta", "gamma"]
+
+
+async def test_the_work_stream_serves_score_and_extract(worker, stub) -> None:
+    from sie_gateway.worker_link import WorkerLink
+
+    score_request = inference_pb2.ScoreRequest(model="test/tiny-reranker", query=types_pb2.Item(text=QUERY), items=items(DOCUMENTS))
+    extract_request = inference_pb2.ExtractRequest(model="test/tiny-ner", items=items(TEXTS))
+    link = WorkerLink("w", worker.address, window=4)
+    try:
+        scored = await link.call("score", score_request, timeout_s=60)
+        extracted = await link.call("extract", extract_request, timeout_s=60)
+    finally:
+        await link.close()
+    assert [(e.index, e.score) for e in scored.score.scores] == [(e.index, e.score) for e in stub.Score(score_request, timeout=60).scores]
+    assert list(extracted.extract.results) == list(stub.Extract(extract_request, timeout=60).results)
