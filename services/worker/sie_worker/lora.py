@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import torch
 from huggingface_hub import snapshot_download
+from peft import PeftModel
 
 from sie_common.errors import FailedPrecondition, Unavailable
 from sie_worker.adapters.hf_text import LOAD_LOCK
@@ -49,12 +50,11 @@ class LoraAdapters:
         self._capacity = capacity
         self._local_cache = local_cache
         self._hf_fallback = hf_fallback
-        self._peft: Any = None  # peft.PeftModel around `target`, made on the first load
+        self._peft: PeftModel | None = None  # around `target`, made on the first load
         self._loaded: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
         self._loading: dict[str, asyncio.Future[None]] = {}
         self._failed: dict[str, str] = {}
-        self.loads = 0
 
     @property
     def loaded(self) -> list[str]:
@@ -107,8 +107,6 @@ class LoraAdapters:
 
     def _load(self, name: str) -> None:
         """Load `name`, evicting the least recently used adapter at capacity. Device thread only."""
-        from peft import PeftModel
-
         with self._lock:
             if name in self._loaded:
                 return
@@ -126,7 +124,6 @@ class LoraAdapters:
         self._peft.eval()
         with self._lock:
             self._loaded[name] = None
-        self.loads += 1
         log.info("loaded LoRA %s of %s from %s", name, self.model_id, path)
 
     def _resolve(self, source: str) -> Path:
