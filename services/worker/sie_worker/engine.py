@@ -37,7 +37,7 @@ from sie_worker.jobs import (
     Timing,
     canonical_options,
 )
-from sie_worker.postprocess import maxsim, muvera, quantize, truncate
+from sie_worker.postprocess import MuveraParams, maxsim, muvera, quantize, truncate
 from sie_worker.registry import LoadedModel, ModelRegistry, read_model_configs
 from sie_worker.settings import WorkerSettings
 
@@ -155,24 +155,9 @@ class Engine:
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
             )
 
-            def finish() -> list[EncodedOutput]:
-                outputs = []
-                for item in encoded:
-                    dense = None
-                    if "dense" in job.output_types:
-                        vector = item.dense if muvera_config is None else muvera(item.multivector, muvera_config, is_query=job.is_query)
-                        normalized = model.encoder.normalized and muvera_config is None
-                        dense = quantize(truncate(vector, dims=job.dims, normalized=normalized), job.output_dtype)
-                    outputs.append(
-                        EncodedOutput(
-                            dense=dense,
-                            sparse=item.sparse if "sparse" in job.output_types else None,
-                            multivector=quantize(item.multivector, job.output_dtype) if "multivector" in job.output_types else None,
-                        )
-                    )
-                return outputs
-
-            outputs = await self._postprocess(finish, clock)
+            outputs = await self._postprocess(
+                lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock
+            )
             self._count(model, len(job.texts))
         return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results))
 
@@ -315,6 +300,21 @@ class Engine:
                 if not item.future.done():
                     queue_ms = (started - item.enqueued_at) * 1000
                     item.future.set_result(_ItemResult(outputs[row], batch_id, queue_ms, inference_ms))
+
+
+def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:
+    """One item's requested outputs after MUVERA, `dims` and the output dtype."""
+    dense = None
+    if "dense" in job.output_types:
+        if muvera_config is None:
+            dense = truncate(item.dense, dims=job.dims, normalized=normalized)
+        else:
+            dense = truncate(muvera(item.multivector, muvera_config, is_query=job.is_query), dims=job.dims, normalized=False)
+    return EncodedOutput(
+        dense=None if dense is None else quantize(dense, job.output_dtype),
+        sparse=item.sparse if "sparse" in job.output_types else None,
+        multivector=quantize(item.multivector, job.output_dtype) if "multivector" in job.output_types else None,
+    )
 
 
 def _ms_since(start: float) -> float:
