@@ -17,18 +17,22 @@ from pathlib import Path
 import torch
 
 from sie.v1 import inference_pb2
-from sie_common.errors import FailedPrecondition, NotFound
+from sie_common.errors import FailedPrecondition, NotFound, SieError
 from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, load_model_config
 from sie_worker.adapters import ADAPTERS
-from sie_worker.adapters.base import LoadContext, TextEncoder
+from sie_worker.adapters.base import LoadContext, ModelAdapter
+from sie_worker.adapters.hf_text import LOAD_LOCK
 from sie_worker.batching import BatchLimits
+from sie_worker.capabilities import check_adapter_serves, dense_dims
 from sie_worker.device import compute_dtype
+from sie_worker.lora import LoraAdapters
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights import resolve_weights
 
 log = logging.getLogger(__name__)
 
 BUILTIN_MODELS_DIR = Path(__file__).parent / "builtin_models"
+
 
 
 @dataclass
@@ -42,9 +46,10 @@ class ModelStats:
 class LoadedModel:
     config: ModelConfig
     profile: str
-    encoder: TextEncoder
+    encoder: ModelAdapter  # the model's adapter, whatever its tasks
     limits: BatchLimits
     stats: ModelStats
+    loras: LoraAdapters
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -126,7 +131,10 @@ class ModelRegistry:
         key = (config.id, profile_name)
         started = time.perf_counter()
         try:
-            loaded = await asyncio.to_thread(self._load_blocking, config, profile_name)
+            loaded = await asyncio.to_thread(self._load_serialized, config, profile_name)
+        except SieError:
+            self._failed.add(config.id)
+            raise
         except Exception as error:
             self._failed.add(config.id)
             log.exception("loading %s (profile %s) failed", config.id, profile_name)
@@ -141,6 +149,10 @@ class ModelRegistry:
         self._loaded[key] = loaded
         log.info("loaded %s (profile %s) in %.1f s", config.id, profile_name, time.perf_counter() - started)
         return loaded
+
+    def _load_serialized(self, config: ModelConfig, profile_name: str) -> LoadedModel:
+        with LOAD_LOCK:
+            return self._load_blocking(config, profile_name)
 
     def _load_blocking(self, config: ModelConfig, profile_name: str) -> LoadedModel:
         profile = config.profile(profile_name)
@@ -162,7 +174,17 @@ class ModelRegistry:
             max_tokens=profile.max_batch_tokens or self._settings.max_batch_tokens,
             max_wait_s=self._settings.max_batch_wait_ms / 1000,
         )
-        return LoadedModel(config, profile_name, factory(context), limits, self._stats[config.id])
+        adapter = factory(context)
+        check_adapter_serves(config, profile.adapter or "", adapter)
+        loras = LoraAdapters(
+            config.id,
+            adapter.model,
+            config.loras,
+            capacity=self._settings.max_loras_per_model,
+            local_cache=self._settings.local_cache,
+            hf_fallback=self._settings.hf_fallback,
+        )
+        return LoadedModel(config, profile_name, adapter, limits, self._stats[config.id], loras)
 
     def describe(self, model_id: str) -> inference_pb2.Model:
         config = self.config(model_id)
@@ -181,8 +203,10 @@ class ModelRegistry:
             id=config.id,
             tasks=config.tasks,
             output_types=config.output_types,
-            dims=config.dims or (encoder.dims if encoder else 0),
+            dims=config.dims or (dense_dims(loaded[0], {}) if loaded else 0),
             max_sequence_length=config.max_sequence_length or (encoder.max_sequence_length if encoder else 0),
+            loras=sorted(config.loras),
+            loaded_loras=loaded[0].loras.loaded if loaded else [],
             profiles=sorted(config.profiles),
             state=state,
             stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),
