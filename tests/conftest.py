@@ -168,9 +168,9 @@ def start_config(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProc
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: EtcdProcess, etcd_prefix: str, tiny_models: dict[str, Path], start_config):
     """Config service with the tiny models added; start workers and gateways with cluster.start_*()."""
-    from local_cluster import Cluster
+    from local_cluster import Cluster, model_config
 
-    models = {model_id: tiny_models[model_id] for model_id in ("test/tiny-mean", "test/tiny-cls")}
+    models = [model_config(model_id, tiny_models[model_id]) for model_id in ("test/tiny-mean", "test/tiny-cls")]
     running = Cluster(tmp_path, etcd_server.endpoint, etcd_prefix, models, start_config)
     yield running
     running.stop()

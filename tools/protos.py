@@ -60,12 +60,18 @@ def generate(out: Path) -> None:
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",
-        # The descriptor set Envoy's gRPC-JSON transcoder reads (shipped in the `sie` package).
+        *files,
+    ]
+    # The descriptor set Envoy's gRPC-JSON transcoder reads (shipped in the `sie` package). It also
+    # holds google.rpc's error details, so Envoy can print ErrorInfo/RetryInfo in JSON error bodies.
+    descriptor = [
+        *args[:4],
         "--include_imports",
         f"--descriptor_set_out={out / 'sie' / DESCRIPTOR_NAME}",
         *files,
+        "google/rpc/error_details.proto",
     ]
-    if protoc.main(args) != 0:
+    if protoc.main(args) != 0 or protoc.main(descriptor) != 0:
         raise SystemExit("protoc failed")
     for package in {p.parent for p in out.glob("sie/**/*_pb2.py")} | {out / "sie"}:
         (package / "__init__.py").touch()

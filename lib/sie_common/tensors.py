@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from google.protobuf.message import Message
 
 from sie.v1 import types_pb2
 
@@ -58,3 +59,17 @@ def decode_tensor(tensor: types_pb2.Tensor) -> np.ndarray:
     scale = np.asarray(tensor.scale, dtype=np.float32).reshape(rows + (1,))
     offset = np.asarray(tensor.offset or [0.0] * len(tensor.scale), dtype=np.float32).reshape(rows + (1,))
     return array.astype(np.float32) * scale + offset
+
+
+def spell_out_tensors(message: Message) -> None:
+    """Give every Tensor inside `message` plain `values` instead of packed `data` (for JSON callers)."""
+    for field, value in message.ListFields():
+        if field.message_type is None or (field.message_type.GetOptions().map_entry):
+            continue
+        for item in value if field.is_repeated else (value,):
+            if isinstance(item, types_pb2.Tensor):
+                if item.data:
+                    item.values[:] = from_tensor(item).ravel().tolist()
+                    item.data = b""
+            else:
+                spell_out_tensors(item)
