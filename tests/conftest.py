@@ -18,10 +18,35 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from etcd_process import EtcdProcess  # noqa: E402
 from sie.v1 import inference_pb2_grpc  # noqa: E402
 from sie_common.etcd import Etcd  # noqa: E402
-from tiny_models import VARIANTS, build_tiny_model, write_model_yaml  # noqa: E402
+from tiny_models import (  # noqa: E402
+    VARIANTS,
+    build_tiny_colbert,
+    build_tiny_head_model,
+    build_tiny_lora,
+    build_tiny_model,
+    write_config,
+    write_model_yaml,
+)
 from worker_process import WorkerProcess, free_port  # noqa: E402
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+LORA_MODEL = "test/tiny-mean-lora"
+LORAS = ("alpha", "beta", "gamma")
+# Model id -> YAML body after `path:`, for the models of the other operations and output types.
+OPERATION_MODELS = {
+    "test/tiny-splade": "tasks: [encode]\noutput_types: [sparse]\nprofiles:\n  default:\n    adapter: splade\n",
+    "test/tiny-colbert": (
+        "tasks: [encode, score]\noutput_types: [multivector, dense]\nprofiles:\n  default:\n    adapter: colbert\n"
+        "    load_options: {query_length: 12}\n"
+        "    run_options:\n      muvera: {k_sim: 3, d_proj: 8, repetitions: 20, seed: 7}\n"
+    ),
+    "test/tiny-reranker": "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n",
+    "test/tiny-ner": "tasks: [extract]\nprofiles:\n  default:\n    adapter: token_classifier\n",
+}
+# Served but never preloaded: loading it needs the optional gliner package.
+GLINER_MODEL = "test/tiny-gliner"
+# Served but never preloaded: its config asks its adapter for a task it lacks.
+MISCONFIGURED_MODEL = "test/splade-as-reranker"
 
 
 @pytest.fixture(scope="session")
@@ -31,14 +56,32 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     built = {}
     for name, (pooling, normalize, include_prompt) in VARIANTS.items():
         built[f"test/{name}"] = build_tiny_model(root / name, pooling=pooling, normalize=normalize, include_prompt=include_prompt)
+    built["test/tiny-splade"] = build_tiny_head_model(root / "splade", "masked_lm")
+    built["test/tiny-reranker"] = build_tiny_head_model(root / "reranker", "reranker")
+    built["test/tiny-ner"] = build_tiny_head_model(root / "ner", "ner")
+    built["test/tiny-colbert"] = build_tiny_colbert(root / "colbert")
+    for seed, name in enumerate(LORAS, start=1):
+        built[f"lora/{name}"] = build_tiny_lora(root / "loras" / name, built["test/tiny-mean"], seed=seed)
     return built
 
 
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
     directory = tmp_path_factory.mktemp("model-configs")
-    for model_id, weights in tiny_models.items():
-        write_model_yaml(directory, model_id, weights)
+    for name in VARIANTS:
+        write_model_yaml(directory, f"test/{name}", tiny_models[f"test/{name}"])
+    for model_id, body in OPERATION_MODELS.items():
+        write_config(directory, model_id, f"path: {tiny_models[model_id]}\n{body}")
+    loras = "".join(f"  {name}: {tiny_models[f'lora/{name}']}\n" for name in LORAS)
+    write_config(
+        directory,
+        LORA_MODEL,
+        f"path: {tiny_models['test/tiny-mean']}\nloras:\n{loras}profiles:\n  default:\n    adapter: sentence_transformer\n",
+    )
+    write_config(
+        directory, MISCONFIGURED_MODEL, f"path: {tiny_models['test/tiny-splade']}\ntasks: [score]\nprofiles:\n  default:\n    adapter: splade\n"
+    )
+    write_config(directory, GLINER_MODEL, f"path: {tiny_models['test/tiny-ner']}\ntasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n")
     return directory
 
 
@@ -47,7 +90,7 @@ def start_worker(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> 
     """Start workers with extra env; all are stopped at the end of the session."""
     started: list[WorkerProcess] = []
 
-    every_model = ",".join([MINILM, *(f"test/{name}" for name in VARIANTS)])
+    every_model = ",".join([MINILM, *(f"test/{name}" for name in VARIANTS), *OPERATION_MODELS, LORA_MODEL])
 
     def start(**env: str) -> WorkerProcess:
         """A worker with every test model preloaded unless `SIE_PRELOAD_MODELS` says otherwise."""
@@ -66,6 +109,16 @@ def start_worker(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> 
 def worker(start_worker) -> WorkerProcess:
     """One shared worker with default settings."""
     return start_worker()
+
+
+@pytest.fixture(scope="session")
+def batching_stub(start_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    """A worker that keeps at most 2 LoRA adapters and waits 300 ms for batches, so concurrent requests meet."""
+    worker = start_worker(
+        SIE_MAX_LORAS_PER_MODEL="2", SIE_MAX_BATCH_WAIT_MS="300", SIE_PRELOAD_MODELS=f"{LORA_MODEL},test/tiny-colbert"
+    )
+    with grpc.insecure_channel(worker.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
 
 
 @pytest.fixture
@@ -156,9 +209,9 @@ def start_config(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProc
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_server: EtcdProcess, etcd_prefix: str, tiny_models: dict[str, Path], start_config):
     """Config service with the tiny models added; start workers and gateways with cluster.start_*()."""
-    from local_cluster import Cluster
+    from local_cluster import Cluster, model_config
 
-    models = {model_id: tiny_models[model_id] for model_id in ("test/tiny-mean", "test/tiny-cls")}
+    models = [model_config(model_id, tiny_models[model_id]) for model_id in ("test/tiny-mean", "test/tiny-cls")]
     running = Cluster(tmp_path, etcd_server.endpoint, etcd_prefix, models, start_config)
     yield running
     running.stop()

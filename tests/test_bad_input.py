@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from conftest import MINILM
-from rpc import error_info
+from grpc_helpers import error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
 MODEL = "test/tiny-mean"

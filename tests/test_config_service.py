@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,6 +15,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sie.v1 import config_pb2, config_pb2_grpc
 from local_cluster import wait_for_leader
+from sie_common.bundles import load_bundles
 from sie_common.etcd import Etcd
 from test_grpcurl import grpcurl
 from worker_process import WorkerProcess, free_port
@@ -136,7 +138,7 @@ def test_bad_configs_are_refused_with_reasons(stub) -> None:
 
 def test_bundles_are_published_and_served(stub) -> None:
     bundles = stub.ListBundles(config_pb2.ListBundlesRequest()).bundles
-    assert [(b.id, list(b.adapters)) for b in bundles] == [("default", ["sentence_transformer"])]
+    assert [(b.id, list(b.adapters)) for b in bundles] == [("default", list(load_bundles(Path(__file__).parents[1] / "bundles")["default"].adapters))]
     empty_hash = bundles[0].config_hash
     stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
     bundle = stub.GetBundle(config_pb2.GetBundleRequest(bundle_id="default")).bundle

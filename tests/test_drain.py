@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from rpc import encode_request, error_info
+from grpc_helpers import encode_request, error_info
 from sie.v1 import inference_pb2_grpc
 from sie_common.tensors import from_tensor
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from local_cluster import gateway_model, served_by, wait_until
-from rpc import when_loaded
+from grpc_helpers import call_until_loaded
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import ProvisioningError, SIEClient
 from sie_common.tensors import from_tensor
@@ -45,7 +45,7 @@ def test_affinity_routes_to_the_warm_worker_and_a_cold_model_to_one_worker(clust
         # Loaded nowhere: every request goes to the same one worker, which loads it once.
         assert gateway_model(stub, CLS).loaded_on == []
         # The chosen worker answers UNAVAILABLE (MODEL_LOADING) while it loads; the client retries.
-        chosen = {served_by(when_loaded(lambda n=n: stub.Encode.with_call(request(CLS, f"c{n}"), timeout=60))[0]) for n in range(6)}
+        chosen = {served_by(call_until_loaded(lambda n=n: stub.Encode.with_call(request(CLS, f"c{n}"), timeout=60))[0]) for n in range(6)}
         assert len(chosen) == 1
         wait_until(lambda: list(gateway_model(stub, CLS).loaded_on) == sorted(chosen), what="registration shows the load")
         rollout = gateway_model(stub, MEAN).rollouts[0]

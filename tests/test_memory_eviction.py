@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from rpc import encode_request, encode_when_loaded, error_info, retry_delay_s
+from grpc_helpers import encode_request, encode_when_loaded, error_info, retry_delay_s
 from sie.v1 import inference_pb2, inference_pb2_grpc
 
 TEXTS = ["memory pressure evicts the least recently used model", "a second sentence", "x"]

@@ -41,6 +41,9 @@ def test_profiles_inherit_through_extends() -> None:
         ({"profiles": {"default": {"compute_precision": "int4", "adapter": "x"}}}, "m.yaml: profiles.default.compute_precision: 'int4' is not one of"),
         ({"profiles": {"default": {"extends": "nope", "adapter": "x"}}}, "m.yaml: profiles.default.extends: no profile named 'nope'"),
         ({"profiles": {"default": {"run_options": {}}}}, "m.yaml: profiles.default.adapter: required"),
+        ({"loras": ["a"]}, "m.yaml: loras: must be a mapping of adapter name to a local path or hub id"),
+        ({"loras": {"bad name": "org/x"}}, "m.yaml: loras.bad name: an adapter name is letters, digits"),
+        ({"loras": {"legal": 3}}, "m.yaml: loras.legal: must be a local path or hub id, got 3"),
         (
             {"profiles": {"default": {"extends": "b"}, "b": {"extends": "default"}}},
             "m.yaml: profiles.default: extends cycle: default -> b -> default",
@@ -63,3 +66,14 @@ def test_broken_yaml_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("id: [unclosed\n")
     with pytest.raises(ModelConfigError, match=r"bad.yaml: not valid YAML"):
         load_model_config(tmp_path / "bad.yaml")
+
+
+def test_loras_resolve_local_paths_and_keep_hub_ids(tmp_path: Path) -> None:
+    (tmp_path / "adapters" / "legal").mkdir(parents=True)
+    (tmp_path / "m.yaml").write_text(
+        "id: local/model\npath: weights\nloras:\n  legal: adapters/legal\n  medical: org/medical-lora\n"
+        "profiles:\n  default:\n    adapter: sentence_transformer\n"
+    )
+    config = load_model_config(tmp_path / "m.yaml")
+    assert config.loras == {"legal": str(tmp_path / "adapters" / "legal"), "medical": "org/medical-lora"}
+    assert config.to_dict()["loras"] == dict(config.loras)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from rpc import encode_request, encode_when_loaded, error_info, retry_delay_s
+from grpc_helpers import encode_request, encode_when_loaded, error_info, retry_delay_s
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.model_config import parse_model_config
 from sie_worker.settings import WorkerSettings

@@ -9,22 +9,21 @@ from pathlib import Path
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
+from sie_stack.up import wait_for_leader
 from worker_process import WorkerProcess
 
 
-def wait_for_leader(stub: config_pb2_grpc.ConfigServiceStub, timeout_s: float = 30) -> None:
-    """A config leader has published the bundles once ListBundles shows them."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if stub.ListBundles(config_pb2.ListBundlesRequest(), timeout=5).bundles:
-            return
-        time.sleep(0.2)
-    raise TimeoutError("no config leader published the bundles")
+
+def model_config(model_id: str, weights: Path, adapter: str = "sentence_transformer", **fields: object) -> dict:
+    """A model config mapping for AddModel."""
+    return {"id": model_id, "path": str(weights), "profiles": {"default": {"adapter": adapter}}, **fields}
 
 
 class Cluster:
-    def __init__(self, tmp: Path, etcd_endpoint: str, prefix: str, models: dict[str, Path], start_config: Callable[..., WorkerProcess]) -> None:
-        """Start a config service with `start_config` and add `models` (id -> weights directory) through it."""
+    def __init__(
+        self, tmp: Path, etcd_endpoint: str, prefix: str, models: list[dict], start_config: Callable[..., WorkerProcess], admin_token: str | None = None
+    ) -> None:
+        """Start a config service with `start_config` and add `models` (model config mappings) through it."""
         self._tmp = tmp
         self.etcd_endpoint = etcd_endpoint
         self.prefix = prefix
@@ -33,12 +32,9 @@ class Cluster:
         with grpc.insecure_channel(self.config.address) as channel:
             admin = config_pb2_grpc.ConfigServiceStub(channel)
             wait_for_leader(admin)
-            for model_id, weights in models.items():
-                admin.AddModel(config_pb2.AddModelRequest(config={
-                    "id": model_id,
-                    "path": str(weights),
-                    "profiles": {"default": {"adapter": "sentence_transformer"}},
-                }))
+            credentials = (("authorization", f"Bearer {admin_token}"),) if admin_token else ()
+            for config in models:
+                admin.AddModel(config_pb2.AddModelRequest(config=config), metadata=credentials)
         self._empty_models_dir = tmp / "no-local-models"
         self._empty_models_dir.mkdir(exist_ok=True)
 

@@ -1,6 +1,6 @@
 """Generate, check, lint and compare the protobuf contract in proto/.
 
-    python tools/protos.py generate          # write gen/python from proto/
+    python tools/protos.py generate          # write gen/python (stubs + descriptor set) from proto/
     python tools/protos.py check             # fail if gen/python drifted from proto/
     python tools/protos.py lint              # buf lint
     python tools/protos.py breaking [REF]    # buf breaking against a git ref (default: main)
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = ROOT / "proto"
 PYTHON_OUT = ROOT / "gen" / "python"
 DEPS_DIR = ROOT / "build" / "proto-deps"
+DESCRIPTOR_NAME = "sie.binpb"
 GOOGLEAPIS_FILES = (
     "google/api/annotations.proto",
     "google/api/http.proto",
@@ -49,7 +50,7 @@ def proto_files(root: Path) -> list[Path]:
 def generate(out: Path) -> None:
     from grpc_tools import protoc
 
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "sie").mkdir(parents=True, exist_ok=True)
     files = [str(p.relative_to(PROTO_DIR)) for p in proto_files(PROTO_DIR)]
     args = [
         "protoc",
@@ -61,7 +62,16 @@ def generate(out: Path) -> None:
         f"--grpc_python_out={out}",
         *files,
     ]
-    if protoc.main(args) != 0:
+    # The descriptor set Envoy's gRPC-JSON transcoder reads (shipped in the `sie` package). It also
+    # holds google.rpc's error details, so Envoy can print ErrorInfo/RetryInfo in JSON error bodies.
+    descriptor = [
+        *args[:4],
+        "--include_imports",
+        f"--descriptor_set_out={out / 'sie' / DESCRIPTOR_NAME}",
+        *files,
+        "google/rpc/error_details.proto",
+    ]
+    if protoc.main(args) != 0 or protoc.main(descriptor) != 0:
         raise SystemExit("protoc failed")
     for package in {p.parent for p in out.glob("sie/**/*_pb2.py")} | {out / "sie"}:
         (package / "__init__.py").touch()

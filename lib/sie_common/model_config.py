@@ -24,8 +24,9 @@ DEFAULT_PROFILE = "default"
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 _TOP_LEVEL_KEYS = {
     "id", "hf_id", "revision", "path", "bundled_weights", "inputs", "tasks",
-    "output_types", "dims", "max_sequence_length", "profiles",
+    "output_types", "dims", "max_sequence_length", "profiles", "loras",
 }
+_LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PROFILE_KEYS = {"extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision"}
 
 
@@ -65,6 +66,8 @@ class ModelConfig:
     dims: int | None = None
     max_sequence_length: int | None = None
     profiles: Mapping[str, Profile] = field(default_factory=dict)
+    # LoRA adapter name -> local directory or Hugging Face repo id.
+    loras: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data, unset fields left out: the canonical form for hashing and export."""
@@ -76,6 +79,8 @@ class ModelConfig:
             data["path"] = str(self.path)
         data.update(inputs=list(self.inputs), tasks=list(self.tasks), output_types=list(self.output_types))
         data["profiles"] = {name: _profile_dict(profile) for name, profile in sorted(self.profiles.items())}
+        if self.loras:
+            data["loras"] = dict(sorted(self.loras.items()))
         return data
 
     def profile(self, name: str = DEFAULT_PROFILE) -> Profile:
@@ -121,6 +126,7 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
         dims=_positive_int(data, "dims", source),
         max_sequence_length=_positive_int(data, "max_sequence_length", source),
         profiles=_profiles(data.get("profiles"), source),
+        loras=_loras(data.get("loras"), source, base_dir),
     )
     if not (config.hf_id or config.path or config.bundled_weights):
         raise ModelConfigError(source, "", "no weights: set hf_id, path or bundled_weights")
@@ -162,6 +168,25 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
             compute_precision=precision,
         )
     return profiles
+
+
+def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
+    """LoRA name -> source. A relative path that exists under `base_dir` resolves there; anything else is a hub id."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ModelConfigError(source, "loras", "must be a mapping of adapter name to a local path or hub id")
+    loras = {}
+    for name, location in raw.items():
+        if not isinstance(name, str) or not _LORA_NAME.match(name):
+            raise ModelConfigError(source, f"loras.{name}", "an adapter name is letters, digits, '.', '_', '-'")
+        if not isinstance(location, str) or not location:
+            raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {location!r}")
+        path = Path(location)
+        if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
+            location = str(base_dir / path)
+        loras[name] = location
+    return loras
 
 
 def _profile_dict(profile: Profile) -> dict[str, Any]:

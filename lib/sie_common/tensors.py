@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from google.protobuf.message import Message
 
 from sie.v1 import types_pb2
 
@@ -16,12 +17,26 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
     "binary": np.dtype("i1"),
     "ubinary": np.dtype("u1"),
 }
+# Dtypes whose rows carry scale (and offset) to decode them.
+QUANTIZED_DTYPES = ("int8", "uint8")
 
 
-def to_tensor(array: np.ndarray, dtype: str) -> types_pb2.Tensor:
-    """Pack `array` (already of the wire dtype's element type) as a Tensor."""
+def to_tensor(
+    array: np.ndarray,
+    dtype: str,
+    *,
+    scale: np.ndarray | None = None,
+    offset: np.ndarray | None = None,
+) -> types_pb2.Tensor:
+    """Pack `array` (already of the wire dtype's element type) as a Tensor, with per-row decode parameters."""
     packed = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype])
-    return types_pb2.Tensor(dtype=dtype, shape=packed.shape, data=packed.tobytes())
+    return types_pb2.Tensor(
+        dtype=dtype,
+        shape=packed.shape,
+        data=packed.tobytes(),
+        scale=[] if scale is None else np.ravel(scale).tolist(),
+        offset=[] if offset is None else np.ravel(offset).tolist(),
+    )
 
 
 def from_tensor(tensor: types_pb2.Tensor) -> np.ndarray:
@@ -33,3 +48,28 @@ def from_tensor(tensor: types_pb2.Tensor) -> np.ndarray:
     if tensor.data or not tensor.values:
         return np.frombuffer(tensor.data, dtype=numpy_dtype).reshape(shape)
     return np.asarray(tensor.values, dtype=numpy_dtype).reshape(shape)
+
+
+def decode_tensor(tensor: types_pb2.Tensor) -> np.ndarray:
+    """The tensor as float32: int8/uint8 rows decoded as q * scale + offset; bit-packed dtypes stay packed."""
+    array = from_tensor(tensor)
+    if tensor.dtype not in QUANTIZED_DTYPES:
+        return array.astype(np.float32) if tensor.dtype.startswith("float") else array
+    rows = array.shape[:-1]
+    scale = np.asarray(tensor.scale, dtype=np.float32).reshape(rows + (1,))
+    offset = np.asarray(tensor.offset or [0.0] * len(tensor.scale), dtype=np.float32).reshape(rows + (1,))
+    return array.astype(np.float32) * scale + offset
+
+
+def spell_out_tensors(message: Message) -> None:
+    """Give every Tensor inside `message` plain `values` instead of packed `data` (for JSON callers)."""
+    for field, value in message.ListFields():
+        if field.message_type is None or (field.message_type.GetOptions().map_entry):
+            continue
+        for item in value if field.is_repeated else (value,):
+            if isinstance(item, types_pb2.Tensor):
+                if item.data:
+                    item.values[:] = from_tensor(item).ravel().tolist()
+                    item.data = b""
+            else:
+                spell_out_tensors(item)

@@ -18,6 +18,7 @@ import grpc
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from sie_common.auth import require_token
 from sie_common.concurrent_answers import ConcurrentAnswers
+from sie_common.tensors import spell_out_tensors
 from sie_common.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -38,6 +39,8 @@ from sie_gateway.settings import GatewaySettings
 MACHINE_PROFILE_HEADER = "x-sie-machine-profile"
 POOL_HEADER = "x-sie-pool"
 WORKER_TRAILER = "x-sie-worker"
+# Envoy's gRPC-JSON transcoder sets it on the calls it made from HTTP/JSON requests.
+TRANSCODED_HEADER = "x-envoy-original-path"
 
 
 class GatewayInference(inference_pb2_grpc.InferenceServicer):
@@ -134,16 +137,20 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             await abort(context, error)
 
     async def _unary(self, context: grpc.aio.ServicerContext, task: str, request: Any) -> Any:
+        headers = _headers(context)
         try:
             self._authorize(context)
             with self._admitted():
-                work = await self._route(task, request, _headers(context), self._deadline(context))
+                work = await self._route(task, request, headers, self._deadline(context))
         except SieError as error:
             await abort(context, error)
         context.set_trailing_metadata(((WORKER_TRAILER, work.worker_id),))
         if work.WhichOneof("outcome") == "error":
             await abort_with_status(context, work.error)
-        return getattr(work, task)
+        response = getattr(work, task)
+        if TRANSCODED_HEADER in headers:
+            spell_out_tensors(response)
+        return response
 
     async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
         config = self._config(request.model)

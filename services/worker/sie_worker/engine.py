@@ -1,10 +1,11 @@
-"""The encode pipeline of one worker.
+"""The pipeline of one worker, for encode, score and extract.
 
     admission -> tokenize (CPU pool) -> BatchFormer -> device thread -> postprocess (CPU pool)
 
 Items of concurrent requests share forward passes when their batch key
-(model, profile, operation, LoRA, output types) matches; each caller gets its
-own items back in its own order.
+matches: model, profile, operation, LoRA, output types, instruction,
+is_query and run-time options (as canonical JSON). Each caller gets its own
+items back in its own order.
 """
 
 from __future__ import annotations
@@ -13,18 +14,32 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 
 from sie_common.errors import Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
+from sie_worker.adapters.base import EncodedItem, Entity, PairScorer, TokenizedText, ZeroShotExtractor
 from sie_worker.batching import BatchFormer, PendingItem
+from sie_worker.capabilities import check_lora, check_outputs, check_task, dense_dims, device_outputs, muvera_params, uses_muvera
 from sie_worker.device import select_device
+from sie_worker.jobs import (
+    EncodedOutput,
+    EncodeJob,
+    EncodeOutcome,
+    ExtractJob,
+    ExtractOutcome,
+    ScoredItem,
+    ScoreJob,
+    ScoreOutcome,
+    Timing,
+    canonical_options,
+)
+from sie_worker.postprocess import MuveraParams, maxsim, muvera, quantize, truncate
 from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_splitting_on_oom
 from sie_worker.model_catalog import read_catalog
-from sie_worker.postprocess import finish_dense
 from sie_worker.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
 
@@ -32,42 +47,39 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class EncodeJob:
-    """A validated encode request."""
+class _DeviceWork:
+    """What a batch runs: `forward` over its items' payloads, with one LoRA adapter active."""
 
-    model: str
-    texts: list[str]
-    output_types: tuple[str, ...] = ("dense",)
-    output_dtype: str = "float32"
-    instruction: str | None = None
-    is_query: bool = False
-    dims: int | None = None
-    profile: str = ""
-    lora: str = ""
-
-
-@dataclass(frozen=True)
-class Timing:
-    queue_ms: float
-    tokenization_ms: float
-    inference_ms: float
-    postprocessing_ms: float
-    total_ms: float
-
-
-@dataclass(frozen=True)
-class EncodeOutcome:
-    model: str
-    dense: np.ndarray  # [items, dims] in the requested dtype
-    timing: Timing
+    model: LoadedModel
+    lora: str
+    forward: Callable[[Sequence[Any]], Sequence[Any]]
 
 
 @dataclass(frozen=True)
 class _ItemResult:
-    vector: np.ndarray
+    output: Any
     batch_id: int
     queue_ms: float
     inference_ms: float
+
+
+@dataclass
+class _Clock:
+    """Where a request's time went."""
+
+    started: float
+    tokenization_ms: float = 0.0
+    postprocessing_ms: float = 0.0
+
+    def timing(self, results: Sequence[_ItemResult]) -> Timing:
+        batches = {result.batch_id: result.inference_ms for result in results}
+        return Timing(
+            queue_ms=max((result.queue_ms for result in results), default=0.0),
+            tokenization_ms=self.tokenization_ms,
+            inference_ms=sum(batches.values()),
+            postprocessing_ms=self.postprocessing_ms,
+            total_ms=_ms_since(self.started),
+        )
 
 
 class Engine:
@@ -77,7 +89,7 @@ class Engine:
         self.registry = ModelRegistry(read_catalog(settings), settings, self.device)
         self._former = BatchFormer()
         self._cpu_pool = ThreadPoolExecutor(settings.preprocessor_workers, thread_name_prefix="sie-cpu")
-        # One inference thread per device serializes device work.
+        # One inference thread per device serializes device work (forward passes and LoRA loads).
         self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
         self._background: list[asyncio.Task[None]] = []
         self._in_flight = 0
@@ -137,52 +149,148 @@ class Engine:
         finally:
             self._in_flight -= 1
 
+    async def _model_for(
+        self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str
+    ) -> LoadedModel:
+        """The loaded model for a request (held until `holds` closes), after checking it supports `task` and has `lora` ready."""
+        config = self.registry.config(model_id)
+        check_task(config, task)
+        check_lora(config, lora)
+        model = holds.enter_context(self.registry.use(model_id, profile))
+        model.loras.require(lora, self._device_thread)
+        return model
+
+    # -- encode ---------------------------------------------------------------
+
     async def encode(self, job: EncodeJob) -> EncodeOutcome:
-        started = time.perf_counter()
+        clock = _Clock(time.perf_counter())
         with self.admitted(), contextlib.ExitStack() as holds:
-            config = self.registry.config(job.model)
-            _check_against_config(job, config.output_types)
-            model = holds.enter_context(self.registry.use(job.model, job.profile))
-            if job.dims is not None and job.dims > model.encoder.dims:
+            check_outputs(self.registry.config(job.model), job.output_types)
+            model = await self._model_for(holds, job.model, job.profile, "encode", job.lora)
+            needed = device_outputs(model, job.output_types)
+            muvera_config = muvera_params(model, job.options) if "dense" in job.output_types and uses_muvera(model) else None
+            if job.dims is not None and "dense" in job.output_types and job.dims > dense_dims(model, job.options):
                 raise InvalidArgument(
-                    f"dims {job.dims} exceeds the {model.encoder.dims} dimensions of {job.model}",
+                    f"dims {job.dims} exceeds the {dense_dims(model, job.options)} dimensions of {job.model}",
                     reason="DIMS_TOO_LARGE",
                     metadata={"dims": str(job.dims)},
                 )
-            loop = asyncio.get_running_loop()
-            prompt = model.encoder.prompt(is_query=job.is_query, instruction=job.instruction)
-            tokenize_start = time.perf_counter()
-            tokenized = await loop.run_in_executor(self._cpu_pool, model.encoder.tokenize, job.texts, prompt)
-            tokenization_ms = _ms_since(tokenize_start)
-
-            results = await self._run_on_device(model, tokenized, key=(job.model, model.profile, "encode", job.lora, job.output_types))
-
-            post_start = time.perf_counter()
-            vectors = np.stack([result.vector for result in results])
-            dense = await loop.run_in_executor(
-                self._cpu_pool,
-                lambda: finish_dense(vectors, dims=job.dims, normalized=model.encoder.normalized, dtype=job.output_dtype),
+            encoded, results = await self._encode_texts(
+                model, job.texts, needed, clock,
+                is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
             )
-            postprocessing_ms = _ms_since(post_start)
-            model.stats.requests += 1
-            model.stats.items += len(job.texts)
-        batches = {result.batch_id: result.inference_ms for result in results}
-        return EncodeOutcome(
-            model=job.model,
-            dense=dense,
-            timing=Timing(
-                queue_ms=max(result.queue_ms for result in results),
-                tokenization_ms=tokenization_ms,
-                inference_ms=sum(batches.values()),
-                postprocessing_ms=postprocessing_ms,
-                total_ms=_ms_since(started),
-            ),
-        )
 
-    async def _run_on_device(self, model: LoadedModel, payloads: list, key: tuple) -> list[_ItemResult]:
+            outputs = await self._postprocess(
+                lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock
+            )
+            self._count(model, len(job.texts))
+        return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results))
+
+    async def _encode_texts(
+        self,
+        model: LoadedModel,
+        texts: Sequence[str],
+        outputs: tuple[str, ...],
+        clock: _Clock,
+        *,
+        is_query: bool,
+        instruction: str | None,
+        lora: str,
+        options: Mapping[str, Any],
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        encoder = model.encoder
+        prompt = encoder.prompt(is_query=is_query, instruction=instruction)
+        tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query))
+        key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
+        work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
+        results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
+        return [result.output for result in results], results
+
+    # -- score ----------------------------------------------------------------
+
+    async def score(self, job: ScoreJob) -> ScoreOutcome:
+        clock = _Clock(time.perf_counter())
+        with self.admitted(), contextlib.ExitStack() as holds:
+            model = await self._model_for(holds, job.model, job.profile, "score", job.lora)
+            if isinstance(model.encoder, PairScorer):
+                scores, results = await self._score_pairs(model, job, clock)
+            else:
+                scores, results = await self._score_late_interaction(model, job, clock)
+            order = sorted(range(len(scores)), key=lambda index: -scores[index])
+            ranked = [ScoredItem(index, float(scores[index])) for index in order[: job.top_k or None]]
+            self._count(model, len(job.texts))
+        return ScoreOutcome(model=job.model, ranked=ranked, timing=clock.timing(results))
+
+    async def _score_pairs(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
+        scorer = model.encoder
+        query = (job.instruction or "") + job.query
+        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, job.texts))
+        key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
+        work = _DeviceWork(model, job.lora, scorer.score)
+        results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
+        return [float(result.output) for result in results], results
+
+    async def _score_late_interaction(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
+        """MaxSim of the query's vectors against each item's, for multivector models."""
+        common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
+        (query, query_results), (items, item_results) = await asyncio.gather(
+            self._encode_texts(model, [job.query], ("multivector",), clock, is_query=True, **common),
+            self._encode_texts(model, job.texts, ("multivector",), clock, is_query=False, **common),
+        )
+        scores = await self._postprocess(lambda: [maxsim(query[0].multivector, item.multivector) for item in items], clock)
+        return scores, query_results + item_results
+
+    # -- extract --------------------------------------------------------------
+
+    async def extract(self, job: ExtractJob) -> ExtractOutcome:
+        clock = _Clock(time.perf_counter())
+        with self.admitted(), contextlib.ExitStack() as holds:
+            model = await self._model_for(holds, job.model, job.profile, "extract", job.lora)
+            extractor = model.encoder
+            key = (job.model, model.profile, "extract", job.lora, job.labels, job.threshold, False, canonical_options(job.options))
+            if isinstance(extractor, ZeroShotExtractor):
+                if not job.labels:
+                    raise InvalidArgument(f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS")
+                work = _DeviceWork(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
+                results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
+                entities: list[list[Entity]] = [result.output for result in results]
+            else:
+                tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""))
+                work = _DeviceWork(model, job.lora, extractor.classify)
+                results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
+                entities = await self._postprocess(
+                    lambda: [
+                        extractor.entities(text, tokens, result.output, job.threshold)
+                        for text, tokens, result in zip(job.texts, tokenized, results)
+                    ],
+                    clock,
+                )
+            self._count(model, len(job.texts))
+        return ExtractOutcome(model=job.model, entities=entities, timing=clock.timing(results))
+
+    # -- shared stages --------------------------------------------------------
+
+    async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]]) -> list[TokenizedText]:
+        started = time.perf_counter()
+        tokenized = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, tokenize)
+        clock.tokenization_ms += _ms_since(started)
+        return tokenized
+
+    async def _postprocess(self, finish: Callable[[], Any], clock: _Clock) -> Any:
+        started = time.perf_counter()
+        result = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, finish)
+        clock.postprocessing_ms += _ms_since(started)
+        return result
+
+    @staticmethod
+    def _count(model: LoadedModel, items: int) -> None:
+        model.stats.requests += 1
+        model.stats.items += items
+
+    async def _run_on_device(self, work: _DeviceWork, key: tuple, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
         loop = asyncio.get_running_loop()
-        pending = [PendingItem(key, len(payload.ids), (model, payload), loop.create_future()) for payload in payloads]
-        self._former.add(pending, model.limits)
+        pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
+        self._former.add(pending, work.model.limits)
         try:
             return list(await asyncio.gather(*(item.future for item in pending)))
         except BaseException:
@@ -194,15 +302,19 @@ class Engine:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._former.next_batch()
-            model: LoadedModel = batch[0].payload[0]
+            work: _DeviceWork = batch[0].payload[0]
+            model = work.model
             self._batches += 1
             batch_id = self._batches
             started = time.monotonic()
             try:
-                vectors = await loop.run_in_executor(
+                outputs = await loop.run_in_executor(
                     self._device_thread,
                     lambda: run_splitting_on_oom(
-                        model.encoder.embed, [item.payload[1] for item in batch], is_oom=is_cuda_oom, recover=release_cuda_cache
+                        lambda items: model.loras.run(work.lora, work.forward, items),
+                        [item.payload[1] for item in batch],
+                        is_oom=is_cuda_oom,
+                        recover=release_cuda_cache,
                     ),
                 )
             except Exception as error:
@@ -220,24 +332,25 @@ class Engine:
             for row, item in enumerate(batch):
                 if not item.future.done():
                     queue_ms = (started - item.enqueued_at) * 1000
-                    item.future.set_result(_ItemResult(vectors[row], batch_id, queue_ms, inference_ms))
+                    item.future.set_result(_ItemResult(outputs[row], batch_id, queue_ms, inference_ms))
 
 
-def _check_against_config(job: EncodeJob, produced: tuple[str, ...]) -> None:
-    for output in job.output_types:
-        if output not in produced:
-            raise InvalidArgument(
-                f"model {job.model} does not produce {output!r} output; it produces: {', '.join(produced)}",
-                reason="OUTPUT_NOT_SUPPORTED",
-                metadata={"output_type": output},
-            )
-    if job.lora:
-        raise InvalidArgument(
-            f"lora: model {job.model} has no LoRA adapter {job.lora!r}",
-            reason="LORA_NOT_FOUND",
-            metadata={"lora": job.lora},
-        )
+def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:
+    """One item's requested outputs after MUVERA, `dims` and the output dtype."""
+    dense = None
+    if "dense" in job.output_types:
+        if muvera_config is None:
+            dense = truncate(item.dense, dims=job.dims, normalized=normalized)
+        else:
+            dense = truncate(muvera(item.multivector, muvera_config, is_query=job.is_query), dims=job.dims, normalized=False)
+    return EncodedOutput(
+        dense=None if dense is None else quantize(dense, job.output_dtype),
+        sparse=item.sparse if "sparse" in job.output_types else None,
+        multivector=quantize(item.multivector, job.output_dtype) if "multivector" in job.output_types else None,
+    )
 
 
 def _ms_since(start: float) -> float:
     return (time.perf_counter() - start) * 1000
+
+

@@ -4,38 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
 from sie_common.tensors import to_tensor
-from sie_worker.engine import EncodeJob, EncodeOutcome, Engine
-from sie_worker.postprocess import OUTPUT_DTYPES
+from sie_worker.engine import Engine
+from sie_worker.jobs import (
+    EncodedOutput,
+    EncodeJob,
+    EncodeOutcome,
+    ExtractJob,
+    ExtractOutcome,
+    ScoreJob,
+    ScoreOutcome,
+    Timing,
+)
+from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
 
 
 def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
     """Validate an EncodeRequest's own fields (the model checks its part later)."""
-    if not request.model:
-        raise InvalidArgument("model is required", reason="MISSING_MODEL")
-    if not request.items:
-        raise InvalidArgument("items: at least one item is required", reason="NO_ITEMS")
-    texts = []
-    for index, item in enumerate(request.items):
-        if item.images:
-            raise InvalidArgument(
-                f"items[{index}]: images are not supported by model {request.model} (inputs: text)",
-                reason="INPUT_NOT_SUPPORTED",
-                metadata={"item": str(index)},
-            )
-        if not item.HasField("text"):
-            raise InvalidArgument(f"items[{index}]: has no text", reason="ITEM_WITHOUT_TEXT", metadata={"item": str(index)})
-        texts.append(item.text)
+    _require_model(request.model)
+    texts = _texts(request.model, request.items)
     output_types = tuple(dict.fromkeys(request.output_types)) or ("dense",)
     for output in output_types:
         if output not in OUTPUT_TYPES:
@@ -53,6 +52,7 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
         )
     if request.HasField("dims") and request.dims <= 0:
         raise InvalidArgument(f"dims must be positive, got {request.dims}", reason="INVALID_DIMS")
+    lora, options = _lora_and_options(request.lora, request.options)
     return EncodeJob(
         model=request.model,
         texts=texts,
@@ -62,26 +62,139 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
         is_query=request.is_query,
         dims=request.dims if request.HasField("dims") else None,
         profile=request.profile,
-        lora=request.lora,
+        lora=lora,
+        options=options,
     )
 
 
+def score_job(request: inference_pb2.ScoreRequest) -> ScoreJob:
+    _require_model(request.model)
+    if not request.query.HasField("text"):
+        raise InvalidArgument("query: a text query is required", reason="MISSING_QUERY")
+    if request.HasField("top_k") and request.top_k < 0:
+        raise InvalidArgument(f"top_k must be 0 (all) or positive, got {request.top_k}", reason="INVALID_TOP_K")
+    lora, options = _lora_and_options(request.lora, request.options)
+    return ScoreJob(
+        model=request.model,
+        query=request.query.text,
+        texts=_texts(request.model, request.items),
+        top_k=request.top_k or None,
+        instruction=request.instruction if request.HasField("instruction") else None,
+        profile=request.profile,
+        lora=lora,
+        options=options,
+    )
+
+
+def extract_job(request: inference_pb2.ExtractRequest) -> ExtractJob:
+    _require_model(request.model)
+    lora, options = _lora_and_options(request.lora, request.options)
+    return ExtractJob(
+        model=request.model,
+        texts=_texts(request.model, request.items),
+        labels=tuple(dict.fromkeys(request.labels)),
+        threshold=request.threshold if request.HasField("threshold") else None,
+        profile=request.profile,
+        lora=lora,
+        options=options,
+    )
+
+
+def _require_model(model: str) -> None:
+    if not model:
+        raise InvalidArgument("model is required", reason="MISSING_MODEL")
+
+
+def _texts(model: str, items: Sequence[types_pb2.Item]) -> list[str]:
+    if not items:
+        raise InvalidArgument("items: at least one item is required", reason="NO_ITEMS")
+    texts = []
+    for index, item in enumerate(items):
+        if item.images:
+            raise InvalidArgument(
+                f"items[{index}]: images are not supported by model {model} (inputs: text)",
+                reason="INPUT_NOT_SUPPORTED",
+                metadata={"item": str(index)},
+            )
+        if not item.HasField("text"):
+            raise InvalidArgument(f"items[{index}]: has no text", reason="ITEM_WITHOUT_TEXT", metadata={"item": str(index)})
+        texts.append(item.text)
+    return texts
+
+
+def _lora_and_options(lora: str, options: struct_pb2.Struct) -> tuple[str, dict[str, Any]]:
+    """The request's LoRA (`lora`, or its alias `options.lora`) and the remaining run-time options."""
+    values = json_format.MessageToDict(options)
+    alias = values.pop("lora", "")
+    if not isinstance(alias, str):
+        raise InvalidArgument("options.lora must be a LoRA adapter name", reason="INVALID_OPTIONS")
+    if lora and alias and lora != alias:
+        raise InvalidArgument(f"lora {lora!r} and options.lora {alias!r} disagree; set one", reason="INVALID_OPTIONS")
+    return lora or alias, values
+
+
 def encode_response(request: inference_pb2.EncodeRequest, outcome: EncodeOutcome) -> inference_pb2.EncodeResponse:
-    timing = outcome.timing
     return inference_pb2.EncodeResponse(
         request_id=request.request_id,
         model=outcome.model,
-        results=[
-            inference_pb2.EncodeResult(id=item.id, dense=to_tensor(vector, str(outcome.dense.dtype)))
-            for item, vector in zip(request.items, outcome.dense)
+        results=[_encode_result(item.id, output) for item, output in zip(request.items, outcome.items)],
+        timing=_timing(outcome.timing),
+    )
+
+
+def _encode_result(item_id: str, output: EncodedOutput) -> inference_pb2.EncodeResult:
+    result = inference_pb2.EncodeResult(id=item_id)
+    if output.dense is not None:
+        result.dense.CopyFrom(_tensor(output.dense))
+    if output.multivector is not None:
+        result.multivector.CopyFrom(_tensor(output.multivector))
+    if output.sparse is not None:
+        result.sparse.CopyFrom(
+            types_pb2.SparseVector(indices=output.sparse.indices.tolist(), values=output.sparse.values.tolist(), dims=output.sparse.dims)
+        )
+    return result
+
+
+def _tensor(quantized: Quantized) -> types_pb2.Tensor:
+    return to_tensor(quantized.values, quantized.dtype, scale=quantized.scale, offset=quantized.offset)
+
+
+def score_response(request: inference_pb2.ScoreRequest, outcome: ScoreOutcome) -> inference_pb2.ScoreResponse:
+    return inference_pb2.ScoreResponse(
+        request_id=request.request_id,
+        model=outcome.model,
+        scores=[
+            inference_pb2.ScoreEntry(item_id=request.items[entry.index].id, index=entry.index, score=entry.score, rank=rank)
+            for rank, entry in enumerate(outcome.ranked)
         ],
-        timing=types_pb2.Timing(
-            queue_ms=timing.queue_ms,
-            tokenization_ms=timing.tokenization_ms,
-            inference_ms=timing.inference_ms,
-            postprocessing_ms=timing.postprocessing_ms,
-            total_ms=timing.total_ms,
-        ),
+        timing=_timing(outcome.timing),
+    )
+
+
+def extract_response(request: inference_pb2.ExtractRequest, outcome: ExtractOutcome) -> inference_pb2.ExtractResponse:
+    return inference_pb2.ExtractResponse(
+        request_id=request.request_id,
+        model=outcome.model,
+        results=[
+            inference_pb2.ExtractResult(
+                id=item.id,
+                entities=[
+                    inference_pb2.Entity(text=e.text, label=e.label, score=e.score, start=e.start, end=e.end) for e in entities
+                ],
+            )
+            for item, entities in zip(request.items, outcome.entities)
+        ],
+        timing=_timing(outcome.timing),
+    )
+
+
+def _timing(timing: Timing) -> types_pb2.Timing:
+    return types_pb2.Timing(
+        queue_ms=timing.queue_ms,
+        tokenization_ms=timing.tokenization_ms,
+        inference_ms=timing.inference_ms,
+        postprocessing_ms=timing.postprocessing_ms,
+        total_ms=timing.total_ms,
     )
 
 
@@ -89,20 +202,35 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
+    # run_*: one request, raising SieError for anything the caller should be told
+    # (shared by the unary RPCs, EncodeStream and the internal Work stream).
+
     async def run_encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
-        """Encode, raising SieError for anything the caller should be told."""
-        try:
-            outcome = await self._engine.encode(encode_job(request))
-        except (SieError, asyncio.CancelledError):
-            raise
-        except Exception as error:
-            log.exception("encode request %r failed", request.request_id)
-            raise Internal(f"internal error: {error}", reason="INTERNAL") from error
-        return encode_response(request, outcome)
+        return await _guarded("encode", request.request_id, lambda: self._engine.encode(encode_job(request)), lambda o: encode_response(request, o))
+
+    async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
+        return await _guarded("score", request.request_id, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
+
+    async def run_extract(self, request: inference_pb2.ExtractRequest) -> inference_pb2.ExtractResponse:
+        return await _guarded(
+            "extract", request.request_id, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o)
+        )
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
             return await self.run_encode(request)
+        except SieError as error:
+            await abort(context, error)
+
+    async def Score(self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ScoreResponse:
+        try:
+            return await self.run_score(request)
+        except SieError as error:
+            await abort(context, error)
+
+    async def Extract(self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ExtractResponse:
+        try:
+            return await self.run_extract(request)
         except SieError as error:
             await abort(context, error)
 
@@ -151,3 +279,23 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             return inference_pb2.GetModelResponse(model=self._engine.registry.describe(request.model))
         except SieError as error:
             await abort(context, error)
+
+
+Outcome = TypeVar("Outcome")
+Response = TypeVar("Response")
+
+
+async def _guarded(
+    operation: str,
+    request_id: str,
+    run: Callable[[], Awaitable[Outcome]],
+    respond: Callable[[Outcome], Response],
+) -> Response:
+    """Run one request; anything that is not a SieError becomes INTERNAL (logged), and the server keeps serving."""
+    try:
+        return respond(await run())
+    except (SieError, asyncio.CancelledError):
+        raise
+    except Exception as error:
+        log.exception("%s request %r failed", operation, request_id)
+        raise Internal(f"internal error: {error}", reason="INTERNAL") from error

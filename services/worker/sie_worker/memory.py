@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 
 from sie_common.errors import ResourceExhausted
@@ -79,12 +78,12 @@ def run_splitting_on_oom(
     *,
     is_oom: Callable[[BaseException], bool],
     recover: Callable[[], None] = lambda: None,
-) -> np.ndarray:
-    """`run(items)`; when it runs out of memory, run each half separately (recursively).
+) -> list[Any]:
+    """`run(items)` (one output per item); when it runs out of memory, run each half separately (recursively).
 
     A single item that still does not fit is RESOURCE_EXHAUSTED."""
     try:
-        return np.asarray(run(items))
+        return list(run(items))
     except Exception as error:
         if not is_oom(error):
             raise
@@ -98,7 +97,7 @@ def run_splitting_on_oom(
         middle = len(items) // 2
         first = run_splitting_on_oom(run, items[:middle], is_oom=is_oom, recover=recover)
         second = run_splitting_on_oom(run, items[middle:], is_oom=is_oom, recover=recover)
-        return np.concatenate([first, second])
+        return first + second
 
 
 def is_cuda_oom(error: BaseException) -> bool:

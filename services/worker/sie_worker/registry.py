@@ -29,9 +29,12 @@ from sie.v1 import inference_pb2
 from sie_common.errors import FailedPrecondition, NotFound, Unavailable
 from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
 from sie_worker.adapters import ADAPTERS
-from sie_worker.adapters.base import LoadContext, TextEncoder
+from sie_worker.adapters.base import LoadContext, ModelAdapter
+from sie_worker.adapters.hf_text import LOAD_LOCK
 from sie_worker.batching import BatchLimits
+from sie_worker.capabilities import check_adapter_serves, dense_dims
 from sie_worker.device import compute_dtype
+from sie_worker.lora import LoraAdapters
 from sie_worker.memory import MemoryPressure, module_bytes, release_cuda_cache, weight_file_bytes
 from sie_worker.model_catalog import Catalog
 from sie_worker.settings import WorkerSettings
@@ -69,6 +72,8 @@ class LoadFailure:
     attempts: int
     permanent: bool
     retry_at: float  # time.monotonic() after which a request may try again
+    # A precise refusal the load raised itself (e.g. the adapter lacks a configured output): answered as is.
+    refusal: FailedPrecondition | None = None
 
     def retry_in_s(self) -> float:
         return 0.0 if self.permanent else max(0.0, self.retry_at - time.monotonic())
@@ -78,9 +83,10 @@ class LoadFailure:
 class LoadedModel:
     config: ModelConfig
     profile: str
-    encoder: TextEncoder
+    encoder: ModelAdapter  # the model's adapter, whatever its tasks
     limits: BatchLimits
     stats: ModelStats
+    loras: LoraAdapters
     weights_key: str = ""
     memory_bytes: int = 0
     last_used: float = field(default_factory=time.monotonic)
@@ -92,7 +98,7 @@ def is_permanent(error: BaseException) -> bool:
     """Failures that another attempt cannot fix: missing weights, bad config or model files, unknown adapter."""
     if isinstance(error, WeightsNotFound):
         return not error.retryable
-    return isinstance(error, (ModelConfigError, ValueError, KeyError, FileNotFoundError))
+    return isinstance(error, (FailedPrecondition, ModelConfigError, ValueError, KeyError, FileNotFoundError))
 
 
 class ModelRegistry:
@@ -169,6 +175,9 @@ class ModelRegistry:
     def _refuse_until_loaded(self, key: Key) -> NoReturn:
         model_id, profile = key
         failure = self._failures.get(key)
+        if failure is not None and failure.refusal is not None:
+            refusal = failure.refusal
+            raise FailedPrecondition(refusal.message, reason=refusal.reason, metadata=refusal.metadata)
         if failure is not None and failure.permanent:
             raise FailedPrecondition(
                 f"model {model_id!r} cannot be loaded: {failure.error}. Fix the cause and restart the worker.",
@@ -217,7 +226,7 @@ class ModelRegistry:
             keep = frozenset(model.weights_key for model in self._loaded.values())
             weights = await asyncio.to_thread(self._weights.resolve, config, keep=keep)
             await self._make_room(await asyncio.to_thread(weight_file_bytes, weights.path))
-            loaded = await asyncio.to_thread(self._build, config, profile, weights)
+            loaded = await asyncio.to_thread(self._build_serialized, config, profile, weights)
         except Exception as error:
             self._record_failure(key, error)
             raise
@@ -232,6 +241,10 @@ class ModelRegistry:
             model_id, profile, weights.source, seconds, loaded.memory_bytes / 2**20,
         )
         return loaded
+
+    def _build_serialized(self, config: ModelConfig, profile_name: str, weights: ResolvedWeights) -> LoadedModel:
+        with LOAD_LOCK:
+            return self._build(config, profile_name, weights)
 
     def _build(self, config: ModelConfig, profile_name: str, weights: ResolvedWeights) -> LoadedModel:
         profile = config.profile(profile_name)
@@ -252,10 +265,19 @@ class ModelRegistry:
             max_tokens=profile.max_batch_tokens or self._settings.max_batch_tokens,
             max_wait_s=self._settings.max_batch_wait_ms / 1000,
         )
-        encoder = factory(context)
+        adapter = factory(context)
+        check_adapter_serves(config, profile.adapter or "", adapter)
+        loras = LoraAdapters(
+            config.id,
+            adapter.model,
+            config.loras,
+            capacity=self._settings.max_loras_per_model,
+            local_cache=self._settings.local_cache,
+            hf_fallback=self._settings.hf_fallback,
+        )
         return LoadedModel(
-            config, profile_name, encoder, limits, self._stats[config.id],
-            weights_key=weights_key(config), memory_bytes=module_bytes(encoder),
+            config, profile_name, adapter, limits, self._stats[config.id], loras,
+            weights_key=weights_key(config), memory_bytes=module_bytes(adapter),
         )
 
     def _record_failure(self, key: Key, error: Exception) -> None:
@@ -263,7 +285,8 @@ class ModelRegistry:
         attempts = (previous.attempts if previous else 0) + 1
         permanent = is_permanent(error)
         cooldown = min(MAX_COOLDOWN_S, self._settings.load_retry_cooldown_s * 2 ** (attempts - 1))
-        self._failures[key] = LoadFailure(str(error), attempts, permanent, time.monotonic() + cooldown)
+        refusal = error if isinstance(error, FailedPrecondition) else None
+        self._failures[key] = LoadFailure(str(error), attempts, permanent, time.monotonic() + cooldown, refusal)
         log.error(
             "loading %s (profile %s) failed (attempt %d, %s): %s",
             key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", error,
@@ -344,13 +367,15 @@ class ModelRegistry:
             id=config.id,
             tasks=config.tasks,
             output_types=config.output_types,
-            dims=config.dims or (encoder.dims if encoder else 0),
+            dims=config.dims or (dense_dims(loaded[0], {}) if loaded else 0),
             max_sequence_length=config.max_sequence_length or (encoder.max_sequence_length if encoder else 0),
             profiles=sorted(config.profiles),
             state=state.value,
             stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),
             inputs=config.inputs,
             memory_bytes=sum(model.memory_bytes for model in loaded),
+            loras=sorted(config.loras),
+            loaded_loras=loaded[0].loras.loaded if loaded else [],
         )
         failure = next((failure for (model_id_, _), failure in self._failures.items() if model_id_ == model_id), None)
         if state is ModelState.FAILED and failure is not None:

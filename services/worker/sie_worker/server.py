@@ -32,10 +32,11 @@ async def serve(settings: WorkerSettings) -> None:
     server = grpc.aio.server()
     inference = InferenceService(engine)
     inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkService({"encode": inference.run_encode}, settings.worker_id), server)
+    handlers = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
     health = add_health_and_reflection(server, services)
-    # The health servicer starts with "" SERVING; say NOT_SERVING until the preloads are done.
+    # grpc's HealthServicer starts "" as SERVING; nothing is served before the preloads finish.
     await set_serving(health, services, False)
     address = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(address) == 0:

@@ -37,6 +37,7 @@ class WorkerSettings:
     max_concurrent_requests: int = setting(512, env="SIE_MAX_CONCURRENT_REQUESTS", help="requests in flight before RESOURCE_EXHAUSTED")
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
+    max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
     etcd_endpoints: tuple[str, ...] = setting((), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd endpoints; when set, models the config service adds for this worker's bundle are served live")
     etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ModelConfig(_message.Message):
-    __slots__ = ("id", "hf_id", "revision", "path", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "inputs", "bundled_weights")
+    __slots__ = ("id", "hf_id", "revision", "path", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "inputs", "bundled_weights", "loras")
     class ProfilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,13 @@ class ModelConfig(_message.Message):
         key: str
         value: ModelProfile
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[ModelProfile, _Mapping]] = ...) -> None: ...
+    class LorasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     HF_ID_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +35,7 @@ class ModelConfig(_message.Message):
     PROFILES_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     BUNDLED_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    LORAS_FIELD_NUMBER: _ClassVar[int]
     id: str
     hf_id: str
     revision: str
@@ -39,7 +47,8 @@ class ModelConfig(_message.Message):
     profiles: _containers.MessageMap[str, ModelProfile]
     inputs: _containers.RepeatedScalarFieldContainer[str]
     bundled_weights: str
-    def __init__(self, id: _Optional[str] = ..., hf_id: _Optional[str] = ..., revision: _Optional[str] = ..., path: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Mapping[str, ModelProfile]] = ..., inputs: _Optional[_Iterable[str]] = ..., bundled_weights: _Optional[str] = ...) -> None: ...
+    loras: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., hf_id: _Optional[str] = ..., revision: _Optional[str] = ..., path: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Mapping[str, ModelProfile]] = ..., inputs: _Optional[_Iterable[str]] = ..., bundled_weights: _Optional[str] = ..., loras: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ModelProfile(_message.Message):
     __slots__ = ("extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision")

@@ -272,7 +272,7 @@ class GetModelResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[Model, _Mapping]] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs", "failure", "memory_bytes", "rollouts", "loaded_on")
+    __slots__ = ("id", "tasks", "output_types", "dims", "max_sequence_length", "profiles", "state", "stats", "inputs", "loras", "loaded_loras", "failure", "memory_bytes", "rollouts", "loaded_on")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,8 @@ class Model(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
+    LORAS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_LORAS_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -295,11 +297,13 @@ class Model(_message.Message):
     state: ModelState
     stats: ModelStats
     inputs: _containers.RepeatedScalarFieldContainer[str]
+    loras: _containers.RepeatedScalarFieldContainer[str]
+    loaded_loras: _containers.RepeatedScalarFieldContainer[str]
     failure: ModelLoadFailure
     memory_bytes: int
     rollouts: _containers.RepeatedCompositeFieldContainer[ModelRollout]
     loaded_on: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ..., failure: _Optional[_Union[ModelLoadFailure, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., rollouts: _Optional[_Iterable[_Union[ModelRollout, _Mapping]]] = ..., loaded_on: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Iterable[str]] = ..., state: _Optional[_Union[ModelState, str]] = ..., stats: _Optional[_Union[ModelStats, _Mapping]] = ..., inputs: _Optional[_Iterable[str]] = ..., loras: _Optional[_Iterable[str]] = ..., loaded_loras: _Optional[_Iterable[str]] = ..., failure: _Optional[_Union[ModelLoadFailure, _Mapping]] = ..., memory_bytes: _Optional[int] = ..., rollouts: _Optional[_Iterable[_Union[ModelRollout, _Mapping]]] = ..., loaded_on: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModelLoadFailure(_message.Message):
     __slots__ = ("error", "attempts", "permanent", "retry_in_s")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12sie/v1/types.proto\x12\x06sie.v1\x1a\x1cgoogle/protobuf/struct.proto\"x\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\x04text\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x1d\n\x06images\x18\x03 \x03(\x0b\x32\r.sie.v1.Image\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x07\n\x05_text\"%\n\x05Image\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\"D\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06values\x18\x04 \x03(\x02\"=\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\r\x12\x0e\n\x06values\x18\x02 \x03(\x02\x12\x0c\n\x04\x64ims\x18\x03 \x01(\r\"v\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x17\n\x0ftokenization_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x19\n\x11postprocessing_ms\x18\x04 \x01(\x01\x12\x10\n\x08total_ms\x18\x05 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12sie/v1/types.proto\x12\x06sie.v1\x1a\x1cgoogle/protobuf/struct.proto\"x\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\x04text\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x1d\n\x06images\x18\x03 \x03(\x0b\x32\r.sie.v1.Image\x12)\n\x08metadata\x18\x04 \x01(\x0b\x32\x17.google.protobuf.StructB\x07\n\x05_text\"%\n\x05Image\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\"c\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06values\x18\x04 \x03(\x02\x12\r\n\x05scale\x18\x05 \x03(\x02\x12\x0e\n\x06offset\x18\x06 \x03(\x02\"=\n\x0cSparseVector\x12\x0f\n\x07indices\x18\x01 \x03(\r\x12\x0e\n\x06values\x18\x02 \x03(\x02\x12\x0c\n\x04\x64ims\x18\x03 \x01(\r\"v\n\x06Timing\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x17\n\x0ftokenization_ms\x18\x02 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x03 \x01(\x01\x12\x19\n\x11postprocessing_ms\x18\x04 \x01(\x01\x12\x10\n\x08total_ms\x18\x05 \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,9 +37,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_IMAGE']._serialized_start=182
   _globals['_IMAGE']._serialized_end=219
   _globals['_TENSOR']._serialized_start=221
-  _globals['_TENSOR']._serialized_end=289
-  _globals['_SPARSEVECTOR']._serialized_start=291
-  _globals['_SPARSEVECTOR']._serialized_end=352
-  _globals['_TIMING']._serialized_start=354
-  _globals['_TIMING']._serialized_end=472
+  _globals['_TENSOR']._serialized_end=320
+  _globals['_SPARSEVECTOR']._serialized_start=322
+  _globals['_SPARSEVECTOR']._serialized_end=383
+  _globals['_TIMING']._serialized_start=385
+  _globals['_TIMING']._serialized_end=503
 # @@protoc_insertion_point(module_scope)

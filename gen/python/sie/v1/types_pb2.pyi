@@ -28,16 +28,20 @@ class Image(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., format: _Optional[str] = ...) -> None: ...
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "data", "values")
+    __slots__ = ("dtype", "shape", "data", "values", "scale", "offset")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+    scale: _containers.RepeatedScalarFieldContainer[float]
+    offset: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., values: _Optional[_Iterable[float]] = ..., scale: _Optional[_Iterable[float]] = ..., offset: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SparseVector(_message.Message):
     __slots__ = ("indices", "values", "dims")

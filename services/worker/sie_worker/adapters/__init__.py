@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sie_worker.adapters.base import LoadContext, TextEncoder
+from sie_worker.adapters.base import LoadContext, ModelAdapter
+from sie_worker.adapters.colbert import ColbertEncoder
+from sie_worker.adapters.cross_encoder import CrossEncoderScorer
+from sie_worker.adapters.gliner import GlinerExtractor
 from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
+from sie_worker.adapters.splade import SpladeEncoder
+from sie_worker.adapters.token_classifier import TokenClassificationExtractor
 
-ADAPTERS: dict[str, Callable[[LoadContext], TextEncoder]] = {
+ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "sentence_transformer": SentenceTransformerEncoder,
+    "splade": SpladeEncoder,
+    "colbert": ColbertEncoder,
+    "cross_encoder": CrossEncoderScorer,
+    "token_classifier": TokenClassificationExtractor,
+    "gliner": GlinerExtractor,
 }

@@ -1,11 +1,17 @@
-"""What the pipeline needs from a model adapter."""
+"""What the pipeline needs from a model adapter.
+
+Every adapter declares what it can do (`tasks`, `output_types`) and tokenizes
+on the CPU pool; the device-thread methods take a batch of tokenized items and
+return numpy arrays, one entry per item. Encoders produce every requested
+output type of a batch from one forward pass.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -18,6 +24,39 @@ class TokenizedText:
     ids: list[int]
     # Leading tokens that belong to the prompt (excluded from pooling when the model says so).
     prompt_tokens: int = 0
+    # Segment ids (query / item of a pair); empty means all zeros.
+    type_ids: list[int] = field(default_factory=list)
+    # Character span of each token in the original text; (0, 0) for special tokens.
+    offsets: list[tuple[int, int]] = field(default_factory=list)
+    # Items flagged as queries (multivector models mark and expand them differently).
+    is_query: bool = False
+
+
+@dataclass(frozen=True)
+class SparseWeights:
+    """Non-zero vocabulary weights of one item."""
+
+    indices: np.ndarray  # uint32, ascending
+    values: np.ndarray  # float32
+    dims: int
+
+
+@dataclass
+class EncodedItem:
+    """The outputs of one item; only the requested ones are set."""
+
+    dense: np.ndarray | None = None
+    sparse: SparseWeights | None = None
+    multivector: np.ndarray | None = None  # [tokens, dims]
+
+
+@dataclass(frozen=True)
+class Entity:
+    text: str
+    label: str
+    score: float
+    start: int
+    end: int
 
 
 @dataclass(frozen=True)
@@ -30,19 +69,63 @@ class LoadContext:
     attention_backend: str
 
 
-class TextEncoder(Protocol):
-    """A model that turns text into dense vectors."""
+class ModelAdapter(Protocol):
+    """What every adapter has: capabilities, limits and the module LoRA adapters attach to."""
 
+    tasks: tuple[str, ...]
+    output_types: tuple[str, ...]
+    # Width of dense output (0 when the model has none).
     dims: int
     max_sequence_length: int
-    # True when the model L2-normalizes its output (truncation renormalizes then).
+    # The transformer that LoRA adapters are injected into.
+    model: torch.nn.Module
+
+
+@runtime_checkable
+class TextEncoder(ModelAdapter, Protocol):
+    """A model that turns text into dense, sparse and/or multivector embeddings."""
+
+    # True when dense output is L2-normalized (truncation renormalizes then).
     normalized: bool
 
     def prompt(self, *, is_query: bool, instruction: str | None) -> str:
         """The prefix put before each text for this kind of request."""
 
-    def tokenize(self, texts: Sequence[str], prompt: str) -> list[TokenizedText]:
+    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         """Token ids, truncated to the model's maximum length. Thread-safe."""
 
-    def embed(self, batch: Sequence[TokenizedText]) -> np.ndarray:
-        """Dense float32 vectors, one row per item. Called on the device thread only."""
+    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+        """Every requested output of every item, from one forward pass. Device thread only."""
+
+
+@runtime_checkable
+class PairScorer(ModelAdapter, Protocol):
+    """A cross-encoder: one relevance score per (query, item) pair."""
+
+    def tokenize_pairs(self, query: str, texts: Sequence[str]) -> list[TokenizedText]:
+        """Each (query, text) pair as one sequence. Thread-safe."""
+
+    def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+        """One float score per pair. Device thread only."""
+
+
+@runtime_checkable
+class TokenClassifier(ModelAdapter, Protocol):
+    """A model that labels tokens; spans come from merging labels."""
+
+    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
+        """Token ids with character offsets. Thread-safe."""
+
+    def classify(self, batch: Sequence[TokenizedText]) -> list[np.ndarray]:
+        """Per item, label probabilities [tokens, labels]. Device thread only."""
+
+    def entities(self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None) -> list[Entity]:
+        """Merged spans of one item. Thread-safe."""
+
+
+@runtime_checkable
+class ZeroShotExtractor(ModelAdapter, Protocol):
+    """An extractor that takes its labels per request (GLiNER)."""
+
+    def extract(self, texts: Sequence[str], labels: Sequence[str], threshold: float | None) -> list[list[Entity]]:
+        """Entities per text. Device thread only."""

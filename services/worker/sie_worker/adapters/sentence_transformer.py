@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel
 
-from sie_worker.adapters.base import LoadContext, TextEncoder, TokenizedText
+from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, padded, read_json
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.
@@ -32,11 +32,12 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 _DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
-# Above this, a tokenizer's model_max_length is a placeholder, not a limit.
-_UNSET_MAX_LENGTH = 1_000_000
 
 
 class SentenceTransformerEncoder(TextEncoder):
+    tasks = ("encode",)
+    output_types = ("dense",)
+
     def __init__(self, context: LoadContext) -> None:
         directory = context.weights
         load_options = dict(context.profile.load_options)
@@ -52,25 +53,16 @@ class SentenceTransformerEncoder(TextEncoder):
         self.include_prompt: bool = bool(pooling.get("include_prompt", True))
         self.normalized: bool = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
 
-        self.model = AutoModel.from_pretrained(directory, dtype=context.dtype, **_attention(context)).to(context.device).eval()
+        self.model = load_model(AutoModel, context)
         self.device = context.device
-        hf_tokenizer = AutoTokenizer.from_pretrained(directory)
-        st_config = _read_json(directory / "sentence_bert_config.json")
-        self.max_sequence_length = _max_length(context.config.max_sequence_length, st_config, hf_tokenizer, self.model)
-        self.lowercase = bool(st_config.get("do_lower_case", False))
-        self.pad_id = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else 0
-        self.special_ids = set(hf_tokenizer.all_special_ids)
-        # A private copy of the Rust tokenizer, configured once: encode_batch on it
-        # mutates nothing, so the preprocessing threads can share it.
-        self.tokenizer = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(self.max_sequence_length, direction=hf_tokenizer.truncation_side)
+        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model)
+        self.max_sequence_length = self.tokenizer.max_length
 
         hidden = self.model.config.hidden_size
         self.dims = context.config.dims or hidden * len(self.pooling_modes)
         if self.dims != hidden * len(self.pooling_modes):
             raise ValueError(f"config says dims {self.dims}, but the model pools to {hidden * len(self.pooling_modes)}")
-        prompts = _read_json(directory / "config_sentence_transformers.json").get("prompts") or {}
+        prompts = read_json(directory / "config_sentence_transformers.json").get("prompts") or {}
         self.query_prompt: str = run_options.get("query_prompt", prompts.get("query", ""))
         document = next((prompts[name] for name in _DOCUMENT_PROMPT_NAMES if name in prompts), "")
         self.document_prompt: str = run_options.get("document_prompt", document)
@@ -82,32 +74,29 @@ class SentenceTransformerEncoder(TextEncoder):
             return self.instruction_prompt.replace("{instruction}", instruction)
         return self.query_prompt if is_query else self.document_prompt
 
-    def tokenize(self, texts: Sequence[str], prompt: str) -> list[TokenizedText]:
-        inputs = [prompt + text for text in texts]
-        if self.lowercase:
-            inputs = [text.lower() for text in inputs]
+    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         prompt_tokens = 0 if self.include_prompt or not prompt else self._count_prompt_tokens(prompt)
-        return [TokenizedText(encoding.ids, prompt_tokens) for encoding in self.tokenizer.encode_batch(inputs)]
+        return [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
 
     def _count_prompt_tokens(self, prompt: str) -> int:
         """Tokens of the prompt alone, less a trailing special token (as sentence-transformers counts)."""
         if prompt not in self._prompt_tokens:
-            ids = self.tokenizer.encode(prompt.lower() if self.lowercase else prompt).ids
-            self._prompt_tokens[prompt] = len(ids) - (1 if ids and ids[-1] in self.special_ids else 0)
+            ids = self.tokenizer.encode([prompt])[0].ids
+            self._prompt_tokens[prompt] = len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0)
         return self._prompt_tokens[prompt]
 
+    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+        return [EncodedItem(dense=row) for row in self.embed(batch)]
+
     def embed(self, batch: Sequence[TokenizedText]) -> np.ndarray:
-        longest = max(len(item.ids) for item in batch)
-        ids = np.full((len(batch), longest), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(batch), longest), dtype=np.int64)
-        pool_mask = np.zeros((len(batch), longest), dtype=np.int64)
+        """Dense float32 vectors, one row per item."""
+        inputs = padded(batch, self.tokenizer.pad_id, self.device)
+        pool_mask = np.zeros(tuple(inputs["input_ids"].shape), dtype=np.int64)
         for row, item in enumerate(batch):
-            ids[row, : len(item.ids)] = item.ids
-            mask[row, : len(item.ids)] = 1
             pool_mask[row, item.prompt_tokens : len(item.ids)] = 1
         with torch.inference_mode():
-            attention = torch.from_numpy(mask).to(self.device)
-            hidden = self.model(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=attention).last_hidden_state
+            attention = inputs["attention_mask"]
+            hidden = self.model(input_ids=inputs["input_ids"], attention_mask=attention).last_hidden_state
             pooled = pool(hidden, attention, torch.from_numpy(pool_mask).to(self.device), self.pooling_modes)
             if self.normalized:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
@@ -163,39 +152,10 @@ def _pooling_config(directory: Path, modules: list[str]) -> dict[str, Any]:
         return {}
     entries = json.loads((directory / "modules.json").read_text())
     path = next(entry["path"] for entry in entries if entry["type"].endswith("Pooling"))
-    raw = _read_json(directory / path / "config.json")
+    raw = read_json(directory / path / "config.json")
     if "pooling_mode" in raw:
         mode = raw["pooling_mode"]
         modes = (mode,) if isinstance(mode, str) else tuple(mode)
     else:
         modes = tuple(mode for key, mode in _LEGACY_POOLING_KEYS.items() if raw.get(key)) or ("mean",)
     return {"modes": modes, "include_prompt": raw.get("include_prompt", True)}
-
-
-def _max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any, model: Any) -> int:
-    """The model YAML wins, then sentence_bert_config.json, then the tokenizer, then the position table."""
-    for candidate in (configured, st_config.get("max_seq_length"), tokenizer.model_max_length):
-        if isinstance(candidate, int) and 0 < candidate < _UNSET_MAX_LENGTH:
-            return candidate
-    return int(model.config.max_position_embeddings)
-
-
-def _attention(context: LoadContext) -> dict[str, str]:
-    backend = context.attention_backend
-    if backend == "auto":
-        if context.device.type == "cuda" and _flash_attention_installed():
-            return {"attn_implementation": "flash_attention_2"}
-        return {}
-    return {"attn_implementation": backend}
-
-
-def _flash_attention_installed() -> bool:
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}

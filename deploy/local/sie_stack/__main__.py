@@ -1,0 +1,5 @@
+import sys
+
+from sie_stack.cli import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""`sie up` (the whole stack on this machine) and `sie envoy-config` (Envoy's config for any deployment)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from sie_common.settings import SettingsError, add_flags, load_settings
+from sie_stack.settings import StackSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sie", description="Run and configure the SIE engine.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start etcd, the config service, workers, the gateway and Envoy on loopback")
+    add_flags(up, StackSettings)
+    envoy = commands.add_parser("envoy-config", help="print Envoy's config (JSON) for the HTTP/JSON edge")
+    envoy.add_argument("--gateway", required=True, help="gateway host:port")
+    envoy.add_argument("--config", required=True, help="config service host:port")
+    envoy.add_argument("--listen-port", type=int, default=8080)
+    envoy.add_argument("--admin-port", type=int, default=9901)
+    envoy.add_argument("--listen-host", default="0.0.0.0")
+    envoy.add_argument("--descriptor", help="descriptor set path (default: the one shipped in the sie package)")
+    args = parser.parse_args(argv)
+
+    if args.command == "envoy-config":
+        from pathlib import Path
+
+        from sie_stack.envoy_config import render
+
+        descriptor = Path(args.descriptor) if args.descriptor else None
+        rendered = render(
+            listen_port=args.listen_port, admin_port=args.admin_port, gateway=args.gateway, config=args.config,
+            descriptor=descriptor, host=args.listen_host,
+        )
+        print(json.dumps(rendered, indent=2))
+        return 0
+
+    try:
+        settings = load_settings(StackSettings, args)
+    except SettingsError as error:
+        parser.error(str(error))
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sie_stack.up import run
+
+    return run(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

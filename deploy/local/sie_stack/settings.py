@@ -1,0 +1,20 @@
+"""Every knob of `sie up`, in one typed object (flags > SIE_* env > defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sie_common.settings import setting
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    state_dir: str = setting(".sie", env="SIE_STATE_DIR", help="directory for etcd's data, the rendered Envoy config and every process's log")
+    workers: int = setting(1, env="SIE_STACK_WORKERS", help="how many workers to start")
+    etcd_port: int = setting(2379, env="SIE_STACK_ETCD_PORT", help="etcd client port")
+    config_port: int = setting(50071, env="SIE_STACK_CONFIG_PORT", help="config service gRPC port")
+    worker_port: int = setting(50061, env="SIE_STACK_WORKER_PORT", help="first worker's gRPC port; the others take the next ones")
+    gateway_port: int = setting(50051, env="SIE_STACK_GATEWAY_PORT", help="gateway gRPC port")
+    http_port: int = setting(8080, env="SIE_STACK_HTTP_PORT", help="Envoy port: HTTP/JSON and native gRPC")
+    envoy_admin_port: int = setting(9901, env="SIE_STACK_ENVOY_ADMIN_PORT", help="Envoy admin port (readiness, stats)")
+    log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")

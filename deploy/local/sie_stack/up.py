@@ -1,0 +1,156 @@
+"""`sie up`: the whole stack on loopback, until Ctrl-C or SIGTERM.
+
+etcd -> config service (default bundle, the demo model added) -> workers ->
+gateway -> Envoy. Every process logs to <state dir>/logs; on the way out each
+is stopped in reverse order, so none is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import yaml
+
+from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
+from sie_common.config_messages import config_to_message
+from sie_common.model_config import parse_model_config
+from sie_stack.envoy_config import render
+from sie_stack.processes import ChildProcess, EnvoyProcess, EtcdProcess, ServiceProcess
+from sie_stack.settings import StackSettings
+
+log = logging.getLogger("sie_stack")
+
+DEMO_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class Stack:
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        self.state = Path(settings.state_dir).resolve()
+        self.logs = self.state / "logs"
+        self.started: list[ChildProcess] = []
+
+    def up(self) -> None:
+        """Start every process and wait until a request through Envoy can be served."""
+        s = self.settings
+        self.logs.mkdir(parents=True, exist_ok=True)
+        etcd = EtcdProcess(self.state / "etcd", self.logs / "etcd.log", client_port=s.etcd_port)
+        self.started.append(etcd)
+        etcd.start()
+        env = {"SIE_ETCD_ENDPOINTS": etcd.endpoint, "SIE_LOG_LEVEL": s.log_level}
+        config = self._service("sie_config", s.config_port, env)
+        with grpc.insecure_channel(config.address) as channel:
+            admin = config_pb2_grpc.ConfigServiceStub(channel)
+            wait_for_leader(admin)
+            admin.AddModel(config_pb2.AddModelRequest(config=config_to_message(demo_model_config())), timeout=30)
+        for index in range(s.workers):
+            self._service(
+                "sie_worker",
+                s.worker_port + index,
+                {**env, "SIE_WORKER_ID": f"worker-{index}", "SIE_PRELOAD_MODELS": DEMO_MODEL},
+                log_name=f"worker-{index}",
+            )
+        gateway = self._service("sie_gateway", s.gateway_port, env)
+        envoy_config = self.state / "envoy.json"
+        envoy_config.write_text(json.dumps(render(
+            listen_port=s.http_port, admin_port=s.envoy_admin_port, gateway=gateway.address, config=config.address,
+        ), indent=2))
+        envoy = EnvoyProcess(envoy_config, self.logs / "envoy.log", s.envoy_admin_port)
+        self.started.append(envoy)
+        envoy.wait_ready()
+        _wait_until_served(gateway.address)
+
+    def _service(self, module: str, port: int, env: dict[str, str], log_name: str | None = None) -> ServiceProcess:
+        process = ServiceProcess(env, self.logs / f"{log_name or module}.log", module=module, port=port)
+        self.started.append(process)
+        process.wait_serving()
+        return process
+
+    def down(self) -> None:
+        for process in reversed(self.started):
+            process.stop()
+        self.started.clear()
+
+    def crashed(self) -> ChildProcess | None:
+        return next((p for p in self.started if p.process is not None and p.process.poll() is not None), None)
+
+    def banner(self) -> str:
+        s = self.settings
+        workers = ", ".join(f"127.0.0.1:{s.worker_port + i}" for i in range(s.workers))
+        return (
+            "SIE is up.\n"
+            f"  HTTP/JSON and gRPC  http://127.0.0.1:{s.http_port}   (Envoy)\n"
+            f"  gateway (gRPC)      127.0.0.1:{s.gateway_port}\n"
+            f"  config (gRPC)       127.0.0.1:{s.config_port}\n"
+            f"  workers (gRPC)      {workers}\n"
+            f"  etcd                127.0.0.1:{s.etcd_port}\n"
+            f"  state and logs      {self.state}\n"
+            "Try:\n"
+            f"  curl -s http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d '{{\"items\": [{{\"text\": \"hello\"}}]}}'\n"
+            f"  curl -s http://127.0.0.1:{s.http_port}/v1/embeddings -d '{{\"model\": \"{DEMO_MODEL}\", \"input\": \"hello\"}}'\n"
+            "Ctrl-C stops everything."
+        )
+
+
+def run(settings: StackSettings) -> int:
+    """Bring the stack up, print where it is, and bring it down on Ctrl-C / SIGTERM or a crash."""
+    stack = Stack(settings)
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        stack.up()
+        print(stack.banner(), flush=True)
+        while not stopping:
+            crashed = stack.crashed()
+            if crashed is not None:
+                log.error("%s exited unexpectedly (code %s); stopping the stack. Its log: %s", crashed.name, crashed.process.returncode, crashed.log_path)
+                return 1
+            time.sleep(0.5)
+        return 0
+    except (RuntimeError, TimeoutError, OSError, grpc.RpcError) as error:
+        log.error("the stack did not come up: %s", error)
+        return 1
+    finally:
+        print("stopping...", flush=True)
+        stack.down()
+
+
+def demo_model_config():  # type: ignore[no-untyped-def]
+    """The worker's built-in demo config (weights from the bundled package when offline)."""
+    from sie_worker.registry import BUILTIN_MODELS_DIR
+
+    path = BUILTIN_MODELS_DIR / "all-MiniLM-L6-v2.yaml"
+    return parse_model_config(yaml.safe_load(path.read_text()), source=str(path))
+
+
+def wait_for_leader(stub: config_pb2_grpc.ConfigServiceStub, timeout_s: float = 30) -> None:
+    """A config leader has published the bundles once ListBundles shows them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if stub.ListBundles(config_pb2.ListBundlesRequest(), timeout=5).bundles:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("no config leader published the bundles")
+
+
+def _wait_until_served(gateway: str, timeout_s: float = 180) -> None:
+    """Until a worker has registered with the demo model loaded."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(gateway) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        while time.monotonic() < deadline:
+            if stub.GetModel(inference_pb2.GetModelRequest(model=DEMO_MODEL), timeout=5).model.loaded_on:
+                return
+            time.sleep(0.2)
+    raise TimeoutError(f"no worker registered {DEMO_MODEL} as loaded within {timeout_s} s")

@@ -1,0 +1,55 @@
+"""Cross-encoder rerankers: a sequence-classification head over (query, item) pairs.
+
+The score is the single logit through the model's activation, as
+sentence-transformers' CrossEncoder chooses it: the `activation_fn` saved in
+config.json under `sentence_transformers` (Sigmoid or Identity), else
+Sigmoid for one label. load_options `activation` (`sigmoid` / `identity`)
+overrides it. Models with more than one label are refused at load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded, read_json
+
+_ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits}
+
+
+class CrossEncoderScorer(PairScorer):
+    tasks = ("score",)
+    output_types: tuple[str, ...] = ()
+    dims = 0
+
+    def __init__(self, context: LoadContext) -> None:
+        self.model = load_model(AutoModelForSequenceClassification, context)
+        if self.model.config.num_labels != 1:
+            raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
+        self.device = context.device
+        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model)
+        self.max_sequence_length = self.tokenizer.max_length
+        activation = context.profile.load_options.get("activation") or _saved_activation(read_json(context.weights / "config.json"))
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
+        self.activation = _ACTIVATIONS[activation]
+
+    def tokenize_pairs(self, query: str, texts: Sequence[str]) -> list[TokenizedText]:
+        return self.tokenizer.encode_pairs(query, texts)
+
+    def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+        inputs = padded(batch, self.tokenizer.pad_id, self.device)
+        with torch.inference_mode():
+            logits = self.model(**model_inputs(self.model, inputs)).logits.float()[:, 0]
+            return self.activation(logits).cpu().numpy()
+
+
+def _saved_activation(config: dict) -> str:
+    saved = str((config.get("sentence_transformers") or {}).get("activation_fn", ""))
+    if saved.endswith("Identity"):
+        return "identity"
+    return "sigmoid"

@@ -1,0 +1,115 @@
+"""Pieces every `transformers`-based text adapter shares: tokenizer set-up, padding, attention backend."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+from sie_worker.adapters.base import LoadContext, TokenizedText
+
+# Above this, a tokenizer's model_max_length is a placeholder, not a limit.
+_UNSET_MAX_LENGTH = 1_000_000
+# transformers' and peft's from_pretrained are not safe to run in two threads at
+# once (meta-device initialisation is process-wide): model and LoRA loads take turns.
+LOAD_LOCK = threading.Lock()
+
+
+class TextTokenizer:
+    """A model's tokenizer, configured once for truncation and no padding.
+
+    Holds a private copy of the Rust tokenizer: encode_batch on it mutates
+    nothing, so the preprocessing threads can share it.
+    """
+
+    def __init__(self, directory: Path, configured_max_length: int | None, model: Any, *, reserve: int = 0) -> None:
+        self.hf = AutoTokenizer.from_pretrained(directory)
+        st_config = read_json(directory / "sentence_bert_config.json")
+        self.max_length = max_length(configured_max_length, st_config, self.hf, model)
+        self.lowercase = bool(st_config.get("do_lower_case", False))
+        self.pad_id: int = self.hf.pad_token_id if self.hf.pad_token_id is not None else 0
+        self.special_ids = set(self.hf.all_special_ids)
+        self.rust = Tokenizer.from_str(self.hf.backend_tokenizer.to_str())
+        self.rust.no_padding()
+        # `reserve` leaves room for tokens an adapter inserts itself (markers).
+        self.rust.enable_truncation(self.max_length - reserve, direction=self.hf.truncation_side)
+
+    def encode(self, texts: Sequence[str]) -> list[TokenizedText]:
+        inputs = [text.lower() for text in texts] if self.lowercase else list(texts)
+        return [
+            TokenizedText(encoding.ids, type_ids=encoding.type_ids, offsets=list(encoding.offsets))
+            for encoding in self.rust.encode_batch(inputs)
+        ]
+
+    def encode_pairs(self, first: str, seconds: Sequence[str]) -> list[TokenizedText]:
+        pairs = [(first, text) for text in seconds]
+        if self.lowercase:
+            pairs = [(a.lower(), b.lower()) for a, b in pairs]
+        return [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in self.rust.encode_batch(pairs)]
+
+
+def load_model(auto_class: Any, context: LoadContext) -> torch.nn.Module:
+    """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode."""
+    model = auto_class.from_pretrained(context.weights, dtype=context.dtype, **attention_kwargs(context))
+    return model.to(context.device).eval()
+
+
+def padded(batch: Sequence[TokenizedText], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and token_type_ids of a batch, right-padded to its longest item."""
+    longest = max(len(item.ids) for item in batch)
+    ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), longest), dtype=np.int64)
+    types = np.zeros((len(batch), longest), dtype=np.int64)
+    for row, item in enumerate(batch):
+        ids[row, : len(item.ids)] = item.ids
+        mask[row, : len(item.ids)] = 1
+        if item.type_ids:
+            types[row, : len(item.type_ids)] = item.type_ids
+    return {
+        "input_ids": torch.from_numpy(ids).to(device),
+        "attention_mask": torch.from_numpy(mask).to(device),
+        "token_type_ids": torch.from_numpy(types).to(device),
+    }
+
+
+def model_inputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop token_type_ids for models that have no segment embeddings."""
+    if getattr(model.config, "type_vocab_size", 0):
+        return inputs
+    return {key: value for key, value in inputs.items() if key != "token_type_ids"}
+
+
+def max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any, model: Any) -> int:
+    """The model YAML wins, then sentence_bert_config.json, then the tokenizer, then the position table."""
+    for candidate in (configured, st_config.get("max_seq_length"), tokenizer.model_max_length):
+        if isinstance(candidate, int) and 0 < candidate < _UNSET_MAX_LENGTH:
+            return candidate
+    return int(model.config.max_position_embeddings)
+
+
+def attention_kwargs(context: LoadContext) -> dict[str, str]:
+    backend = context.attention_backend
+    if backend == "auto":
+        if context.device.type == "cuda" and _flash_attention_installed():
+            return {"attn_implementation": "flash_attention_2"}
+        return {}
+    return {"attn_implementation": backend}
+
+
+def _flash_attention_installed() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}

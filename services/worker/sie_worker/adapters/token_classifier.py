@@ -1,0 +1,73 @@
+"""Token-classification extractors (NER): per-token labels merged into character spans.
+
+Merging follows the BIO/IOB convention: `B-X` starts an entity of type X,
+`I-X` continues an X entity (and starts one after anything else), a label
+without prefix continues a run of the same label, `O` is outside. An entity's
+score is the mean probability of its tokens' labels; its text is exactly
+text[start:end] of the original item. Special tokens never join a span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers import AutoModelForTokenClassification
+
+from sie_worker.adapters.base import Entity, LoadContext, TokenClassifier, TokenizedText
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
+
+
+class TokenClassificationExtractor(TokenClassifier):
+    tasks = ("extract",)
+    output_types: tuple[str, ...] = ()
+    dims = 0
+
+    def __init__(self, context: LoadContext) -> None:
+        self.model = load_model(AutoModelForTokenClassification, context)
+        self.device = context.device
+        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model)
+        self.max_sequence_length = self.tokenizer.max_length
+        self.labels = [self.model.config.id2label[index] for index in range(self.model.config.num_labels)]
+
+    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
+        return self.tokenizer.encode(texts)
+
+    def classify(self, batch: Sequence[TokenizedText]) -> list[np.ndarray]:
+        inputs = padded(batch, self.tokenizer.pad_id, self.device)
+        with torch.inference_mode():
+            probabilities = self.model(**model_inputs(self.model, inputs)).logits.float().softmax(dim=-1).cpu().numpy()
+        return [probabilities[row, : len(item.ids)] for row, item in enumerate(batch)]
+
+    def entities(self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None) -> list[Entity]:
+        best = probabilities.argmax(axis=-1)
+        groups: list[tuple[str, list[int]]] = []  # (type, token positions)
+        previous: tuple[str, str] | None = None
+        for position, token in enumerate(tokens.ids):
+            if token in self.tokenizer.special_ids:
+                previous = None
+                continue
+            tag, kind = _split(self.labels[best[position]])
+            if previous is not None and kind == previous[1] and tag != "B":
+                groups[-1][1].append(position)
+            else:
+                groups.append((kind, [position]))
+            previous = (tag, kind)
+        entities = []
+        for kind, positions in groups:
+            if kind == "O":
+                continue
+            score = float(np.mean([probabilities[position, best[position]] for position in positions]))
+            if threshold is not None and score < threshold:
+                continue
+            start, end = tokens.offsets[positions[0]][0], tokens.offsets[positions[-1]][1]
+            entities.append(Entity(text=text[start:end], label=kind, score=score, start=start, end=end))
+        return entities
+
+
+def _split(label: str) -> tuple[str, str]:
+    """("B" | "I", entity type); a bare label such as "O" or "PER" counts as a continuation."""
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
+    return "I", label

@@ -1,0 +1,166 @@
+"""The HTTP/JSON edge: curl through Envoy to the gateway and the config service, native gRPC on the same port."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import grpc
+import numpy as np
+import pytest
+
+from local_cluster import Cluster, gateway_model, model_config, wait_until
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.tensors import from_tensor
+from sie_stack.envoy_config import render
+from sie_stack.processes import EnvoyProcess, free_port
+from worker_process import WorkerProcess
+
+MEAN = "test/tiny-mean"
+RERANKER = "test/tiny-reranker"
+NER = "test/tiny-ner"
+ADMIN_TOKEN = "admin-s3cret"
+
+
+class Edge:
+    def __init__(self, cluster: Cluster, gateway: WorkerProcess, envoy: EnvoyProcess, port: int) -> None:
+        self.cluster = cluster
+        self.gateway = gateway
+        self.envoy = envoy
+        self.base = f"http://127.0.0.1:{port}"
+        self.address = f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory, etcd_server, tiny_models):
+    tmp = tmp_path_factory.mktemp("edge")
+    prefix = f"/sie-edge-{uuid.uuid4().hex[:8]}/"
+    env = {"SIE_ETCD_ENDPOINTS": etcd_server.endpoint, "SIE_ETCD_PREFIX": prefix, "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
+
+    def start_config() -> WorkerProcess:
+        config = WorkerProcess(env, tmp / "config.log", module="sie_config")
+        config.wait_serving(timeout_s=60)
+        return config
+
+    models = [
+        model_config(MEAN, tiny_models[MEAN]),
+        model_config(RERANKER, tiny_models[RERANKER], adapter="cross_encoder", tasks=["score"]),
+        model_config(NER, tiny_models[NER], adapter="token_classifier", tasks=["extract"]),
+    ]
+    cluster = Cluster(tmp, etcd_server.endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
+    envoy = None
+    try:
+        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER]))
+        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4")
+        port, admin_port = free_port(), free_port()
+        config_path = tmp / "envoy.json"
+        config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=gateway.address, config=cluster.config.address)))
+        envoy = EnvoyProcess(config_path, tmp / "envoy.log", admin_port)
+        envoy.wait_ready()
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            wait_until(lambda: "edge-worker" in gateway_model(stub, NER).loaded_on, what="worker registered")
+        yield Edge(cluster, gateway, envoy, port)
+    finally:
+        if envoy is not None:
+            envoy.stop()
+        cluster.stop()
+        cluster.config.stop()
+
+
+def curl(edge: Edge, method: str, path: str, body: object | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    command = ["curl", "-s", "-X", method, "-w", "\n%{http_code}", edge.base + path]
+    for key, value in (headers or {}).items():
+        command += ["-H", f"{key}: {value}"]
+    if body is not None:
+        command += ["-H", "content-type: application/json", "-d", body if isinstance(body, str) else json.dumps(body)]
+    output = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+    text, _, status = output.rpartition("\n")
+    try:
+        return int(status), (json.loads(text) if text.strip() else {})
+    except json.JSONDecodeError:  # Envoy's own refusals (e.g. JSON that does not fit the message) are plain text
+        return int(status), {"text": text}
+
+
+def test_encode_over_http_has_plain_number_vectors(edge) -> None:
+    status, body = curl(edge, "POST", f"/v1/encode/{MEAN}", {"items": [{"id": "a", "text": "hello over http"}], "request_id": "r1"})
+    assert status == 200, body
+    dense = body["results"][0]["dense"]
+    assert body["request_id"] == "r1" and body["results"][0]["id"] == "a"
+    assert dense["dtype"] == "float32" and dense["shape"] == [32] and len(dense["values"]) == 32
+    assert not dense.get("data")
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        reference = inference_pb2_grpc.InferenceStub(channel).Encode(
+            inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text="hello over http")])
+        )
+    np.testing.assert_allclose(dense["values"], from_tensor(reference.results[0].dense), atol=1e-6)
+    assert set(body["timing"]) >= {"queue_ms", "tokenization_ms", "inference_ms", "postprocessing_ms", "total_ms"}
+
+
+def test_native_grpc_through_the_same_port_keeps_packed_bytes(edge) -> None:
+    with grpc.insecure_channel(edge.address) as channel:
+        reply = inference_pb2_grpc.InferenceStub(channel).Encode(
+            inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text="native grpc via envoy")]), timeout=30
+        )
+    assert reply.results[0].dense.data and not reply.results[0].dense.values
+    assert from_tensor(reply.results[0].dense).shape == (32,)
+
+
+def test_score_and_extract_over_http(edge) -> None:
+    status, body = curl(edge, "POST", f"/v1/score/{RERANKER}", {
+        "query": {"text": "what is a vector database"},
+        "items": [{"id": "x", "text": "a database for vectors"}, {"id": "y", "text": "bananas are yellow"}],
+    })
+    assert status == 200, body
+    assert sorted(entry["item_id"] for entry in body["scores"]) == ["x", "y"]
+    assert [entry["rank"] for entry in body["scores"]] == [0, 1]
+    assert body["scores"][0]["score"] >= body["scores"][1]["score"]
+    status, body = curl(edge, "POST", f"/v1/extract/{NER}", {"items": [{"id": "d", "text": "Ada Lovelace lived in London"}]})
+    assert status == 200, body
+    assert body["results"][0]["id"] == "d"
+    text = "Ada Lovelace lived in London"
+    for entity in body["results"][0]["entities"]:
+        assert text[entity["start"]:entity["end"]] == entity["text"]
+
+
+def test_models_over_http(edge) -> None:
+    status, body = curl(edge, "GET", "/v1/models")
+    assert status == 200 and {MEAN, RERANKER, NER} <= {m["id"] for m in body["models"]}
+    status, body = curl(edge, "GET", f"/v1/models/{MEAN}")
+    assert status == 200 and body["model"]["id"] == MEAN and body["model"]["loaded_on"] == ["edge-worker"]
+
+
+def test_config_write_needs_the_admin_token(edge, tiny_models) -> None:
+    config = model_config("test/added-over-http", tiny_models[MEAN])
+    assert curl(edge, "POST", "/v1/configs/models", config)[0] == 401
+    assert curl(edge, "POST", "/v1/configs/models", config, {"authorization": "Bearer wrong"})[0] == 403
+    status, body = curl(edge, "POST", "/v1/configs/models", config, {"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert status == 200 and body["created"] is True
+    status, epoch = curl(edge, "GET", "/v1/configs/epoch")
+    assert status == 200 and int(epoch["epoch"]) >= int(body["epoch"])
+    status, got = curl(edge, "GET", "/v1/configs/models/test/added-over-http")
+    assert status == 200 and got["config"]["id"] == "test/added-over-http"
+    # ...and the gateway serves it, without a restart.
+    wait_until(lambda: curl(edge, "POST", "/v1/encode/test/added-over-http", {"items": [{"text": "new"}]})[0] == 200, timeout_s=60, what="new model served")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "status", "reason"),
+    [
+        (f"/v1/encode/{MEAN}", {"items": []}, {}, 400, "NO_ITEMS"),
+        ("/v1/encode/no/such-model", {"items": [{"text": "x"}]}, {}, 404, "MODEL_NOT_FOUND"),
+        (f"/v1/encode/{MEAN}", {"items": [{"text": "x"}]}, {"x-sie-machine-profile": "l4"}, 503, "PROVISIONING"),
+        (f"/v1/encode/{MEAN}", {"items": [{"text": "x"}]}, {"x-sie-machine-profile": "tpu"}, 400, "UNKNOWN_MACHINE_PROFILE"),
+        (f"/v1/encode/{MEAN}", {"items": [{"text": "x"}], "output_dtype": "float64"}, {}, 400, "UNKNOWN_OUTPUT_DTYPE"),
+        (f"/v1/encode/{MEAN}", '{"items": "not a list"}', {}, 400, None),
+    ],
+    ids=["invalid-argument", "not-found", "unavailable", "failed-precondition", "bad-dtype", "wrong-json-type"],
+)
+def test_errors_map_to_http_statuses_with_a_json_body(edge, path, body, headers, status, reason) -> None:
+    got_status, got = curl(edge, "POST", path, body, headers)
+    assert got_status == status, got
+    if reason is not None:
+        assert got["message"]
+        infos = [d for d in got.get("details", []) if d.get("@type", "").endswith("google.rpc.ErrorInfo")]
+        assert infos and infos[0]["reason"] == reason
