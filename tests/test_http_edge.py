@@ -196,3 +196,20 @@ def test_embeddings_over_curl_as_floats_with_real_token_counts(edge) -> None:
     assert status == 400 and "token arrays" in body["message"]
     status, body = curl(edge, "POST", "/v1/embeddings", {"model": MEAN, "input": "x", "encoding_format": "hex"})
     assert status == 400 and "encoding_format" in body["message"]
+
+
+def test_a_model_added_with_grpcurl_is_served_without_a_restart(edge, tiny_models) -> None:
+    from test_grpcurl import GRPCURL
+
+    body = json.dumps({"config": model_config("test/added-with-grpcurl", tiny_models[MEAN])})
+    added = subprocess.run(
+        [GRPCURL, "-plaintext", "-H", f"authorization: Bearer {ADMIN_TOKEN}", "-d", body, edge.cluster.config.address,
+         "sie.v1.ConfigService/AddModel"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["created"] is True
+    wait_until(
+        lambda: curl(edge, "POST", "/v1/encode/test/added-with-grpcurl", {"items": [{"text": "hi"}]})[0] == 200,
+        timeout_s=60, what="the added model served through the gateway",
+    )
