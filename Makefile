@@ -1,15 +1,20 @@
-# Quick start:  make serve   (engine on :50061 with the demo model)
+# Quick start:  make up      (the whole stack on loopback: etcd, config service,
+#                             workers, gateway, Envoy on :8080, with the demo model)
 #               make test    (the whole suite)
+# One worker alone: make serve
 # Both create .venv and install what they need on first use.
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: serve test protos proto-check proto-lint proto-breaking bench
+.PHONY: up serve test protos proto-check proto-lint proto-breaking bench
 
 $(INSTALLED): pyproject.toml scripts/bootstrap
 	scripts/bootstrap $(VENV)
 	touch $@
+
+up: $(INSTALLED)
+	$(VENV)/bin/sie up $(ARGS)
 
 # The demo model is preloaded so the first request answers at once.
 serve: $(INSTALLED)

@@ -9,12 +9,13 @@ import pytest
 
 from sie_config.settings import ConfigSettings
 from sie_gateway.settings import GatewaySettings
+from sie_stack.settings import StackSettings
 from sie_worker.settings import WorkerSettings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-@pytest.mark.parametrize("settings_type", [WorkerSettings, ConfigSettings, GatewaySettings])
+@pytest.mark.parametrize("settings_type", [WorkerSettings, ConfigSettings, GatewaySettings, StackSettings])
 def test_every_setting_is_documented(settings_type: type) -> None:
     text = (DOCS / "configuration.md").read_text()
     for field in dataclasses.fields(settings_type):

@@ -58,3 +58,18 @@ def test_a_bad_request_fails_alone_and_the_stream_goes_on(stub) -> None:
 def test_requests_without_an_id_are_tagged_by_position(stub) -> None:
     answers = list(stub.EncodeStream(iter([request("", ["one"]), request("", ["two"])]), timeout=60))
     assert sorted(answer.request_id for answer in answers) == ["0", "1"]
+
+
+def test_openai_embeddings_on_a_standalone_worker(stub) -> None:
+    import base64
+
+    from google.protobuf import struct_pb2
+
+    texts = struct_pb2.Value()
+    texts.list_value.extend(["first text", "second text"])
+    answer = stub.CreateEmbeddings(inference_pb2.CreateEmbeddingsRequest(model=MODEL, input=texts, encoding_format="base64"))
+    encoded = stub.Encode(request("ref", ["first text", "second text"]).request)
+    for item, result in zip(answer.data, encoded.results):
+        vector = np.frombuffer(base64.b64decode(item.embedding.string_value), dtype="<f4")
+        np.testing.assert_allclose(vector, from_tensor(result.dense), atol=1e-6)
+    assert answer.usage.prompt_tokens == encoded.tokens > 0

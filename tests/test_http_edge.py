@@ -164,3 +164,52 @@ def test_errors_map_to_http_statuses_with_a_json_body(edge, path, body, headers,
         assert got["message"]
         infos = [d for d in got.get("details", []) if d.get("@type", "").endswith("google.rpc.ErrorInfo")]
         assert infos and infos[0]["reason"] == reason
+
+
+def test_the_openai_client_gets_the_sdks_embeddings(edge) -> None:
+    from openai import OpenAI
+
+    from sie_client import SIEClient
+
+    texts = ["the openai client", "talks to envoy", "ünïcödé too"]
+    openai = OpenAI(base_url=f"{edge.base}/v1", api_key="not-checked")
+    answer = openai.embeddings.create(model=MEAN, input=texts)  # the client asks for base64
+    with SIEClient(edge.gateway.address) as client:
+        expected = [result["dense"] for result in client.encode(MEAN, texts)]
+    assert [item.index for item in answer.data] == [0, 1, 2]
+    for item, vector in zip(answer.data, expected):
+        np.testing.assert_allclose(item.embedding, vector, atol=1e-6)
+    assert answer.model == MEAN
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens > len(texts)
+    short = openai.embeddings.create(model=MEAN, input="one text", dimensions=8)
+    assert len(short.data[0].embedding) == 8
+
+
+def test_embeddings_over_curl_as_floats_with_real_token_counts(edge) -> None:
+    status, body = curl(edge, "POST", "/v1/embeddings", {"model": MEAN, "input": "hello world", "encoding_format": "float"})
+    assert status == 200, body
+    assert body["object"] == "list" and body["data"][0]["object"] == "embedding" and body["data"][0]["index"] == 0
+    assert len(body["data"][0]["embedding"]) == 32
+    # [CLS] passage: hello world [SEP] -> the tiny models' document prompt is counted too.
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == 6
+    status, body = curl(edge, "POST", "/v1/embeddings", {"model": MEAN, "input": [1, 2, 3]})
+    assert status == 400 and "token arrays" in body["message"]
+    status, body = curl(edge, "POST", "/v1/embeddings", {"model": MEAN, "input": "x", "encoding_format": "hex"})
+    assert status == 400 and "encoding_format" in body["message"]
+
+
+def test_a_model_added_with_grpcurl_is_served_without_a_restart(edge, tiny_models) -> None:
+    from test_grpcurl import GRPCURL
+
+    body = json.dumps({"config": model_config("test/added-with-grpcurl", tiny_models[MEAN])})
+    added = subprocess.run(
+        [GRPCURL, "-plaintext", "-H", f"authorization: Bearer {ADMIN_TOKEN}", "-d", body, edge.cluster.config.address,
+         "sie.v1.ConfigService/AddModel"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["created"] is True
+    wait_until(
+        lambda: curl(edge, "POST", "/v1/encode/test/added-with-grpcurl", {"items": [{"text": "hi"}]})[0] == 200,
+        timeout_s=60, what="the added model served through the gateway",
+    )

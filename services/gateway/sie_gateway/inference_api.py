@@ -17,6 +17,7 @@ import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from sie_common.auth import require_token
+from sie_common import openai_embeddings
 from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.tensors import spell_out_tensors
 from sie_common.errors import (
@@ -62,6 +63,15 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
 
     async def Extract(self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ExtractResponse:
         return await self._unary(context, "extract", request)
+
+    async def CreateEmbeddings(
+        self, request: inference_pb2.CreateEmbeddingsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.CreateEmbeddingsResponse:
+        try:
+            encode = openai_embeddings.encode_request(request)
+        except SieError as error:
+            await abort(context, error)
+        return openai_embeddings.embeddings_response(request, await self._unary(context, "encode", encode))
 
     async def EncodeStream(
         self, requests: AsyncIterator[inference_pb2.EncodeStreamRequest], context: grpc.aio.ServicerContext

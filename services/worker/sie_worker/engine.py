@@ -61,6 +61,7 @@ class _ItemResult:
     batch_id: int
     queue_ms: float
     inference_ms: float
+    tokens: int
 
 
 @dataclass
@@ -184,7 +185,7 @@ class Engine:
                 lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock
             )
             self._count(model, len(job.texts))
-        return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results))
+        return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
 
     async def _encode_texts(
         self,
@@ -332,7 +333,7 @@ class Engine:
             for row, item in enumerate(batch):
                 if not item.future.done():
                     queue_ms = (started - item.enqueued_at) * 1000
-                    item.future.set_result(_ItemResult(outputs[row], batch_id, queue_ms, inference_ms))
+                    item.future.set_result(_ItemResult(outputs[row], batch_id, queue_ms, inference_ms, item.cost))
 
 
 def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:

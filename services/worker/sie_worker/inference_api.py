@@ -11,6 +11,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common import openai_embeddings
 from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
@@ -139,6 +140,7 @@ def encode_response(request: inference_pb2.EncodeRequest, outcome: EncodeOutcome
         model=outcome.model,
         results=[_encode_result(item.id, output) for item, output in zip(request.items, outcome.items)],
         timing=_timing(outcome.timing),
+        tokens=outcome.tokens,
     )
 
 
@@ -233,6 +235,15 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             return await self.run_extract(request)
         except SieError as error:
             await abort(context, error)
+
+    async def CreateEmbeddings(
+        self, request: inference_pb2.CreateEmbeddingsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.CreateEmbeddingsResponse:
+        try:
+            response = await self.run_encode(openai_embeddings.encode_request(request))
+        except SieError as error:
+            await abort(context, error)
+        return openai_embeddings.embeddings_response(request, response)
 
     async def EncodeStream(
         self,

@@ -71,6 +71,8 @@ class EncodeOutcome:
     model: str
     items: list[EncodedOutput]
     timing: Timing
+    # Tokens the items took after truncation, prompts included.
+    tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -56,16 +56,18 @@ class EncodeRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., output_types: _Optional[_Iterable[str]] = ..., output_dtype: _Optional[str] = ..., instruction: _Optional[str] = ..., is_query: _Optional[bool] = ..., dims: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
-    __slots__ = ("request_id", "model", "results", "timing")
+    __slots__ = ("request_id", "model", "results", "timing", "tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     results: _containers.RepeatedCompositeFieldContainer[EncodeResult]
     timing: _types_pb2.Timing
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., results: _Optional[_Iterable[_Union[EncodeResult, _Mapping]]] = ..., timing: _Optional[_Union[_types_pb2.Timing, _Mapping]] = ...) -> None: ...
+    tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., results: _Optional[_Iterable[_Union[EncodeResult, _Mapping]]] = ..., timing: _Optional[_Union[_types_pb2.Timing, _Mapping]] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class EncodeResult(_message.Message):
     __slots__ = ("id", "dense", "sparse", "multivector")

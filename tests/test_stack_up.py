@@ -1,0 +1,76 @@
+"""`sie up`: the whole stack comes up, answers curl through Envoy, and Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+from sie_stack.processes import free_port
+
+
+def read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
+    """Everything the process printed up to `marker` (read on a thread: a pipe read can block)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and marker not in "".join(lines) and process.poll() is None:
+        time.sleep(0.2)
+    seen = "".join(lines)
+    assert marker in seen, f"no {marker!r} within {timeout_s} s:\n{seen}"
+    return seen
+
+
+def test_sie_up_serves_and_ctrl_c_stops_everything(tmp_path) -> None:
+    ports = {name: free_port() for name in ("etcd", "config", "gateway", "http", "admin")}
+    command = [
+        sys.executable, "-m", "sie_stack", "up",
+        "--state-dir", str(tmp_path / "state"), "--workers", "2",
+        "--etcd-port", str(ports["etcd"]), "--config-port", str(ports["config"]),
+        "--worker-port", str(_two_free_ports()), "--gateway-port", str(ports["gateway"]),
+        "--http-port", str(ports["http"]), "--envoy-admin-port", str(ports["admin"]),
+    ]
+    stack = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        banner = read_until(stack, "Ctrl-C stops everything.", timeout_s=300)
+        assert f"http://127.0.0.1:{ports['http']}" in banner
+        children = psutil.Process(stack.pid).children(recursive=True)
+        assert {"etcd", "envoy"} <= {child.name() for child in children}
+        assert len([c for c in children if "sie_worker" in " ".join(c.cmdline())]) == 2
+
+        body = json.dumps({"items": [{"text": "hello from curl"}]})
+        answer = subprocess.run(
+            ["curl", "-s", f"http://127.0.0.1:{ports['http']}/v1/encode/sentence-transformers/all-MiniLM-L6-v2", "-d", body],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+        assert len(json.loads(answer)["results"][0]["dense"]["values"]) == 384
+
+        stack.send_signal(signal.SIGINT)
+        assert stack.wait(timeout=120) == 0
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert alive == [], f"left running: {[p.cmdline() for p in alive]}"
+    finally:
+        if stack.poll() is None:
+            stack.kill()
+
+
+def _two_free_ports() -> int:
+    """A free port whose successor is free too: `sie up` gives workers consecutive ports."""
+    for _ in range(50):
+        first = free_port()
+        try:
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", first + 1))
+            return first
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
