@@ -128,7 +128,7 @@ def run(settings: StackSettings) -> int:
 
 def demo_model_config():  # type: ignore[no-untyped-def]
     """The worker's built-in demo config (weights from the bundled package when offline)."""
-    from sie_worker.registry import BUILTIN_MODELS_DIR
+    from sie_worker.model_catalog import BUILTIN_MODELS_DIR
 
     path = BUILTIN_MODELS_DIR / "all-MiniLM-L6-v2.yaml"
     return parse_model_config(yaml.safe_load(path.read_text()), source=str(path))
