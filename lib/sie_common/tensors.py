@@ -55,10 +55,14 @@ def decode_tensor(tensor: types_pb2.Tensor) -> np.ndarray:
     array = from_tensor(tensor)
     if tensor.dtype not in QUANTIZED_DTYPES:
         return array.astype(np.float32) if tensor.dtype.startswith("float") else array
-    rows = array.shape[:-1]
-    scale = np.asarray(tensor.scale, dtype=np.float32).reshape(rows + (1,))
-    offset = np.asarray(tensor.offset or [0.0] * len(tensor.scale), dtype=np.float32).reshape(rows + (1,))
-    return array.astype(np.float32) * scale + offset
+    return dequantize_rows(array, np.asarray(tensor.scale), np.asarray(tensor.offset) if tensor.offset else None)
+
+
+def dequantize_rows(values: np.ndarray, scale: np.ndarray, offset: np.ndarray | None) -> np.ndarray:
+    """Quantized rows back to float32: q * scale + offset, one scale (and offset) per row."""
+    rows = values.shape[:-1] + (1,)
+    decoded = values.astype(np.float32) * np.asarray(scale, dtype=np.float32).reshape(rows)
+    return decoded if offset is None else decoded + np.asarray(offset, dtype=np.float32).reshape(rows)
 
 
 def spell_out_tensors(message: Message) -> None:

@@ -20,7 +20,7 @@ from sie_client.errors import (
     UnavailableError,
 )
 from sie_client.sync_client import SIEClient
-from sie_client.types import EncodeResult, Entity, ExtractResult, Item, ScoreEntry, ScoreResult, Timing
+from sie_client.types import EncodeResult, Entity, ExtractResult, Item, ScoreEntry, ScoreResult, Timing, dequantize
 
 __all__ = [
     "AsyncSIEClient",
@@ -43,4 +43,5 @@ __all__ = [
     "ServerError",
     "Timing",
     "UnavailableError",
+    "dequantize",
 ]

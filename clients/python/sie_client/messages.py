@@ -90,6 +90,7 @@ def encode_results(response: inference_pb2.EncodeResponse) -> list[EncodeResult]
         result = EncodeResult(id=message.id, timing=shared_timing)
         if message.HasField("dense"):
             result["dense"] = from_tensor(message.dense)
+            _add_decode_parameters(result, "dense", message.dense)
         if message.HasField("sparse"):
             result["sparse"] = {
                 "indices": np.asarray(message.sparse.indices, dtype=np.uint32),
@@ -97,8 +98,17 @@ def encode_results(response: inference_pb2.EncodeResponse) -> list[EncodeResult]
             }
         if message.HasField("multivector"):
             result["multivector"] = from_tensor(message.multivector)
+            _add_decode_parameters(result, "multivector", message.multivector)
         results.append(result)
     return results
+
+
+def _add_decode_parameters(result: EncodeResult, output: str, tensor: types_pb2.Tensor) -> None:
+    """int8 / uint8 rows come with their scale (and offset): `dense_scale`, `dense_offset`, ..."""
+    if tensor.scale:
+        result[f"{output}_scale"] = np.asarray(tensor.scale, dtype=np.float32)  # type: ignore[literal-required]
+    if tensor.offset:
+        result[f"{output}_offset"] = np.asarray(tensor.offset, dtype=np.float32)  # type: ignore[literal-required]
 
 
 def score_result(response: inference_pb2.ScoreResponse) -> ScoreResult:

@@ -7,6 +7,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 
+from sie_common.tensors import dequantize_rows
+
 
 @dataclass
 class Item:
@@ -36,7 +38,21 @@ class EncodeResult(TypedDict, total=False):
     dense: np.ndarray
     sparse: SparseVector
     multivector: np.ndarray
+    # int8 / uint8 outputs: per-row decode parameters, float = q * scale + offset (see dequantize).
+    dense_scale: np.ndarray
+    dense_offset: np.ndarray
+    multivector_scale: np.ndarray
+    multivector_offset: np.ndarray
     timing: Timing
+
+
+def dequantize(result: EncodeResult, output: str = "dense") -> np.ndarray:
+    """An int8 / uint8 output decoded to float32 (other dtypes come back as float32 unchanged)."""
+    values = np.asarray(result[output])  # type: ignore[literal-required]
+    scale = result.get(f"{output}_scale")  # type: ignore[misc]
+    if scale is None:
+        return values.astype(np.float32)
+    return dequantize_rows(values, scale, result.get(f"{output}_offset"))  # type: ignore[misc]
 
 
 class ScoreEntry(TypedDict):
