@@ -42,7 +42,7 @@ async def serve(settings: ConfigSettings) -> None:
 
     server = grpc.aio.server()
     config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, settings.admin_token), server)
-    health = add_health_and_reflection(server, [CONFIG_SERVICE])
+    health = await add_health_and_reflection(server, [CONFIG_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(listen) == 0:
         raise OSError(f"cannot listen on {listen}")

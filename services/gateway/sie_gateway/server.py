@@ -33,7 +33,7 @@ async def serve(settings: GatewaySettings) -> None:
 
     server = grpc.aio.server()
     inference_pb2_grpc.add_InferenceServicer_to_server(api, server)
-    health = add_health_and_reflection(server, [INFERENCE_SERVICE])
+    health = await add_health_and_reflection(server, [INFERENCE_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(listen) == 0:
         raise OSError(f"cannot listen on {listen}")

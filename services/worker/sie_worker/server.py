@@ -35,9 +35,7 @@ async def serve(settings: WorkerSettings) -> None:
     handlers = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
-    health = add_health_and_reflection(server, services)
-    # grpc's HealthServicer starts "" as SERVING; nothing is served before the preloads finish.
-    await set_serving(health, services, False)
+    health = await add_health_and_reflection(server, services)  # NOT_SERVING until the preloads finish
     address = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address}")
