@@ -57,8 +57,16 @@ def test_sie_up_serves_and_ctrl_c_stops_everything(tmp_path) -> None:
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert alive == [], f"left running: {[p.cmdline() for p in alive]}"
     finally:
-        if stack.poll() is None:
-            stack.kill()
+        if stack.poll() is None:  # the test failed midway: stop the stack the way a user would
+            leftovers = psutil.Process(stack.pid).children(recursive=True)
+            stack.send_signal(signal.SIGINT)
+            try:
+                stack.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                stack.kill()
+            for child in leftovers:
+                if child.is_running():
+                    child.kill()
 
 
 def _two_free_ports() -> int:
