@@ -14,11 +14,12 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
+from google.rpc import status_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from sie_common.auth import require_token
 from sie_common import openai_embeddings
-from sie_common.concurrent_answers import ConcurrentAnswers
+from sie_common.encode_stream import serve_encode_stream
 from sie_common.tensors import spell_out_tensors
 from sie_common.errors import (
     FailedPrecondition,
@@ -81,32 +82,13 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         except SieError as error:
             await abort(context, error)
         headers = _headers(context)
-        answers: ConcurrentAnswers[inference_pb2.EncodeStreamResponse] = ConcurrentAnswers()
 
-        async def answer(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeStreamResponse:
-            try:
-                with self._admitted():
-                    work = await self._route("encode", request, headers, self._deadline(context))
-            except SieError as error:
-                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=error.to_status())
-            if work.WhichOneof("outcome") == "error":
-                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=work.error)
-            return inference_pb2.EncodeStreamResponse(request_id=request.request_id, response=work.encode)
+        async def encode(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse | status_pb2.Status:
+            with self._admitted():
+                work = await self._route("encode", request, headers, self._deadline(context))
+            return work.error if work.WhichOneof("outcome") == "error" else work.encode
 
-        async def feed() -> None:
-            ordinal = 0
-            async for message in requests:
-                request = message.request
-                if not request.request_id:
-                    request.request_id = str(ordinal)
-                ordinal += 1
-                if not answers.start(request.request_id, answer(request)):
-                    duplicate = InvalidArgument(
-                        f"request_id {request.request_id!r} is already in flight on this stream", reason="DUPLICATE_REQUEST_ID"
-                    )
-                    answers.reply(inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=duplicate.to_status()))
-
-        async for response in answers.stream(feed()):
+        async for response in serve_encode_stream(requests, encode):
             yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:

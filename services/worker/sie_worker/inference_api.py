@@ -12,7 +12,7 @@ from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import openai_embeddings
-from sie_common.concurrent_answers import ConcurrentAnswers
+from sie_common.encode_stream import serve_encode_stream
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
 from sie_common.tensors import to_tensor
@@ -251,29 +251,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
         """Run every request as it arrives; answer each as it completes, tagged by request_id."""
-        answers: ConcurrentAnswers[inference_pb2.EncodeStreamResponse] = ConcurrentAnswers()
-
-        async def answer(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeStreamResponse:
-            try:
-                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, response=await self.run_encode(request))
-            except SieError as error:
-                return inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=error.to_status())
-
-        async def feed() -> None:
-            ordinal = 0
-            async for message in requests:
-                request = message.request
-                if not request.request_id:
-                    request.request_id = str(ordinal)
-                ordinal += 1
-                if not answers.start(request.request_id, answer(request)):
-                    duplicate = InvalidArgument(
-                        f"request_id {request.request_id!r} is already in flight on this stream",
-                        reason="DUPLICATE_REQUEST_ID",
-                    )
-                    answers.reply(inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=duplicate.to_status()))
-
-        async for response in answers.stream(feed()):
+        async for response in serve_encode_stream(requests, self.run_encode):
             yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
