@@ -32,6 +32,8 @@ class ClusterView:
         self._pools = PrefixMirror(etcd, cluster_store.POOLS, self._membership_changed)
         self.models: dict[str, ModelConfig] = {}
         self.bundles: dict[str, Bundle] = {}
+        # Bundle id -> the bundle config hash a caught-up worker of it reports.
+        self.expected_hashes: dict[str, str] = {}
         self.pools: dict[str, PoolRecord] = {}
         # Each worker with `pool` set to the resource pool it serves (its own SIE_POOL, or an assignment).
         self.workers: dict[str, WorkerRecord] = {}
@@ -51,15 +53,16 @@ class ClusterView:
         serving = [bundle for bundle in self.bundles.values() if bundle.can_serve(config)]
         return [bundle.id for bundle in sorted(serving, key=lambda b: (-b.priority, b.id))]
 
-    def expected_hash(self, bundle_id: str) -> str:
-        """The bundle config hash a worker of `bundle_id` reports once it has caught up."""
-        return bundle_config_hash(self.bundles[bundle_id], self.models.values())
-
     def _models_changed(self, update: MirrorUpdate) -> None:
         self.models = config_store.decode_models(update.state)
+        self._rehash()
 
     def _bundles_changed(self, update: MirrorUpdate) -> None:
         self.bundles = config_store.decode_bundles(update.state)
+        self._rehash()
+
+    def _rehash(self) -> None:
+        self.expected_hashes = {bundle.id: bundle_config_hash(bundle, self.models.values()) for bundle in self.bundles.values()}
 
     async def _membership_changed(self, update: MirrorUpdate) -> None:
         self.pools = cluster_store.decode_all(self._pools.state, cluster_store.decode_pool)

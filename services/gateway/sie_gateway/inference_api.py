@@ -206,7 +206,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         loaded_on = sorted(w.worker_id for w in workers if model_id in w.loaded_models)
         rollouts = []
         for bundle in self._view.bundles_for(config):
-            expected = self._view.expected_hash(bundle)
+            expected = self._view.expected_hashes[bundle]
             members = sorted((w for w in workers if w.bundle == bundle), key=lambda w: w.worker_id)
             rollouts.append(
                 inference_pb2.ModelRollout(
