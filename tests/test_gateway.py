@@ -188,8 +188,14 @@ def test_gateway_backpressure_and_static_auth(cluster) -> None:
             stub.Encode(request(MEAN, "x"), metadata=(("authorization", "Bearer nope"),), timeout=10)
         assert wrong.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "nope" not in gateway.log() and "t0ken" not in gateway.log()
+        with pytest.raises(grpc.RpcError) as listing:
+            stub.ListModels(inference_pb2.ListModelsRequest(), timeout=10)
+        assert listing.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
-        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["slow"], what="worker registered")
+        wait_until(
+            lambda: stub.GetModel(inference_pb2.GetModelRequest(model=MEAN), metadata=good, timeout=10).model.loaded_on == ["slow"],
+            what="worker registered",
+        )
         first = threading.Thread(target=lambda: stub.Encode(request(MEAN, "holds the slot"), metadata=good, timeout=30))
         first.start()
         time.sleep(0.7)

@@ -92,14 +92,11 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
-        return inference_pb2.ListModelsResponse(models=[self._describe(model) for model in sorted(self._view.models)])
+        models = await self._guarded(context, lambda: [self._describe(model) for model in sorted(self._view.models)])
+        return inference_pb2.ListModelsResponse(models=models)
 
     async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
-        try:
-            self._config(request.model)
-        except SieError as error:
-            await abort(context, error)
-        return inference_pb2.GetModelResponse(model=self._describe(request.model))
+        return inference_pb2.GetModelResponse(model=await self._guarded(context, lambda: self._describe(request.model)))
 
     async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
         pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s))
@@ -201,7 +198,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         return config
 
     def _describe(self, model_id: str) -> inference_pb2.Model:
-        config = self._view.models[model_id]
+        config = self._config(model_id)
         workers = self._view.workers.values()
         loaded_on = sorted(w.worker_id for w in workers if model_id in w.loaded_models)
         rollouts = []

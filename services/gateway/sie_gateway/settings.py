@@ -22,7 +22,7 @@ class GatewaySettings:
     request_timeout_s: float = setting(300.0, env="SIE_GATEWAY_REQUEST_TIMEOUT_S", help="deadline for calls that set none")
     provisioning_retry_s: float = setting(5.0, env="SIE_GATEWAY_PROVISIONING_RETRY_S", help="retry delay sent with UNAVAILABLE/PROVISIONING")
     pool_default_ttl_s: int = setting(60, env="SIE_POOL_DEFAULT_TTL_S", help="lease of a resource pool created without ttl_s")
-    auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: inference and pool calls need a bearer token from SIE_AUTH_TOKENS")
+    auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: every Inference call (inference, models, pools) needs a bearer token from SIE_AUTH_TOKENS")
     auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
 
