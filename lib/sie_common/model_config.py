@@ -27,7 +27,7 @@ _TOP_LEVEL_KEYS = {
     "output_types", "dims", "max_sequence_length", "profiles", "loras",
 }
 _LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_PROFILE_KEYS = {"extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision"}
+_PROFILE_KEYS = {"extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision", "adaptive_batching"}
 
 
 class ModelConfigError(ValueError):
@@ -50,6 +50,8 @@ class Profile:
     run_options: Mapping[str, Any] = field(default_factory=dict)
     max_batch_tokens: int | None = None
     compute_precision: str | None = None
+    # False pins the batch wait to SIE_MAX_BATCH_WAIT_MS and the budget to max_batch_tokens; None inherits (default on).
+    adaptive_batching: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,7 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
             run_options=_mapping(body, "run_options", source, where + "."),
             max_batch_tokens=_positive_int(body, "max_batch_tokens", source, prefix=where + "."),
             compute_precision=precision,
+            adaptive_batching=_bool(body, "adaptive_batching", source, prefix=where + "."),
         )
     return profiles
 
@@ -191,7 +194,7 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
 
 def _profile_dict(profile: Profile) -> dict[str, Any]:
     data: dict[str, Any] = {}
-    for key in ("adapter", "extends", "max_batch_tokens", "compute_precision"):
+    for key in ("adapter", "extends", "max_batch_tokens", "compute_precision", "adaptive_batching"):
         if getattr(profile, key) is not None:
             data[key] = getattr(profile, key)
     if profile.load_options:
@@ -215,6 +218,7 @@ def _resolve(profiles: Mapping[str, Profile], name: str, seen: tuple[str, ...]) 
         run_options={**base.run_options, **profile.run_options},
         max_batch_tokens=profile.max_batch_tokens or base.max_batch_tokens,
         compute_precision=profile.compute_precision or base.compute_precision,
+        adaptive_batching=base.adaptive_batching if profile.adaptive_batching is None else profile.adaptive_batching,
     )
 
 
@@ -242,6 +246,13 @@ def _positive_int(data: Mapping, key: str, source: str, *, prefix: str = "") -> 
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ModelConfigError(source, prefix + key, f"must be a positive integer, got {value!r}")
     return value
+
+
+def _bool(data: Mapping, key: str, source: str, *, prefix: str = "") -> bool | None:
+    value = data.get(key)
+    if value is None or isinstance(value, bool):
+        return value
+    raise ModelConfigError(source, prefix + key, f"must be true or false, got {value!r}")
 
 
 def _choices(data: Mapping, key: str, allowed: tuple[str, ...], default: tuple[str, ...], source: str) -> tuple[str, ...]:

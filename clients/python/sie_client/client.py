@@ -99,11 +99,13 @@ class AsyncSIEClient:
         wait_for_capacity: bool = True,
         provision_timeout_s: float = 300.0,
         progress: bool = False,
+        debug: bool = False,
     ) -> EncodeResult | list[EncodeResult]:
         """Embeddings: one item in, one result out; a list in, a list out, in order.
 
         A result is a dict: `dense` (numpy, zero-copy), `sparse` ({indices, values}),
         `multivector` (2-D numpy), `timing`. Long lists are pipelined over EncodeStream.
+        `debug` adds the statistics of the request's batches as `timing["batches"]`.
         """
         single = isinstance(items, (str, messages.Item))
         batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
@@ -120,6 +122,7 @@ class AsyncSIEClient:
                 profile=profile,
                 lora=lora,
                 options={**self.options, **(options or {})},
+                debug=debug,
             )
             for start in range(0, max(len(batch), 1), self._stream_batch_size)
         ]
@@ -143,6 +146,7 @@ class AsyncSIEClient:
         options: Mapping[str, Any] | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float = 300.0,
+        debug: bool = False,
     ) -> ScoreResult:
         """Relevance of each item to `query`, best first: {model, scores: [{item_id, index, score, rank}], timing}."""
         merged = {**self.options, **(options or {})}
@@ -152,6 +156,7 @@ class AsyncSIEClient:
             items=[messages.item_message(item) for item in items],
             profile=profile or "",
             lora=messages.lora_of(merged, lora),
+            debug=debug,
         )
         if top_k is not None:
             request.top_k = top_k
@@ -179,6 +184,7 @@ class AsyncSIEClient:
         options: Mapping[str, Any] | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float = 300.0,
+        debug: bool = False,
     ) -> ExtractResult | list[ExtractResult]:
         """Entities per item: {id, entities: [{text, label, score, start, end}], timing}."""
         single = isinstance(items, (str, messages.Item))
@@ -190,6 +196,7 @@ class AsyncSIEClient:
             labels=list(labels or ()),
             profile=profile or "",
             lora=messages.lora_of(merged, lora),
+            debug=debug,
         )
         if threshold is not None:
             request.threshold = threshold

@@ -53,6 +53,7 @@ def encode_request(
     profile: str | None,
     lora: str | None,
     options: Mapping[str, Any] | None,
+    debug: bool = False,
 ) -> inference_pb2.EncodeRequest:
     request = inference_pb2.EncodeRequest(
         model=model,
@@ -62,6 +63,7 @@ def encode_request(
         is_query=is_query,
         profile=profile or "",
         lora=lora_of(options, lora),
+        debug=debug,
     )
     if instruction is not None:
         request.instruction = instruction
@@ -74,13 +76,17 @@ def encode_request(
 
 
 def timing(message: types_pb2.Timing) -> Timing:
-    return Timing(
+    result = Timing(
         queue_ms=message.queue_ms,
         tokenization_ms=message.tokenization_ms,
         inference_ms=message.inference_ms,
         postprocessing_ms=message.postprocessing_ms,
         total_ms=message.total_ms,
     )
+    if message.batches:
+        # Every field with its Python value (MessageToDict would drop zeros and turn uint64 into strings).
+        result["batches"] = [{field.name: getattr(batch, field.name) for field in batch.DESCRIPTOR.fields} for batch in message.batches]
+    return result
 
 
 def encode_results(response: inference_pb2.EncodeResponse) -> list[EncodeResult]:

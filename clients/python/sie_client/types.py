@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -26,6 +26,8 @@ class Timing(TypedDict):
     inference_ms: float
     postprocessing_ms: float
     total_ms: float
+    # With debug=True: the forward passes that carried the request (see docs/batching.md).
+    batches: NotRequired[list[dict[str, Any]]]
 
 
 class SparseVector(TypedDict):

@@ -6,15 +6,19 @@ has waited the full window), so while the device is busy items pile up and
 the next batch comes out larger. A batch always takes its group's oldest
 item (nothing starves), then fills with the group's shortest items first so
 sequences of similar length are padded together.
+
+A group's limits come from a `LimitSource`, read afresh every time the former
+decides: a fixed `BatchLimits`, or a model's adaptive controller whose wait
+and budget move while items wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,15 @@ class BatchLimits:
     max_items: int
     max_tokens: int
     max_wait_s: float
+
+    def current(self) -> BatchLimits:
+        """Fixed limits are their own source."""
+        return self
+
+
+class LimitSource(Protocol):
+    def current(self) -> BatchLimits:
+        """The limits to apply now."""
 
 
 @dataclass(eq=False)
@@ -35,9 +48,33 @@ class PendingItem:
     enqueued_at: float = field(default_factory=time.monotonic)
 
 
+class Batch(list[PendingItem]):
+    """The items of one forward pass, cheapest first, with how the former decided on them."""
+
+    def __init__(self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float) -> None:
+        super().__init__(items)
+        self.limits = limits  # the limits it was formed under
+        self.full = full  # flushed because the item cap or token budget was reached, not by the wait
+        self.formed_at = formed_at  # time.monotonic() when it left the former
+
+    @property
+    def tokens(self) -> int:
+        return sum(item.cost for item in self)
+
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens the forward pass computes: every item padded to the longest."""
+        return len(self) * max((item.cost for item in self), default=0)
+
+    @property
+    def arrivals(self) -> int:
+        """How many separate `add` calls (requests, mostly) the batch drew from."""
+        return len({item.enqueued_at for item in self})
+
+
 @dataclass
 class _Group:
-    limits: BatchLimits
+    source: LimitSource
     items: list[PendingItem] = field(default_factory=list)
     cost: int = 0
 
@@ -47,9 +84,11 @@ class BatchFormer:
         self._groups: dict[Hashable, _Group] = {}
         self._changed = asyncio.Event()
 
-    def add(self, items: Sequence[PendingItem], limits: BatchLimits) -> None:
-        """Queue items; all share `items[0].key` and the limits of that group."""
+    def add(self, items: Sequence[PendingItem], limits: LimitSource) -> None:
+        """Queue items that arrived together; all share `items[0].key` and the limits of that group."""
+        now = time.monotonic()
         for item in items:
+            item.enqueued_at = now
             group = self._groups.setdefault(item.key, _Group(limits))
             group.items.append(item)
             group.cost += item.cost
@@ -59,14 +98,14 @@ class BatchFormer:
     def pending(self) -> int:
         return sum(len(group.items) for group in self._groups.values())
 
-    async def next_batch(self) -> list[PendingItem]:
+    async def next_batch(self) -> Batch:
         """Wait until a group is ready and take one batch from it, sorted by cost."""
         while True:
             self._drop_abandoned()
             now = time.monotonic()
-            ready_key, wake_at = self._ready(now)
-            if ready_key is not None:
-                return self._take(ready_key)
+            ready, wake_at = self._ready(now)
+            if ready is not None:
+                return self._take(*ready, now)
             self._changed.clear()
             timeout = None if wake_at is None else max(0.0, wake_at - now)
             try:
@@ -74,31 +113,32 @@ class BatchFormer:
             except TimeoutError:
                 pass
 
-    def _ready(self, now: float) -> tuple[Hashable | None, float | None]:
-        """The ready group whose oldest item is oldest, else when the next one will be."""
-        ready: tuple[float, Hashable] | None = None
+    def _ready(self, now: float) -> tuple[tuple[Hashable, BatchLimits, bool] | None, float | None]:
+        """The ready group whose oldest item is oldest (key, limits, full), else when the next one will be."""
+        ready: tuple[float, Hashable, BatchLimits, bool] | None = None
         wake_at: float | None = None
         for key, group in self._groups.items():
+            limits = group.source.current()
             oldest = group.items[0].enqueued_at
-            deadline = oldest + group.limits.max_wait_s
-            full = len(group.items) >= group.limits.max_items or group.cost >= group.limits.max_tokens
+            deadline = oldest + limits.max_wait_s
+            full = len(group.items) >= limits.max_items or group.cost >= limits.max_tokens
             if full or now >= deadline:
                 if ready is None or oldest < ready[0]:
-                    ready = (oldest, key)
+                    ready = (oldest, key, limits, full)
             elif wake_at is None or deadline < wake_at:
                 wake_at = deadline
-        return (ready[1] if ready else None), wake_at
+        return (ready[1:] if ready else None), wake_at
 
-    def _take(self, key: Hashable) -> list[PendingItem]:
+    def _take(self, key: Hashable, limits: BatchLimits, full: bool, now: float) -> Batch:
         group = self._groups[key]
         oldest, rest = group.items[0], group.items[1:]
         batch = [oldest]
         longest = oldest.cost
         for item in sorted(rest, key=lambda pending: pending.cost):
-            if len(batch) >= group.limits.max_items:
+            if len(batch) >= limits.max_items:
                 break
             padded = (len(batch) + 1) * max(longest, item.cost)
-            if padded > group.limits.max_tokens:
+            if padded > limits.max_tokens:
                 break
             batch.append(item)
             longest = max(longest, item.cost)
@@ -107,7 +147,7 @@ class BatchFormer:
         group.cost -= sum(item.cost for item in batch)
         if not group.items:
             del self._groups[key]
-        return sorted(batch, key=lambda pending: pending.cost)
+        return Batch(sorted(batch, key=lambda pending: pending.cost), limits=limits, full=full, formed_at=now)
 
     def _drop_abandoned(self) -> None:
         """Forget items whose caller went away (cancelled futures)."""

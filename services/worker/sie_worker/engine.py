@@ -2,6 +2,11 @@
 
     admission -> tokenize (CPU pool) -> BatchFormer -> device thread -> postprocess (CPU pool)
 
+While one batch runs on the device the next is formed and queued behind it,
+so the device goes from one forward pass to the next without waiting on the
+event loop. Each model's batch policy (sie_worker.adaptive) sets the wait and
+token budget its batches are formed under.
+
 Items of concurrent requests share forward passes when their batch key
 matches: model, profile, operation, LoRA, output types, instruction,
 is_query and run-time options (as canonical JSON). Each caller gets its own
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
-from sie_common.errors import Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
+from sie_common.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
 from sie_worker.adapters.base import EncodedItem, Entity, PairScorer, TokenizedText, ZeroShotExtractor
-from sie_worker.batching import BatchFormer, PendingItem
+from sie_worker.batch_stats import BatchStats, describe, publish_setting, record
+from sie_worker.batching import Batch, BatchFormer, PendingItem
 from sie_worker.capabilities import check_lora, check_outputs, check_task, dense_dims, device_outputs, muvera_params, uses_muvera
 from sie_worker.device import select_device
 from sie_worker.jobs import (
@@ -45,6 +52,9 @@ from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
+# Batches handed to the device thread at once: the one running and the next, formed behind it.
+PIPELINE_DEPTH = 2
+
 
 @dataclass(frozen=True)
 class _DeviceWork:
@@ -58,9 +68,8 @@ class _DeviceWork:
 @dataclass(frozen=True)
 class _ItemResult:
     output: Any
-    batch_id: int
+    batch: BatchStats
     queue_ms: float
-    inference_ms: float
     tokens: int
 
 
@@ -69,17 +78,20 @@ class _Clock:
     """Where a request's time went."""
 
     started: float
+    # Whether the answer carries the statistics of its batches.
+    debug: bool = False
     tokenization_ms: float = 0.0
     postprocessing_ms: float = 0.0
 
     def timing(self, results: Sequence[_ItemResult]) -> Timing:
-        batches = {result.batch_id: result.inference_ms for result in results}
+        batches = {result.batch.batch_id: result.batch for result in results}
         return Timing(
             queue_ms=max((result.queue_ms for result in results), default=0.0),
             tokenization_ms=self.tokenization_ms,
-            inference_ms=sum(batches.values()),
+            inference_ms=sum(batch.inference_ms for batch in batches.values()),
             postprocessing_ms=self.postprocessing_ms,
             total_ms=_ms_since(self.started),
+            batches=tuple(batches[batch_id] for batch_id in sorted(batches)) if self.debug else (),
         )
 
 
@@ -150,6 +162,15 @@ class Engine:
         finally:
             self._in_flight -= 1
 
+    def _clock(self, debug: bool) -> _Clock:
+        """A request's clock; `debug` (batch statistics in the answer) needs SIE_INSTRUMENTATION."""
+        if debug and not self.settings.instrumentation:
+            raise FailedPrecondition(
+                f"debug: per-batch statistics are off on worker {self.settings.worker_id}; start it with SIE_INSTRUMENTATION=true",
+                reason="INSTRUMENTATION_OFF",
+            )
+        return _Clock(time.perf_counter(), debug=debug)
+
     async def _model_for(
         self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str
     ) -> LoadedModel:
@@ -164,7 +185,7 @@ class Engine:
     # -- encode ---------------------------------------------------------------
 
     async def encode(self, job: EncodeJob) -> EncodeOutcome:
-        clock = _Clock(time.perf_counter())
+        clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
             check_outputs(self.registry.config(job.model), job.output_types)
             model = await self._model_for(holds, job.model, job.profile, "encode", job.lora)
@@ -210,7 +231,7 @@ class Engine:
     # -- score ----------------------------------------------------------------
 
     async def score(self, job: ScoreJob) -> ScoreOutcome:
-        clock = _Clock(time.perf_counter())
+        clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
             model = await self._model_for(holds, job.model, job.profile, "score", job.lora)
             if isinstance(model.encoder, PairScorer):
@@ -244,7 +265,7 @@ class Engine:
     # -- extract --------------------------------------------------------------
 
     async def extract(self, job: ExtractJob) -> ExtractOutcome:
-        clock = _Clock(time.perf_counter())
+        clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
             model = await self._model_for(holds, job.model, job.profile, "extract", job.lora)
             extractor = model.encoder
@@ -291,7 +312,7 @@ class Engine:
     async def _run_on_device(self, work: _DeviceWork, key: tuple, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
         loop = asyncio.get_running_loop()
         pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
-        self._former.add(pending, work.model.limits)
+        self._former.add(pending, work.model.batching)
         try:
             return list(await asyncio.gather(*(item.future for item in pending)))
         except BaseException:
@@ -300,40 +321,56 @@ class Engine:
             raise
 
     async def _run_device(self) -> None:
+        """Form batches and hand them to the device thread, at most PIPELINE_DEPTH at a time."""
         loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(PIPELINE_DEPTH)
         while True:
+            await slots.acquire()
             batch = await self._former.next_batch()
             work: _DeviceWork = batch[0].payload[0]
-            model = work.model
             self._batches += 1
-            batch_id = self._batches
-            started = time.monotonic()
-            try:
-                outputs = await loop.run_in_executor(
-                    self._device_thread,
-                    lambda: run_splitting_on_oom(
-                        lambda items: model.loras.run(work.lora, work.forward, items),
-                        [item.payload[1] for item in batch],
-                        is_oom=is_cuda_oom,
-                        recover=release_cuda_cache,
-                    ),
-                )
-            except Exception as error:
-                log.exception("forward pass of %d items on %s failed", len(batch), model.config.id)
-                failure = error
-                if not isinstance(error, SieError):
-                    failure = Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(failure)
-                continue
-            finished = time.monotonic()
-            model.stats.forward_passes += 1
-            inference_ms = (finished - started) * 1000
-            for row, item in enumerate(batch):
+            running = loop.run_in_executor(self._device_thread, _forward, work, batch)
+            running.add_done_callback(functools.partial(self._deliver, work, batch, self._batches, slots))
+
+    def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: asyncio.Future) -> None:
+        """Fan a finished forward pass out to its items, and tell the model's batch policy how it went."""
+        slots.release()
+        model = work.model
+        if running.cancelled():
+            for item in batch:
+                item.future.cancel()
+            return
+        error = running.exception()
+        if error is not None:
+            log.error("forward pass of %d items on %s failed", len(batch), model.config.id, exc_info=error)
+            if not isinstance(error, SieError):
+                error = Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")
+            for item in batch:
                 if not item.future.done():
-                    queue_ms = (started - item.enqueued_at) * 1000
-                    item.future.set_result(_ItemResult(outputs[row], batch_id, queue_ms, inference_ms, item.cost))
+                    item.future.set_exception(error)
+            return
+        outputs, started, finished = running.result()
+        model.stats.forward_passes += 1
+        stats = describe(batch_id, batch, model.batching, started, finished)
+        model.batching.observe(batch, started, finished)
+        publish_setting(model.config.id, model.profile, model.batching)
+        if self.settings.instrumentation:
+            record(model.config.id, model.profile, stats)
+        for row, item in enumerate(batch):
+            if not item.future.done():
+                item.future.set_result(_ItemResult(outputs[row], stats, (started - item.enqueued_at) * 1000, item.cost))
+
+
+def _forward(work: _DeviceWork, batch: Batch) -> tuple[Sequence[Any], float, float]:
+    """Run one batch on the device thread: its outputs and when the pass started and finished (time.monotonic)."""
+    started = time.monotonic()
+    outputs = run_splitting_on_oom(
+        lambda items: work.model.loras.run(work.lora, work.forward, items),
+        [item.payload[1] for item in batch],
+        is_oom=is_cuda_oom,
+        recover=release_cuda_cache,
+    )
+    return outputs, started, time.monotonic()
 
 
 def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:

@@ -16,6 +16,7 @@ from sie_common.encode_stream import serve_encode_stream
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
 from sie_common.tensors import to_tensor
+from sie_worker.batch_stats import BatchStats
 from sie_worker.engine import Engine
 from sie_worker.jobs import (
     EncodedOutput,
@@ -65,6 +66,7 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
         profile=request.profile,
         lora=lora,
         options=options,
+        debug=request.debug,
     )
 
 
@@ -84,6 +86,7 @@ def score_job(request: inference_pb2.ScoreRequest) -> ScoreJob:
         profile=request.profile,
         lora=lora,
         options=options,
+        debug=request.debug,
     )
 
 
@@ -98,6 +101,7 @@ def extract_job(request: inference_pb2.ExtractRequest) -> ExtractJob:
         profile=request.profile,
         lora=lora,
         options=options,
+        debug=request.debug,
     )
 
 
@@ -197,6 +201,26 @@ def _timing(timing: Timing) -> types_pb2.Timing:
         inference_ms=timing.inference_ms,
         postprocessing_ms=timing.postprocessing_ms,
         total_ms=timing.total_ms,
+        batches=[_batch_stats(batch) for batch in timing.batches],
+    )
+
+
+def _batch_stats(stats: BatchStats) -> types_pb2.BatchStats:
+    return types_pb2.BatchStats(
+        batch_id=stats.batch_id,
+        items=stats.items,
+        arrivals=stats.arrivals,
+        tokens=stats.tokens,
+        padded_tokens=stats.padded_tokens,
+        padding_fraction=stats.padding_fraction,
+        wait_ms=stats.wait_ms,
+        staged_ms=stats.staged_ms,
+        inference_ms=stats.inference_ms,
+        full=stats.full,
+        wait_setting_ms=stats.wait_setting_ms,
+        budget_tokens=stats.budget_tokens,
+        target_p50_ms=stats.target_p50_ms,
+        adaptive=stats.adaptive,
     )
 
 

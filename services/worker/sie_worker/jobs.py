@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sie_worker.adapters.base import Entity, SparseWeights
+from sie_worker.batch_stats import BatchStats
 from sie_worker.postprocess import Quantized
 
 
@@ -23,6 +24,8 @@ class EncodeJob:
     profile: str = ""
     lora: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Per-batch statistics in the answer's timing (SIE_INSTRUMENTATION must be on).
+    debug: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class ScoreJob:
     profile: str = ""
     lora: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Per-batch statistics in the answer's timing (SIE_INSTRUMENTATION must be on).
+    debug: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,8 @@ class ExtractJob:
     profile: str = ""
     lora: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Per-batch statistics in the answer's timing (SIE_INSTRUMENTATION must be on).
+    debug: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class Timing:
     inference_ms: float
     postprocessing_ms: float
     total_ms: float
+    # The forward passes that carried the request, when it asked for debug.
+    batches: tuple[BatchStats, ...] = ()
 
 
 @dataclass(frozen=True)

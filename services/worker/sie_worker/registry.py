@@ -31,7 +31,7 @@ from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigErr
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
 from sie_worker.adapters.hf_text import LOAD_LOCK
-from sie_worker.batching import BatchLimits
+from sie_worker.adaptive import BatchPolicy, batching_for
 from sie_worker.capabilities import check_adapter_serves, dense_dims
 from sie_worker.device import compute_dtype
 from sie_worker.lora import LoraAdapters
@@ -84,7 +84,7 @@ class LoadedModel:
     config: ModelConfig
     profile: str
     encoder: ModelAdapter  # the model's adapter, whatever its tasks
-    limits: BatchLimits
+    batching: BatchPolicy
     stats: ModelStats
     loras: LoraAdapters
     weights_key: str = ""
@@ -260,11 +260,6 @@ class ModelRegistry:
             dtype=compute_dtype(self._device, precision),
             attention_backend=self._settings.attention_backend,
         )
-        limits = BatchLimits(
-            max_items=self._settings.max_batch_requests,
-            max_tokens=profile.max_batch_tokens or self._settings.max_batch_tokens,
-            max_wait_s=self._settings.max_batch_wait_ms / 1000,
-        )
         adapter = factory(context)
         check_adapter_serves(config, profile.adapter or "", adapter)
         loras = LoraAdapters(
@@ -276,7 +271,7 @@ class ModelRegistry:
             hf_fallback=self._settings.hf_fallback,
         )
         return LoadedModel(
-            config, profile_name, adapter, limits, self._stats[config.id], loras,
+            config, profile_name, adapter, batching_for(self._settings, profile), self._stats[config.id], loras,
             weights_key=weights_key(config), memory_bytes=module_bytes(adapter),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from sie_common.settings import setting
+from sie_common.settings import SettingsError, setting
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,12 @@ class WorkerSettings:
     load_retry_cooldown_s: float = setting(5.0, env="SIE_LOAD_RETRY_COOLDOWN_S", help="wait after a retryable load failure, doubled per failure in a row")
     drain_timeout_s: float = setting(30.0, env="SIE_DRAIN_TIMEOUT_S", help="on SIGTERM, how long in-flight requests get to finish")
     max_batch_requests: int = setting(64, env="SIE_MAX_BATCH_REQUESTS", help="most items in one forward pass")
-    max_batch_wait_ms: float = setting(10.0, env="SIE_MAX_BATCH_WAIT_MS", help="longest an item waits for its batch to fill")
+    max_batch_wait_ms: float = setting(10.0, env="SIE_MAX_BATCH_WAIT_MS", help="longest an item waits for its batch to fill, for profiles with adaptive_batching: false; the adaptive controller starts from it")
     max_batch_tokens: int = setting(16384, env="SIE_MAX_BATCH_TOKENS", help="token budget of one forward pass (padded); a profile's max_batch_tokens overrides it")
+    adaptive_min_quantum_ms: float = setting(2.0, env="SIE_ADAPTIVE_MIN_QUANTUM_MS", help="adaptive batching: the shortest batch wait the controller sets")
+    adaptive_max_quantum_ms: float = setting(15.0, env="SIE_ADAPTIVE_MAX_QUANTUM_MS", help="adaptive batching: the longest batch wait the controller sets")
+    adaptive_target_p50_ms: float = setting(50.0, env="SIE_ADAPTIVE_TARGET_P50_MS", help="adaptive batching: p50 batching latency (queue + forward pass) to track; 0 derives it from the measured forward time")
+    instrumentation: bool = setting(False, env="SIE_INSTRUMENTATION", help="per-batch statistics as metrics, and in responses to requests that set debug")
     max_concurrent_requests: int = setting(512, env="SIE_MAX_CONCURRENT_REQUESTS", help="requests in flight before RESOURCE_EXHAUSTED")
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
@@ -50,5 +54,12 @@ class WorkerSettings:
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
 
     def __post_init__(self) -> None:
+        if not 0 <= self.adaptive_min_quantum_ms <= self.adaptive_max_quantum_ms:
+            raise SettingsError(
+                f"SIE_ADAPTIVE_MIN_QUANTUM_MS={self.adaptive_min_quantum_ms} and SIE_ADAPTIVE_MAX_QUANTUM_MS={self.adaptive_max_quantum_ms}:"
+                " need 0 <= min <= max"
+            )
+        if self.adaptive_target_p50_ms < 0:
+            raise SettingsError(f"SIE_ADAPTIVE_TARGET_P50_MS={self.adaptive_target_p50_ms}: must be 0 (derived) or positive")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{self.port}")

@@ -51,20 +51,22 @@ class ModelConfig(_message.Message):
     def __init__(self, id: _Optional[str] = ..., hf_id: _Optional[str] = ..., revision: _Optional[str] = ..., path: _Optional[str] = ..., tasks: _Optional[_Iterable[str]] = ..., output_types: _Optional[_Iterable[str]] = ..., dims: _Optional[int] = ..., max_sequence_length: _Optional[int] = ..., profiles: _Optional[_Mapping[str, ModelProfile]] = ..., inputs: _Optional[_Iterable[str]] = ..., bundled_weights: _Optional[str] = ..., loras: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ModelProfile(_message.Message):
-    __slots__ = ("extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision")
+    __slots__ = ("extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision", "adaptive_batching")
     EXTENDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     LOAD_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RUN_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_BATCHING_FIELD_NUMBER: _ClassVar[int]
     extends: str
     adapter: str
     load_options: _struct_pb2.Struct
     run_options: _struct_pb2.Struct
     max_batch_tokens: int
     compute_precision: str
-    def __init__(self, extends: _Optional[str] = ..., adapter: _Optional[str] = ..., load_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_batch_tokens: _Optional[int] = ..., compute_precision: _Optional[str] = ...) -> None: ...
+    adaptive_batching: bool
+    def __init__(self, extends: _Optional[str] = ..., adapter: _Optional[str] = ..., load_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_batch_tokens: _Optional[int] = ..., compute_precision: _Optional[str] = ..., adaptive_batching: _Optional[bool] = ...) -> None: ...
 
 class Bundle(_message.Message):
     __slots__ = ("id", "adapters", "config_hash", "priority", "models")

@@ -30,7 +30,7 @@ MODEL_STATE_FAILED: ModelState
 MODEL_STATE_UNLOADING: ModelState
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("model", "items", "output_types", "output_dtype", "instruction", "is_query", "dims", "profile", "lora", "options", "request_id")
+    __slots__ = ("model", "items", "output_types", "output_dtype", "instruction", "is_query", "dims", "profile", "lora", "options", "request_id", "debug")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class EncodeRequest(_message.Message):
     LORA_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEBUG_FIELD_NUMBER: _ClassVar[int]
     model: str
     items: _containers.RepeatedCompositeFieldContainer[_types_pb2.Item]
     output_types: _containers.RepeatedScalarFieldContainer[str]
@@ -53,7 +54,8 @@ class EncodeRequest(_message.Message):
     lora: str
     options: _struct_pb2.Struct
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., output_types: _Optional[_Iterable[str]] = ..., output_dtype: _Optional[str] = ..., instruction: _Optional[str] = ..., is_query: _Optional[bool] = ..., dims: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    debug: bool
+    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., output_types: _Optional[_Iterable[str]] = ..., output_dtype: _Optional[str] = ..., instruction: _Optional[str] = ..., is_query: _Optional[bool] = ..., dims: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., debug: _Optional[bool] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("request_id", "model", "results", "timing", "tokens")
@@ -98,7 +100,7 @@ class EncodeStreamResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., response: _Optional[_Union[EncodeResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("model", "query", "items", "top_k", "profile", "lora", "options", "request_id", "instruction")
+    __slots__ = ("model", "query", "items", "top_k", "profile", "lora", "options", "request_id", "instruction", "debug")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +110,7 @@ class ScoreRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    DEBUG_FIELD_NUMBER: _ClassVar[int]
     model: str
     query: _types_pb2.Item
     items: _containers.RepeatedCompositeFieldContainer[_types_pb2.Item]
@@ -117,7 +120,8 @@ class ScoreRequest(_message.Message):
     options: _struct_pb2.Struct
     request_id: str
     instruction: str
-    def __init__(self, model: _Optional[str] = ..., query: _Optional[_Union[_types_pb2.Item, _Mapping]] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., top_k: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., instruction: _Optional[str] = ...) -> None: ...
+    debug: bool
+    def __init__(self, model: _Optional[str] = ..., query: _Optional[_Union[_types_pb2.Item, _Mapping]] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., top_k: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., instruction: _Optional[str] = ..., debug: _Optional[bool] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("request_id", "model", "scores", "timing")
@@ -144,7 +148,7 @@ class ScoreEntry(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., index: _Optional[int] = ..., score: _Optional[float] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class ExtractRequest(_message.Message):
-    __slots__ = ("model", "items", "labels", "threshold", "profile", "lora", "options", "request_id")
+    __slots__ = ("model", "items", "labels", "threshold", "profile", "lora", "options", "request_id", "debug")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +157,7 @@ class ExtractRequest(_message.Message):
     LORA_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DEBUG_FIELD_NUMBER: _ClassVar[int]
     model: str
     items: _containers.RepeatedCompositeFieldContainer[_types_pb2.Item]
     labels: _containers.RepeatedScalarFieldContainer[str]
@@ -161,7 +166,8 @@ class ExtractRequest(_message.Message):
     lora: str
     options: _struct_pb2.Struct
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    debug: bool
+    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., debug: _Optional[bool] = ...) -> None: ...
 
 class ExtractResponse(_message.Message):
     __slots__ = ("request_id", "model", "results", "timing")
