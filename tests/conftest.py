@@ -115,7 +115,7 @@ def worker(start_worker) -> WorkerProcess:
 def batching_stub(start_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
     """A worker that keeps at most 2 LoRA adapters and waits 300 ms for batches, so concurrent requests meet."""
     worker = start_worker(
-        SIE_MAX_LORAS_PER_MODEL="2", SIE_MAX_BATCH_WAIT_MS="300", SIE_PRELOAD_MODELS=f"{LORA_MODEL},test/tiny-colbert"
+        SIE_MAX_LORAS_PER_MODEL="2", SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="300", SIE_PRELOAD_MODELS=f"{LORA_MODEL},test/tiny-colbert"
     )
     with grpc.insecure_channel(worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from sie_common.model_config import ModelConfigError, parse_model_config
+from sie_common.model_config import ModelConfigError, Profile, parse_model_config
 from sie_common.settings import SettingsError, load_settings
 from sie_worker.adaptive import AdaptiveBatching, FixedBatching, batching_for
 from sie_worker.batch_stats import describe, publish_setting, record
@@ -170,6 +170,10 @@ def test_profiles_can_switch_adaptation_off() -> None:
     fixed = batching_for(settings, config.profile("fixed-short"))
     assert fixed == FixedBatching(BatchLimits(64, 1024, 0.007))
     assert config.to_dict()["profiles"]["fixed"]["adaptive_batching"] is False
+    # SIE_ADAPTIVE_BATCHING=false covers the profiles that do not say; one that says true keeps its controller.
+    worker_off = WorkerSettings(adaptive_batching=False)
+    assert isinstance(batching_for(worker_off, config.profile("default")), FixedBatching)
+    assert isinstance(batching_for(worker_off, Profile(adapter="a", adaptive_batching=True)), AdaptiveBatching)
 
 
 def test_adaptive_batching_must_be_a_boolean() -> None:

@@ -90,7 +90,7 @@ def test_list_models_names_the_demo_and_configured_models(stub) -> None:
 
 def test_beyond_max_concurrent_requests_is_resource_exhausted(start_worker) -> None:
     # One slot, and a batch window long enough that the first request still holds it.
-    worker = start_worker(SIE_MAX_CONCURRENT_REQUESTS="1", SIE_MAX_BATCH_WAIT_MS="3000", SIE_PRELOAD_MODELS=MODEL)
+    worker = start_worker(SIE_MAX_CONCURRENT_REQUESTS="1", SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="3000", SIE_PRELOAD_MODELS=MODEL)
     with grpc.insecure_channel(worker.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         first: dict[str, object] = {}

@@ -38,7 +38,7 @@ def forward_passes(address: str) -> int:
 
 def test_concurrent_clients_share_forward_passes(start_worker) -> None:
     # A wide wait window so the requests of all clients meet in the BatchFormer.
-    worker = start_worker(SIE_MAX_BATCH_WAIT_MS="300", SIE_PRELOAD_MODELS=MODEL)
+    worker = start_worker(SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="300", SIE_PRELOAD_MODELS=MODEL)
     expected = {client: encode(worker.address, client_texts(client)) for client in range(CLIENTS)}
     passes_before = forward_passes(worker.address)
 

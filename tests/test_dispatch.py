@@ -24,7 +24,7 @@ def request(n: int) -> inference_pb2.EncodeRequest:
 
 
 async def test_requests_fail_over_when_their_worker_is_killed(start_worker, stub) -> None:
-    victim = start_worker(SIE_MAX_BATCH_WAIT_MS="30000")  # holds requests until it dies
+    victim = start_worker(SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="30000")  # holds requests until it dies
     survivor = start_worker()
     workers = [state("victim", victim, loaded=True), state("survivor", survivor, loaded=False)]
     expected = {n: from_tensor(stub.Encode(request(n)).results[0].dense) for n in range(12)}

@@ -26,7 +26,10 @@ WINDOW_S = 5.0
 def test_sigterm_drains_in_flight_requests(start_worker) -> None:
     # A long batch window keeps requests in flight when the signal lands.
     worker = start_worker(
-        SIE_PRELOAD_MODELS=f"{MODEL},{SLOW_MODEL}", SIE_MODEL_FILTER=f"{MODEL},{SLOW_MODEL}", SIE_MAX_BATCH_WAIT_MS=str(int(WINDOW_S * 1000))
+        SIE_PRELOAD_MODELS=f"{MODEL},{SLOW_MODEL}",
+        SIE_MODEL_FILTER=f"{MODEL},{SLOW_MODEL}",
+        SIE_ADAPTIVE_BATCHING="false",
+        SIE_MAX_BATCH_WAIT_MS=str(int(WINDOW_S * 1000)),
     )
     texts = [f"request number {i}" for i in range(CLIENTS)]
     with grpc.insecure_channel(worker.address) as channel:

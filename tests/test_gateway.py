@@ -176,7 +176,7 @@ def test_the_client_keeps_its_pool_alive_and_lets_it_expire_after_close(cluster)
 
 
 def test_gateway_backpressure_and_static_auth(cluster) -> None:
-    cluster.start_worker("slow", SIE_PRELOAD_MODELS=MEAN, SIE_MAX_BATCH_WAIT_MS="2000")
+    cluster.start_worker("slow", SIE_PRELOAD_MODELS=MEAN, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="2000")
     gateway = cluster.start_gateway(SIE_GATEWAY_MAX_IN_FLIGHT="1", SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="t0ken,other")
     good = (("authorization", "Bearer t0ken"),)
     with grpc.insecure_channel(gateway.address) as channel:

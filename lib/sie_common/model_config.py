@@ -50,7 +50,7 @@ class Profile:
     run_options: Mapping[str, Any] = field(default_factory=dict)
     max_batch_tokens: int | None = None
     compute_precision: str | None = None
-    # False pins the batch wait to SIE_MAX_BATCH_WAIT_MS and the budget to max_batch_tokens; None inherits (default on).
+    # False pins the batch wait to SIE_MAX_BATCH_WAIT_MS and the budget to max_batch_tokens; None inherits (else SIE_ADAPTIVE_BATCHING).
     adaptive_batching: bool | None = None
 
 

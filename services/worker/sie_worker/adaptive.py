@@ -156,9 +156,9 @@ class AdaptiveBatching:
 
 
 def batching_for(settings: WorkerSettings, profile: Profile) -> BatchPolicy:
-    """The batch policy of a loaded model profile: adaptive unless the profile says adaptive_batching: false."""
+    """The batch policy of a loaded model profile: its adaptive_batching, else SIE_ADAPTIVE_BATCHING."""
     max_tokens = profile.max_batch_tokens or settings.max_batch_tokens
-    if profile.adaptive_batching is False:
+    if not (settings.adaptive_batching if profile.adaptive_batching is None else profile.adaptive_batching):
         return FixedBatching(BatchLimits(settings.max_batch_requests, max_tokens, settings.max_batch_wait_ms / 1000))
     return AdaptiveBatching(
         max_items=settings.max_batch_requests,

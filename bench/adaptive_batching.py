@@ -1,0 +1,159 @@
+"""Adaptive batching against fixed batch waits: light-load latency and heavy-load throughput, side by side.
+
+    python bench/adaptive_batching.py [--runs 2]
+
+One standalone worker per setting (adaptive with its defaults; fixed waits of
+1, 5 and 10 ms through SIE_ADAPTIVE_BATCHING=false), all-MiniLM-L6-v2, each
+run measuring in this order:
+
+- light load: one client sending one-item requests back to back; p50 latency;
+- heavy load, small requests: 32 clients sending one-item requests; items/s;
+- heavy load, bulk: the encode_throughput workload (100 texts a request, 4 clients); items/s.
+
+Writes bench/results/<date>-<machine>-adaptive.json and the "Adaptive batching"
+section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from encode_throughput import MODEL, make_texts, summary  # noqa: E402
+from gateway_overhead import bulk_items_per_s  # noqa: E402
+from worker_process import WorkerProcess  # noqa: E402
+
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2  # noqa: E402
+
+SETTINGS: dict[str, dict[str, str]] = {
+    "adaptive (defaults)": {},
+    "fixed 1 ms": {"SIE_ADAPTIVE_BATCHING": "false", "SIE_MAX_BATCH_WAIT_MS": "1"},
+    "fixed 5 ms": {"SIE_ADAPTIVE_BATCHING": "false", "SIE_MAX_BATCH_WAIT_MS": "5"},
+    "fixed 10 ms": {"SIE_ADAPTIVE_BATCHING": "false", "SIE_MAX_BATCH_WAIT_MS": "10"},
+}
+LIGHT_REQUESTS = 300
+SMALL_CLIENTS = 32
+SMALL_REQUESTS = 3000
+
+
+def light_p50_ms(stub: inference_pb2_grpc.InferenceStub, texts: list[str]) -> float:
+    """One client, one item a request, back to back."""
+    latencies = []
+    for text in texts[:LIGHT_REQUESTS]:
+        started = time.perf_counter()
+        stub.Encode(inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=text)]), timeout=60)
+        latencies.append((time.perf_counter() - started) * 1000)
+    return statistics.median(latencies)
+
+
+def small_requests_items_per_s(address: str, texts: list[str]) -> float:
+    """SMALL_CLIENTS clients, each with its own channel, one item a request."""
+    channels = [grpc.insecure_channel(address) for _ in range(SMALL_CLIENTS)]
+    stubs = [inference_pb2_grpc.InferenceStub(channel) for channel in channels]
+
+    def client(number: int) -> int:
+        stub = stubs[number]
+        sent = 0
+        for text in texts[number : SMALL_REQUESTS : SMALL_CLIENTS]:
+            stub.Encode(inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=text)]), timeout=60)
+            sent += 1
+        return sent
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(SMALL_CLIENTS) as pool:
+        done = sum(pool.map(client, range(SMALL_CLIENTS)))
+    for channel in channels:
+        channel.close()
+    return done / (time.perf_counter() - started)
+
+
+def measure(env: dict[str, str], texts: list[str]) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        worker = WorkerProcess({"SIE_PRELOAD_MODELS": MODEL, "SIE_MODELS_DIR": tmp, **env}, Path(tmp) / "worker.log")
+        try:
+            worker.wait_serving()
+            with grpc.insecure_channel(worker.address) as channel:
+                stub = inference_pb2_grpc.InferenceStub(channel)
+                for text in texts[:20]:  # warm-up
+                    stub.Encode(inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=text)]), timeout=60)
+                light = light_p50_ms(stub, texts)
+            small = small_requests_items_per_s(worker.address, texts * 2)
+            bulk = bulk_items_per_s(worker.address, texts)
+        finally:
+            worker.stop()
+    return {"light_p50_ms": light, "small_items_per_s": small, "bulk_items_per_s": bulk}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--note", default="", help="said under the table, e.g. that the machine was shared")
+    args = parser.parse_args()
+    texts = make_texts()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+    for _ in range(args.runs):  # settings interleaved, so drift in machine load spreads over all of them
+        for name, env in SETTINGS.items():
+            runs[name].append(measure(env, texts))
+            print(name, runs[name][-1], flush=True)
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "workload": {
+            "model": MODEL,
+            "light": f"1 client, {LIGHT_REQUESTS} one-item requests back to back",
+            "small": f"{SMALL_CLIENTS} clients, {SMALL_REQUESTS} one-item requests",
+            "bulk": "encode_throughput: 2000 sentences, 100 a request, 4 clients",
+        },
+        "note": args.note,
+        "settings": {
+            name: {metric: summary([run[metric] for run in measured]) for metric in measured[0]} for name, measured in runs.items()
+        },
+    }
+    out = ROOT / "bench" / "results" / f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores-adaptive.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    write_section(result, out.name)
+
+
+def write_section(result: dict, file_name: str) -> None:
+    """Replace (or append) the "Adaptive batching" section of docs/benchmarks.md."""
+    rows = "\n".join(
+        f"| {name} | {s['light_p50_ms']['median']:.1f} | {s['small_items_per_s']['median']:.0f} | {s['bulk_items_per_s']['median']:.0f} |"
+        for name, s in result["settings"].items()
+    )
+    section = (
+        "## Adaptive batching\n\n"
+        f"Produced by `python bench/adaptive_batching.py` (raw figures: `bench/results/{file_name}`), {result['date']}, "
+        f"{result['machine']['cores']} cores, {result['workload']['model']}; one standalone worker per setting, medians of "
+        f"{result['settings'][next(iter(result['settings']))]['light_p50_ms']['runs']} interleaved runs. "
+        f"Light: {result['workload']['light']}. Small: {result['workload']['small']}. Bulk: {result['workload']['bulk']}.\n\n"
+        "| batching | light-load p50 (ms) | heavy small requests items/s | heavy bulk items/s |\n"
+        "| --- | ---: | ---: | ---: |\n"
+        f"{rows}\n"
+        + (f"\n{result['note']}\n" if result["note"] else "")
+    )
+    path = ROOT / "docs" / "benchmarks.md"
+    text = path.read_text()
+    pattern = re.compile(r"## Adaptive batching\n.*?(?=\n## |\Z)", re.S)
+    text = pattern.sub(lambda _: section.rstrip("\n"), text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    path.write_text(text.rstrip("\n") + "\n")
+
+
+if __name__ == "__main__":
+    main()
