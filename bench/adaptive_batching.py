@@ -3,12 +3,17 @@
     python bench/adaptive_batching.py [--runs 2]
 
 One standalone worker per setting (adaptive with its defaults; fixed waits of
-1, 5 and 10 ms through SIE_ADAPTIVE_BATCHING=false), all-MiniLM-L6-v2, each
-run measuring in this order:
+1, 5 and 10 ms through SIE_ADAPTIVE_BATCHING=false), each run measuring in
+this order:
 
 - light load: one client sending one-item requests back to back; p50 latency;
 - heavy load, small requests: 32 clients sending one-item requests; items/s;
-- heavy load, bulk: the encode_throughput workload (100 texts a request, 4 clients); items/s.
+- heavy load, bulk: the encode_throughput workload on all-MiniLM-L6-v2
+  (100 texts a request, 4 clients; its first BULK_TEXTS sentences); items/s.
+
+The light and small phases use the tiny random model of tools/tiny_models.py:
+its forward pass takes about as long as the batch wait, as a real model's
+does on a GPU, so the wait is what decides latency there.
 
 Writes bench/results/<date>-<machine>-adaptive.json and the "Adaptive batching"
 section of docs/benchmarks.md.
@@ -36,7 +41,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from encode_throughput import MODEL, make_texts, summary  # noqa: E402
-from gateway_overhead import bulk_items_per_s  # noqa: E402
+from gateway_overhead import TINY, bulk_items_per_s  # noqa: E402
+from tiny_models import build_tiny_model, write_model_yaml  # noqa: E402
 from worker_process import WorkerProcess  # noqa: E402
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2  # noqa: E402
@@ -47,9 +53,10 @@ SETTINGS: dict[str, dict[str, str]] = {
     "fixed 5 ms": {"SIE_ADAPTIVE_BATCHING": "false", "SIE_MAX_BATCH_WAIT_MS": "5"},
     "fixed 10 ms": {"SIE_ADAPTIVE_BATCHING": "false", "SIE_MAX_BATCH_WAIT_MS": "10"},
 }
-LIGHT_REQUESTS = 300
+LIGHT_REQUESTS = 150
 SMALL_CLIENTS = 32
-SMALL_REQUESTS = 3000
+SMALL_REQUESTS = 1600
+BULK_TEXTS = 800
 
 
 def light_p50_ms(stub: inference_pb2_grpc.InferenceStub, texts: list[str]) -> float:
@@ -57,7 +64,7 @@ def light_p50_ms(stub: inference_pb2_grpc.InferenceStub, texts: list[str]) -> fl
     latencies = []
     for text in texts[:LIGHT_REQUESTS]:
         started = time.perf_counter()
-        stub.Encode(inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=text)]), timeout=60)
+        stub.Encode(inference_pb2.EncodeRequest(model=TINY, items=[types_pb2.Item(text=text)]), timeout=60)
         latencies.append((time.perf_counter() - started) * 1000)
     return statistics.median(latencies)
 
@@ -71,7 +78,7 @@ def small_requests_items_per_s(address: str, texts: list[str]) -> float:
         stub = stubs[number]
         sent = 0
         for text in texts[number : SMALL_REQUESTS : SMALL_CLIENTS]:
-            stub.Encode(inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=text)]), timeout=60)
+            stub.Encode(inference_pb2.EncodeRequest(model=TINY, items=[types_pb2.Item(text=text)]), timeout=60)
             sent += 1
         return sent
 
@@ -83,18 +90,18 @@ def small_requests_items_per_s(address: str, texts: list[str]) -> float:
     return done / (time.perf_counter() - started)
 
 
-def measure(env: dict[str, str], texts: list[str]) -> dict[str, float]:
+def measure(env: dict[str, str], texts: list[str], models_dir: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        worker = WorkerProcess({"SIE_PRELOAD_MODELS": MODEL, "SIE_MODELS_DIR": tmp, **env}, Path(tmp) / "worker.log")
+        worker = WorkerProcess({"SIE_PRELOAD_MODELS": f"{TINY},{MODEL}", "SIE_MODELS_DIR": str(models_dir), **env}, Path(tmp) / "worker.log")
         try:
             worker.wait_serving()
             with grpc.insecure_channel(worker.address) as channel:
                 stub = inference_pb2_grpc.InferenceStub(channel)
                 for text in texts[:20]:  # warm-up
-                    stub.Encode(inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=text)]), timeout=60)
+                    stub.Encode(inference_pb2.EncodeRequest(model=TINY, items=[types_pb2.Item(text=text)]), timeout=60)
                 light = light_p50_ms(stub, texts)
-            small = small_requests_items_per_s(worker.address, texts * 2)
-            bulk = bulk_items_per_s(worker.address, texts)
+            small = small_requests_items_per_s(worker.address, texts)
+            bulk = bulk_items_per_s(worker.address, texts[:BULK_TEXTS])
         finally:
             worker.stop()
     return {"light_p50_ms": light, "small_items_per_s": small, "bulk_items_per_s": bulk}
@@ -107,18 +114,21 @@ def main() -> None:
     args = parser.parse_args()
     texts = make_texts()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
-    for _ in range(args.runs):  # settings interleaved, so drift in machine load spreads over all of them
-        for name, env in SETTINGS.items():
-            runs[name].append(measure(env, texts))
-            print(name, runs[name][-1], flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        models_dir = Path(tmp) / "models"
+        models_dir.mkdir()
+        write_model_yaml(models_dir, TINY, build_tiny_model(Path(tmp) / "tiny", pooling="mean", normalize=True, include_prompt=True))
+        for _ in range(args.runs):  # settings interleaved, so drift in machine load spreads over all of them
+            for name, env in SETTINGS.items():
+                runs[name].append(measure(env, texts, models_dir))
+                print(name, runs[name][-1], flush=True)
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version()},
         "workload": {
-            "model": MODEL,
-            "light": f"1 client, {LIGHT_REQUESTS} one-item requests back to back",
-            "small": f"{SMALL_CLIENTS} clients, {SMALL_REQUESTS} one-item requests",
-            "bulk": "encode_throughput: 2000 sentences, 100 a request, 4 clients",
+            "light": f"1 client, {LIGHT_REQUESTS} one-item requests back to back, tiny model",
+            "small": f"{SMALL_CLIENTS} clients, {SMALL_REQUESTS} one-item requests, tiny model",
+            "bulk": f"{BULK_TEXTS} sentences of 10-30 words, 100 a request, 4 clients, {MODEL}",
         },
         "note": args.note,
         "settings": {
@@ -140,7 +150,7 @@ def write_section(result: dict, file_name: str) -> None:
     section = (
         "## Adaptive batching\n\n"
         f"Produced by `python bench/adaptive_batching.py` (raw figures: `bench/results/{file_name}`), {result['date']}, "
-        f"{result['machine']['cores']} cores, {result['workload']['model']}; one standalone worker per setting, medians of "
+        f"{result['machine']['cores']} cores; one standalone worker per setting, medians of "
         f"{result['settings'][next(iter(result['settings']))]['light_p50_ms']['runs']} interleaved runs. "
         f"Light: {result['workload']['light']}. Small: {result['workload']['small']}. Bulk: {result['workload']['bulk']}.\n\n"
         "| batching | light-load p50 (ms) | heavy small requests items/s | heavy bulk items/s |\n"

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
+from sie_common.config_messages import config_from_message, config_to_message
 from sie_common.model_config import ModelConfigError, Profile, parse_model_config
 from sie_common.settings import SettingsError, load_settings
 from sie_worker.adaptive import AdaptiveBatching, FixedBatching, batching_for
@@ -207,3 +208,11 @@ async def test_batch_statistics_reach_the_default_registry() -> None:
     assert REGISTRY.get_sample_value("sie_worker_batch_wait_setting_seconds", labels) == pytest.approx(0.010)
     assert REGISTRY.get_sample_value("sie_worker_batch_budget_tokens", labels) == MAX_TOKENS
     assert REGISTRY.get_sample_value("sie_worker_batch_target_p50_seconds", labels) == pytest.approx(0.050)
+
+
+def test_the_switch_survives_the_config_service_messages() -> None:
+    data = {"id": "m", "path": "/w", "profiles": {"default": {"adapter": "a"}, "fixed": {"extends": "default", "adaptive_batching": False}}}
+    message = config_to_message(parse_model_config(data, source="m.yaml"))
+    assert message.profiles["fixed"].HasField("adaptive_batching") and not message.profiles["default"].HasField("adaptive_batching")
+    again = config_from_message(message, source="etcd")
+    assert again.profile("fixed").adaptive_batching is False and again.profile("default").adaptive_batching is None
