@@ -1,10 +1,11 @@
 """Adaptive batching against fixed batch waits: light-load latency and heavy-load throughput, side by side.
 
-    python bench/adaptive_batching.py [--runs 2]
+    python bench/adaptive_batching.py [--rounds 4]
 
 One standalone worker per setting (adaptive with its defaults; fixed waits of
-1, 5 and 10 ms through SIE_ADAPTIVE_BATCHING=false), each run measuring in
-this order:
+1, 5 and 10 ms through SIE_ADAPTIVE_BATCHING=false), all running at once.
+Each round gives every worker in turn one block of each phase, so all
+settings see the same machine, even a shared one whose load drifts:
 
 - light load: one client sending one-item requests back to back; p50 latency;
 - heavy load, small requests: 32 clients sending one-item requests; items/s;
@@ -53,10 +54,11 @@ SETTINGS: dict[str, dict[str, str]] = {
     "fixed 5 ms": {"SIE_ADAPTIVE_BATCHING": "false", "SIE_MAX_BATCH_WAIT_MS": "5"},
     "fixed 10 ms": {"SIE_ADAPTIVE_BATCHING": "false", "SIE_MAX_BATCH_WAIT_MS": "10"},
 }
-LIGHT_REQUESTS = 150
+# Per block.
+LIGHT_REQUESTS = 60
 SMALL_CLIENTS = 32
-SMALL_REQUESTS = 1600
-BULK_TEXTS = 800
+SMALL_REQUESTS = 640
+BULK_TEXTS = 400
 
 
 def light_p50_ms(stub: inference_pb2_grpc.InferenceStub, texts: list[str]) -> float:
@@ -90,26 +92,18 @@ def small_requests_items_per_s(address: str, texts: list[str]) -> float:
     return done / (time.perf_counter() - started)
 
 
-def measure(env: dict[str, str], texts: list[str], models_dir: Path) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        worker = WorkerProcess({"SIE_PRELOAD_MODELS": f"{TINY},{MODEL}", "SIE_MODELS_DIR": str(models_dir), **env}, Path(tmp) / "worker.log")
-        try:
-            worker.wait_serving()
-            with grpc.insecure_channel(worker.address) as channel:
-                stub = inference_pb2_grpc.InferenceStub(channel)
-                for text in texts[:20]:  # warm-up
-                    stub.Encode(inference_pb2.EncodeRequest(model=TINY, items=[types_pb2.Item(text=text)]), timeout=60)
-                light = light_p50_ms(stub, texts)
-            small = small_requests_items_per_s(worker.address, texts)
-            bulk = bulk_items_per_s(worker.address, texts[:BULK_TEXTS])
-        finally:
-            worker.stop()
+def measure(address: str, texts: list[str]) -> dict[str, float]:
+    """One block of each phase."""
+    with grpc.insecure_channel(address) as channel:
+        light = light_p50_ms(inference_pb2_grpc.InferenceStub(channel), texts)
+    small = small_requests_items_per_s(address, texts)
+    bulk = bulk_items_per_s(address, texts[:BULK_TEXTS])
     return {"light_p50_ms": light, "small_items_per_s": small, "bulk_items_per_s": bulk}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--note", default="", help="said under the table, e.g. that the machine was shared")
     args = parser.parse_args()
     texts = make_texts()
@@ -118,10 +112,24 @@ def main() -> None:
         models_dir = Path(tmp) / "models"
         models_dir.mkdir()
         write_model_yaml(models_dir, TINY, build_tiny_model(Path(tmp) / "tiny", pooling="mean", normalize=True, include_prompt=True))
-        for _ in range(args.runs):  # settings interleaved, so drift in machine load spreads over all of them
-            for name, env in SETTINGS.items():
-                runs[name].append(measure(env, texts, models_dir))
-                print(name, runs[name][-1], flush=True)
+        workers = {
+            name: WorkerProcess(
+                {"SIE_PRELOAD_MODELS": f"{TINY},{MODEL}", "SIE_MODELS_DIR": str(models_dir), **env}, Path(tmp) / f"worker-{index}.log"
+            )
+            for index, (name, env) in enumerate(SETTINGS.items())
+        }
+        try:
+            for worker in workers.values():
+                worker.wait_serving()
+                with grpc.insecure_channel(worker.address) as channel:
+                    light_p50_ms(inference_pb2_grpc.InferenceStub(channel), texts[:20])  # warm-up
+            for round_number in range(args.rounds):
+                for name, worker in workers.items():
+                    runs[name].append(measure(worker.address, texts))
+                    print(round_number, name, runs[name][-1], flush=True)
+        finally:
+            for worker in workers.values():
+                worker.stop()
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version()},
@@ -151,9 +159,10 @@ def write_section(result: dict, file_name: str) -> None:
         "## Adaptive batching\n\n"
         f"Produced by `python bench/adaptive_batching.py` (raw figures: `bench/results/{file_name}`), {result['date']}, "
         f"{result['machine']['cores']} cores; one standalone worker per setting, medians of "
-        f"{result['settings'][next(iter(result['settings']))]['light_p50_ms']['runs']} interleaved runs. "
+        f"{result['settings'][next(iter(result['settings']))]['light_p50_ms']['runs']} rounds, each giving every worker in turn one block "
+        "of each phase. "
         f"Light: {result['workload']['light']}. Small: {result['workload']['small']}. Bulk: {result['workload']['bulk']}.\n\n"
-        "| batching | light-load p50 (ms) | heavy small requests items/s | heavy bulk items/s |\n"
+        "| batching | light-load p50 (ms) | heavy load, one-item requests: items/s | heavy load, bulk: items/s |\n"
         "| --- | ---: | ---: | ---: |\n"
         f"{rows}\n"
         + (f"\n{result['note']}\n" if result["note"] else "")

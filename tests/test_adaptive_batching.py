@@ -108,6 +108,15 @@ def test_a_period_needs_eight_batches_or_two_seconds() -> None:
     assert plant.wait_ms == pytest.approx(5.0)
 
 
+def test_batches_from_before_an_idle_spell_do_not_count() -> None:
+    plant = Plant(controller(initial_ms=15))
+    plant.run(batches=5, arrivals=20, latency_ms=20, forward_ms=5, full=True)
+    assert plant.wait_ms == pytest.approx(15.0)
+    # Ten seconds later one lone request: the heavy batches before the pause are not what the load is now.
+    plant.run(batches=1, arrivals=1, latency_ms=17, forward_ms=1, gap_ms=10_000)
+    assert plant.wait_ms == pytest.approx(7.5)
+
+
 def test_without_a_target_it_derives_one_from_the_forward_time() -> None:
     policy = controller(target_ms=0)
     plant = Plant(policy)

@@ -8,7 +8,8 @@ the target: SIE_ADAPTIVE_TARGET_P50_MS, or when that is 0, one derived from
 the measured forward time.
 
 Once per control period (at least 8 batches and 100 ms, or 2 s with any
-batch) it looks at that period's batches and takes at most one step:
+batch; batches from before the model sat idle for 2 s are left out) it looks
+at that period's batches and takes at most one step:
 
 1. The wait collected nothing (batches the wait flushed drew under 1.5
    arrivals on average, none filled up): halve the wait. Light load.
@@ -87,6 +88,7 @@ class _Period:
     full: int = 0
     wait_flushed: int = 0
     wait_flushed_arrivals: int = 0
+    last_finished: float = 0.0
 
 
 class AdaptiveBatching:
@@ -118,7 +120,11 @@ class AdaptiveBatching:
 
     def observe(self, batch: Batch, started: float, finished: float) -> None:
         period = self._period or _Period(started=batch.formed_at)
+        if period.forward and min(item.enqueued_at for item in batch) - period.last_finished > PERIOD_MAX_S:
+            # The model sat idle for longer than a period: what came before was another load; act on what comes now.
+            period = _Period(started=period.started)
         self._period = period
+        period.last_finished = finished
         period.latencies.extend(finished - item.enqueued_at for item in batch)
         period.forward.append(finished - started)
         if batch.full:
