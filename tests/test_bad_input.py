@@ -33,7 +33,7 @@ CASES = [
         encode_request(items=[types_pb2.Item(text="ok"), types_pb2.Item(id="x")]),
         grpc.StatusCode.INVALID_ARGUMENT,
         "ITEM_WITHOUT_TEXT",
-        "items[1]: has no text",
+        "items[1] (id 'x'): has no text",
     ),
     ("unknown model", encode_request(model="nobody/nothing"), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND", "available: "),
     (

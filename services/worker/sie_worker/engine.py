@@ -1,11 +1,13 @@
 """The pipeline of one worker, for encode, score and extract.
 
-    admission -> tokenize (CPU pool) -> BatchFormer -> device thread -> postprocess (CPU pool)
+    admission -> tokenize (CPU pool) / decode and preprocess images (image pool)
+              -> BatchFormer -> device thread -> postprocess (CPU pool)
 
 Items of concurrent requests share forward passes when their batch key
 matches: model, profile, operation, LoRA, output types, instruction,
-is_query and run-time options (as canonical JSON). Each caller gets its own
-items back in its own order.
+is_query and run-time options (as canonical JSON); image items have keys of
+their own (modality "image"). Each caller gets its own items back in its own
+order.
 """
 
 from __future__ import annotations
@@ -14,22 +16,33 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 
 from sie_common.errors import Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
-from sie_worker.adapters.base import EncodedItem, Entity, PairScorer, TokenizedText, ZeroShotExtractor
+from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, PairScorer, TokenizedText, ZeroShotExtractor
 from sie_worker.batching import BatchFormer, PendingItem
-from sie_worker.capabilities import check_lora, check_outputs, check_task, dense_dims, device_outputs, muvera_params, uses_muvera
+from sie_worker.capabilities import (
+    check_inputs,
+    check_lora,
+    check_one_input_per_item,
+    check_outputs,
+    check_task,
+    dense_dims,
+    device_outputs,
+    muvera_params,
+    uses_muvera,
+)
 from sie_worker.device import select_device
 from sie_worker.jobs import (
     EncodedOutput,
     EncodeJob,
     EncodeOutcome,
     ExtractJob,
+    ItemInput,
     ExtractOutcome,
     ScoredItem,
     ScoreJob,
@@ -37,13 +50,17 @@ from sie_worker.jobs import (
     Timing,
     canonical_options,
 )
-from sie_worker.postprocess import MuveraParams, maxsim, muvera, quantize, truncate
+from sie_worker.images import decode_image
+from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
 from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_splitting_on_oom
 from sie_worker.model_catalog import read_catalog
 from sie_worker.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+# Batching cost of one image: the processor gives every image the same size.
+IMAGE_COST = 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,7 @@ class Engine:
         self.registry = ModelRegistry(read_catalog(settings), settings, self.device)
         self._former = BatchFormer()
         self._cpu_pool = ThreadPoolExecutor(settings.preprocessor_workers, thread_name_prefix="sie-cpu")
+        self._image_pool = ThreadPoolExecutor(settings.image_workers, thread_name_prefix="sie-image")
         # One inference thread per device serializes device work (forward passes and LoRA loads).
         self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
         self._background: list[asyncio.Task[None]] = []
@@ -122,6 +140,7 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._cpu_pool.shutdown(wait=False, cancel_futures=True)
+        self._image_pool.shutdown(wait=False, cancel_futures=True)
         self._device_thread.shutdown(wait=True)
 
     @property
@@ -151,11 +170,13 @@ class Engine:
             self._in_flight -= 1
 
     async def _model_for(
-        self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str
+        self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str, items: Sequence[ItemInput] = ()
     ) -> LoadedModel:
-        """The loaded model for a request (held until `holds` closes), after checking it supports `task` and has `lora` ready."""
+        """The loaded model for a request (held until `holds` closes), after checking it supports `task`, the
+        inputs of `items` and has `lora` ready."""
         config = self.registry.config(model_id)
         check_task(config, task)
+        check_inputs(config, items)
         check_lora(config, lora)
         model = holds.enter_context(self.registry.use(model_id, profile))
         model.loras.require(lora, self._device_thread)
@@ -167,7 +188,7 @@ class Engine:
         clock = _Clock(time.perf_counter())
         with self.admitted(), contextlib.ExitStack() as holds:
             check_outputs(self.registry.config(job.model), job.output_types)
-            model = await self._model_for(holds, job.model, job.profile, "encode", job.lora)
+            model = await self._model_for(holds, job.model, job.profile, "encode", job.lora, job.items)
             needed = device_outputs(model, job.output_types)
             muvera_config = muvera_params(model, job.options) if "dense" in job.output_types and uses_muvera(model) else None
             if job.dims is not None and "dense" in job.output_types and job.dims > dense_dims(model, job.options):
@@ -176,16 +197,72 @@ class Engine:
                     reason="DIMS_TOO_LARGE",
                     metadata={"dims": str(job.dims)},
                 )
-            encoded, results = await self._encode_texts(
-                model, job.texts, needed, clock,
+            encoded, results = await self._encode_items(
+                model, job.items, needed, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
             )
 
             outputs = await self._postprocess(
                 lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock
             )
-            self._count(model, len(job.texts))
+            self._count(model, len(job.items))
         return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
+
+    async def _encode_items(
+        self,
+        model: LoadedModel,
+        items: Sequence[ItemInput],
+        outputs: tuple[str, ...],
+        clock: _Clock,
+        *,
+        is_query: bool,
+        instruction: str | None,
+        lora: str,
+        options: Mapping[str, Any],
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        """Text items through the text path, image items through the image path (batched apart), back in item order."""
+        common = {"is_query": is_query, "instruction": instruction, "lora": lora, "options": options}
+        image_rows = [row for row, item in enumerate(items) if item.images]
+        if not image_rows:
+            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, **common)
+        check_one_input_per_item(model, items)
+        text_rows = [row for row, item in enumerate(items) if not item.images]
+        (texts, text_results), (images, image_results) = await _all_or_none(
+            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, **common),
+            self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
+        )
+        by_row = dict(zip([*text_rows, *image_rows], [*texts, *images]))
+        return [by_row[row] for row in range(len(items))], text_results + image_results
+
+    async def _encode_images(
+        self, model: LoadedModel, items: Sequence[ItemInput], outputs: tuple[str, ...], clock: _Clock, *, lora: str, options: Mapping[str, Any]
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        """One image per item: decoded and preprocessed on the image pool, then batched by the image key at cost 1."""
+        encoder = model.encoder
+        assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
+        pixels = await self._prepare_images(clock, encoder, items)
+        key = (model.config.id, model.profile, "encode", lora, outputs, "image", canonical_options(options))
+        work = _DeviceWork(model, lora, lambda batch: encoder.encode_images(batch, outputs))
+        results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
+        return [result.output for result in results], results
+
+    async def _prepare_images(self, clock: _Clock, encoder: ImageEncoder, items: Sequence[ItemInput]) -> list[Any]:
+        """Decode (within SIE_MAX_IMAGE_PIXELS) and preprocess each item's image, in parallel on the image pool.
+
+        The first bad image in item order is the one reported."""
+        started = time.perf_counter()
+        max_pixels = self.settings.max_image_pixels
+
+        def prepare(item: ItemInput) -> Any:
+            return encoder.prepare_image(decode_image(item, 0, max_pixels=max_pixels))
+
+        loop = asyncio.get_running_loop()
+        prepared = await asyncio.gather(*(loop.run_in_executor(self._image_pool, prepare, item) for item in items), return_exceptions=True)
+        clock.tokenization_ms += _ms_since(started)
+        for outcome in prepared:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return prepared
 
     async def _encode_texts(
         self,
@@ -212,20 +289,23 @@ class Engine:
     async def score(self, job: ScoreJob) -> ScoreOutcome:
         clock = _Clock(time.perf_counter())
         with self.admitted(), contextlib.ExitStack() as holds:
-            model = await self._model_for(holds, job.model, job.profile, "score", job.lora)
+            model = await self._model_for(holds, job.model, job.profile, "score", job.lora, [job.query, *job.items])
             if isinstance(model.encoder, PairScorer):
                 scores, results = await self._score_pairs(model, job, clock)
+            elif isinstance(model.encoder, ImageEncoder):
+                scores, results = await self._score_embeddings(model, job, clock)
             else:
                 scores, results = await self._score_late_interaction(model, job, clock)
             order = sorted(range(len(scores)), key=lambda index: -scores[index])
             ranked = [ScoredItem(index, float(scores[index])) for index in order[: job.top_k or None]]
-            self._count(model, len(job.texts))
+            self._count(model, len(job.items))
         return ScoreOutcome(model=job.model, ranked=ranked, timing=clock.timing(results))
 
     async def _score_pairs(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
         scorer = model.encoder
-        query = (job.instruction or "") + job.query
-        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, job.texts))
+        query = (job.instruction or "") + (job.query.text or "")
+        texts = [item.text or "" for item in job.items]
+        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts))
         key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
         work = _DeviceWork(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
@@ -234,11 +314,21 @@ class Engine:
     async def _score_late_interaction(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
         """MaxSim of the query's vectors against each item's, for multivector models."""
         common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
-        (query, query_results), (items, item_results) = await asyncio.gather(
-            self._encode_texts(model, [job.query], ("multivector",), clock, is_query=True, **common),
-            self._encode_texts(model, job.texts, ("multivector",), clock, is_query=False, **common),
+        (query, query_results), (items, item_results) = await _all_or_none(
+            self._encode_items(model, [job.query], ("multivector",), clock, is_query=True, **common),
+            self._encode_items(model, job.items, ("multivector",), clock, is_query=False, **common),
         )
         scores = await self._postprocess(lambda: [maxsim(query[0].multivector, item.multivector) for item in items], clock)
+        return scores, query_results + item_results
+
+    async def _score_embeddings(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
+        """Cosine similarity of the query's embedding and each item's, whichever tower (text or image) reads each."""
+        common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
+        (query, query_results), (items, item_results) = await _all_or_none(
+            self._encode_items(model, [job.query], ("dense",), clock, is_query=True, **common),
+            self._encode_items(model, job.items, ("dense",), clock, is_query=False, **common),
+        )
+        scores = await self._postprocess(lambda: [cosine(query[0].dense, item.dense) for item in items], clock)
         return scores, query_results + item_results
 
     # -- extract --------------------------------------------------------------
@@ -349,6 +439,17 @@ def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | Non
         sparse=item.sparse if "sparse" in job.output_types else None,
         multivector=quantize(item.multivector, job.output_dtype) if "multivector" in job.output_types else None,
     )
+
+
+async def _all_or_none(*steps: Awaitable[Any]) -> list[Any]:
+    """Run steps concurrently; when one fails, cancel the others (their queued items leave the BatchFormer) and raise."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 def _ms_since(start: float) -> float:

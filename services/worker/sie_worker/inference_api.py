@@ -23,6 +23,8 @@ from sie_worker.jobs import (
     EncodeOutcome,
     ExtractJob,
     ExtractOutcome,
+    ImageInput,
+    ItemInput,
     ScoreJob,
     ScoreOutcome,
     Timing,
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
     """Validate an EncodeRequest's own fields (the model checks its part later)."""
     _require_model(request.model)
-    texts = _texts(request.model, request.items)
+    items = _items(request.items)
     output_types = tuple(dict.fromkeys(request.output_types)) or ("dense",)
     for output in output_types:
         if output not in OUTPUT_TYPES:
@@ -56,7 +58,7 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
     lora, options = _lora_and_options(request.lora, request.options)
     return EncodeJob(
         model=request.model,
-        texts=texts,
+        items=items,
         output_types=output_types,
         output_dtype=dtype,
         instruction=request.instruction if request.HasField("instruction") else None,
@@ -70,15 +72,15 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
 
 def score_job(request: inference_pb2.ScoreRequest) -> ScoreJob:
     _require_model(request.model)
-    if not request.query.HasField("text"):
-        raise InvalidArgument("query: a text query is required", reason="MISSING_QUERY")
+    if not request.query.HasField("text") and not request.query.images:
+        raise InvalidArgument("query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY")
     if request.HasField("top_k") and request.top_k < 0:
         raise InvalidArgument(f"top_k must be 0 (all) or positive, got {request.top_k}", reason="INVALID_TOP_K")
     lora, options = _lora_and_options(request.lora, request.options)
     return ScoreJob(
         model=request.model,
-        query=request.query.text,
-        texts=_texts(request.model, request.items),
+        query=_item(request.query, None),
+        items=_items(request.items),
         top_k=request.top_k or None,
         instruction=request.instruction if request.HasField("instruction") else None,
         profile=request.profile,
@@ -92,7 +94,7 @@ def extract_job(request: inference_pb2.ExtractRequest) -> ExtractJob:
     lora, options = _lora_and_options(request.lora, request.options)
     return ExtractJob(
         model=request.model,
-        texts=_texts(request.model, request.items),
+        texts=_texts(request.items),
         labels=tuple(dict.fromkeys(request.labels)),
         threshold=request.threshold if request.HasField("threshold") else None,
         profile=request.profile,
@@ -106,19 +108,36 @@ def _require_model(model: str) -> None:
         raise InvalidArgument("model is required", reason="MISSING_MODEL")
 
 
-def _texts(model: str, items: Sequence[types_pb2.Item]) -> list[str]:
+def _items(items: Sequence[types_pb2.Item]) -> list[ItemInput]:
+    """The request's items; whether the model takes their inputs (text, images) is checked against its config later."""
     if not items:
         raise InvalidArgument("items: at least one item is required", reason="NO_ITEMS")
+    return [_item(item, index) for index, item in enumerate(items)]
+
+
+def _item(message: types_pb2.Item, index: int | None) -> ItemInput:
+    item = ItemInput(
+        text=message.text if message.HasField("text") else None,
+        images=tuple(ImageInput(image.data, image.format) for image in message.images),
+        id=message.id,
+        index=index,
+    )
+    if item.text is None and not item.images:
+        raise InvalidArgument(f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata)
+    return item
+
+
+def _texts(items: Sequence[types_pb2.Item]) -> list[str]:
+    """Texts of extract items: extraction reads text only."""
     texts = []
-    for index, item in enumerate(items):
+    for item in _items(items):
         if item.images:
             raise InvalidArgument(
-                f"items[{index}]: images are not supported by model {model} (inputs: text)",
+                f"{item.label}: extract reads text; send the item without images",
                 reason="INPUT_NOT_SUPPORTED",
-                metadata={"item": str(index)},
+                metadata={**item.metadata, "input": "image"},
             )
-        if not item.HasField("text"):
-            raise InvalidArgument(f"items[{index}]: has no text", reason="ITEM_WITHOUT_TEXT", metadata={"item": str(index)})
+        assert item.text is not None
         texts.append(item.text)
     return texts
 

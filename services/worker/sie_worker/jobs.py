@@ -12,9 +12,45 @@ from sie_worker.postprocess import Quantized
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """One encoded image as the caller sent it; `format` is the caller's hint ("" when none)."""
+
+    data: bytes
+    format: str = ""
+
+
+@dataclass(frozen=True)
+class ItemInput:
+    """One item: text, images, or both (which of them a model takes is checked against its `inputs`)."""
+
+    text: str | None = None
+    images: tuple[ImageInput, ...] = ()
+    id: str = ""
+    # Position in the request's items; None for a score request's query.
+    index: int | None = None
+
+    @property
+    def modality(self) -> str:
+        """The tower of a dual encoder that reads the item: "image" when it has images, else "text"."""
+        return "image" if self.images else "text"
+
+    @property
+    def label(self) -> str:
+        """How error messages name the item: "items[3] (id 'cat')", or "query"."""
+        where = "query" if self.index is None else f"items[{self.index}]"
+        return f"{where} (id {self.id!r})" if self.id else where
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """ErrorInfo metadata naming the item: `item` (its index, or "query") and `item_id` when it has one."""
+        named = {"item": "query" if self.index is None else str(self.index)}
+        return {**named, "item_id": self.id} if self.id else named
+
+
+@dataclass(frozen=True)
 class EncodeJob:
     model: str
-    texts: list[str]
+    items: list[ItemInput]
     output_types: tuple[str, ...] = ("dense",)
     output_dtype: str = "float32"
     instruction: str | None = None
@@ -28,8 +64,8 @@ class EncodeJob:
 @dataclass(frozen=True)
 class ScoreJob:
     model: str
-    query: str
-    texts: list[str]
+    query: ItemInput
+    items: list[ItemInput]
     top_k: int | None = None
     instruction: str | None = None
     profile: str = ""

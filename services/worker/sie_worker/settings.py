@@ -36,6 +36,8 @@ class WorkerSettings:
     max_batch_tokens: int = setting(16384, env="SIE_MAX_BATCH_TOKENS", help="token budget of one forward pass (padded); a profile's max_batch_tokens overrides it")
     max_concurrent_requests: int = setting(512, env="SIE_MAX_CONCURRENT_REQUESTS", help="requests in flight before RESOURCE_EXHAUSTED")
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
+    image_workers: int = setting(4, env="SIE_IMAGE_WORKERS", help="threads that decode and preprocess images (resize, crop, normalize)")
+    max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding)")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
