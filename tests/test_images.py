@@ -216,3 +216,30 @@ def test_images_to_a_text_model_name_its_inputs(stub) -> None:
             inference_pb2.ScoreRequest(model="test/tiny-reranker", query=image_item(PNG), items=[types_pb2.Item(text="x")]), timeout=60
         )
     assert error_info(caught.value).reason == "INPUT_NOT_SUPPORTED" and "query: model test/tiny-reranker" in caught.value.details()
+
+
+def test_client_sends_paths_pil_images_and_arrays_as_encoded_bytes(worker, tmp_path, reference) -> None:
+    from sie_client import Item, SIEClient
+    from sie_client.messages import item_message
+
+    pil = Image.open(io.BytesIO(PNG))
+    pil.load()
+    path = tmp_path / "picture.png"
+    path.write_bytes(PNG)
+    jpeg_path = tmp_path / "picture.jpg"
+    jpeg_path.write_bytes(JPEG)
+    inputs = {"bytes": PNG, "path": path, "str path": str(path), "PIL": pil, "numpy": np.asarray(pil)}
+
+    sent = item_message(Item(images=[np.asarray(pil), jpeg_path])).images
+    assert sent[0].data.startswith(b"\x89PNG") and sent[0].format == "png"
+    assert sent[1].data == JPEG and sent[1].format == "jpeg"
+    with pytest.raises(TypeError, match="must be uint8"):
+        item_message(Item(images=[np.asarray(pil) / 255.0]))
+
+    with SIEClient(worker.address) as client:
+        items = [Item(id=name, images=[image]) for name, image in inputs.items()] + [Item(id="jpeg", images=[jpeg_path])]
+        results = client.encode(CLIP, items, profile="raw")
+    assert [result["id"] for result in results] == [*inputs, "jpeg"]
+    for result in results[:-1]:
+        np.testing.assert_allclose(result["dense"], reference.images([PNG])[0], atol=1e-5)
+    np.testing.assert_allclose(results[-1]["dense"], reference.images([JPEG])[0], atol=1e-5)
