@@ -20,6 +20,7 @@ from worker_process import WorkerProcess
 MEAN = "test/tiny-mean"
 RERANKER = "test/tiny-reranker"
 NER = "test/tiny-ner"
+CLIP = "test/tiny-clip"
 ADMIN_TOKEN = "admin-s3cret"
 
 
@@ -47,11 +48,12 @@ def edge(tmp_path_factory, etcd_server, tiny_models):
         model_config(MEAN, tiny_models[MEAN]),
         model_config(RERANKER, tiny_models[RERANKER], adapter="cross_encoder", tasks=["score"]),
         model_config(NER, tiny_models[NER], adapter="token_classifier", tasks=["extract"]),
+        model_config(CLIP, tiny_models[CLIP], adapter="clip", tasks=["encode", "score"], inputs=["text", "image"]),
     ]
     cluster = Cluster(tmp, etcd_server.endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
     envoy = None
     try:
-        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER]))
+        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP]))
         gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4")
         port, admin_port = free_port(), free_port()
         config_path = tmp / "envoy.json"
@@ -122,6 +124,31 @@ def test_score_and_extract_over_http(edge) -> None:
     text = "Ada Lovelace lived in London"
     for entity in body["results"][0]["entities"]:
         assert text[entity["start"]:entity["end"]] == entity["text"]
+
+
+def test_images_over_http_as_base64(edge) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.arange(40 * 30 * 3, dtype=np.uint8).reshape(30, 40, 3)).save(buffer, format="PNG")
+    png = buffer.getvalue()
+    items = [{"id": "img", "images": [{"data": base64.b64encode(png).decode(), "format": "png"}]}, {"id": "t", "text": "a picture"}]
+    status, body = curl(edge, "POST", f"/v1/encode/{CLIP}", {"items": items})
+    assert status == 200, body
+    assert [result["id"] for result in body["results"]] == ["img", "t"]
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        reference = inference_pb2_grpc.InferenceStub(channel).Encode(
+            inference_pb2.EncodeRequest(model=CLIP, items=[types_pb2.Item(images=[types_pb2.Image(data=png)]), types_pb2.Item(text="a picture")])
+        )
+    for served, expected in zip(body["results"], reference.results):
+        np.testing.assert_allclose(served["dense"]["values"], from_tensor(expected.dense), atol=1e-6)
+
+    bad = [{"id": "junk", "images": [{"data": base64.b64encode(b"not an image").decode()}]}]
+    status, body = curl(edge, "POST", f"/v1/encode/{CLIP}", {"items": bad})
+    assert status == 400 and body["details"][0]["reason"] == "INVALID_IMAGE" and "items[0] (id 'junk')" in body["message"]
 
 
 def test_models_over_http(edge) -> None:
