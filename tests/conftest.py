@@ -25,6 +25,7 @@ from tiny_models import (  # noqa: E402
     build_tiny_head_model,
     build_tiny_lora,
     build_tiny_model,
+    build_tiny_siglip,
     write_config,
     write_model_yaml,
 )
@@ -48,6 +49,7 @@ OPERATION_MODELS = {
         "inputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n"
         "  raw:\n    extends: default\n    load_options: {normalize: false}\n"
     ),
+    "test/tiny-siglip": "inputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n",
 }
 # Served but never preloaded: loading it needs the optional gliner package.
 GLINER_MODEL = "test/tiny-gliner"
@@ -67,6 +69,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     built["test/tiny-ner"] = build_tiny_head_model(root / "ner", "ner")
     built["test/tiny-colbert"] = build_tiny_colbert(root / "colbert")
     built["test/tiny-clip"] = build_tiny_clip(root / "clip")
+    built["test/tiny-siglip"] = build_tiny_siglip(root / "siglip")
     for seed, name in enumerate(LORAS, start=1):
         built[f"lora/{name}"] = build_tiny_lora(root / "loras" / name, built["test/tiny-mean"], seed=seed)
     return built

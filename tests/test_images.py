@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipModel
 
 from grpc_helpers import call_until_loaded, error_info, forward_passes, stacked
 from sie.v1 import inference_pb2, types_pb2
@@ -135,6 +135,26 @@ def test_score_text_query_over_images_and_image_query_over_texts(stub, reference
     expected = texts @ images[1]
     assert len(response.scores) == 1 and response.scores[0].index == int(np.argmax(expected))
     assert response.scores[0].score == pytest.approx(expected.max(), abs=1e-5)
+
+
+def test_siglip_reads_max_length_padded_text_and_its_own_image_processing(stub, tiny_models) -> None:
+    """SigLIP reads the last text position, so the text is padded to the maximum length without a mask, as it was trained."""
+    directory = tiny_models["test/tiny-siglip"]
+    model = SiglipModel.from_pretrained(directory).eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
+    with torch.inference_mode():
+        ids = tokenizer(TEXTS, padding="max_length", truncation=True, return_tensors="pt")["input_ids"]
+        texts = model.get_text_features(input_ids=ids).pooler_output.numpy()
+        pixels = processor(images=[Image.open(io.BytesIO(JPEG))], return_tensors="pt")["pixel_values"]
+        image = model.get_image_features(pixel_values=pixels).pooler_output.numpy()[0]
+
+    request = inference_pb2.EncodeRequest(
+        model="test/tiny-siglip", items=[types_pb2.Item(text=TEXTS[0]), image_item(JPEG), types_pb2.Item(text=TEXTS[1])]
+    )
+    response, _ = call_until_loaded(lambda: stub.Encode(request, timeout=60))
+    served = stacked(result.dense for result in response.results)
+    np.testing.assert_allclose(served, normalized(np.stack([texts[0], image, texts[1]])), atol=1e-5)
 
 
 def test_concurrent_image_requests_share_batches(batching_stub, reference) -> None:

@@ -293,9 +293,9 @@ class Engine:
             if isinstance(model.encoder, PairScorer):
                 scores, results = await self._score_pairs(model, job, clock)
             elif isinstance(model.encoder, ImageEncoder):
-                scores, results = await self._score_embeddings(model, job, clock)
+                scores, results = await self._score_encoded(model, job, clock, "dense", cosine)
             else:
-                scores, results = await self._score_late_interaction(model, job, clock)
+                scores, results = await self._score_encoded(model, job, clock, "multivector", maxsim)
             order = sorted(range(len(scores)), key=lambda index: -scores[index])
             ranked = [ScoredItem(index, float(scores[index])) for index in order[: job.top_k or None]]
             self._count(model, len(job.items))
@@ -311,24 +311,17 @@ class Engine:
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [float(result.output) for result in results], results
 
-    async def _score_late_interaction(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
-        """MaxSim of the query's vectors against each item's, for multivector models."""
+    async def _score_encoded(
+        self, model: LoadedModel, job: ScoreJob, clock: _Clock, output: str, similarity: Callable[[Any, Any], float]
+    ) -> tuple[list[float], list[_ItemResult]]:
+        """Encode the query (as a query) and the items, then score each item's `output` against the query's:
+        MaxSim of multivectors (late interaction), or cosine of dense embeddings (dual encoders, text or image)."""
         common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
         (query, query_results), (items, item_results) = await _all_or_none(
-            self._encode_items(model, [job.query], ("multivector",), clock, is_query=True, **common),
-            self._encode_items(model, job.items, ("multivector",), clock, is_query=False, **common),
+            self._encode_items(model, [job.query], (output,), clock, is_query=True, **common),
+            self._encode_items(model, job.items, (output,), clock, is_query=False, **common),
         )
-        scores = await self._postprocess(lambda: [maxsim(query[0].multivector, item.multivector) for item in items], clock)
-        return scores, query_results + item_results
-
-    async def _score_embeddings(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
-        """Cosine similarity of the query's embedding and each item's, whichever tower (text or image) reads each."""
-        common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
-        (query, query_results), (items, item_results) = await _all_or_none(
-            self._encode_items(model, [job.query], ("dense",), clock, is_query=True, **common),
-            self._encode_items(model, job.items, ("dense",), clock, is_query=False, **common),
-        )
-        scores = await self._postprocess(lambda: [cosine(query[0].dense, item.dense) for item in items], clock)
+        scores = await self._postprocess(lambda: [similarity(getattr(query[0], output), getattr(item, output)) for item in items], clock)
         return scores, query_results + item_results
 
     # -- extract --------------------------------------------------------------
