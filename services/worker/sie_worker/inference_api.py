@@ -116,13 +116,10 @@ def _items(items: Sequence[types_pb2.Item]) -> list[ItemInput]:
 
 
 def _item(message: types_pb2.Item, index: int | None) -> ItemInput:
-    item = ItemInput(
-        text=message.text if message.HasField("text") else None,
-        images=tuple(ImageInput(image.data, image.format) for image in message.images),
-        id=message.id,
-        index=index,
-    )
-    if item.text is None and not item.images:
+    text = message.text if message.HasField("text") else None
+    images = tuple(ImageInput(image.data, image.format) for image in message.images) if message.images else ()
+    item = ItemInput(text, images, message.id, index)  # positional: this runs for every item of every request
+    if text is None and not images:
         raise InvalidArgument(f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata)
     return item
 

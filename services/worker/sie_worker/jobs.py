@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sie_worker.adapters.base import Entity, SparseWeights
 from sie_worker.postprocess import Quantized
@@ -19,9 +19,10 @@ class ImageInput:
     format: str = ""
 
 
-@dataclass(frozen=True)
-class ItemInput:
-    """One item: text, images, or both (which of them a model takes is checked against its `inputs`)."""
+class ItemInput(NamedTuple):
+    """One item: text, images, or both (which of them a model takes is checked against its `inputs`).
+
+    A NamedTuple: requests carry hundreds of items, and tuples build several times faster than dataclasses."""
 
     text: str | None = None
     images: tuple[ImageInput, ...] = ()
