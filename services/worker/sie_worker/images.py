@@ -12,6 +12,7 @@ header. Every refusal is INVALID_ARGUMENT naming the item and the image.
 from __future__ import annotations
 
 import io
+import warnings
 
 from PIL import Image, UnidentifiedImageError
 
@@ -22,6 +23,9 @@ from sie_worker.jobs import ImageInput, ItemInput
 FORMATS = {"JPEG": ("jpeg", "jpg"), "PNG": ("png",), "WEBP": ("webp",)}
 _HINTS = {hint: name for name, hints in FORMATS.items() for hint in hints}
 SUPPORTED = "JPEG, PNG or WebP"
+
+# SIE_MAX_IMAGE_PIXELS is the limit here; Pillow's warning for large headers would only repeat it in the log.
+warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
 
 def decode_image(item: ItemInput, position: int, *, max_pixels: int) -> Image.Image:
