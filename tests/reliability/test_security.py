@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from grpc_helpers import error_info
@@ -176,7 +177,7 @@ def inference_calls(stub: inference_pb2_grpc.InferenceStub) -> dict[str, Callabl
         "Score": lambda metadata: stub.Score(inference_pb2.ScoreRequest(model=MEAN, query=item[0], items=item), metadata=metadata, timeout=30),
         "Extract": lambda metadata: stub.Extract(inference_pb2.ExtractRequest(model=MEAN, items=item), metadata=metadata, timeout=30),
         "EncodeStream": stream,
-        "CreateEmbeddings": lambda metadata: stub.CreateEmbeddings(inference_pb2.CreateEmbeddingsRequest(model=MEAN, input=["x"]), metadata=metadata, timeout=30),
+        "CreateEmbeddings": lambda metadata: stub.CreateEmbeddings(inference_pb2.CreateEmbeddingsRequest(model=MEAN, input=struct_pb2.Value(string_value="x")), metadata=metadata, timeout=30),
         "ListModels": lambda metadata: stub.ListModels(inference_pb2.ListModelsRequest(), metadata=metadata, timeout=30),
         "GetModel": lambda metadata: stub.GetModel(inference_pb2.GetModelRequest(model=MEAN), metadata=metadata, timeout=30),
         "CreatePool": lambda metadata: stub.CreatePool(inference_pb2.CreatePoolRequest(name="p", gpus={"default": 1}), metadata=metadata, timeout=30),
