@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from grpc_helpers import error_info
+from grpc_helpers import call_until_loaded, error_info, stacked
 from local_cluster import model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_stack.up import wait_for_leader
@@ -146,7 +146,6 @@ def test_gateway_serves_through_mutual_tls_to_the_worker(secure, reliability_rep
         direct = inference_pb2_grpc.InferenceStub(channel).Encode(
             inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text=text) for text in texts]), timeout=60
         )
-    from grpc_helpers import stacked
 
     np.testing.assert_array_equal(through_gateway, stacked(result.dense for result in direct.results))
     reliability_report.add("security", "gateway -> worker over mutual TLS", expected="OK", actual="OK")
@@ -240,3 +239,26 @@ def test_no_token_reaches_a_log_line(secure, reliability_report) -> None:
         leaked = [token for token in (INFERENCE_TOKEN, ADMIN_TOKEN, WRONG_TOKEN) if token in text]
         reliability_report.add("security", f"tokens in the {name} log", expected="none", actual=",".join(leaked) or "none", lines=text.count("\n"))
         assert not leaked, f"{name} logged {leaked}"
+
+
+def test_a_config_added_at_run_time_cannot_point_a_worker_outside_its_weight_roots(secure, reliability_report) -> None:
+    pki = secure.pki
+    with grpc.secure_channel(secure.config.address, credentials(pki)) as channel:
+        admin = config_pb2_grpc.ConfigServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as traversal:
+            admin.AddModel(config_pb2.AddModelRequest(config=model_config("test/traversal", Path("../../etc"))), metadata=bearer(ADMIN_TOKEN))
+        reliability_report.add("security", "AddModel with path '../../etc'", expected="INVALID_ARGUMENT", actual=traversal.value.code().name)
+        assert traversal.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "contains '..'" in traversal.value.details()
+        # An absolute path is valid to the config service; the worker refuses it against its own roots.
+        admin.AddModel(config_pb2.AddModelRequest(config=model_config("test/etc", Path("/etc"))), metadata=bearer(ADMIN_TOKEN))
+    with grpc.secure_channel(secure.gateway.address, credentials(pki)) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        request = inference_pb2.EncodeRequest(model="test/etc", items=[types_pb2.Item(text="x")])
+        wait_until(lambda: refusal(lambda metadata: stub.Encode(request, metadata=metadata, timeout=30), bearer(INFERENCE_TOKEN)) != grpc.StatusCode.NOT_FOUND, what="model mirrored")
+        with pytest.raises(grpc.RpcError) as outside:
+            call_until_loaded(lambda: stub.Encode(request, metadata=bearer(INFERENCE_TOKEN), timeout=30))
+    reliability_report.add("security", "worker asked to load weights from /etc", expected="FAILED_PRECONDITION", actual=outside.value.code().name)
+    assert outside.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(outside.value).reason == "WEIGHTS_OUTSIDE_ROOTS"
+    assert "outside the allowed weight roots" in outside.value.details()
