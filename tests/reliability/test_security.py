@@ -262,3 +262,13 @@ def test_a_config_added_at_run_time_cannot_point_a_worker_outside_its_weight_roo
     assert outside.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(outside.value).reason == "WEIGHTS_OUTSIDE_ROOTS"
     assert "outside the allowed weight roots" in outside.value.details()
+
+
+def test_half_a_tls_setup_stops_the_service_with_a_message(tmp_path, reliability_report) -> None:
+    pki = make_pki(tmp_path / "pki")
+    config = WorkerProcess({"SIE_TLS_CERT_FILE": str(pki.server.cert), "SIE_ETCD_ENDPOINTS": "127.0.0.1:1"}, tmp_path / "config.log", module="sie_config")
+    with pytest.raises(RuntimeError) as stopped:
+        config.wait_serving(timeout_s=60)
+    reliability_report.add("security", "SIE_TLS_CERT_FILE without SIE_TLS_KEY_FILE", expected="exit 1", actual=f"exit {config.process.returncode}")
+    assert config.process.returncode == 1
+    assert "SIE_TLS_CERT_FILE and SIE_TLS_KEY_FILE go together" in str(stopped.value)
