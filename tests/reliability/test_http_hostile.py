@@ -96,6 +96,7 @@ HOSTILE = [
     ("model id with encoded path traversal", "/v1/encode/..%2F..%2Fetc%2Fpasswd", json.dumps(ITEMS).encode(), 404),
     ("absolute path as model id", "/v1/encode//etc/passwd", json.dumps(ITEMS).encode(), 404),
     ("megabyte text", f"/v1/encode/{MEAN}", json.dumps({"items": [{"text": "word " * 200_000}]}).encode(), 200),
+    ("oversize body (17 MiB): the gateway's RESOURCE_EXHAUSTED", f"/v1/encode/{MEAN}", json.dumps({"items": [{"text": "x" * (17 * 2**20)}]}).encode(), 429),
 ]
 
 
