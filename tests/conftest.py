@@ -57,6 +57,18 @@ GLINER_MODEL = "test/tiny-gliner"
 MISCONFIGURED_MODEL = "test/splade-as-reranker"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def weight_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Workers the tests start may read weights from the session's temporary directory (SIE_WEIGHT_ROOTS)."""
+    previous = os.environ.get("SIE_WEIGHT_ROOTS")
+    os.environ["SIE_WEIGHT_ROOTS"] = str(tmp_path_factory.getbasetemp())
+    yield
+    if previous is None:
+        os.environ.pop("SIE_WEIGHT_ROOTS", None)
+    else:
+        os.environ["SIE_WEIGHT_ROOTS"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Model id -> directory for each tiny variant."""

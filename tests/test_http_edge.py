@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -33,11 +36,11 @@ class Edge:
         self.address = f"127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory, etcd_server, tiny_models):
-    tmp = tmp_path_factory.mktemp("edge")
+@contextlib.contextmanager
+def running_edge(tmp: Path, etcd_endpoint: str, tiny_models: dict[str, Path], **gateway_env: str) -> Iterator[Edge]:
+    """Config service (admin token), one worker with the tiny models, a gateway (`gateway_env`) and Envoy in front."""
     prefix = f"/sie-edge-{uuid.uuid4().hex[:8]}/"
-    env = {"SIE_ETCD_ENDPOINTS": etcd_server.endpoint, "SIE_ETCD_PREFIX": prefix, "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
+    env = {"SIE_ETCD_ENDPOINTS": etcd_endpoint, "SIE_ETCD_PREFIX": prefix, "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
 
     def start_config() -> WorkerProcess:
         config = WorkerProcess(env, tmp / "config.log", module="sie_config")
@@ -50,25 +53,33 @@ def edge(tmp_path_factory, etcd_server, tiny_models):
         model_config(NER, tiny_models[NER], adapter="token_classifier", tasks=["extract"]),
         model_config(CLIP, tiny_models[CLIP], adapter="clip", tasks=["encode", "score"], inputs=["text", "image"]),
     ]
-    cluster = Cluster(tmp, etcd_server.endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
+    cluster = Cluster(tmp, etcd_endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
     envoy = None
     try:
         cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP]))
-        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4")
+        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4", **gateway_env)
         port, admin_port = free_port(), free_port()
         config_path = tmp / "envoy.json"
         config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=gateway.address, config=cluster.config.address)))
         envoy = EnvoyProcess(config_path, tmp / "envoy.log", admin_port)
         envoy.wait_ready()
+        token = gateway_env.get("SIE_AUTH_TOKENS", "").split(",")[0]
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
         with grpc.insecure_channel(gateway.address) as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
-            wait_until(lambda: "edge-worker" in gateway_model(stub, NER).loaded_on, what="worker registered")
+            wait_until(lambda: "edge-worker" in gateway_model(stub, NER, metadata).loaded_on, what="worker registered")
         yield Edge(cluster, gateway, envoy, port)
     finally:
         if envoy is not None:
             envoy.stop()
         cluster.stop()
         cluster.config.stop()
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory, etcd_server, tiny_models):
+    with running_edge(tmp_path_factory.mktemp("edge"), etcd_server.endpoint, tiny_models) as running:
+        yield running
 
 
 def curl(edge: Edge, method: str, path: str, body: object | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict]:

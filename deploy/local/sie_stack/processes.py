@@ -81,9 +81,19 @@ class ChildProcess:
 class ServiceProcess(ChildProcess):
     """`python -m <module> serve` (sie_worker, sie_config, sie_gateway) on a loopback port."""
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, args: tuple[str, ...] = (), module: str = "sie_worker", port: int | None = None) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_path: Path,
+        args: tuple[str, ...] = (),
+        module: str = "sie_worker",
+        port: int | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        """`credentials`: how to reach a service that listens with TLS (SIE_TLS_CERT_FILE)."""
         super().__init__(log_path)
         self.name = module
+        self.credentials = credentials
         self.module = module
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -92,8 +102,14 @@ class ServiceProcess(ChildProcess):
             {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), **env},
         )
 
+    def channel(self) -> grpc.Channel:
+        """A blocking channel to the service, with TLS when it was started with credentials."""
+        if self.credentials is not None:
+            return grpc.secure_channel(self.address, self.credentials)
+        return grpc.insecure_channel(self.address)
+
     def wait_serving(self, timeout_s: float = 180) -> None:
-        with grpc.insecure_channel(self.address) as channel:
+        with self.channel() as channel:
             stub = health_pb2_grpc.HealthStub(channel)
 
             def serving() -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 from sie.v1 import worker_pb2
 from sie_common.cluster_store import WorkerRecord
 from sie_gateway.routing import choose_worker
-from sie_gateway.worker_link import WorkerLink, WorkerLost
+from sie_gateway.worker_link import Connect, WorkerLink, WorkerLost
 
 # Given the workers already tried, the workers still eligible for this request.
 Candidates = Callable[[Collection[str]], Sequence[WorkerRecord]]
@@ -29,8 +29,9 @@ class NoWorker(Exception):
 
 
 class Dispatcher:
-    def __init__(self, *, window: int, max_attempts: int = 3) -> None:
+    def __init__(self, *, window: int, max_attempts: int = 3, connect: Connect | None = None) -> None:
         self._window = window
+        self._connect = connect
         self._max_attempts = max_attempts
         self._links: dict[str, WorkerLink] = {}
 
@@ -61,7 +62,8 @@ class Dispatcher:
     def _link(self, worker: WorkerRecord) -> WorkerLink:
         link = self._links.get(worker.worker_id)
         if link is None or link.address != worker.address:
-            link = WorkerLink(worker.worker_id, worker.address, window=self._window)
+            channel = self._connect(worker.address) if self._connect is not None else None
+            link = WorkerLink(worker.worker_id, worker.address, window=self._window, channel=channel)
             self._links[worker.worker_id] = link
         return link
 

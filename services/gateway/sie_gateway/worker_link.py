@@ -12,13 +12,16 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
 
 from sie.v1 import worker_pb2, worker_pb2_grpc
+from sie_common.settings import SettingsError
+from sie_common.transport import channel_credentials
+from sie_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,22 @@ class _Stream:
         self.call.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.reader
+
+
+# address -> a channel to that worker (plaintext, or TLS as the gateway's settings say).
+Connect = Callable[[str], grpc.aio.Channel]
+
+
+def worker_connector(settings: GatewaySettings) -> Connect:
+    """Channels to workers: TLS when SIE_WORKER_TLS_CA_FILE is set, presenting SIE_WORKER_TLS_CERT_FILE
+    (mutual TLS) when that is set too. Answers may be as large as this gateway may send on."""
+    options = [("grpc.max_receive_message_length", settings.max_send_message_bytes), ("grpc.max_send_message_length", -1)]
+    if not settings.worker_tls_ca_file:
+        if settings.worker_tls_cert_file:
+            raise SettingsError("SIE_WORKER_TLS_CERT_FILE (mutual TLS to workers) needs SIE_WORKER_TLS_CA_FILE")
+        return lambda address: grpc.aio.insecure_channel(address, options=options)
+    credentials = channel_credentials(settings.worker_tls_ca_file, settings.worker_tls_cert_file, settings.worker_tls_key_file)
+    return lambda address: grpc.aio.secure_channel(address, credentials, options=options)
 
 
 class WorkerLink:

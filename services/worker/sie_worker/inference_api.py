@@ -141,7 +141,10 @@ def _texts(items: Sequence[types_pb2.Item]) -> list[str]:
 
 def _lora_and_options(lora: str, options: struct_pb2.Struct) -> tuple[str, dict[str, Any]]:
     """The request's LoRA (`lora`, or its alias `options.lora`) and the remaining run-time options."""
-    values = json_format.MessageToDict(options)
+    try:
+        values = json_format.MessageToDict(options)
+    except json_format.SerializeToJsonError as error:  # NaN or Infinity in a number value
+        raise InvalidArgument(f"options must be plain JSON values: {error}", reason="INVALID_OPTIONS") from None
     alias = values.pop("lora", "")
     if not isinstance(alias, str):
         raise InvalidArgument("options.lora must be a LoRA adapter name", reason="INVALID_OPTIONS")

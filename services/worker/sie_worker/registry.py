@@ -107,7 +107,7 @@ class ModelRegistry:
         self._configs = catalog.configs
         self._settings = settings
         self._device = device
-        self._weights = WeightResolver(settings)
+        self._weights = WeightResolver(settings, catalog.weight_roots)
         self.pressure = MemoryPressure(device, settings)
         self._loaded: dict[Key, LoadedModel] = {}
         self._loading: dict[Key, asyncio.Task[LoadedModel]] = {}
@@ -274,6 +274,7 @@ class ModelRegistry:
             capacity=self._settings.max_loras_per_model,
             local_cache=self._settings.local_cache,
             hf_fallback=self._settings.hf_fallback,
+            roots=self._catalog.weight_roots,
         )
         return LoadedModel(
             config, profile_name, adapter, limits, self._stats[config.id], loras,

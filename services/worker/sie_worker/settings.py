@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from sie_common.settings import setting
+from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class WorkerSettings:
     gpu_count: int = setting(1, env="SIE_GPU_COUNT", help="GPU count advertised in the worker's registration")
     health_publish_interval_ms: int = setting(5000, env="SIE_HEALTH_PUBLISH_INTERVAL_MS", help="how often the worker's etcd registration is refreshed (loaded models, queue depth, capacity)")
     worker_lease_ttl_s: int = setting(10, env="SIE_WORKER_LEASE_TTL_S", help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it")
+    weight_roots: tuple[str, ...] = setting((), env="SIE_WEIGHT_ROOTS", help="comma-separated directories a model config's path and local LoRA directories must lie in (symlinks resolved); unset: the local cache, SIE_MODELS_DIR and the built-in models' package directories")
+    tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
+    tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
+    tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
+    max_receive_message_bytes: int = setting(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, env="SIE_MAX_RECEIVE_MESSAGE_BYTES", help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED")
+    max_send_message_bytes: int = setting(DEFAULT_MAX_SEND_MESSAGE_BYTES, env="SIE_MAX_SEND_MESSAGE_BYTES", help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
 
     def __post_init__(self) -> None:
