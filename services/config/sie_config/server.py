@@ -13,8 +13,10 @@ from sie.v1 import config_pb2, config_pb2_grpc
 from sie_common.bundles import load_bundles
 from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
+from sie_common.metrics_server import start_metrics_server
 from sie_config.api import ConfigService
 from sie_config.leader import LeaderElection
+from sie_config.metrics import register_election
 from sie_config.settings import ConfigSettings
 from sie_config.store import ConfigStore
 
@@ -46,6 +48,8 @@ async def serve(settings: ConfigSettings) -> None:
     listen = f"{settings.host}:{settings.port}"
     if server.add_insecure_port(listen) == 0:
         raise OSError(f"cannot listen on {listen}")
+    register_election(election)
+    metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
     election.start()
     await set_serving(health, [CONFIG_SERVICE], True)
@@ -60,4 +64,6 @@ async def serve(settings: ConfigSettings) -> None:
     await server.stop(DRAIN_GRACE_S)
     await election.stop()
     await etcd.close()
+    if metrics is not None:
+        metrics.stop()
 

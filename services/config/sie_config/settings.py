@@ -23,3 +23,7 @@ class ConfigSettings:
     leader_ttl_s: int = setting(10, env="SIE_CONFIG_LEADER_TTL_S", help="lease TTL of the leader key: a dead leader is replaced within about this long")
     idempotency_ttl_s: int = setting(86400, env="SIE_IDEMPOTENCY_TTL_S", help="how long an idempotency-key's first answer is replayed")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    # Observability (docs/observability.md).
+    metrics_port: int = setting(9097, env="SIE_CONFIG_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
+    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
+    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")

@@ -25,6 +25,10 @@ class GatewaySettings:
     auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: every Inference call (inference, models, pools) needs a bearer token from SIE_AUTH_TOKENS")
     auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    # Observability (docs/observability.md).
+    metrics_port: int = setting(9096, env="SIE_GATEWAY_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
+    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
+    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
         if self.auth_mode not in AUTH_MODES:

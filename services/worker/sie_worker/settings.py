@@ -48,6 +48,10 @@ class WorkerSettings:
     health_publish_interval_ms: int = setting(5000, env="SIE_HEALTH_PUBLISH_INTERVAL_MS", help="how often the worker's etcd registration is refreshed (loaded models, queue depth, capacity)")
     worker_lease_ttl_s: int = setting(10, env="SIE_WORKER_LEASE_TTL_S", help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    # Observability (docs/observability.md).
+    metrics_port: int = setting(9095, env="SIE_WORKER_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
+    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
+    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
         if not self.worker_id:
