@@ -252,6 +252,10 @@ def test_one_trace_through_gateway_and_worker_with_json_logs_and_demand(cluster,
     assert sample(metrics, "sie_gateway_workers", machine_profile="default", pool="") == 1
     assert sample(metrics, "sie_gateway_requests_in_flight") == 0
     assert sample(scrape(worker), "sie_worker_requests_total", model="test/tiny-mean", operation="encode", status="OK") == 1
+    # Every service of the cluster is ready on HTTP as on gRPC; the one config replica leads.
+    for process in (cluster.config, worker, gateway):
+        assert http_get(f"{process.metrics_url}/readyz") == (200, "ready\n")
+    assert sample(scrape(cluster.config), "sie_config_leader") == 1
 
 
 def _workers(stub: inference_pb2_grpc.InferenceStub) -> set[str]:

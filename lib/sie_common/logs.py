@@ -36,7 +36,7 @@ def request_fields(*, model: str, request_id: str) -> Iterator[None]:
 
 
 def current_trace_id() -> str | None:
-    """The current span's trace id as 32 hex digits, or None outside a sampled trace."""
+    """The current span's trace id as 32 hex digits, or None outside a trace."""
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else None
 

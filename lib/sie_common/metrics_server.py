@@ -43,7 +43,10 @@ def start_metrics_server(host: str, port: int, ready: Callable[[], bool]) -> Met
     """Serve on host:port, or nothing when `port` is 0; OSError when the port is taken."""
     if port == 0:
         return None
-    server = MetricsServer(host, port, ready).start()
+    try:
+        server = MetricsServer(host, port, ready).start()
+    except OSError as error:
+        raise OSError(f"cannot serve metrics on {host}:{port}: {error.strerror or error}; set another metrics port, or 0 to turn it off") from None
     log.info("metrics, /healthz and /readyz on http://%s:%d", host, server.port)
     return server
 
