@@ -4,8 +4,11 @@ from the client through gateway and worker received at a loopback OTLP receiver.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -101,6 +104,23 @@ def test_metrics_port_serves_health_and_names_its_paths(worker: WorkerProcess) -
     assert http_get(f"{worker.metrics_url}/readyz") == (200, "ready\n")
     status, body = http_get(f"{worker.metrics_url}/nothing-here")
     assert status == 404 and "/metrics" in body
+
+
+def test_a_taken_metrics_port_or_an_unknown_exporter_stops_the_worker_with_a_message(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _serve_worker({"SIE_HOST": "127.0.0.1", "SIE_PORT": "0", "SIE_MODELS_DIR": str(tmp_path), "SIE_WORKER_METRICS_PORT": str(port)})
+    assert result.returncode == 1
+    assert f"cannot serve metrics on 127.0.0.1:{port}: Address already in use" in result.stderr
+    result = _serve_worker({"SIE_TRACING_ENABLED": "true", "OTEL_TRACES_EXPORTER": "zipkin"})
+    assert result.returncode == 2
+    assert "OTEL_TRACES_EXPORTER='zipkin': expected otlp, console or none" in result.stderr
+
+
+def _serve_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sie_worker", "serve"], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
 
 
 # -- readiness -------------------------------------------------------------------
