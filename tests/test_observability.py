@@ -75,6 +75,9 @@ def test_worker_metrics_move_under_load(worker: WorkerProcess) -> None:
         with pytest.raises(grpc.RpcError) as refused:
             stub.Encode(encode_request(model, []), timeout=10)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.Encode(encode_request("made-up/model-name", ["x"]), timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
         stats_after = stub.GetModel(inference_pb2.GetModelRequest(model=model), timeout=10).model.stats
     after = scrape(worker)
     assert len(answers) == 8
@@ -85,6 +88,9 @@ def test_worker_metrics_move_under_load(worker: WorkerProcess) -> None:
     assert grew("sie_worker_requests_total", model=model, operation="encode", status="OK") == 8
     assert grew("sie_worker_requests_total", model=model, operation="encode", status="INVALID_ARGUMENT") == 1
     assert grew("sie_worker_request_duration_seconds_count", model=model, operation="encode") == 9
+    # A model nobody serves is counted under one label, so made-up names add no series.
+    assert grew("sie_worker_requests_total", model="(unknown)", operation="encode", status="NOT_FOUND") == 1
+    assert "made-up/model-name" not in after
     assert grew("sie_worker_queue_duration_seconds_count", model=model, operation="encode") == 8
     # The batch histograms count forward passes: as many as the model's own counter saw, holding all 24 items.
     passes = stats_after.forward_passes - stats_before.forward_passes
@@ -275,7 +281,9 @@ def test_one_trace_through_gateway_and_worker_with_json_logs_and_demand(cluster,
     # Every service of the cluster is ready on HTTP as on gRPC; the one config replica leads.
     for process in (cluster.config, worker, gateway):
         assert http_get(f"{process.metrics_url}/readyz") == (200, "ready\n")
-    assert sample(scrape(cluster.config), "sie_config_leader") == 1
+    config_metrics = scrape(cluster.config)
+    assert sample(config_metrics, "sie_config_leader") == 1
+    assert sample(config_metrics, "sie_config_requests_total", model="", operation="AddModel", status="OK") == 2  # the cluster's two models
 
 
 def _workers(stub: inference_pb2_grpc.InferenceStub) -> set[str]:

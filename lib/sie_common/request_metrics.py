@@ -27,11 +27,22 @@ def status_code(number: int) -> grpc.StatusCode:
     return _CODES.get(number, grpc.StatusCode.UNKNOWN)
 
 
+# The `model` label of requests for a model that is not served here, so that made-up
+# model names cannot grow the number of series without bound.
+UNKNOWN_MODEL = "(unknown)"
+
+
 @dataclass
 class Outcome:
-    """What became of a request: set `status` for a failure that ends without a SieError (an abort)."""
+    """What became of a request: callers that end a request without raising (an abort) say why."""
 
     status: grpc.StatusCode = grpc.StatusCode.OK
+    model_known: bool = True
+
+    def failed(self, error: SieError) -> None:
+        self.status = error.code
+        if error.reason == "MODEL_NOT_FOUND":
+            self.model_known = False
 
 
 class RequestMetrics:
@@ -57,7 +68,7 @@ class RequestMetrics:
             try:
                 yield outcome
             except SieError as error:
-                outcome.status = error.code
+                outcome.failed(error)
                 raise
             except asyncio.CancelledError:
                 outcome.status = grpc.StatusCode.CANCELLED
@@ -68,6 +79,7 @@ class RequestMetrics:
                 raise
             finally:
                 seconds = time.perf_counter() - started
-                self.requests.labels(model, operation, outcome.status.name).inc()
-                self.seconds.labels(model, operation).observe(seconds)
+                label = model if outcome.model_known else UNKNOWN_MODEL
+                self.requests.labels(label, operation, outcome.status.name).inc()
+                self.seconds.labels(label, operation).observe(seconds)
                 self._log.debug("%s answered %s", operation, outcome.status.name, extra={"latency_ms": seconds * 1000})

@@ -138,7 +138,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                 with self._admitted():
                     work = await self._route(task, request, headers, self._deadline(context))
             except SieError as error:
-                outcome.status = error.code
+                outcome.failed(error)
                 await abort(context, error)
             context.set_trailing_metadata(((WORKER_TRAILER, work.worker_id),))
             if work.WhichOneof("outcome") == "error":
