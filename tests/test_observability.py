@@ -95,10 +95,10 @@ def test_worker_metrics_move_under_load(worker: WorkerProcess) -> None:
     # The batch histograms count forward passes: as many as the model's own counter saw, holding all 24 items.
     passes = stats_after.forward_passes - stats_before.forward_passes
     assert 1 <= passes <= 8
-    assert grew("sie_worker_batch_items_count", model=model) == passes
-    assert grew("sie_worker_batch_items_sum", model=model) == 24
+    assert grew("sie_worker_batch_items_count", model=model, profile="default") == passes
+    assert grew("sie_worker_batch_items_sum", model=model, profile="default") == 24
     assert grew("sie_worker_inference_duration_seconds_count", model=model) == passes
-    assert grew("sie_worker_batch_tokens_sum", model=model) > 24  # every item is several tokens
+    assert grew("sie_worker_batch_tokens_sum", model=model, profile="default") > 24  # every item is several tokens
     assert sample(after, "sie_worker_queue_depth") == 0
     assert sample(after, "sie_worker_requests_in_flight") == 0
     assert sample(after, "sie_worker_model_loaded", model=model) == 1

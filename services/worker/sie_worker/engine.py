@@ -338,7 +338,7 @@ class Engine:
                 continue
             finished = time.monotonic()
             model.stats.forward_passes += 1
-            record_batch(model.config.id, len(batch), sum(item.cost for item in batch), finished - started)
+            record_batch(model.config.id, model.profile, len(batch), sum(item.cost for item in batch), finished - started)
             inference_ms = (finished - started) * 1000
             for row, item in enumerate(batch):
                 if not item.future.done():

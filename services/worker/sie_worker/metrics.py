@@ -32,19 +32,18 @@ QUEUE_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS_S,
 )
 INFERENCE_SECONDS = Histogram("sie_worker_inference_duration_seconds", "Duration of one forward pass", ["model"], buckets=LATENCY_BUCKETS_S)
-BATCH_ITEMS = Histogram(
-    "sie_worker_batch_items", "Items in one forward pass", ["model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-)
+# Same names, labels and buckets as the adaptive batcher's (sie_worker.batch_stats on branch adaptive):
+# one definition of each must remain when both are merged.
+BATCH_ITEMS = Histogram("sie_worker_batch_items", "Items per forward pass.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(10)))
 BATCH_TOKENS = Histogram(
-    "sie_worker_batch_tokens", "Tokens in one forward pass (the items' token counts, unpadded)", ["model"],
-    buckets=(16, 64, 256, 1024, 4096, 16384, 65536),
+    "sie_worker_batch_tokens", "Tokens per forward pass, before padding.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(17))
 )
 QUEUE_DEPTH = Gauge("sie_worker_queue_depth", "Items waiting in the BatchFormer for a forward pass")
 
 
-def record_batch(model: str, items: int, tokens: int, inference_s: float) -> None:
-    BATCH_ITEMS.labels(model).observe(items)
-    BATCH_TOKENS.labels(model).observe(tokens)
+def record_batch(model: str, profile: str, items: int, tokens: int, inference_s: float) -> None:
+    BATCH_ITEMS.labels(model, profile).observe(items)
+    BATCH_TOKENS.labels(model, profile).observe(tokens)
     INFERENCE_SECONDS.labels(model).observe(inference_s)
 
 
