@@ -78,8 +78,15 @@ class ChildProcess:
         return self.process.returncode
 
 
+# Each service's variable for its /metrics, /healthz and /readyz port.
+METRICS_PORT_ENV = {"sie_worker": "SIE_WORKER_METRICS_PORT", "sie_gateway": "SIE_GATEWAY_METRICS_PORT", "sie_config": "SIE_CONFIG_METRICS_PORT"}
+
+
 class ServiceProcess(ChildProcess):
-    """`python -m <module> serve` (sie_worker, sie_config, sie_gateway) on a loopback port."""
+    """`python -m <module> serve` (sie_worker, sie_config, sie_gateway) on a loopback port.
+
+    Its metrics port is a free one unless `env` sets it (0 turns it off), so
+    several services share a host; `metrics_url` is None when it is off."""
 
     def __init__(
         self,
@@ -97,10 +104,11 @@ class ServiceProcess(ChildProcess):
         self.module = module
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self._spawn(
-            [sys.executable, "-m", module, "serve", *args],
-            {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), **env},
-        )
+        metrics_env = METRICS_PORT_ENV[module]
+        full_env = {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), metrics_env: str(free_port()), **env}
+        self.metrics_port = int(full_env[metrics_env] or 0)
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}" if self.metrics_port else None
+        self._spawn([sys.executable, "-m", module, "serve", *args], full_env)
 
     def channel(self) -> grpc.Channel:
         """A blocking channel to the service, with TLS when it was started with credentials."""

@@ -15,8 +15,10 @@ from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.malformed_requests import RejectMalformedRequests
 from sie_common.transport import ServerTransport
+from sie_common.metrics_server import start_metrics_server
 from sie_config.api import ConfigService
 from sie_config.leader import LeaderElection
+from sie_config.metrics import register_election
 from sie_config.settings import ConfigSettings
 from sie_config.store import ConfigStore
 
@@ -48,6 +50,8 @@ async def serve(settings: ConfigSettings) -> None:
     health = await add_health_and_reflection(server, [CONFIG_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     transport.listen(server, listen)
+    register_election(election)
+    metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
     election.start()
     await set_serving(health, [CONFIG_SERVICE], True)
@@ -62,4 +66,6 @@ async def serve(settings: ConfigSettings) -> None:
     await server.stop(DRAIN_GRACE_S)
     await election.stop()
     await etcd.close()
+    if metrics is not None:
+        metrics.stop()
 

@@ -23,6 +23,7 @@ from typing import Any
 
 
 from sie_common.errors import Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
+from sie_common.tracing import TRACER, record_span, recording
 from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, PairScorer, TokenizedText, ZeroShotExtractor
 from sie_worker.batching import BatchFormer, PendingItem
 from sie_worker.capabilities import (
@@ -53,6 +54,7 @@ from sie_worker.jobs import (
 from sie_worker.images import decode_image
 from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
 from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_splitting_on_oom
+from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.model_catalog import read_catalog
 from sie_worker.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
@@ -356,13 +358,15 @@ class Engine:
 
     async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]]) -> list[TokenizedText]:
         started = time.perf_counter()
-        tokenized = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, tokenize)
+        with TRACER.start_as_current_span("tokenization"):
+            tokenized = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, tokenize)
         clock.tokenization_ms += _ms_since(started)
         return tokenized
 
     async def _postprocess(self, finish: Callable[[], Any], clock: _Clock) -> Any:
         started = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, finish)
+        with TRACER.start_as_current_span("postprocessing"):
+            result = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, finish)
         clock.postprocessing_ms += _ms_since(started)
         return result
 
@@ -375,17 +379,22 @@ class Engine:
         loop = asyncio.get_running_loop()
         pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
         self._former.add(pending, work.model.limits)
+        QUEUE_DEPTH.set(self._former.pending)
         try:
-            return list(await asyncio.gather(*(item.future for item in pending)))
+            results = list(await asyncio.gather(*(item.future for item in pending)))
         except BaseException:
             for item in pending:
                 item.future.cancel()
             raise
+        if recording():
+            _record_device_spans(pending, results)
+        return results
 
     async def _run_device(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._former.next_batch()
+            QUEUE_DEPTH.set(self._former.pending)
             work: _DeviceWork = batch[0].payload[0]
             model = work.model
             self._batches += 1
@@ -412,11 +421,26 @@ class Engine:
                 continue
             finished = time.monotonic()
             model.stats.forward_passes += 1
+            record_batch(model.config.id, model.profile, len(batch), sum(item.cost for item in batch), finished - started)
             inference_ms = (finished - started) * 1000
             for row, item in enumerate(batch):
                 if not item.future.done():
                     queue_ms = (started - item.enqueued_at) * 1000
                     item.future.set_result(_ItemResult(outputs[row], batch_id, queue_ms, inference_ms, item.cost))
+
+
+def _record_device_spans(pending: Sequence[PendingItem], results: Sequence[_ItemResult]) -> None:
+    """A request's `queue` span (until its last item reached the device) and one `inference` span per
+    forward pass that ran its items. A forward pass serves many requests: each request's trace gets its
+    own span for it, with the batch id as attribute, rather than a span shared across traces."""
+    batches: dict[int, tuple[float, float]] = {}
+    for item, result in zip(pending, results):
+        batches[result.batch_id] = (item.enqueued_at + result.queue_ms / 1000, result.inference_ms / 1000)
+    enqueued = min(item.enqueued_at for item in pending)
+    record_span("queue", enqueued, max(start for start, _ in batches.values()), {"sie.items": len(pending)})
+    for batch_id, (start, seconds) in sorted(batches.items()):
+        items = sum(1 for result in results if result.batch_id == batch_id)
+        record_span("inference", start, start + seconds, {"sie.batch_id": batch_id, "sie.items": items})
 
 
 def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:

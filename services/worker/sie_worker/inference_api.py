@@ -29,6 +29,7 @@ from sie_worker.jobs import (
     ScoreOutcome,
     Timing,
 )
+from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
@@ -227,15 +228,13 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     # (shared by the unary RPCs, EncodeStream and the internal Work stream).
 
     async def run_encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
-        return await _guarded("encode", request.request_id, lambda: self._engine.encode(encode_job(request)), lambda o: encode_response(request, o))
+        return await _guarded("encode", request, lambda: self._engine.encode(encode_job(request)), lambda o: encode_response(request, o))
 
     async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
-        return await _guarded("score", request.request_id, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
+        return await _guarded("score", request, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
 
     async def run_extract(self, request: inference_pb2.ExtractRequest) -> inference_pb2.ExtractResponse:
-        return await _guarded(
-            "extract", request.request_id, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o)
-        )
+        return await _guarded("extract", request, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o))
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
@@ -295,15 +294,21 @@ Response = TypeVar("Response")
 
 async def _guarded(
     operation: str,
-    request_id: str,
+    request: Any,
     run: Callable[[], Awaitable[Outcome]],
     respond: Callable[[Outcome], Response],
 ) -> Response:
-    """Run one request; anything that is not a SieError becomes INTERNAL (logged), and the server keeps serving."""
-    try:
-        return respond(await run())
-    except (SieError, asyncio.CancelledError):
-        raise
-    except Exception as error:
-        log.exception("%s request %r failed", operation, request_id)
-        raise Internal(f"internal error: {error}", reason="INTERNAL") from error
+    """Run one request; anything that is not a SieError becomes INTERNAL (logged), and the server keeps serving.
+
+    Every request is counted in the metrics and logged at DEBUG with its latency; log lines written
+    while it runs carry its model and request_id."""
+    with REQUESTS.observe(operation, request.model, request.request_id):
+        try:
+            response = respond(await run())
+        except (SieError, asyncio.CancelledError):
+            raise
+        except Exception as error:
+            log.exception("%s request %r failed", operation, request.request_id)
+            raise Internal(f"internal error: {error}", reason="INTERNAL") from error
+        QUEUE_SECONDS.labels(request.model, operation).observe(response.timing.queue_ms / 1000)
+        return response
