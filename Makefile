@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: up serve test protos proto-check proto-lint proto-breaking bench
+.PHONY: up serve test protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
 $(INSTALLED): pyproject.toml scripts/bootstrap
 	scripts/bootstrap $(VENV)
@@ -34,6 +34,14 @@ proto-lint: $(INSTALLED)
 
 proto-breaking: $(INSTALLED)
 	$(PYTHON) tools/protos.py breaking $(AGAINST)
+
+# Kubernetes manifests: regenerate Envoy's config in deploy/kustomize/base/envoy/
+# (after proto or Envoy config changes); render and validate every overlay.
+manifests: $(INSTALLED)
+	$(PYTHON) tools/manifests.py envoy
+
+manifests-check: $(INSTALLED)
+	$(PYTHON) tools/manifests.py check
 
 bench: $(INSTALLED)
 	$(PYTHON) bench/encode_throughput.py $(ARGS)
