@@ -16,12 +16,17 @@ import re
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from manifests import KUSTOMIZE_DIR, OVERLAYS, ROOT, envoy_files, render, stale_envoy_files, validation_errors
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from test_bad_input import error_reason
+from worker_process import free_port
 
 DOCKER_DIR = ROOT / "deploy" / "docker"
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -355,3 +360,39 @@ def test_images_pin_torch_as_bootstrap_does() -> None:
     # torch is installed before the engine, so `pip install .` keeps that build.
     for text in (cpu, cuda):
         assert text.index('"${TORCH}"') < text.index("pip install .")
+
+
+def test_keda_queries_read_the_demand_a_gateway_with_the_overlays_environment_publishes(rendered, cluster) -> None:
+    """A real gateway, run with the gpu overlay's environment: one request per profile that has no
+    worker, then each ScaledObject's query, evaluated on the gateway's /metrics, wakes its profile."""
+    from prometheus_client.parser import text_string_to_metric_families  # with branch obs
+
+    objects = rendered["gpu"]
+    container = one(objects, "Deployment", "sie-gateway")["spec"]["template"]["spec"]["containers"][0]
+    settings = settings_for_image(container["image"])
+    metrics_port = free_port()
+    env = {name: value for name, value in env_of(container).items() if name != "SIE_ETCD_ENDPOINTS"}  # the test's etcd instead
+    gateway = cluster.start_gateway(**env, **{field(settings, "metrics_port").metadata["env"]: str(metrics_port)})
+    scaled_objects = [obj for obj in objects if obj["kind"] == "ScaledObject"]
+    with grpc.insecure_channel(gateway.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for scaled in scaled_objects:
+            deployment = one(objects, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
+            profile = env_of(deployment["spec"]["template"]["spec"]["containers"][0])["SIE_MACHINE_PROFILE"]
+            request = inference_pb2.EncodeRequest(model="test/tiny-mean", items=[types_pb2.Item(text="wake up")])
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.Encode(request, metadata=(("x-sie-machine-profile", profile),), timeout=10)
+            assert error_reason(raised.value) == "PROVISIONING"
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+        samples = [s for family in text_string_to_metric_families(reply.read().decode()) for s in family.samples]
+
+    def evaluate(query: str) -> float:
+        match = QUERY.match(query)
+        assert match, query
+        wanted = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        return sum(s.value for s in samples if s.name == match["metric"] and wanted.items() <= s.labels.items())
+
+    for scaled in scaled_objects:
+        (trigger,) = scaled["spec"]["triggers"]
+        assert evaluate(trigger["metadata"]["query"]) == 1 > float(trigger["metadata"]["activationThreshold"]), scaled["metadata"]["name"]
+    assert evaluate('sum(sie_gateway_demand{machine_profile="h100"})') == 0  # nobody asked for it: stays at zero
