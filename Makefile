@@ -25,6 +25,7 @@ test: $(INSTALLED)
 
 protos: $(INSTALLED)
 	$(PYTHON) tools/protos.py generate
+	$(PYTHON) tools/manifests.py envoy
 
 proto-check: $(INSTALLED)
 	$(PYTHON) tools/protos.py check

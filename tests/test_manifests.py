@@ -371,8 +371,9 @@ def test_keda_queries_read_the_demand_a_gateway_with_the_overlays_environment_pu
     container = one(objects, "Deployment", "sie-gateway")["spec"]["template"]["spec"]["containers"][0]
     settings = settings_for_image(container["image"])
     metrics_port = free_port()
-    env = {name: value for name, value in env_of(container).items() if name != "SIE_ETCD_ENDPOINTS"}  # the test's etcd instead
-    gateway = cluster.start_gateway(**env, **{field(settings, "metrics_port").metadata["env"]: str(metrics_port)})
+    env = {**env_of(container), field(settings, "metrics_port").metadata["env"]: str(metrics_port)}
+    del env["SIE_ETCD_ENDPOINTS"]  # the test's etcd instead
+    gateway = cluster.start_gateway(**env)
     scaled_objects = [obj for obj in objects if obj["kind"] == "ScaledObject"]
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
