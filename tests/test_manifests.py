@@ -175,6 +175,8 @@ def test_containers_agree_with_their_service_settings(rendered, overlay: str) ->
         known = {f.metadata["env"] for f in dataclasses.fields(settings)}
         unknown = sorted(name for name in env if name.startswith("SIE_") and name not in known)
         assert unknown == [], f"{where}: not settings of {settings.__name__}: {unknown}"
+        assert workload["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True, where
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, where
         ports = ports_of(container)
         grpc_port = int(setting_value(settings, "port", env))
         assert ports["grpc"] == grpc_port, where
@@ -312,7 +314,7 @@ def test_service_monitors_scrape_each_metrics_port_once(rendered) -> None:
 
 
 def dockerfile_stages(path: Path) -> dict[str, dict[str, Any]]:
-    """Each stage's ENTRYPOINT, EXPOSEd ports and ENV names (a stage inherits its base stage's ENV)."""
+    """Each stage's ENTRYPOINT, EXPOSEd ports, ENV names and USER (a stage inherits its base stage's ENV and USER)."""
     stages: dict[str, dict[str, Any]] = {}
     current: dict[str, Any] = {}
     for line in path.read_text().replace("\\\n", " ").splitlines():
@@ -320,12 +322,14 @@ def dockerfile_stages(path: Path) -> dict[str, dict[str, Any]]:
         if instruction == "FROM":
             base, _, name = rest.partition(" AS ")
             inherited = stages.get(base.strip(), {"env": set()})
-            current = {"entrypoint": None, "expose": set(), "env": set(inherited["env"]), "from": base.strip()}
+            current = {"entrypoint": None, "expose": set(), "env": set(inherited["env"]), "user": inherited.get("user")}
             stages[name.strip() or path.name] = current
         elif instruction == "ENTRYPOINT":
             current["entrypoint"] = re.findall(r'"([^"]+)"', rest)
         elif instruction == "EXPOSE":
             current["expose"] |= {int(port) for port in rest.split()}
+        elif instruction == "USER":
+            current["user"] = rest.strip()
         elif instruction == "ENV":
             current["env"] |= set(re.findall(r"(\w+)=", rest))
     return stages
@@ -339,6 +343,7 @@ def test_dockerfiles_run_console_scripts_on_their_settings_ports(rendered) -> No
                 continue
             (script,) = stage["entrypoint"]
             assert script in SCRIPTS, f"{path.name} {name}: {script} is not a console script in pyproject.toml"
+            assert stage["user"] and int(stage["user"]) > 0, f"{path.name} {name}: a numeric non-root USER (the pods set runAsNonRoot)"
             settings = settings_for_script(script)
             defaults = {f.name: f.default for f in dataclasses.fields(settings)}
             assert stage["expose"] == {defaults["port"], field(settings, "metrics_port").default}, f"{path.name} {name}"
