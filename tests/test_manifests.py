@@ -188,8 +188,9 @@ def test_containers_agree_with_their_service_settings(rendered, overlay: str) ->
         assert (liveness.get("grpc") or liveness["tcpSocket"])["port"] == grpc_port, where
         if "SIE_ADVERTISE_ADDRESS" in env:
             assert env["SIE_ADVERTISE_ADDRESS"] == f"$(POD_IP):{grpc_port}", where
-            (pod_ip,) = [var for var in container["env"] if var["name"] == "POD_IP"]
-            assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+            names = [var["name"] for var in container["env"]]
+            assert names.index("POD_IP") < names.index("SIE_ADVERTISE_ADDRESS"), "$(POD_IP) expands only after its definition"
+            assert container["env"][names.index("POD_IP")]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         # etcd endpoints name the etcd client Service and its port
         for endpoint in setting_value(settings, "etcd_endpoints", env).split(","):
             host, port = endpoint.split(":")
@@ -238,6 +239,8 @@ def test_etcd_initial_cluster_names_every_member(rendered, overlay: str) -> None
     expected = ",".join(f"sie-etcd-{i}=http://sie-etcd-{i}.{peers['metadata']['name']}:{peer_port}" for i in range(etcd["spec"]["replicas"]))
     assert env["ETCD_INITIAL_CLUSTER"] == expected
     assert env["ETCD_INITIAL_ADVERTISE_PEER_URLS"] == f"http://$(ETCD_NAME).{peers['metadata']['name']}:{peer_port}"
+    names = [var["name"] for var in container["env"]]
+    assert names.index("ETCD_NAME") < names.index("ETCD_INITIAL_ADVERTISE_PEER_URLS") < names.index("ETCD_ADVERTISE_CLIENT_URLS")
     assert env["ETCD_LISTEN_CLIENT_URLS"].endswith(f":{ports_of(container)['client']}")
     assert etcd["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] in {m["name"] for m in container["volumeMounts"]}
     assert etcd["spec"]["replicas"] == {"local": 1, "gpu": 3}[overlay]

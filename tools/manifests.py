@@ -1,4 +1,4 @@
-"""The Kubernetes manifests in deploy/kustomize: generate Envoy's files, render and validate every overlay.
+"""The Kubernetes manifests in deploy/kustomize: generate Envoy's config, render and validate every overlay.
 
     python tools/manifests.py envoy      # write base/envoy/envoy.json (after proto or Envoy config changes)
     python tools/manifests.py check      # fail if those drifted, or an overlay does not render or validate
