@@ -25,6 +25,7 @@ import pytest
 
 from manifests import KUSTOMIZE_DIR, OVERLAYS, ROOT, envoy_files, render, stale_envoy_files, validation_errors
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.settings import load_settings
 from test_bad_input import error_reason
 from worker_process import free_port
 
@@ -175,6 +176,8 @@ def test_containers_agree_with_their_service_settings(rendered, overlay: str) ->
         known = {f.metadata["env"] for f in dataclasses.fields(settings)}
         unknown = sorted(name for name in env if name.startswith("SIE_") and name not in known)
         assert unknown == [], f"{where}: not settings of {settings.__name__}: {unknown}"
+        # The service accepts every value as the kubelet would pass it ($(POD_IP) expanded).
+        load_settings(settings, environ={name: value.replace("$(POD_IP)", "10.0.0.7") for name, value in env.items()})
         assert workload["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True, where
         assert container["securityContext"]["allowPrivilegeEscalation"] is False, where
         ports = ports_of(container)
