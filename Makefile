@@ -25,7 +25,7 @@ test: $(INSTALLED)
 
 protos: $(INSTALLED)
 	$(PYTHON) tools/protos.py generate
-	$(PYTHON) tools/manifests.py envoy
+	$(PYTHON) tools/manifests.py generate
 
 proto-check: $(INSTALLED)
 	$(PYTHON) tools/protos.py check
@@ -36,10 +36,10 @@ proto-lint: $(INSTALLED)
 proto-breaking: $(INSTALLED)
 	$(PYTHON) tools/protos.py breaking $(AGAINST)
 
-# Kubernetes manifests: regenerate Envoy's config in deploy/kustomize/base/envoy/
-# (after proto or Envoy config changes); render and validate every overlay.
+# Kubernetes manifests: regenerate their data files (Envoy's config, the demo
+# model's config) after proto or config changes; render and validate every overlay.
 manifests: $(INSTALLED)
-	$(PYTHON) tools/manifests.py envoy
+	$(PYTHON) tools/manifests.py generate
 
 manifests-check: $(INSTALLED)
 	$(PYTHON) tools/manifests.py check

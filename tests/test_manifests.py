@@ -22,9 +22,11 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import json_format
 
-from manifests import KUSTOMIZE_DIR, OVERLAYS, ROOT, envoy_files, render, stale_envoy_files, validation_errors
-from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from manifests import ENVOY_CONFIG, OVERLAYS, ROOT, envoy_config, render, stale_files, validation_errors
+from sie.v1 import config_pb2, inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.config_messages import config_from_message
 from sie_common.settings import load_settings
 from test_bad_input import error_reason
 from worker_process import free_port
@@ -101,12 +103,10 @@ def selected_workloads(objects: list[dict[str, Any]], match_labels: dict[str, st
 # -- generated files and schemas --------------------------------------------------------------
 
 
-def test_envoy_config_is_current_and_envoy_accepts_it() -> None:
-    assert stale_envoy_files() == [], "run `make manifests` to regenerate deploy/kustomize/base/envoy/"
-    config = KUSTOMIZE_DIR / "base" / "envoy" / "envoy.json"
-    assert b"sie-gateway-pods" in envoy_files()["envoy.json"]
+def test_generated_files_are_current_and_envoy_accepts_its_config() -> None:
+    assert stale_files() == [], "run `make manifests`"
     envoy = Path(sys.executable).parent / "envoy"
-    result = subprocess.run([str(envoy), "--mode", "validate", "-c", str(config)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([str(envoy), "--mode", "validate", "-c", str(ENVOY_CONFIG)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -134,7 +134,7 @@ def test_envoy_loads_its_config_and_reaches_every_gateway_and_config_pod(rendere
     config_path = container["args"][container["args"].index("-c") + 1]
     assert config_path == f"{mount['mountPath']}/envoy.json"
     config = json.loads(config_map["data"]["envoy.json"])
-    assert config == json.loads(envoy_files()["envoy.json"])
+    assert config == envoy_config()
     (listener,) = config["static_resources"]["listeners"]
     assert listener["address"]["socket_address"]["port_value"] == ports_of(container)["http"]
     assert config["admin"]["address"]["socket_address"]["port_value"] == ports_of(container)["admin"]
@@ -260,6 +260,18 @@ def test_local_overlay_is_one_of_each_on_cpu(rendered) -> None:
     assert "nvidia.com/gpu" not in worker["resources"]["requests"]
     hpa = one(objects, "HorizontalPodAutoscaler", "sie-gateway")
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 1)
+    # A Job adds the demo model through Envoy, with a body AddModel accepts.
+    job = one(objects, "Job", "sie-add-demo-model")["spec"]["template"]["spec"]
+    (curl,) = job["containers"]
+    url = curl["args"][-1]
+    envoy = one(objects, "Service", "sie-envoy")
+    assert url == f"http://{envoy['metadata']['name']}:{envoy['spec']['ports'][0]['port']}/v1/configs/models"
+    body = curl["args"][curl["args"].index("--data") + 1].removeprefix("@")
+    (mount,) = curl["volumeMounts"]
+    (volume,) = [v for v in job["volumes"] if v["name"] == mount["name"]]
+    data = one(objects, "ConfigMap", volume["configMap"]["name"])["data"][Path(body).relative_to(mount["mountPath"]).as_posix()]
+    model = config_from_message(json_format.ParseDict(json.loads(data), config_pb2.ModelConfig()), source="demo-model.json")
+    assert model.id in env_of(worker)["SIE_PRELOAD_MODELS"].split(",")
 
 
 # -- scale from zero --------------------------------------------------------------------------

