@@ -28,7 +28,7 @@ from manifests import ENVOY_CONFIG, OVERLAYS, ROOT, envoy_config, render, stale_
 from sie.v1 import config_pb2, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.config_messages import config_from_message
 from sie_common.settings import load_settings
-from test_bad_input import error_reason
+from grpc_helpers import error_reason
 from worker_process import free_port
 
 DOCKER_DIR = ROOT / "deploy" / "docker"
