@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: up serve test protos proto-check proto-lint proto-breaking bench
+.PHONY: up serve test protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
 $(INSTALLED): pyproject.toml scripts/bootstrap
 	scripts/bootstrap $(VENV)
@@ -25,6 +25,7 @@ test: $(INSTALLED)
 
 protos: $(INSTALLED)
 	$(PYTHON) tools/protos.py generate
+	$(PYTHON) tools/manifests.py generate
 
 proto-check: $(INSTALLED)
 	$(PYTHON) tools/protos.py check
@@ -34,6 +35,14 @@ proto-lint: $(INSTALLED)
 
 proto-breaking: $(INSTALLED)
 	$(PYTHON) tools/protos.py breaking $(AGAINST)
+
+# Kubernetes manifests: regenerate their data files (Envoy's config, the demo
+# model's config) after proto or config changes; render and validate every overlay.
+manifests: $(INSTALLED)
+	$(PYTHON) tools/manifests.py generate
+
+manifests-check: $(INSTALLED)
+	$(PYTHON) tools/manifests.py check
 
 bench: $(INSTALLED)
 	$(PYTHON) bench/encode_throughput.py $(ARGS)

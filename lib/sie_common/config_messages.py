@@ -6,7 +6,7 @@ from google.protobuf import json_format
 
 from sie.v1 import config_pb2
 from sie_common.bundles import Bundle
-from sie_common.model_config import ModelConfig, parse_model_config
+from sie_common.model_config import ModelConfig, ModelConfigError, parse_model_config
 
 
 def config_to_message(config: ModelConfig) -> config_pb2.ModelConfig:
@@ -15,7 +15,10 @@ def config_to_message(config: ModelConfig) -> config_pb2.ModelConfig:
 
 def config_from_message(message: config_pb2.ModelConfig, *, source: str) -> ModelConfig:
     """Validate a ModelConfig message with the one validator (raises ModelConfigError)."""
-    data = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    try:
+        data = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    except json_format.SerializeToJsonError as error:  # NaN or Infinity in an options value
+        raise ModelConfigError(source, "", f"not plain JSON values: {error}") from None
     return parse_model_config(data, source=source)
 
 

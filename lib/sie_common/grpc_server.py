@@ -10,10 +10,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 
-async def add_health_and_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> health.aio.HealthServicer:
+class ServiceHealth(health.aio.HealthServicer):
+    """grpc.health.v1, also telling the metrics port's /readyz whether the server ("") is SERVING."""
+
+    ready = False
+
+    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        await super().set(service, status)
+        if service == "":
+            self.ready = status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def add_health_and_reflection(server: grpc.aio.Server, service_names: Sequence[str]) -> ServiceHealth:
     """Register grpc.health.v1 and reflection. Health starts NOT_SERVING for the server ("") and each
     named service (grpc's servicer would say SERVING for ""), so readiness waits for `set_serving`."""
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = ServiceHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)

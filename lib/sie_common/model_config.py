@@ -20,6 +20,8 @@ OUTPUT_TYPES = ("dense", "sparse", "multivector")
 INPUTS = ("text", "image")
 COMPUTE_PRECISIONS = ("float32", "float16", "bfloat16")
 DEFAULT_PROFILE = "default"
+# A profile's load option that lets transformers run Python code shipped with the weights; off unless set to true.
+TRUST_REMOTE_CODE = "trust_remote_code"
 
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 _TOP_LEVEL_KEYS = {
@@ -52,6 +54,10 @@ class Profile:
     compute_precision: str | None = None
     # False pins the batch wait to SIE_MAX_BATCH_WAIT_MS and the budget to max_batch_tokens; None inherits (else SIE_ADAPTIVE_BATCHING).
     adaptive_batching: bool | None = None
+
+    @property
+    def trust_remote_code(self) -> bool:
+        return self.load_options.get(TRUST_REMOTE_CODE) is True
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
     if not _MODEL_ID.match(model_id) or ".." in model_id.split("/"):
         raise ModelConfigError(source, "id", f"{model_id!r} is not a model id (letters, digits, '.', '_', '-', '/'-separated)")
     path = _string(data, "path", source)
+    if path and ".." in Path(path).parts:
+        raise ModelConfigError(source, "path", f"{path!r} contains '..'; name the weights directory without it")
     resolved_path = Path(path) if path else None
     if resolved_path is not None and not resolved_path.is_absolute() and base_dir is not None:
         resolved_path = base_dir / resolved_path
@@ -134,6 +142,10 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
         raise ModelConfigError(source, "", "no weights: set hf_id, path or bundled_weights")
     if config.bundled_weights and ":" not in config.bundled_weights:
         raise ModelConfigError(source, "bundled_weights", "expected 'package:subdir'")
+    if config.bundled_weights:
+        subdir = Path(config.bundled_weights.partition(":")[2])
+        if subdir.is_absolute() or ".." in subdir.parts:
+            raise ModelConfigError(source, "bundled_weights", f"subdir {str(subdir)!r} must be a relative path inside the package, without '..'")
     for name in config.profiles:
         try:
             resolved = config.profile(name)
@@ -158,13 +170,16 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
         precision = _string(body, "compute_precision", source, prefix=where + ".")
         if precision is not None and precision not in COMPUTE_PRECISIONS:
             raise ModelConfigError(source, f"{where}.compute_precision", f"{precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}")
+        load_options = _mapping(body, "load_options", source, where + ".")
+        if not isinstance(load_options.get(TRUST_REMOTE_CODE, False), bool):
+            raise ModelConfigError(source, f"{where}.load_options.{TRUST_REMOTE_CODE}", "must be true or false")
         extends = _string(body, "extends", source, prefix=where + ".")
         if extends is not None and extends not in raw:
             raise ModelConfigError(source, f"{where}.extends", f"no profile named {extends!r}")
         profiles[str(name)] = Profile(
             adapter=_string(body, "adapter", source, prefix=where + "."),
             extends=extends,
-            load_options=_mapping(body, "load_options", source, where + "."),
+            load_options=load_options,
             run_options=_mapping(body, "run_options", source, where + "."),
             max_batch_tokens=_positive_int(body, "max_batch_tokens", source, prefix=where + "."),
             compute_precision=precision,
@@ -186,6 +201,8 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
         if not isinstance(location, str) or not location:
             raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {location!r}")
         path = Path(location)
+        if ".." in path.parts:
+            raise ModelConfigError(source, f"loras.{name}", f"{location!r} contains '..'; name the adapter directory without it")
         if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
             location = str(base_dir / path)
         loras[name] = location

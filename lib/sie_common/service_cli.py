@@ -8,7 +8,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from sie_common.logs import configure_logging
 from sie_common.settings import SettingsError, add_flags, load_settings
+from sie_common.tracing import configure_tracing
 
 
 def serve_main(
@@ -21,7 +23,7 @@ def serve_main(
     load_serve: Callable[[], Callable[[Any], Awaitable[None]]],
     startup_errors: Sequence[type[BaseException]] = (ValueError, OSError),
 ) -> int:
-    """Parse `serve` and its flags, set up logging, and run the service until it stops.
+    """Parse `serve` and its flags, set up logging and tracing, and run the service until it stops.
 
     `load_serve` imports the service lazily, so argument errors come back before
     heavy imports; a `startup_errors` exception is logged and exits 1.
@@ -35,7 +37,11 @@ def serve_main(
         settings = load_settings(settings_type, args)
     except SettingsError as error:
         parser.error(str(error))
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, json_lines=settings.log_json)
+    try:
+        configure_tracing(settings.tracing_enabled, default_service_name=prog)
+    except ValueError as error:
+        parser.error(str(error))
     serve = load_serve()
     try:
         asyncio.run(serve(settings))

@@ -41,10 +41,16 @@ class AsyncSIEClient:
         options: Mapping[str, Any] | None = None,
         stream_batch_size: int = 256,
         stream_window: int = 8,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        certificate_chain: bytes | None = None,
+        private_key: bytes | None = None,
     ) -> None:
         """`target` is host:port. `gpu` picks a machine profile and `pool` a resource pool on a
         gateway; `options` are defaults merged under each call's own. Lists longer than
-        `stream_batch_size` are sent as several requests, `stream_window` at a time, on one stream."""
+        `stream_batch_size` are sent as several requests, `stream_window` at a time, on one stream.
+        TLS is on with `tls=True` or any of the PEM arguments: `root_certificates` to trust
+        (default: the system's), `certificate_chain` and `private_key` for mutual TLS."""
         self.target = target
         self.timeout_s = timeout_s
         self.options = dict(options or {})
@@ -59,10 +65,12 @@ class AsyncSIEClient:
             )
             if value
         )
-        self._channel = grpc.aio.insecure_channel(
-            target,
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-        )
+        channel_options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        if tls or root_certificates or certificate_chain or private_key:
+            credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
+            self._channel = grpc.aio.secure_channel(target, credentials, options=channel_options)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=channel_options)
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
         self._renewals: dict[str, asyncio.Task[None]] = {}
 

@@ -9,6 +9,7 @@ import numpy as np
 from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, types_pb2
+from sie_client.images import image_message
 from sie_client.types import EncodeResult, Entity, ExtractResult, Item, ScoreResult, Timing
 from sie_common.tensors import from_tensor
 
@@ -21,8 +22,7 @@ def item_message(item: ItemLike) -> types_pb2.Item:
     message = types_pb2.Item(id=item.id or "")
     if item.text is not None:
         message.text = item.text
-    for image in item.images or ():
-        message.images.add(data=image)
+    message.images.extend(image_message(image) for image in item.images or ())
     if item.metadata:
         message.metadata.update(item.metadata)
     return message

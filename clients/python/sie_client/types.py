@@ -7,16 +7,20 @@ from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
+from sie_client.images import ImageLike
 from sie_common.tensors import dequantize_rows
 
 
 @dataclass
 class Item:
-    """One input. `id` is echoed back on its result."""
+    """One input. `id` is echoed back on its result.
+
+    `images` (for image models) are encoded bytes (JPEG, PNG, WebP), file paths, PIL images or
+    uint8 numpy arrays; the client sends each as encoded bytes (see sie_client.images)."""
 
     id: str | None = None
     text: str | None = None
-    images: list[bytes] | None = None
+    images: list[ImageLike] | None = None
     metadata: dict[str, Any] | None = None
 
 

@@ -9,6 +9,7 @@ protos' own.
 
 from __future__ import annotations
 
+import base64
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -21,22 +22,28 @@ def descriptor_path() -> Path:
     return Path(str(resources.files("sie") / "sie.binpb"))
 
 
-def render(*, listen_port: int, admin_port: int, gateway: str, config: str, descriptor: Path | None = None, host: str = "127.0.0.1") -> dict[str, Any]:
-    """The Envoy bootstrap as plain data (dump it as YAML or JSON)."""
+def render(
+    *, listen_port: int, admin_port: int, gateway: str, config: str, descriptor: Path | None = None, host: str = "127.0.0.1",
+    inline_descriptor: bool = False,
+) -> dict[str, Any]:
+    """The Envoy bootstrap as plain data (dump it as YAML or JSON). With `inline_descriptor` the
+    descriptor set travels inside the config (base64) instead of as a path Envoy reads."""
+    descriptor = descriptor or descriptor_path()
+    source = {"proto_descriptor_bin": base64.b64encode(descriptor.read_bytes()).decode()} if inline_descriptor else {"proto_descriptor": str(descriptor)}
     return {
         "admin": {"address": _address(host, admin_port)},
         "static_resources": {
             "listeners": [{
                 "name": "sie",
                 "address": _address(host, listen_port),
-                "filter_chains": [{"filters": [_http_connection_manager(descriptor or descriptor_path())]}],
+                "filter_chains": [{"filters": [_http_connection_manager(source)]}],
             }],
             "clusters": [_cluster("gateway", gateway), _cluster("config", config)],
         },
     }
 
 
-def _http_connection_manager(descriptor: Path) -> dict[str, Any]:
+def _http_connection_manager(descriptor_source: dict[str, str]) -> dict[str, Any]:
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -59,7 +66,7 @@ def _http_connection_manager(descriptor: Path) -> dict[str, Any]:
                     "name": "envoy.filters.http.grpc_json_transcoder",
                     "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
-                        "proto_descriptor": str(descriptor),
+                        **descriptor_source,
                         "services": list(SERVICES),
                         "convert_grpc_status": True,
                         "print_options": {"preserve_proto_field_names": True, "always_print_primitive_fields": True},

@@ -78,22 +78,46 @@ class ChildProcess:
         return self.process.returncode
 
 
-class ServiceProcess(ChildProcess):
-    """`python -m <module> serve` (sie_worker, sie_config, sie_gateway) on a loopback port."""
+# Each service's variable for its /metrics, /healthz and /readyz port.
+METRICS_PORT_ENV = {"sie_worker": "SIE_WORKER_METRICS_PORT", "sie_gateway": "SIE_GATEWAY_METRICS_PORT", "sie_config": "SIE_CONFIG_METRICS_PORT"}
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, args: tuple[str, ...] = (), module: str = "sie_worker", port: int | None = None) -> None:
+
+class ServiceProcess(ChildProcess):
+    """`python -m <module> serve` (sie_worker, sie_config, sie_gateway) on a loopback port.
+
+    Its metrics port is a free one unless `env` sets it (0 turns it off), so
+    several services share a host; `metrics_url` is None when it is off."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_path: Path,
+        args: tuple[str, ...] = (),
+        module: str = "sie_worker",
+        port: int | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        """`credentials`: how to reach a service that listens with TLS (SIE_TLS_CERT_FILE)."""
         super().__init__(log_path)
         self.name = module
+        self.credentials = credentials
         self.module = module
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
-        self._spawn(
-            [sys.executable, "-m", module, "serve", *args],
-            {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), **env},
-        )
+        metrics_env = METRICS_PORT_ENV[module]
+        full_env = {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), metrics_env: str(free_port()), **env}
+        self.metrics_port = int(full_env[metrics_env] or 0)
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}" if self.metrics_port else None
+        self._spawn([sys.executable, "-m", module, "serve", *args], full_env)
+
+    def channel(self) -> grpc.Channel:
+        """A blocking channel to the service, with TLS when it was started with credentials."""
+        if self.credentials is not None:
+            return grpc.secure_channel(self.address, self.credentials)
+        return grpc.insecure_channel(self.address)
 
     def wait_serving(self, timeout_s: float = 180) -> None:
-        with grpc.insecure_channel(self.address) as channel:
+        with self.channel() as channel:
             stub = health_pb2_grpc.HealthStub(channel)
 
             def serving() -> bool:

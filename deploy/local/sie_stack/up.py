@@ -34,6 +34,7 @@ class Stack:
         self.state = Path(settings.state_dir).resolve()
         self.logs = self.state / "logs"
         self.started: list[ChildProcess] = []
+        self.services: list[ServiceProcess] = []
 
     def up(self) -> None:
         """Start every process and wait until a request through Envoy can be served."""
@@ -68,6 +69,7 @@ class Stack:
     def _service(self, module: str, port: int, env: dict[str, str], log_name: str | None = None) -> ServiceProcess:
         process = ServiceProcess(env, self.logs / f"{log_name or module}.log", module=module, port=port)
         self.started.append(process)
+        self.services.append(process)
         process.wait_serving()
         return process
 
@@ -75,6 +77,7 @@ class Stack:
         for process in reversed(self.started):
             process.stop()
         self.started.clear()
+        self.services.clear()
 
     def crashed(self) -> ChildProcess | None:
         return next((p for p in self.started if p.process is not None and p.process.poll() is not None), None)
@@ -89,12 +92,21 @@ class Stack:
             f"  config (gRPC)       127.0.0.1:{s.config_port}\n"
             f"  workers (gRPC)      {workers}\n"
             f"  etcd                127.0.0.1:{s.etcd_port}\n"
+            f"  metrics             {self._metrics_endpoints()}   (/metrics, /healthz, /readyz)\n"
             f"  state and logs      {self.state}\n"
             "Try:\n"
             f"  curl -s http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d '{{\"items\": [{{\"text\": \"hello\"}}]}}'\n"
             f"  curl -s http://127.0.0.1:{s.http_port}/v1/embeddings -d '{{\"model\": \"{DEMO_MODEL}\", \"input\": \"hello\"}}'\n"
             "Ctrl-C stops everything."
         )
+
+
+    def _metrics_endpoints(self) -> str:
+        """`name :port` of each service's metrics port (config, workers, gateway), in start order."""
+        names = {"sie_config": "config", "sie_gateway": "gateway"}
+        return ", ".join(
+            f"{names.get(p.module, p.log_path.stem)} :{p.metrics_port}" for p in self.services if p.metrics_port
+        ) or "off"
 
 
 def run(settings: StackSettings) -> int:

@@ -14,6 +14,7 @@ from sie_common.config_messages import bundle_to_message, config_from_message, c
 from sie_common.errors import Internal, InvalidArgument, NotFound, SieError, Unavailable, abort
 from sie_common.etcd import EtcdUnavailable
 from sie_common.model_config import ModelConfigError
+from sie_config.metrics import REQUESTS
 from sie_config.store import ConfigStore, request_fingerprint
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
             metadata = dict(context.invocation_metadata() or ())
             return await self._store.add_model(config, metadata.get(IDEMPOTENCY_KEY) or None, request_fingerprint(request))
 
-        return await _answer(context, add)
+        return await _answer(context, "AddModel", add)
 
     async def GetModelConfig(self, request: config_pb2.GetModelConfigRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetModelConfigResponse:
         async def get() -> config_pb2.GetModelConfigResponse:
@@ -45,14 +46,14 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
                 raise InvalidArgument("model is required", reason="MISSING_MODEL")
             return config_pb2.GetModelConfigResponse(config=config_to_message(await self._store.model(request.model)))
 
-        return await _answer(context, get)
+        return await _answer(context, "GetModelConfig", get)
 
     async def ListModelConfigs(self, request: config_pb2.ListModelConfigsRequest, context: grpc.aio.ServicerContext) -> config_pb2.ListModelConfigsResponse:
         async def list_configs() -> config_pb2.ListModelConfigsResponse:
             snapshot = await self._store.snapshot()
             return config_pb2.ListModelConfigsResponse(configs=[config_to_message(c) for _, c in sorted(snapshot.configs.items())])
 
-        return await _answer(context, list_configs)
+        return await _answer(context, "ListModelConfigs", list_configs)
 
     async def ExportConfigs(self, request: config_pb2.ExportConfigsRequest, context: grpc.aio.ServicerContext) -> config_pb2.ExportConfigsResponse:
         async def export() -> config_pb2.ExportConfigsResponse:
@@ -66,14 +67,14 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
                 bundle_set_hash=snapshot.bundle_set_hash,
             )
 
-        return await _answer(context, export)
+        return await _answer(context, "ExportConfigs", export)
 
     async def GetEpoch(self, request: config_pb2.GetEpochRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetEpochResponse:
         async def epoch() -> config_pb2.GetEpochResponse:
             snapshot = await self._store.snapshot(with_models=False)
             return config_pb2.GetEpochResponse(epoch=snapshot.epoch, bundle_set_hash=snapshot.bundle_set_hash)
 
-        return await _answer(context, epoch)
+        return await _answer(context, "GetEpoch", epoch)
 
     async def ListBundles(self, request: config_pb2.ListBundlesRequest, context: grpc.aio.ServicerContext) -> config_pb2.ListBundlesResponse:
         async def list_bundles() -> config_pb2.ListBundlesResponse:
@@ -81,7 +82,7 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
             hashes = snapshot.bundle_hashes()
             return config_pb2.ListBundlesResponse(bundles=[bundle_to_message(b, hashes[b.id]) for _, b in sorted(snapshot.bundles.items())])
 
-        return await _answer(context, list_bundles)
+        return await _answer(context, "ListBundles", list_bundles)
 
     async def GetBundle(self, request: config_pb2.GetBundleRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetBundleResponse:
         async def get_bundle() -> config_pb2.GetBundleResponse:
@@ -95,21 +96,25 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
                 )
             return config_pb2.GetBundleResponse(bundle=bundle_to_message(bundle, snapshot.bundle_hashes()[bundle.id]))
 
-        return await _answer(context, get_bundle)
+        return await _answer(context, "GetBundle", get_bundle)
 
     def _require_admin(self, context: grpc.aio.ServicerContext, what: str) -> None:
         if self._admin_token is not None:
             require_token(context, [self._admin_token], what=what)
 
 
-async def _answer(context: grpc.aio.ServicerContext, handle: Callable[[], Awaitable[T]]) -> T:
-    """Run a handler; SieErrors become their status, etcd outages UNAVAILABLE, anything else INTERNAL."""
-    try:
-        return await handle()
-    except SieError as error:
-        await abort(context, error)
-    except EtcdUnavailable as error:
-        await abort(context, Unavailable(f"etcd is unavailable: {error}", reason="ETCD_UNAVAILABLE", retry_after_s=1))
-    except Exception as error:
-        log.exception("config service bug")
-        await abort(context, Internal(f"internal error: {error}", reason="INTERNAL"))
+async def _answer(context: grpc.aio.ServicerContext, operation: str, handle: Callable[[], Awaitable[T]]) -> T:
+    """Run a handler; SieErrors become their status, etcd outages UNAVAILABLE, anything else INTERNAL.
+    Each call is counted in sie_config_requests_total by RPC name (operation) and status; `model` stays empty."""
+    with REQUESTS.observe(operation, "", "") as outcome:
+        try:
+            return await handle()
+        except SieError as error:
+            failure = error
+        except EtcdUnavailable as error:
+            failure = Unavailable(f"etcd is unavailable: {error}", reason="ETCD_UNAVAILABLE", retry_after_s=1)
+        except Exception as error:
+            log.exception("config service bug")
+            failure = Internal(f"internal error: {error}", reason="INTERNAL")
+        outcome.failed(failure)
+        await abort(context, failure)

@@ -13,8 +13,12 @@ from sie.v1 import config_pb2, config_pb2_grpc
 from sie_common.bundles import load_bundles
 from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
+from sie_common.malformed_requests import RejectMalformedRequests
+from sie_common.transport import ServerTransport
+from sie_common.metrics_server import start_metrics_server
 from sie_config.api import ConfigService
 from sie_config.leader import LeaderElection
+from sie_config.metrics import register_election
 from sie_config.settings import ConfigSettings
 from sie_config.store import ConfigStore
 
@@ -25,6 +29,7 @@ DRAIN_GRACE_S = 10.0
 
 
 async def serve(settings: ConfigSettings) -> None:
+    transport = ServerTransport.of(settings)
     bundles = load_bundles(Path(settings.bundles_dir))
     if not bundles:
         raise ValueError(f"no bundle YAML files in {settings.bundles_dir} (SIE_BUNDLES_DIR)")
@@ -40,12 +45,13 @@ async def serve(settings: ConfigSettings) -> None:
     election = LeaderElection(etcd, address, settings.leader_ttl_s, on_elected)
     store = ConfigStore(etcd, election, bundles, settings.idempotency_ttl_s)
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[RejectMalformedRequests()], options=transport.server_options())
     config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, settings.admin_token), server)
     health = await add_health_and_reflection(server, [CONFIG_SERVICE])
     listen = f"{settings.host}:{settings.port}"
-    if server.add_insecure_port(listen) == 0:
-        raise OSError(f"cannot listen on {listen}")
+    transport.listen(server, listen)
+    register_election(election)
+    metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
     election.start()
     await set_serving(health, [CONFIG_SERVICE], True)
@@ -60,4 +66,6 @@ async def serve(settings: ConfigSettings) -> None:
     await server.stop(DRAIN_GRACE_S)
     await election.stop()
     await etcd.close()
+    if metrics is not None:
+        metrics.stop()
 

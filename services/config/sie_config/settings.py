@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sie_common.settings import setting
+from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 # The repository's bundles/ (the directory baked into the service's image).
 DEFAULT_BUNDLES_DIR = str(Path(__file__).resolve().parents[3] / "bundles")
@@ -22,4 +23,13 @@ class ConfigSettings:
     admin_token: str | None = setting(None, env="SIE_ADMIN_TOKEN", help="bearer token AddModel and ExportConfigs require; unset leaves them open")
     leader_ttl_s: int = setting(10, env="SIE_CONFIG_LEADER_TTL_S", help="lease TTL of the leader key: a dead leader is replaced within about this long")
     idempotency_ttl_s: int = setting(86400, env="SIE_IDEMPOTENCY_TTL_S", help="how long an idempotency-key's first answer is replayed")
+    tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
+    tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
+    tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
+    max_receive_message_bytes: int = setting(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, env="SIE_MAX_RECEIVE_MESSAGE_BYTES", help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED")
+    max_send_message_bytes: int = setting(DEFAULT_MAX_SEND_MESSAGE_BYTES, env="SIE_MAX_SEND_MESSAGE_BYTES", help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    # Observability (docs/observability.md).
+    metrics_port: int = setting(9097, env="SIE_CONFIG_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
+    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
+    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")

@@ -7,14 +7,16 @@ one answer.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sie.v1 import worker_pb2
 from sie_common.cluster_store import WorkerRecord
+from sie_gateway.demand import DemandRecorder
 from sie_gateway.routing import choose_worker
-from sie_gateway.worker_link import WorkerLink, WorkerLost
+from sie_gateway.worker_link import Connect, WorkerLink, WorkerLost
 
 # Given the workers already tried, the workers still eligible for this request.
 Candidates = Callable[[Collection[str]], Sequence[WorkerRecord]]
@@ -29,9 +31,13 @@ class NoWorker(Exception):
 
 
 class Dispatcher:
-    def __init__(self, *, window: int, max_attempts: int = 3) -> None:
+    def __init__(
+        self, *, window: int, max_attempts: int = 3, connect: Connect | None = None, demand: DemandRecorder | None = None
+    ) -> None:
         self._window = window
+        self._connect = connect
         self._max_attempts = max_attempts
+        self._demand = demand
         self._links: dict[str, WorkerLink] = {}
 
     def outstanding(self) -> dict[str, int]:
@@ -52,8 +58,10 @@ class Dispatcher:
             if worker is None:
                 break
             timeout_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            serving = self._demand.serving(worker.machine_profile, worker.pool) if self._demand else contextlib.nullcontext()
             try:
-                return await self._link(worker).call(task, message, timeout_s=timeout_s)
+                with serving:
+                    return await self._link(worker).call(task, message, timeout_s=timeout_s)
             except WorkerLost:
                 tried.add(worker.worker_id)
         raise NoWorker(tried)
@@ -61,7 +69,8 @@ class Dispatcher:
     def _link(self, worker: WorkerRecord) -> WorkerLink:
         link = self._links.get(worker.worker_id)
         if link is None or link.address != worker.address:
-            link = WorkerLink(worker.worker_id, worker.address, window=self._window)
+            channel = self._connect(worker.address) if self._connect is not None else None
+            link = WorkerLink(worker.worker_id, worker.address, window=self._window, channel=channel)
             self._links[worker.worker_id] = link
         return link
 

@@ -20,6 +20,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from sie_common.auth import require_token
 from sie_common import openai_embeddings
 from sie_common.encode_stream import serve_encode_stream
+from sie_common.request_metrics import status_code
 from sie_common.tensors import spell_out_tensors
 from sie_common.errors import (
     FailedPrecondition,
@@ -34,6 +35,7 @@ from sie_common.errors import (
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher, NoWorker
+from sie_gateway.metrics import REQUESTS
 from sie_gateway.pools import PoolManager
 from sie_gateway.routing import eligible_workers
 from sie_gateway.settings import GatewaySettings
@@ -84,9 +86,12 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         headers = _headers(context)
 
         async def encode(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse | status_pb2.Status:
-            with self._admitted():
+            with REQUESTS.observe("encode", request.model, request.request_id) as outcome, self._admitted():
                 work = await self._route("encode", request, headers, self._deadline(context))
-            return work.error if work.WhichOneof("outcome") == "error" else work.encode
+                if work.WhichOneof("outcome") == "error":
+                    outcome.status = status_code(work.error.code)
+                    return work.error
+                return work.encode
 
         async for response in serve_encode_stream(requests, encode):
             yield response
@@ -127,19 +132,22 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
 
     async def _unary(self, context: grpc.aio.ServicerContext, task: str, request: Any) -> Any:
         headers = _headers(context)
-        try:
-            self._authorize(context)
-            with self._admitted():
-                work = await self._route(task, request, headers, self._deadline(context))
-        except SieError as error:
-            await abort(context, error)
-        context.set_trailing_metadata(((WORKER_TRAILER, work.worker_id),))
-        if work.WhichOneof("outcome") == "error":
-            await abort_with_status(context, work.error)
-        response = getattr(work, task)
-        if TRANSCODED_HEADER in headers:
-            spell_out_tensors(response)
-        return response
+        with REQUESTS.observe(task, request.model, request.request_id) as outcome:
+            try:
+                self._authorize(context)
+                with self._admitted():
+                    work = await self._route(task, request, headers, self._deadline(context))
+            except SieError as error:
+                outcome.failed(error)
+                await abort(context, error)
+            context.set_trailing_metadata(((WORKER_TRAILER, work.worker_id),))
+            if work.WhichOneof("outcome") == "error":
+                outcome.status = status_code(work.error.code)
+                await abort_with_status(context, work.error)
+            response = getattr(work, task)
+            if TRANSCODED_HEADER in headers:
+                spell_out_tensors(response)
+            return response
 
     async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
         config = self._config(request.model)

@@ -11,12 +11,17 @@ import grpc
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, set_serving
+from sie_common.malformed_requests import RejectMalformedRequests
+from sie_common.transport import ServerTransport
+from sie_common.metrics_server import start_metrics_server
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher
 from sie_gateway.inference_api import GatewayInference
+from sie_gateway.metrics import register_gateway
 from sie_gateway.pools import PoolManager
 from sie_gateway.settings import GatewaySettings
+from sie_gateway.worker_link import worker_connector
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +30,23 @@ DRAIN_GRACE_S = 30.0
 
 
 async def serve(settings: GatewaySettings) -> None:
+    transport = ServerTransport.of(settings)
     etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
     await etcd.connect()
-    dispatcher = Dispatcher(window=settings.worker_window, max_attempts=settings.max_attempts)
+    demand = DemandRecorder(etcd)
+    dispatcher = Dispatcher(
+        window=settings.worker_window, max_attempts=settings.max_attempts, connect=worker_connector(settings), demand=demand
+    )
     view = ClusterView(etcd, on_workers_changed=dispatcher.forget_others)
-    api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings.pool_default_ttl_s), DemandRecorder(etcd))
+    api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings.pool_default_ttl_s), demand)
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[RejectMalformedRequests()], options=transport.server_options())
     inference_pb2_grpc.add_InferenceServicer_to_server(api, server)
     health = await add_health_and_reflection(server, [INFERENCE_SERVICE])
     listen = f"{settings.host}:{settings.port}"
-    if server.add_insecure_port(listen) == 0:
-        raise OSError(f"cannot listen on {listen}")
+    transport.listen(server, listen)
+    register_gateway(lambda: api.in_flight, demand, view)
+    metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
     await view.start()  # readiness: SERVING only once the mirror is synced
     await set_serving(health, [INFERENCE_SERVICE], True)
@@ -55,3 +65,5 @@ async def serve(settings: GatewaySettings) -> None:
     await view.stop()
     await dispatcher.close()
     await etcd.close()
+    if metrics is not None:
+        metrics.stop()

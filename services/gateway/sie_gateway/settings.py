@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sie_common.settings import SettingsError, setting
+from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 AUTH_MODES = ("none", "static")
 
@@ -24,7 +25,19 @@ class GatewaySettings:
     pool_default_ttl_s: int = setting(60, env="SIE_POOL_DEFAULT_TTL_S", help="lease of a resource pool created without ttl_s")
     auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: every Inference call (inference, models, pools) needs a bearer token from SIE_AUTH_TOKENS")
     auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
+    tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
+    tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
+    tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
+    max_receive_message_bytes: int = setting(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, env="SIE_MAX_RECEIVE_MESSAGE_BYTES", help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED")
+    max_send_message_bytes: int = setting(DEFAULT_MAX_SEND_MESSAGE_BYTES, env="SIE_MAX_SEND_MESSAGE_BYTES", help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED")
+    worker_tls_ca_file: str | None = setting(None, env="SIE_WORKER_TLS_CA_FILE", help="PEM CA bundle that signed the workers' certificates: when set, the gateway reaches workers over TLS")
+    worker_tls_cert_file: str | None = setting(None, env="SIE_WORKER_TLS_CERT_FILE", help="PEM client certificate the gateway presents to workers (mutual TLS; workers set SIE_TLS_CLIENT_CA_FILE)")
+    worker_tls_key_file: str | None = setting(None, env="SIE_WORKER_TLS_KEY_FILE", help="PEM private key of SIE_WORKER_TLS_CERT_FILE")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    # Observability (docs/observability.md).
+    metrics_port: int = setting(9096, env="SIE_GATEWAY_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
+    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
+    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
         if self.auth_mode not in AUTH_MODES:

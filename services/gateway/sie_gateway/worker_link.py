@@ -3,7 +3,8 @@
 Requests are multiplexed on the stream by request id; at most `window` are
 in flight, the rest wait for a slot. When the stream breaks, every request in
 flight on it fails with WorkerLost at once (inference is idempotent, so the
-caller may retry elsewhere) and the next call opens a new stream.
+caller may retry elsewhere) and the next call opens a new stream. Each
+request has its own client span and carries its trace context to the worker.
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
+from opentelemetry import trace
 
 from sie.v1 import worker_pb2, worker_pb2_grpc
+from sie_common.settings import SettingsError
+from sie_common.tracing import TRACER, WORK_METHOD, inject
+from sie_common.transport import channel_credentials
+from sie_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,22 @@ class _Stream:
             await self.reader
 
 
+# address -> a channel to that worker (plaintext, or TLS as the gateway's settings say).
+Connect = Callable[[str], grpc.aio.Channel]
+
+
+def worker_connector(settings: GatewaySettings) -> Connect:
+    """Channels to workers: TLS when SIE_WORKER_TLS_CA_FILE is set, presenting SIE_WORKER_TLS_CERT_FILE
+    (mutual TLS) when that is set too. Answers may be as large as this gateway may send on."""
+    options = [("grpc.max_receive_message_length", settings.max_send_message_bytes), ("grpc.max_send_message_length", -1)]
+    if not settings.worker_tls_ca_file:
+        if settings.worker_tls_cert_file:
+            raise SettingsError("SIE_WORKER_TLS_CERT_FILE (mutual TLS to workers) needs SIE_WORKER_TLS_CA_FILE")
+        return lambda address: grpc.aio.insecure_channel(address, options=options)
+    credentials = channel_credentials(settings.worker_tls_ca_file, settings.worker_tls_cert_file, settings.worker_tls_key_file)
+    return lambda address: grpc.aio.secure_channel(address, credentials, options=options)
+
+
 class WorkerLink:
     def __init__(self, worker_id: str, address: str, *, window: int, channel: grpc.aio.Channel | None = None) -> None:
         self.worker_id = worker_id
@@ -99,14 +121,16 @@ class WorkerLink:
         if timeout_s is not None:
             request.timeout.CopyFrom(_duration(timeout_s))
         future: asyncio.Future[worker_pb2.WorkResponse] = asyncio.get_running_loop().create_future()
-        stream.pending[request_id] = future
-        stream.outgoing.put_nowait(request)
-        try:
-            return await future
-        finally:
-            if not future.done() and not stream.broken:
-                stream.pending.pop(request_id, None)
-                stream.outgoing.put_nowait(worker_pb2.WorkRequest(request_id=request_id, cancel=worker_pb2.CancelWork()))
+        with TRACER.start_as_current_span(f"{WORK_METHOD} {task}", kind=trace.SpanKind.CLIENT, attributes={"sie.worker_id": self.worker_id}):
+            inject(request.trace_context)
+            stream.pending[request_id] = future
+            stream.outgoing.put_nowait(request)
+            try:
+                return await future
+            finally:
+                if not future.done() and not stream.broken:
+                    stream.pending.pop(request_id, None)
+                    stream.outgoing.put_nowait(worker_pb2.WorkRequest(request_id=request_id, cancel=worker_pb2.CancelWork()))
 
     def _open_stream(self) -> _Stream:
         if self._stream is None or self._stream.broken:

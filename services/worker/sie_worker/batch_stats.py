@@ -1,8 +1,10 @@
 """What each forward pass looked like (SIE_INSTRUMENTATION), as Prometheus metrics and debug records.
 
-The controller's current setting (wait, budget, target) is published on every
-forward pass whatever SIE_INSTRUMENTATION says; the per-batch histograms and
-the debug records in responses only with it on.
+Items, tokens and forward time of every pass are sie_worker.metrics' (always
+recorded). The controller's current setting (wait, budget, target) is
+published on every forward pass whatever SIE_INSTRUMENTATION says; the flush
+counter, padding and wait histograms and the debug records in responses only
+with it on.
 """
 
 from __future__ import annotations
@@ -15,18 +17,14 @@ from sie_worker.adaptive import BatchPolicy
 from sie_worker.batching import Batch
 
 _LABELS = ("model", "profile")
-_POWERS_OF_TWO = tuple(float(2**power) for power in range(0, 17))
 _SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 BATCHES = Counter("sie_worker_batches_total", "Forward passes, by what flushed the batch (full or wait).", (*_LABELS, "flush"))
-ITEMS = Histogram("sie_worker_batch_items", "Items per forward pass.", _LABELS, buckets=_POWERS_OF_TWO[:10])
-TOKENS = Histogram("sie_worker_batch_tokens", "Tokens per forward pass, before padding.", _LABELS, buckets=_POWERS_OF_TWO)
 PADDING = Histogram(
     "sie_worker_batch_padding_fraction", "Share of a forward pass's tokens that are padding.", _LABELS,
     buckets=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8),
 )
 WAIT = Histogram("sie_worker_batch_wait_seconds", "The oldest item's wait until its batch was formed.", _LABELS, buckets=_SECONDS)
-INFERENCE = Histogram("sie_worker_batch_inference_seconds", "Forward pass time.", _LABELS, buckets=_SECONDS)
 WAIT_SETTING = Gauge("sie_worker_batch_wait_setting_seconds", "The batch wait the model's batcher applies now.", _LABELS)
 BUDGET_SETTING = Gauge("sie_worker_batch_budget_tokens", "The token budget the model's batcher applies now.", _LABELS)
 TARGET = Gauge("sie_worker_batch_target_p50_seconds", "The adaptive controller's p50 target (0: fixed batching).", _LABELS)
@@ -81,8 +79,5 @@ def publish_setting(model: str, profile: str, policy: BatchPolicy) -> None:
 
 def record(model: str, profile: str, stats: BatchStats) -> None:
     BATCHES.labels(model, profile, "full" if stats.full else "wait").inc()
-    ITEMS.labels(model, profile).observe(stats.items)
-    TOKENS.labels(model, profile).observe(stats.tokens)
     PADDING.labels(model, profile).observe(stats.padding_fraction)
     WAIT.labels(model, profile).observe(stats.wait_ms / 1000)
-    INFERENCE.labels(model, profile).observe(stats.inference_ms / 1000)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sie_common.errors import InvalidArgument
 from sie_common.model_config import ModelConfig
+from sie_worker.adapters.base import ImageEncoder
+from sie_worker.jobs import ItemInput
 from sie_worker.postprocess import MuveraParams
 
 if TYPE_CHECKING:
@@ -21,6 +23,8 @@ def check_adapter_serves(config: ModelConfig, adapter_name: str, adapter: ModelA
         raise ValueError(
             f"tasks: adapter {adapter_name} does not do {', '.join(missing_tasks)}; it does: {', '.join(adapter.tasks)}"
         )
+    if "image" in config.inputs and not isinstance(adapter, ImageEncoder):
+        raise ValueError(f"inputs: adapter {adapter_name} does not take images; it takes: text")
     if "encode" not in config.tasks:
         return
     produced = set(adapter.output_types) | ({"dense"} if "multivector" in adapter.output_types else set())
@@ -38,6 +42,32 @@ def check_task(config: ModelConfig, task: str) -> None:
             reason="OPERATION_NOT_SUPPORTED",
             metadata={"model": config.id, "operation": task},
         )
+
+
+def check_inputs(config: ModelConfig, items: Sequence[ItemInput]) -> None:
+    """Every item's inputs (text, images) must be ones the model takes (its config's `inputs`)."""
+    for item in items:
+        given = ("text",) * (item.text is not None) + ("image",) * bool(item.images)
+        for kind in given:
+            if kind not in config.inputs:
+                raise InvalidArgument(
+                    f"{item.label}: model {config.id} does not take {kind} input; its inputs: {', '.join(config.inputs)}",
+                    reason="INPUT_NOT_SUPPORTED",
+                    metadata={**item.metadata, "input": kind, "model": config.id},
+                )
+
+
+def check_one_input_per_item(model: LoadedModel, items: Sequence[ItemInput]) -> None:
+    """A dual encoder embeds each item from one text or one image: mixing them in an item has no meaning."""
+    for item in items:
+        if len(item.images) > 1 or (item.images and item.text is not None):
+            has = f"{'text and ' if item.text is not None else ''}{len(item.images)} image{'s' * (len(item.images) > 1)}"
+            raise InvalidArgument(
+                f"{item.label}: model {model.config.id} embeds one text or one image per item; this item has {has}. "
+                "Send each input as an item of its own",
+                reason="TOO_MANY_ITEM_INPUTS",
+                metadata=item.metadata,
+            )
 
 
 def check_lora(config: ModelConfig, lora: str) -> None:

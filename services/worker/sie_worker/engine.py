@@ -1,6 +1,7 @@
 """The pipeline of one worker, for encode, score and extract.
 
-    admission -> tokenize (CPU pool) -> BatchFormer -> device thread -> postprocess (CPU pool)
+    admission -> tokenize (CPU pool) / decode and preprocess images (image pool)
+              -> BatchFormer -> device thread -> postprocess (CPU pool)
 
 While one batch runs on the device the next is formed and queued behind it,
 so the device goes from one forward pass to the next without waiting on the
@@ -9,8 +10,9 @@ token budget its batches are formed under.
 
 Items of concurrent requests share forward passes when their batch key
 matches: model, profile, operation, LoRA, output types, instruction,
-is_query and run-time options (as canonical JSON). Each caller gets its own
-items back in its own order.
+is_query and run-time options (as canonical JSON); image items have keys of
+their own (modality "image"). Each caller gets its own items back in its own
+order.
 """
 
 from __future__ import annotations
@@ -20,17 +22,28 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 
 from sie_common.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
-from sie_worker.adapters.base import EncodedItem, Entity, PairScorer, TokenizedText, ZeroShotExtractor
+from sie_common.tracing import TRACER, record_span, recording
+from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, PairScorer, TokenizedText, ZeroShotExtractor
 from sie_worker.batch_stats import BatchStats, describe, publish_setting, record
 from sie_worker.batching import Batch, BatchFormer, PendingItem
-from sie_worker.capabilities import check_lora, check_outputs, check_task, dense_dims, device_outputs, muvera_params, uses_muvera
+from sie_worker.capabilities import (
+    check_inputs,
+    check_lora,
+    check_one_input_per_item,
+    check_outputs,
+    check_task,
+    dense_dims,
+    device_outputs,
+    muvera_params,
+    uses_muvera,
+)
 from sie_worker.device import select_device
 from sie_worker.jobs import (
     EncodedOutput,
@@ -38,14 +51,17 @@ from sie_worker.jobs import (
     EncodeOutcome,
     ExtractJob,
     ExtractOutcome,
+    ItemInput,
     ScoredItem,
     ScoreJob,
     ScoreOutcome,
     Timing,
     canonical_options,
 )
-from sie_worker.postprocess import MuveraParams, maxsim, muvera, quantize, truncate
+from sie_worker.images import decode_image
+from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
 from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_splitting_on_oom
+from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.model_catalog import read_catalog
 from sie_worker.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
@@ -54,6 +70,8 @@ log = logging.getLogger(__name__)
 
 # Batches handed to the device thread at once: the one running and the next, formed behind it.
 PIPELINE_DEPTH = 2
+# Batching cost of one image: the processor gives every image the same size.
+IMAGE_COST = 1
 
 
 @dataclass(frozen=True)
@@ -102,6 +120,7 @@ class Engine:
         self.registry = ModelRegistry(read_catalog(settings), settings, self.device)
         self._former = BatchFormer()
         self._cpu_pool = ThreadPoolExecutor(settings.preprocessor_workers, thread_name_prefix="sie-cpu")
+        self._image_pool = ThreadPoolExecutor(settings.image_workers, thread_name_prefix="sie-image")
         # One inference thread per device serializes device work (forward passes and LoRA loads).
         self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
         self._background: list[asyncio.Task[None]] = []
@@ -134,6 +153,7 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._cpu_pool.shutdown(wait=False, cancel_futures=True)
+        self._image_pool.shutdown(wait=False, cancel_futures=True)
         self._device_thread.shutdown(wait=True)
 
     @property
@@ -172,11 +192,13 @@ class Engine:
         return _Clock(time.perf_counter(), debug=debug)
 
     async def _model_for(
-        self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str
+        self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str, items: Sequence[ItemInput] = ()
     ) -> LoadedModel:
-        """The loaded model for a request (held until `holds` closes), after checking it supports `task` and has `lora` ready."""
+        """The loaded model for a request (held until `holds` closes), after checking it supports `task`, the
+        inputs of `items` and has `lora` ready."""
         config = self.registry.config(model_id)
         check_task(config, task)
+        check_inputs(config, items)
         check_lora(config, lora)
         model = holds.enter_context(self.registry.use(model_id, profile))
         model.loras.require(lora, self._device_thread)
@@ -188,7 +210,7 @@ class Engine:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
             check_outputs(self.registry.config(job.model), job.output_types)
-            model = await self._model_for(holds, job.model, job.profile, "encode", job.lora)
+            model = await self._model_for(holds, job.model, job.profile, "encode", job.lora, job.items)
             needed = device_outputs(model, job.output_types)
             muvera_config = muvera_params(model, job.options) if "dense" in job.output_types and uses_muvera(model) else None
             if job.dims is not None and "dense" in job.output_types and job.dims > dense_dims(model, job.options):
@@ -197,16 +219,72 @@ class Engine:
                     reason="DIMS_TOO_LARGE",
                     metadata={"dims": str(job.dims)},
                 )
-            encoded, results = await self._encode_texts(
-                model, job.texts, needed, clock,
+            encoded, results = await self._encode_items(
+                model, job.items, needed, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
             )
 
             outputs = await self._postprocess(
                 lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock
             )
-            self._count(model, len(job.texts))
+            self._count(model, len(job.items))
         return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
+
+    async def _encode_items(
+        self,
+        model: LoadedModel,
+        items: Sequence[ItemInput],
+        outputs: tuple[str, ...],
+        clock: _Clock,
+        *,
+        is_query: bool,
+        instruction: str | None,
+        lora: str,
+        options: Mapping[str, Any],
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        """Text items through the text path, image items through the image path (batched apart), back in item order."""
+        common = {"is_query": is_query, "instruction": instruction, "lora": lora, "options": options}
+        image_rows = [row for row, item in enumerate(items) if item.images]
+        if not image_rows:
+            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, **common)
+        check_one_input_per_item(model, items)
+        text_rows = [row for row, item in enumerate(items) if not item.images]
+        (texts, text_results), (images, image_results) = await _all_or_none(
+            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, **common),
+            self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
+        )
+        by_row = dict(zip([*text_rows, *image_rows], [*texts, *images]))
+        return [by_row[row] for row in range(len(items))], text_results + image_results
+
+    async def _encode_images(
+        self, model: LoadedModel, items: Sequence[ItemInput], outputs: tuple[str, ...], clock: _Clock, *, lora: str, options: Mapping[str, Any]
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        """One image per item: decoded and preprocessed on the image pool, then batched by the image key at cost 1."""
+        encoder = model.encoder
+        assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
+        pixels = await self._prepare_images(clock, encoder, items)
+        key = (model.config.id, model.profile, "encode", lora, outputs, "image", canonical_options(options))
+        work = _DeviceWork(model, lora, lambda batch: encoder.encode_images(batch, outputs))
+        results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
+        return [result.output for result in results], results
+
+    async def _prepare_images(self, clock: _Clock, encoder: ImageEncoder, items: Sequence[ItemInput]) -> list[Any]:
+        """Decode (within SIE_MAX_IMAGE_PIXELS) and preprocess each item's image, in parallel on the image pool.
+
+        The first bad image in item order is the one reported."""
+        started = time.perf_counter()
+        max_pixels = self.settings.max_image_pixels
+
+        def prepare(item: ItemInput) -> Any:
+            return encoder.prepare_image(decode_image(item, 0, max_pixels=max_pixels))
+
+        loop = asyncio.get_running_loop()
+        prepared = await asyncio.gather(*(loop.run_in_executor(self._image_pool, prepare, item) for item in items), return_exceptions=True)
+        clock.tokenization_ms += _ms_since(started)
+        for outcome in prepared:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return prepared
 
     async def _encode_texts(
         self,
@@ -233,33 +311,39 @@ class Engine:
     async def score(self, job: ScoreJob) -> ScoreOutcome:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
-            model = await self._model_for(holds, job.model, job.profile, "score", job.lora)
+            model = await self._model_for(holds, job.model, job.profile, "score", job.lora, [job.query, *job.items])
             if isinstance(model.encoder, PairScorer):
                 scores, results = await self._score_pairs(model, job, clock)
+            elif isinstance(model.encoder, ImageEncoder):
+                scores, results = await self._score_encoded(model, job, clock, "dense", cosine)
             else:
-                scores, results = await self._score_late_interaction(model, job, clock)
+                scores, results = await self._score_encoded(model, job, clock, "multivector", maxsim)
             order = sorted(range(len(scores)), key=lambda index: -scores[index])
             ranked = [ScoredItem(index, float(scores[index])) for index in order[: job.top_k or None]]
-            self._count(model, len(job.texts))
+            self._count(model, len(job.items))
         return ScoreOutcome(model=job.model, ranked=ranked, timing=clock.timing(results))
 
     async def _score_pairs(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
         scorer = model.encoder
-        query = (job.instruction or "") + job.query
-        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, job.texts))
+        query = (job.instruction or "") + (job.query.text or "")
+        texts = [item.text or "" for item in job.items]
+        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts))
         key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
         work = _DeviceWork(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [float(result.output) for result in results], results
 
-    async def _score_late_interaction(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
-        """MaxSim of the query's vectors against each item's, for multivector models."""
+    async def _score_encoded(
+        self, model: LoadedModel, job: ScoreJob, clock: _Clock, output: str, similarity: Callable[[Any, Any], float]
+    ) -> tuple[list[float], list[_ItemResult]]:
+        """Encode the query (as a query) and the items, then score each item's `output` against the query's:
+        MaxSim of multivectors (late interaction), or cosine of dense embeddings (dual encoders, text or image)."""
         common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
-        (query, query_results), (items, item_results) = await asyncio.gather(
-            self._encode_texts(model, [job.query], ("multivector",), clock, is_query=True, **common),
-            self._encode_texts(model, job.texts, ("multivector",), clock, is_query=False, **common),
+        (query, query_results), (items, item_results) = await _all_or_none(
+            self._encode_items(model, [job.query], (output,), clock, is_query=True, **common),
+            self._encode_items(model, job.items, (output,), clock, is_query=False, **common),
         )
-        scores = await self._postprocess(lambda: [maxsim(query[0].multivector, item.multivector) for item in items], clock)
+        scores = await self._postprocess(lambda: [similarity(getattr(query[0], output), getattr(item, output)) for item in items], clock)
         return scores, query_results + item_results
 
     # -- extract --------------------------------------------------------------
@@ -294,13 +378,15 @@ class Engine:
 
     async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]]) -> list[TokenizedText]:
         started = time.perf_counter()
-        tokenized = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, tokenize)
+        with TRACER.start_as_current_span("tokenization"):
+            tokenized = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, tokenize)
         clock.tokenization_ms += _ms_since(started)
         return tokenized
 
     async def _postprocess(self, finish: Callable[[], Any], clock: _Clock) -> Any:
         started = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, finish)
+        with TRACER.start_as_current_span("postprocessing"):
+            result = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, finish)
         clock.postprocessing_ms += _ms_since(started)
         return result
 
@@ -313,12 +399,16 @@ class Engine:
         loop = asyncio.get_running_loop()
         pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
         self._former.add(pending, work.model.batching)
+        QUEUE_DEPTH.set(self._former.pending)
         try:
-            return list(await asyncio.gather(*(item.future for item in pending)))
+            results = list(await asyncio.gather(*(item.future for item in pending)))
         except BaseException:
             for item in pending:
                 item.future.cancel()
             raise
+        if recording():
+            _record_device_spans(pending, results)
+        return results
 
     async def _run_device(self) -> None:
         """Form batches and hand them to the device thread, at most PIPELINE_DEPTH at a time."""
@@ -327,6 +417,7 @@ class Engine:
         while True:
             await slots.acquire()
             batch = await self._former.next_batch()
+            QUEUE_DEPTH.set(self._former.pending)
             work: _DeviceWork = batch[0].payload[0]
             self._batches += 1
             running = loop.run_in_executor(self._device_thread, _forward, work, batch)
@@ -351,6 +442,7 @@ class Engine:
             return
         outputs, started, finished = running.result()
         model.stats.forward_passes += 1
+        record_batch(model.config.id, model.profile, len(batch), batch.tokens, finished - started)
         stats = describe(batch_id, batch, model.batching, started, finished)
         model.batching.observe(batch, started, finished)
         publish_setting(model.config.id, model.profile, model.batching)
@@ -373,6 +465,20 @@ def _forward(work: _DeviceWork, batch: Batch) -> tuple[Sequence[Any], float, flo
     return outputs, started, time.monotonic()
 
 
+def _record_device_spans(pending: Sequence[PendingItem], results: Sequence[_ItemResult]) -> None:
+    """A request's `queue` span (until its last item reached the device) and one `inference` span per
+    forward pass that ran its items. A forward pass serves many requests: each request's trace gets its
+    own span for it, with the batch id as attribute, rather than a span shared across traces."""
+    batches: dict[int, tuple[float, float]] = {}
+    for item, result in zip(pending, results):
+        batches[result.batch.batch_id] = (item.enqueued_at + result.queue_ms / 1000, result.batch.inference_ms / 1000)
+    enqueued = min(item.enqueued_at for item in pending)
+    record_span("queue", enqueued, max(start for start, _ in batches.values()), {"sie.items": len(pending)})
+    for batch_id, (start, seconds) in sorted(batches.items()):
+        items = sum(1 for result in results if result.batch.batch_id == batch_id)
+        record_span("inference", start, start + seconds, {"sie.batch_id": batch_id, "sie.items": items})
+
+
 def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:
     """One item's requested outputs after MUVERA, `dims` and the output dtype."""
     dense = None
@@ -386,6 +492,17 @@ def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | Non
         sparse=item.sparse if "sparse" in job.output_types else None,
         multivector=quantize(item.multivector, job.output_dtype) if "multivector" in job.output_types else None,
     )
+
+
+async def _all_or_none(*steps: Awaitable[Any]) -> list[Any]:
+    """Run steps concurrently; when one fails, cancel the others (their queued items leave the BatchFormer) and raise."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 def _ms_since(start: float) -> float:

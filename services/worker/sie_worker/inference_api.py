@@ -24,10 +24,13 @@ from sie_worker.jobs import (
     EncodeOutcome,
     ExtractJob,
     ExtractOutcome,
+    ImageInput,
+    ItemInput,
     ScoreJob,
     ScoreOutcome,
     Timing,
 )
+from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,7 @@ log = logging.getLogger(__name__)
 def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
     """Validate an EncodeRequest's own fields (the model checks its part later)."""
     _require_model(request.model)
-    texts = _texts(request.model, request.items)
+    items = _items(request.items)
     output_types = tuple(dict.fromkeys(request.output_types)) or ("dense",)
     for output in output_types:
         if output not in OUTPUT_TYPES:
@@ -57,7 +60,7 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
     lora, options = _lora_and_options(request.lora, request.options)
     return EncodeJob(
         model=request.model,
-        texts=texts,
+        items=items,
         output_types=output_types,
         output_dtype=dtype,
         instruction=request.instruction if request.HasField("instruction") else None,
@@ -72,15 +75,15 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
 
 def score_job(request: inference_pb2.ScoreRequest) -> ScoreJob:
     _require_model(request.model)
-    if not request.query.HasField("text"):
-        raise InvalidArgument("query: a text query is required", reason="MISSING_QUERY")
+    if not request.query.HasField("text") and not request.query.images:
+        raise InvalidArgument("query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY")
     if request.HasField("top_k") and request.top_k < 0:
         raise InvalidArgument(f"top_k must be 0 (all) or positive, got {request.top_k}", reason="INVALID_TOP_K")
     lora, options = _lora_and_options(request.lora, request.options)
     return ScoreJob(
         model=request.model,
-        query=request.query.text,
-        texts=_texts(request.model, request.items),
+        query=_item(request.query, None),
+        items=_items(request.items),
         top_k=request.top_k or None,
         instruction=request.instruction if request.HasField("instruction") else None,
         profile=request.profile,
@@ -95,7 +98,7 @@ def extract_job(request: inference_pb2.ExtractRequest) -> ExtractJob:
     lora, options = _lora_and_options(request.lora, request.options)
     return ExtractJob(
         model=request.model,
-        texts=_texts(request.model, request.items),
+        texts=_texts(request.items),
         labels=tuple(dict.fromkeys(request.labels)),
         threshold=request.threshold if request.HasField("threshold") else None,
         profile=request.profile,
@@ -110,26 +113,43 @@ def _require_model(model: str) -> None:
         raise InvalidArgument("model is required", reason="MISSING_MODEL")
 
 
-def _texts(model: str, items: Sequence[types_pb2.Item]) -> list[str]:
+def _items(items: Sequence[types_pb2.Item]) -> list[ItemInput]:
+    """The request's items; whether the model takes their inputs (text, images) is checked against its config later."""
     if not items:
         raise InvalidArgument("items: at least one item is required", reason="NO_ITEMS")
+    return [_item(item, index) for index, item in enumerate(items)]
+
+
+def _item(message: types_pb2.Item, index: int | None) -> ItemInput:
+    text = message.text if message.HasField("text") else None
+    images = tuple(ImageInput(image.data, image.format) for image in message.images) if message.images else ()
+    item = ItemInput(text, images, message.id, index)  # positional: this runs for every item of every request
+    if text is None and not images:
+        raise InvalidArgument(f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata)
+    return item
+
+
+def _texts(items: Sequence[types_pb2.Item]) -> list[str]:
+    """Texts of extract items: extraction reads text only."""
     texts = []
-    for index, item in enumerate(items):
+    for item in _items(items):
         if item.images:
             raise InvalidArgument(
-                f"items[{index}]: images are not supported by model {model} (inputs: text)",
+                f"{item.label}: extract reads text; send the item without images",
                 reason="INPUT_NOT_SUPPORTED",
-                metadata={"item": str(index)},
+                metadata={**item.metadata, "input": "image"},
             )
-        if not item.HasField("text"):
-            raise InvalidArgument(f"items[{index}]: has no text", reason="ITEM_WITHOUT_TEXT", metadata={"item": str(index)})
+        assert item.text is not None
         texts.append(item.text)
     return texts
 
 
 def _lora_and_options(lora: str, options: struct_pb2.Struct) -> tuple[str, dict[str, Any]]:
     """The request's LoRA (`lora`, or its alias `options.lora`) and the remaining run-time options."""
-    values = json_format.MessageToDict(options)
+    try:
+        values = json_format.MessageToDict(options)
+    except json_format.SerializeToJsonError as error:  # NaN or Infinity in a number value
+        raise InvalidArgument(f"options must be plain JSON values: {error}", reason="INVALID_OPTIONS") from None
     alias = values.pop("lora", "")
     if not isinstance(alias, str):
         raise InvalidArgument("options.lora must be a LoRA adapter name", reason="INVALID_OPTIONS")
@@ -232,15 +252,13 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     # (shared by the unary RPCs, EncodeStream and the internal Work stream).
 
     async def run_encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
-        return await _guarded("encode", request.request_id, lambda: self._engine.encode(encode_job(request)), lambda o: encode_response(request, o))
+        return await _guarded("encode", request, lambda: self._engine.encode(encode_job(request)), lambda o: encode_response(request, o))
 
     async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
-        return await _guarded("score", request.request_id, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
+        return await _guarded("score", request, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
 
     async def run_extract(self, request: inference_pb2.ExtractRequest) -> inference_pb2.ExtractResponse:
-        return await _guarded(
-            "extract", request.request_id, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o)
-        )
+        return await _guarded("extract", request, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o))
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
@@ -300,15 +318,21 @@ Response = TypeVar("Response")
 
 async def _guarded(
     operation: str,
-    request_id: str,
+    request: Any,
     run: Callable[[], Awaitable[Outcome]],
     respond: Callable[[Outcome], Response],
 ) -> Response:
-    """Run one request; anything that is not a SieError becomes INTERNAL (logged), and the server keeps serving."""
-    try:
-        return respond(await run())
-    except (SieError, asyncio.CancelledError):
-        raise
-    except Exception as error:
-        log.exception("%s request %r failed", operation, request_id)
-        raise Internal(f"internal error: {error}", reason="INTERNAL") from error
+    """Run one request; anything that is not a SieError becomes INTERNAL (logged), and the server keeps serving.
+
+    Every request is counted in the metrics and logged at DEBUG with its latency; log lines written
+    while it runs carry its model and request_id."""
+    with REQUESTS.observe(operation, request.model, request.request_id):
+        try:
+            response = respond(await run())
+        except (SieError, asyncio.CancelledError):
+            raise
+        except Exception as error:
+            log.exception("%s request %r failed", operation, request.request_id)
+            raise Internal(f"internal error: {error}", reason="INTERNAL") from error
+        QUEUE_SECONDS.labels(request.model, operation).observe(response.timing.queue_ms / 1000)
+        return response

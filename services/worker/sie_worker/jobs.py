@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sie_worker.adapters.base import Entity, SparseWeights
 from sie_worker.batch_stats import BatchStats
@@ -13,9 +13,46 @@ from sie_worker.postprocess import Quantized
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """One encoded image as the caller sent it; `format` is the caller's hint ("" when none)."""
+
+    data: bytes
+    format: str = ""
+
+
+class ItemInput(NamedTuple):
+    """One item: text, images, or both (which of them a model takes is checked against its `inputs`).
+
+    A NamedTuple: requests carry hundreds of items, and tuples build several times faster than dataclasses."""
+
+    text: str | None = None
+    images: tuple[ImageInput, ...] = ()
+    id: str = ""
+    # Position in the request's items; None for a score request's query.
+    index: int | None = None
+
+    @property
+    def modality(self) -> str:
+        """The tower of a dual encoder that reads the item: "image" when it has images, else "text"."""
+        return "image" if self.images else "text"
+
+    @property
+    def label(self) -> str:
+        """How error messages name the item: "items[3] (id 'cat')", or "query"."""
+        where = "query" if self.index is None else f"items[{self.index}]"
+        return f"{where} (id {self.id!r})" if self.id else where
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """ErrorInfo metadata naming the item: `item` (its index, or "query") and `item_id` when it has one."""
+        named = {"item": "query" if self.index is None else str(self.index)}
+        return {**named, "item_id": self.id} if self.id else named
+
+
+@dataclass(frozen=True)
 class EncodeJob:
     model: str
-    texts: list[str]
+    items: list[ItemInput]
     output_types: tuple[str, ...] = ("dense",)
     output_dtype: str = "float32"
     instruction: str | None = None
@@ -31,8 +68,8 @@ class EncodeJob:
 @dataclass(frozen=True)
 class ScoreJob:
     model: str
-    query: str
-    texts: list[str]
+    query: ItemInput
+    items: list[ItemInput]
     top_k: int | None = None
     instruction: str | None = None
     profile: str = ""

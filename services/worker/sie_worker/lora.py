@@ -25,6 +25,7 @@ from peft import PeftModel
 
 from sie_common.errors import FailedPrecondition, Unavailable
 from sie_worker.adapters.hf_text import LOAD_LOCK
+from sie_worker.weight_roots import WeightRoots, is_local_lora
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,10 @@ class LoraAdapters:
         capacity: int,
         local_cache: str | None,
         hf_fallback: bool,
+        roots: WeightRoots,
     ) -> None:
         self.model_id = model_id
+        self._roots = roots
         self._target = target
         self._sources = dict(sources)
         self._capacity = capacity
@@ -110,7 +113,7 @@ class LoraAdapters:
         with self._lock:
             if name in self._loaded:
                 return
-        path = self._resolve(self._sources[name])
+        path = self._resolve(name, self._sources[name])
         with self._lock:
             while len(self._loaded) >= self._capacity:
                 evicted, _ = self._loaded.popitem(last=False)
@@ -126,9 +129,10 @@ class LoraAdapters:
             self._loaded[name] = None
         log.info("loaded LoRA %s of %s from %s", name, self.model_id, path)
 
-    def _resolve(self, source: str) -> Path:
-        """A local directory as is; a hub id from the local cache, then the Hub when allowed."""
-        if Path(source).is_dir():
+    def _resolve(self, name: str, source: str) -> Path:
+        """A local directory inside the weight roots; a hub id from the local cache, then the Hub when allowed."""
+        if is_local_lora(source):
+            self._roots.check(Path(source), model=self.model_id, what=f"loras.{name}")
             return Path(source)
         try:
             return Path(snapshot_download(source, cache_dir=self._local_cache, local_files_only=not self._hf_fallback))

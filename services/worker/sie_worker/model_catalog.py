@@ -20,6 +20,7 @@ from sie_common.model_config import ModelConfig, ModelConfigError, load_model_co
 from sie_worker.adapters import ADAPTERS
 from sie_worker.s3 import S3Location, S3Store, is_s3_url
 from sie_worker.settings import WorkerSettings
+from sie_worker.weight_roots import WeightRoots, WeightsOutsideRoots, default_roots
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class Catalog:
     problems: list[ConfigProblem] = field(default_factory=list)
     # Model id -> why this worker's bundle leaves it out.
     excluded: dict[str, str] = field(default_factory=dict)
+    weight_roots: WeightRoots = field(default_factory=lambda: WeightRoots(()))
 
 
 def read_catalog(settings: WorkerSettings) -> Catalog:
@@ -48,10 +50,13 @@ def read_catalog(settings: WorkerSettings) -> Catalog:
     catalog = Catalog(bundle=select_bundle(settings))
     # SIE_MODELS_DIR files replace built-in configs with the same id, but not each other.
     from_models_dir: dict[str, str] = {}
+    builtin: list[ModelConfig] = []
     for origin, loaded in [*_builtin_configs(), *_configs_from(settings)]:
         if isinstance(loaded, ConfigProblem):
             catalog.problems.append(loaded)
             continue
+        if origin == "builtin":
+            builtin.append(loaded)
         if origin == "models_dir":
             if loaded.id in from_models_dir:
                 message = f"{loaded.source}: id: model {loaded.id!r} is already defined in {from_models_dir[loaded.id]}"
@@ -59,6 +64,14 @@ def read_catalog(settings: WorkerSettings) -> Catalog:
                 continue
             from_models_dir[loaded.id] = loaded.source
         catalog.configs[loaded.id] = loaded
+
+    catalog.weight_roots = WeightRoots(default_roots(settings, builtin))
+    for model_id, config in list(catalog.configs.items()):
+        try:
+            catalog.weight_roots.check_config(config)
+        except WeightsOutsideRoots as error:
+            del catalog.configs[model_id]
+            catalog.problems.append(ConfigProblem(config.source, f"{config.source}: {error.message}"))
 
     for model_id, config in list(catalog.configs.items()):
         if not catalog.bundle.can_serve(config):

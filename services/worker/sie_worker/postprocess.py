@@ -123,6 +123,12 @@ def muvera(multivector: np.ndarray, params: MuveraParams, *, is_query: bool) -> 
     return np.concatenate(parts)
 
 
+def cosine(first: np.ndarray, second: np.ndarray) -> float:
+    """Cosine similarity of two vectors: 1 for the same direction, 0 for orthogonal ones."""
+    first, second = np.asarray(first, np.float32), np.asarray(second, np.float32)
+    return float(first @ second / max(float(np.linalg.norm(first) * np.linalg.norm(second)), 1e-12))
+
+
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     """Late-interaction score: for each query vector its best dot product with a document vector, summed."""
     if query.shape[0] == 0 or document.shape[0] == 0:

@@ -107,7 +107,7 @@ class ModelRegistry:
         self._configs = catalog.configs
         self._settings = settings
         self._device = device
-        self._weights = WeightResolver(settings)
+        self._weights = WeightResolver(settings, catalog.weight_roots)
         self.pressure = MemoryPressure(device, settings)
         self._loaded: dict[Key, LoadedModel] = {}
         self._loading: dict[Key, asyncio.Task[LoadedModel]] = {}
@@ -269,6 +269,7 @@ class ModelRegistry:
             capacity=self._settings.max_loras_per_model,
             local_cache=self._settings.local_cache,
             hf_fallback=self._settings.hf_fallback,
+            roots=self._catalog.weight_roots,
         )
         return LoadedModel(
             config, profile_name, adapter, batching_for(self._settings, profile), self._stats[config.id], loras,

@@ -12,9 +12,13 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grp
 from sie_common.cluster_store import WorkerRecord
 from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
+from sie_common.malformed_requests import RejectMalformedRequests
+from sie_common.transport import ServerTransport
+from sie_common.metrics_server import start_metrics_server
 from sie_worker.config_sync import ConfigSync
 from sie_worker.engine import Engine
 from sie_worker.inference_api import InferenceService
+from sie_worker.metrics import register_engine
 from sie_worker.registration import Registration
 from sie_worker.settings import WorkerSettings
 from sie_worker.work_api import WorkService
@@ -28,8 +32,9 @@ STOP_GRACE_S = 1.0
 
 
 async def serve(settings: WorkerSettings) -> None:
+    transport = ServerTransport.of(settings)
     engine = Engine(settings)
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=[RejectMalformedRequests()], options=transport.server_options())
     inference = InferenceService(engine)
     inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
     handlers = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
@@ -37,8 +42,9 @@ async def serve(settings: WorkerSettings) -> None:
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
     health = await add_health_and_reflection(server, services)  # NOT_SERVING until the preloads finish
     address = f"{settings.host}:{settings.port}"
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot listen on {address}")
+    transport.listen(server, address)
+    register_engine(engine)
+    metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
     cluster = await _Cluster.follow(settings, engine) if settings.etcd_endpoints else None
     await engine.start()  # preloads, including models only etcd knows
@@ -70,6 +76,8 @@ async def serve(settings: WorkerSettings) -> None:
     if cluster is not None:
         await cluster.leave()
     await engine.stop()
+    if metrics is not None:
+        metrics.stop()
 
 
 class _Cluster:

@@ -6,6 +6,7 @@ import socket
 from dataclasses import dataclass
 
 from sie_common.settings import SettingsError, setting
+from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class WorkerSettings:
     instrumentation: bool = setting(False, env="SIE_INSTRUMENTATION", help="per-batch statistics as metrics, and in responses to requests that set debug")
     max_concurrent_requests: int = setting(512, env="SIE_MAX_CONCURRENT_REQUESTS", help="requests in flight before RESOURCE_EXHAUSTED")
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
+    image_workers: int = setting(4, env="SIE_IMAGE_WORKERS", help="threads that decode and preprocess images (resize, crop, normalize)")
+    max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding)")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
@@ -52,7 +55,17 @@ class WorkerSettings:
     gpu_count: int = setting(1, env="SIE_GPU_COUNT", help="GPU count advertised in the worker's registration")
     health_publish_interval_ms: int = setting(5000, env="SIE_HEALTH_PUBLISH_INTERVAL_MS", help="how often the worker's etcd registration is refreshed (loaded models, queue depth, capacity)")
     worker_lease_ttl_s: int = setting(10, env="SIE_WORKER_LEASE_TTL_S", help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it")
+    weight_roots: tuple[str, ...] = setting((), env="SIE_WEIGHT_ROOTS", help="comma-separated directories a model config's path and local LoRA directories must lie in (symlinks resolved); unset: the local cache, SIE_MODELS_DIR and the built-in models' package directories")
+    tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
+    tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
+    tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
+    max_receive_message_bytes: int = setting(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, env="SIE_MAX_RECEIVE_MESSAGE_BYTES", help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED")
+    max_send_message_bytes: int = setting(DEFAULT_MAX_SEND_MESSAGE_BYTES, env="SIE_MAX_SEND_MESSAGE_BYTES", help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    # Observability (docs/observability.md).
+    metrics_port: int = setting(9095, env="SIE_WORKER_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
+    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
+    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
         if not 0 <= self.adaptive_min_quantum_ms <= self.adaptive_max_quantum_ms:

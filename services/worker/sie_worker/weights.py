@@ -9,7 +9,6 @@ cluster cache so the next worker finds them there.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from sie_common.model_config import ModelConfig
 from sie_worker.s3 import S3Location, S3Store
 from sie_worker.settings import WorkerSettings
 from sie_worker.weight_cache import ClusterCache, LocalCache, weights_key
+from sie_worker.weight_roots import WeightRoots, bundled_directory, default_roots
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class ResolvedWeights:
 
 
 class WeightResolver:
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, roots: WeightRoots | None = None) -> None:
+        self.roots = roots or WeightRoots(default_roots(settings, ()))
         self._hf_cache = settings.local_cache
         root = Path(settings.local_cache) if settings.local_cache else Path(hf_constants.HF_HUB_CACHE)
         self.local = LocalCache(root, lru_enabled=settings.disk_cache_enabled, pressure_percent=settings.disk_pressure_threshold_percent)
@@ -58,6 +59,7 @@ class WeightResolver:
         tried: list[str] = []
         retryable = False
         if config.path is not None:
+            self.roots.check(config.path, model=config.id, what="path")
             if config.path.is_dir():
                 return ResolvedWeights(config.path, "path")
             tried.append(f"path {config.path}: not a directory")
@@ -92,7 +94,7 @@ class WeightResolver:
 
     def _from_origin(self, config: ModelConfig, key: str, keep: frozenset[str], tried: list[str]) -> ResolvedWeights | None:
         if config.bundled_weights:
-            bundled = _bundled_directory(config.bundled_weights)
+            bundled = bundled_directory(config.bundled_weights)
             if bundled is not None:
                 return ResolvedWeights(bundled, "bundled package")
             tried.append(f"bundled_weights {config.bundled_weights}: package not installed")
@@ -119,11 +121,3 @@ class WeightResolver:
         except Exception:  # huggingface_hub raises several types for "not cached"
             return None
 
-
-def _bundled_directory(spec: str) -> Path | None:
-    package, _, subdir = spec.partition(":")
-    found = importlib.util.find_spec(package)
-    if found is None or found.origin is None:
-        return None
-    directory = Path(found.origin).parent / subdir
-    return directory if directory.is_dir() else None

@@ -3,6 +3,8 @@
 A gateway keeps one Work stream per worker and multiplexes requests on it by
 request_id. Each request runs as soon as it arrives, bounded by its own
 timeout, and is answered as it completes; a CancelWork drops it unanswered.
+Each request runs in a server span that continues the trace its
+`trace_context` names (the stream itself is not traced).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 
 from sie.v1 import worker_pb2, worker_pb2_grpc
 from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.errors import DeadlineExceeded, InvalidArgument, SieError, Unimplemented
+from sie_common.tracing import TRACER, WORK_METHOD, extract
 
 # Task name in WorkRequest ("encode", "score", "extract") -> the API call that serves it.
 Handler = Callable[[Any], Awaitable[Any]]
@@ -49,6 +53,11 @@ class WorkService(worker_pb2_grpc.WorkerServicer):
 
     async def _answer(self, work: worker_pb2.WorkRequest) -> worker_pb2.WorkResponse:
         task = work.WhichOneof("task")
+        parent = extract(work.trace_context) if work.trace_context else None
+        with TRACER.start_as_current_span(f"{WORK_METHOD} {task}", context=parent, kind=trace.SpanKind.SERVER, attributes={"sie.task": task or ""}):
+            return await self._run(work, task)
+
+    async def _run(self, work: worker_pb2.WorkRequest, task: str | None) -> worker_pb2.WorkResponse:
         handler = self._handlers.get(task or "")
         try:
             if handler is None:

@@ -27,19 +27,23 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from sie.v1 import inference_pb2 as sie_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sie/v1/worker.proto\x12\x06sie.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\x1a\x16sie/v1/inference.proto\"\xf6\x01\n\x0bWorkRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x06\x65ncode\x18\x03 \x01(\x0b\x32\x15.sie.v1.EncodeRequestH\x00\x12%\n\x05score\x18\x04 \x01(\x0b\x32\x14.sie.v1.ScoreRequestH\x00\x12)\n\x07\x65xtract\x18\x05 \x01(\x0b\x32\x16.sie.v1.ExtractRequestH\x00\x12$\n\x06\x63\x61ncel\x18\x06 \x01(\x0b\x32\x12.sie.v1.CancelWorkH\x00\x42\x06\n\x04task\"\x0c\n\nCancelWork\"\xe3\x01\n\x0cWorkResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12(\n\x06\x65ncode\x18\x03 \x01(\x0b\x32\x16.sie.v1.EncodeResponseH\x00\x12&\n\x05score\x18\x04 \x01(\x0b\x32\x15.sie.v1.ScoreResponseH\x00\x12*\n\x07\x65xtract\x18\x05 \x01(\x0b\x32\x17.sie.v1.ExtractResponseH\x00\x12#\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\t\n\x07outcome2?\n\x06Worker\x12\x35\n\x04Work\x12\x13.sie.v1.WorkRequest\x1a\x14.sie.v1.WorkResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sie/v1/worker.proto\x12\x06sie.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x17google/rpc/status.proto\x1a\x16sie/v1/inference.proto\"\xe9\x02\n\x0bWorkRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x06\x65ncode\x18\x03 \x01(\x0b\x32\x15.sie.v1.EncodeRequestH\x00\x12%\n\x05score\x18\x04 \x01(\x0b\x32\x14.sie.v1.ScoreRequestH\x00\x12)\n\x07\x65xtract\x18\x05 \x01(\x0b\x32\x16.sie.v1.ExtractRequestH\x00\x12$\n\x06\x63\x61ncel\x18\x06 \x01(\x0b\x32\x12.sie.v1.CancelWorkH\x00\x12<\n\rtrace_context\x18( \x03(\x0b\x32%.sie.v1.WorkRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x06\n\x04task\"\x0c\n\nCancelWork\"\xe3\x01\n\x0cWorkResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12(\n\x06\x65ncode\x18\x03 \x01(\x0b\x32\x16.sie.v1.EncodeResponseH\x00\x12&\n\x05score\x18\x04 \x01(\x0b\x32\x15.sie.v1.ScoreResponseH\x00\x12*\n\x07\x65xtract\x18\x05 \x01(\x0b\x32\x17.sie.v1.ExtractResponseH\x00\x12#\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\t\n\x07outcome2?\n\x06Worker\x12\x35\n\x04Work\x12\x13.sie.v1.WorkRequest\x1a\x14.sie.v1.WorkResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sie.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_WORKREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_WORKREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_WORKREQUEST']._serialized_start=113
-  _globals['_WORKREQUEST']._serialized_end=359
-  _globals['_CANCELWORK']._serialized_start=361
-  _globals['_CANCELWORK']._serialized_end=373
-  _globals['_WORKRESPONSE']._serialized_start=376
-  _globals['_WORKRESPONSE']._serialized_end=603
-  _globals['_WORKER']._serialized_start=605
-  _globals['_WORKER']._serialized_end=668
+  _globals['_WORKREQUEST']._serialized_end=474
+  _globals['_WORKREQUEST_TRACECONTEXTENTRY']._serialized_start=415
+  _globals['_WORKREQUEST_TRACECONTEXTENTRY']._serialized_end=466
+  _globals['_CANCELWORK']._serialized_start=476
+  _globals['_CANCELWORK']._serialized_end=488
+  _globals['_WORKRESPONSE']._serialized_start=491
+  _globals['_WORKRESPONSE']._serialized_end=718
+  _globals['_WORKER']._serialized_start=720
+  _globals['_WORKER']._serialized_end=783
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sie_worker.adapters.base import LoadContext, ModelAdapter
+from sie_worker.adapters.clip import DualEncoder
 from sie_worker.adapters.colbert import ColbertEncoder
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.gliner import GlinerExtractor
@@ -19,4 +20,5 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "cross_encoder": CrossEncoderScorer,
     "token_classifier": TokenClassificationExtractor,
     "gliner": GlinerExtractor,
+    "clip": DualEncoder,
 }

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from PIL import Image
 
 from sie_common.model_config import ModelConfig, Profile
 
@@ -96,6 +97,17 @@ class TextEncoder(ModelAdapter, Protocol):
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         """Every requested output of every item, from one forward pass. Device thread only."""
+
+
+@runtime_checkable
+class ImageEncoder(TextEncoder, Protocol):
+    """A dual encoder (CLIP-style): texts through its text tower, images through its image tower, one embedding space."""
+
+    def prepare_image(self, image: Image.Image) -> np.ndarray:
+        """Pixel values of one decoded image, resized and normalized by the model's processor. Thread-safe."""
+
+    def encode_images(self, batch: Sequence[np.ndarray], output_types: Sequence[str]) -> list[EncodedItem]:
+        """Every requested output of every image, from one forward pass. Device thread only."""
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ class ColbertEncoder(TextEncoder):
         self.model = load_model(AutoModel, context)
         self.device = context.device
         # One position is reserved for the marker token.
-        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, reserve=1)
+        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, reserve=1, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
         vocab = self.tokenizer.rust
         self.query_marker = _token_id(vocab, options.get("query_marker", "[unused0]"))

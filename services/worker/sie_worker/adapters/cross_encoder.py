@@ -31,7 +31,7 @@ class CrossEncoderScorer(PairScorer):
         if self.model.config.num_labels != 1:
             raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
         self.device = context.device
-        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model)
+        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
         activation = context.profile.load_options.get("activation") or _saved_activation(read_json(context.weights / "config.json"))
         if activation not in _ACTIVATIONS:

@@ -29,8 +29,10 @@ class TextTokenizer:
     nothing, so the preprocessing threads can share it.
     """
 
-    def __init__(self, directory: Path, configured_max_length: int | None, model: Any, *, reserve: int = 0) -> None:
-        self.hf = AutoTokenizer.from_pretrained(directory)
+    def __init__(
+        self, directory: Path, configured_max_length: int | None, model: Any, *, reserve: int = 0, trust_remote_code: bool = False
+    ) -> None:
+        self.hf = AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
         st_config = read_json(directory / "sentence_bert_config.json")
         self.max_length = max_length(configured_max_length, st_config, self.hf, model)
         self.lowercase = bool(st_config.get("do_lower_case", False))
@@ -56,8 +58,11 @@ class TextTokenizer:
 
 
 def load_model(auto_class: Any, context: LoadContext) -> torch.nn.Module:
-    """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode."""
-    model = auto_class.from_pretrained(context.weights, dtype=context.dtype, **attention_kwargs(context))
+    """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode.
+    Code shipped with the weights runs only when the profile sets load_options.trust_remote_code."""
+    model = auto_class.from_pretrained(
+        context.weights, dtype=context.dtype, trust_remote_code=context.profile.trust_remote_code, **attention_kwargs(context)
+    )
     return model.to(context.device).eval()
 
 

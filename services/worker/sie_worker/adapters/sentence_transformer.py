@@ -55,7 +55,7 @@ class SentenceTransformerEncoder(TextEncoder):
 
         self.model = load_model(AutoModel, context)
         self.device = context.device
-        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model)
+        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
 
         hidden = self.model.config.hidden_size

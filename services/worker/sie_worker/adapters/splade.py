@@ -25,7 +25,7 @@ class SpladeEncoder(TextEncoder):
     def __init__(self, context: LoadContext) -> None:
         self.model = load_model(AutoModelForMaskedLM, context)
         self.device = context.device
-        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model)
+        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
         self.vocab_size = int(self.model.config.vocab_size)
         self.dims = 0

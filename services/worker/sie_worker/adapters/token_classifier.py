@@ -27,7 +27,7 @@ class TokenClassificationExtractor(TokenClassifier):
     def __init__(self, context: LoadContext) -> None:
         self.model = load_model(AutoModelForTokenClassification, context)
         self.device = context.device
-        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model)
+        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
         self.labels = [self.model.config.id2label[index] for index in range(self.model.config.num_labels)]
 

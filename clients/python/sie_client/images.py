@@ -1,0 +1,49 @@
+"""Images for `Item.images`, sent as encoded bytes: bytes as they are, files as read from disk,
+PIL images and numpy arrays encoded as PNG (lossless, so the server sees exactly these pixels)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+from PIL import Image
+
+from sie.v1 import types_pb2
+
+ImageLike = Union[bytes, str, os.PathLike, Image.Image, np.ndarray]
+
+# A file's suffix -> the format hint sent with its bytes (the server decides from the bytes either way).
+_FORMAT_BY_SUFFIX = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp"}
+# Modes PNG stores as they are; others (CMYK, YCbCr, float) are sent as RGB.
+_PNG_MODES = ("1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA")
+
+
+def image_message(image: ImageLike) -> types_pb2.Image:
+    """One image as the contract's `Image`: encoded bytes plus a format hint."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return types_pb2.Image(data=bytes(image))
+    if isinstance(image, (str, os.PathLike)):
+        path = Path(image)
+        return types_pb2.Image(data=path.read_bytes(), format=_FORMAT_BY_SUFFIX.get(path.suffix.lower(), ""))
+    if isinstance(image, np.ndarray):
+        image = _from_array(image)
+    if isinstance(image, Image.Image):
+        if image.mode not in _PNG_MODES:
+            image = image.convert("RGB")
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return types_pb2.Image(data=buffer.getvalue(), format="png")
+    raise TypeError(f"an image is encoded bytes, a file path, a PIL.Image or a numpy array, not {type(image).__name__}")
+
+
+def _from_array(array: np.ndarray) -> Image.Image:
+    """A uint8 array: height x width (grey), or height x width x 3 (RGB) or 4 (RGBA)."""
+    if array.dtype != np.uint8 or not (array.ndim == 2 or (array.ndim == 3 and array.shape[2] in (3, 4))):
+        raise TypeError(
+            f"a numpy image must be uint8 with shape (height, width) or (height, width, 3 or 4), "
+            f"got {array.dtype} {array.shape}; scale floats with (array * 255).astype('uint8')"
+        )
+    return Image.fromarray(array)

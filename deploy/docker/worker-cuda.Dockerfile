@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# The worker for NVIDIA GPUs (the node needs the NVIDIA driver and container
+# toolkit; Kubernetes, the NVIDIA device plugin). Build from the repository root:
+#   docker build -f deploy/docker/worker-cuda.Dockerfile -t sie-worker-cuda:0.1.0 .
+
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# torch first and pinned: the Linux wheel on PyPI is the CUDA build (its CUDA
+# libraries come as nvidia-* wheels), so installing the engine never pulls another.
+ARG TORCH=torch==2.13.0
+RUN pip install "${TORCH}"
+WORKDIR /opt/sie
+COPY pyproject.toml README.md ./
+COPY gen gen
+COPY lib lib
+COPY services services
+COPY clients clients
+COPY deploy/local deploy/local
+COPY bundles bundles
+RUN pip install . \
+ && useradd --system --uid 10001 --home-dir /var/lib/sie --create-home sie
+USER 10001
+ENV SIE_BUNDLES_DIR=/opt/sie/bundles SIE_DEVICE=cuda
+EXPOSE 50061 9095
+ENTRYPOINT ["sie-worker"]
+CMD ["serve"]

@@ -1,0 +1,88 @@
+"""CLIP-style dual encoders (CLIP, SigLIP) through `transformers`: a text tower
+and an image tower that project into one embedding space.
+
+The directory is a transformers checkpoint (AutoModel with
+`get_text_features` / `get_image_features`), its tokenizer and its image
+processor config (`preprocessor_config.json`), run through the processor's
+PIL backend: resize, crop and normalize exactly as the model was trained.
+Text is right-padded to the batch's longest item with an attention mask,
+except for SigLIP, which reads the last position and was trained on text
+padded to its maximum length without a mask. load_options: `normalize`
+(default true: L2-normalized embeddings), `text_padding` (`longest` or
+`max_length`, overriding the model type's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import AutoImageProcessor, AutoModel
+
+from sie_worker.adapters.base import EncodedItem, ImageEncoder, LoadContext, TokenizedText
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, padded
+
+TEXT_PADDINGS = ("longest", "max_length")
+# Model types trained on text padded to the maximum length, read at the last position.
+_MAX_LENGTH_PADDED = ("siglip",)
+
+
+class DualEncoder(ImageEncoder):
+    tasks = ("encode", "score")
+    output_types = ("dense",)
+
+    def __init__(self, context: LoadContext) -> None:
+        load_options = dict(context.profile.load_options)
+        self.model = load_model(AutoModel, context)
+        if not (hasattr(self.model, "get_text_features") and hasattr(self.model, "get_image_features")):
+            raise ValueError(f"{type(self.model).__name__} is not a dual encoder: it lacks get_text_features / get_image_features")
+        self.device = context.device
+        self.normalized: bool = bool(load_options.get("normalize", True))
+        model_type = self.model.config.model_type
+        self.text_padding: str = load_options.get("text_padding", "max_length" if model_type in _MAX_LENGTH_PADDED else "longest")
+        if self.text_padding not in TEXT_PADDINGS:
+            raise ValueError(f"text_padding {self.text_padding!r} is not one of {', '.join(TEXT_PADDINGS)}")
+        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model.text_model)
+        self.max_sequence_length = self.tokenizer.max_length
+        self.image_processor = AutoImageProcessor.from_pretrained(context.weights, backend="pil")
+
+        text_config = self.model.config.text_config
+        projected = getattr(self.model.config, "projection_dim", None) or getattr(text_config, "projection_size", None)
+        self.dims = context.config.dims or projected or text_config.hidden_size
+        if self.dims != (projected or text_config.hidden_size):
+            raise ValueError(f"config says dims {self.dims}, but the model embeds in {projected or text_config.hidden_size}")
+
+    def prompt(self, *, is_query: bool, instruction: str | None) -> str:
+        return instruction or ""
+
+    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
+        return [TokenizedText(item.ids) for item in self.tokenizer.encode([prompt + text for text in texts])]
+
+    def prepare_image(self, image: Image.Image) -> np.ndarray:
+        return self.image_processor(images=[image], return_tensors="np")["pixel_values"][0]
+
+    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+        inputs = padded(batch, self.tokenizer.pad_id, self.device)
+        if self.text_padding == "max_length":
+            ids = inputs["input_ids"]
+            fill = self.max_sequence_length - ids.shape[1]
+            text_inputs = {"input_ids": torch.nn.functional.pad(ids, (0, fill), value=self.tokenizer.pad_id)}
+        else:
+            text_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        with torch.inference_mode():
+            return self._dense(self.model.get_text_features(**text_inputs))
+
+    def encode_images(self, batch: Sequence[np.ndarray], output_types: Sequence[str]) -> list[EncodedItem]:
+        pixels = torch.from_numpy(np.stack(batch)).to(self.device, self.model.dtype)
+        with torch.inference_mode():
+            return self._dense(self.model.get_image_features(pixel_values=pixels))
+
+    def _dense(self, output: Any) -> list[EncodedItem]:
+        # transformers 5 returns the projected features as pooler_output of a model output.
+        features = output if isinstance(output, torch.Tensor) else output.pooler_output
+        if self.normalized:
+            features = torch.nn.functional.normalize(features.float(), p=2, dim=-1)
+        return [EncodedItem(dense=row) for row in features.float().cpu().numpy()]

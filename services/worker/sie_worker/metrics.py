@@ -1,0 +1,86 @@
+"""The worker's Prometheus metrics, served on SIE_WORKER_METRICS_PORT (docs/observability.md).
+
+Request metrics are recorded once per answered request (unary, EncodeStream or
+Work stream alike; sie_common.request_metrics); batch metrics once per forward
+pass; requests in flight, loaded models and memory are read from the engine
+when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+import torch
+from prometheus_client import REGISTRY, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sie_common.metrics_server import LATENCY_BUCKETS_S
+from sie_common.request_metrics import RequestMetrics
+
+if TYPE_CHECKING:
+    from sie_worker.engine import Engine
+
+T = TypeVar("T")
+
+REQUESTS = RequestMetrics("worker")
+QUEUE_SECONDS = Histogram(
+    "sie_worker_queue_duration_seconds",
+    "Time a successful request's items waited in the BatchFormer for a forward pass (its longest-waiting item)",
+    ["model", "operation"],
+    buckets=LATENCY_BUCKETS_S,
+)
+INFERENCE_SECONDS = Histogram("sie_worker_inference_duration_seconds", "Duration of one forward pass", ["model"], buckets=LATENCY_BUCKETS_S)
+# Same names, labels and buckets as the adaptive batcher's (sie_worker.batch_stats on branch adaptive):
+# one definition of each must remain when both are merged.
+BATCH_ITEMS = Histogram("sie_worker_batch_items", "Items per forward pass.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(10)))
+BATCH_TOKENS = Histogram(
+    "sie_worker_batch_tokens", "Tokens per forward pass, before padding.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(17))
+)
+QUEUE_DEPTH = Gauge("sie_worker_queue_depth", "Items waiting in the BatchFormer for a forward pass")
+
+
+def record_batch(model: str, profile: str, items: int, tokens: int, inference_s: float) -> None:
+    BATCH_ITEMS.labels(model, profile).observe(items)
+    BATCH_TOKENS.labels(model, profile).observe(tokens)
+    INFERENCE_SECONDS.labels(model).observe(inference_s)
+
+
+class EngineCollector(Collector):
+    """Read at scrape time: requests in flight, loaded models, their weight bytes and CUDA device memory."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        registry = self._engine.registry
+        model_ids, weight_bytes = _read_while_still(lambda: (sorted(registry.loaded_model_ids), registry.loaded_bytes))
+        yield GaugeMetricFamily("sie_worker_requests_in_flight", "Requests admitted and not yet answered", value=self._engine.in_flight)
+        loaded = GaugeMetricFamily("sie_worker_model_loaded", "1 for each model loaded on the device", labels=["model"])
+        for model_id in model_ids:
+            loaded.add_metric([model_id], 1)
+        yield loaded
+        yield GaugeMetricFamily("sie_worker_model_memory_bytes", "Bytes of the loaded models' weights (parameters and buffers)", value=weight_bytes)
+        device = self._engine.device
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            memory = GaugeMetricFamily("sie_worker_device_memory_bytes", "CUDA device memory, used (all processes) and total", labels=["device", "state"])
+            memory.add_metric([str(device), "used"], total - free)
+            memory.add_metric([str(device), "total"], total)
+            yield memory
+
+
+def _read_while_still(read: Callable[[], T]) -> T:
+    """`read()` from the scrape thread; a model loading at that moment changes the registry's dicts
+    under the iteration (RuntimeError), so read again."""
+    for _ in range(9):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    return read()
+
+
+def register_engine(engine: Engine) -> None:
+    REGISTRY.register(EngineCollector(engine))
