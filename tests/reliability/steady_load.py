@@ -7,8 +7,8 @@ RESOURCE_EXHAUSTED, with its delays). What is counted:
 
 - sent: requests started (a retry is not a new request);
 - ok: answered with the right request_id and a vector equal to the reference;
-- failed: ended with an error after the retries the policy allows (by status);
-- retried: attempts that failed with a retryable status and were tried again;
+- failed: ended with an error after the retries the policy allows (by status/reason);
+- retried: attempts that failed with a retryable status and were tried again (by status/reason);
 - wrong: answered with a wrong vector or another request's id;
 - lost: sent but never answered when the load stopped (a hang);
 - duplicated: request ids answered more than once;
@@ -40,7 +40,7 @@ class LoadFigures:
     sent: int = 0
     ok: int = 0
     failed: Counter[str] = field(default_factory=Counter)
-    retried: int = 0
+    retried: Counter[str] = field(default_factory=Counter)
     wrong: int = 0
     lost: int = 0
     duplicated: int = 0
@@ -56,10 +56,15 @@ class LoadFigures:
             "lost": self.lost,
             "duplicated": self.duplicated,
             "recovery_s": self.recovery_s,
-            "retried": self.retried,
+            "retried": sum(self.retried.values()),
             "wrong": self.wrong,
-            **({"failed_with": ",".join(f"{code}:{n}" for code, n in sorted(self.failed.items()))} if self.failed else {}),
+            **({"failed_with": _tally(self.failed)} if self.failed else {}),
+            **({"retried_with": _tally(self.retried)} if self.retried else {}),
         }
+
+
+def _tally(counts: Counter[str]) -> str:
+    return " ".join(f"{what}:{n}" for what, n in sorted(counts.items()))
 
 
 def reference_vectors(address: str, model: str, texts: list[str]) -> dict[str, np.ndarray]:
@@ -166,10 +171,11 @@ class SteadyLoad:
                 with self._lock:
                     self.longest_attempt_s = max(self.longest_attempt_s, ended - sent)
                     self._failed_attempts_end.append(ended)
+                    outcome = f"{status.code.name}/{status.reason}" if status.reason else status.code.name
                     if delay is None:
-                        self.figures.failed[status.code.name] += 1
+                        self.figures.failed[outcome] += 1
                     else:
-                        self.figures.retried += 1
+                        self.figures.retried[outcome] += 1
                 if delay is None:
                     return
                 time.sleep(delay)

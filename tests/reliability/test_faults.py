@@ -106,7 +106,7 @@ def test_a_stalled_worker(ready: FaultStack, references, reliability_report) -> 
         wait_until(lambda: load.figures.served_by["w2"] > served, what="the resumed worker serves again")
         figures = load.stop()
     # Calls in flight on the stalled worker end at their deadline, none hangs.
-    assert_nothing_lost(figures, allowed_failures=frozenset({"DEADLINE_EXCEEDED"}))
+    assert_nothing_lost(figures, allowed_failures=frozenset({"DEADLINE_EXCEEDED/DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED"}))
     assert load.longest_attempt_s < STALL_DEADLINE_S + 5
     reliability_report.add("faults", "a stalled worker (SIGSTOP, SIGCONT)", **figures.row(), deadline_s=STALL_DEADLINE_S)
 
@@ -124,7 +124,7 @@ def test_sigterm_on_a_worker(ready: FaultStack, references, reliability_report) 
     assert exit_code == 0 and "drained: no requests in flight" in leaving.log()
     assert [entry.name for entry in registered] == ["workers/w2"]  # deregistered on the way out
     assert_nothing_lost(figures)
-    assert not figures.failed
+    assert not figures.failed and not figures.retried  # a refusal while draining goes to the other worker inside the gateway
     reliability_report.add("faults", "SIGTERM on a worker", **figures.row())
 
 
@@ -167,6 +167,7 @@ def test_compaction_while_the_gateway_is_cut_off(ready: FaultStack, references, 
         load.wait_for_answers(ANSWERS)
         figures = load.stop()
     assert_nothing_lost(figures)
+    assert not figures.retried  # the departed worker's refusals and closed port were failed over inside the gateway
     assert "reading everything again" in ready.gateway.log()  # the watch could not resume: a full read
     reliability_report.add("faults", "compaction while the gateway is cut off from etcd", **figures.row(), caught_up_s=caught_up_s)
 
@@ -198,6 +199,7 @@ def test_etcd_stopped_for_10_s(ready: FaultStack, references, reliability_report
     assert status.code == grpc.StatusCode.UNAVAILABLE and status.reason in ("ETCD_UNAVAILABLE", "NO_LEADER"), status
     assert after_ids == before | {after}  # nothing written before the outage was lost
     assert_nothing_lost(figures)
+    assert not figures.retried  # the workers reconnected within their lease: the gateway never lost them
     reliability_report.add(
         "faults",
         "etcd stopped for 10 s",
@@ -360,7 +362,7 @@ def test_64_clients_for_60_s(ready: FaultStack, references, reliability_report) 
         rss_end = {name: rss_mb(pid) for name, pid in pids.items()}
         figures = load.stop()
         seconds = round(time.monotonic() - started, 1)
-    errors = sum(figures.failed.values()) + figures.retried + figures.wrong + figures.lost + figures.duplicated
+    errors = sum(figures.failed.values()) + sum(figures.retried.values()) + figures.wrong + figures.lost + figures.duplicated
     reliability_report.add(
         "load", f"{LOAD_CLIENTS} clients through the gateway to two workers",
         clients=LOAD_CLIENTS, seconds=seconds, requests=figures.sent, errors=errors,
