@@ -126,6 +126,11 @@ class Etcd:
         entries, _ = await self._range(self.key(name), None, revision)
         return entries[0] if entries else None
 
+    async def get_now(self, name: str) -> tuple[Entry | None, int]:
+        """One key as of now, and the revision it was read at (to watch it from the next one)."""
+        entries, revision = await self._range(self.key(name), None, 0)
+        return (entries[0] if entries else None), revision
+
     async def read_prefix(self, name_prefix: str, revision: int = 0) -> tuple[list[Entry], int]:
         """Every key under `name_prefix` as of `revision` (0: now), and the revision read at."""
         key = self.key(name_prefix)

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from sie_common.etcd import Etcd, EtcdUnavailable
+from sie_common.etcd import Compacted, Etcd, EtcdUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class LeaderElection:
                 else:
                     await self._etcd.revoke_lease(lease)
                     await self._follow()
-            except EtcdUnavailable as error:
+            except (EtcdUnavailable, Compacted) as error:
                 log.warning("leader election: %s", error)
             self._lease = 0
             await asyncio.sleep(min(1.0, self._ttl_s / 3))
@@ -95,12 +95,13 @@ class LeaderElection:
 
     async def _follow(self) -> None:
         """Wait until the current leader's key goes away."""
-        entry = await self._etcd.get(LEADER)
+        entry, revision = await self._etcd.get_now(LEADER)
         if entry is None:
             return
         self.leader_address = json.loads(entry.value)["address"]
         log.info("following the config leader at %s", self.leader_address)
-        async for batch in self._etcd.watch(LEADER, entry.mod_revision + 1, prefix=False):
+        # From the read on, not from the key's own (maybe compacted) revision.
+        async for batch in self._etcd.watch(LEADER, revision + 1, prefix=False):
             if any(change.value is None for change in batch.changes):
                 self.leader_address = None
                 return
