@@ -16,7 +16,7 @@ from typing import TypeVar
 import grpc
 
 from etcd_process import EtcdProcess
-from link_cutter import LinkCutter
+from reliability.link_cutter import LinkCutter
 from local_cluster import Cluster, gateway_model, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2_grpc
 from sie_common.etcd import Etcd

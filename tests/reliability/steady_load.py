@@ -12,7 +12,8 @@ RESOURCE_EXHAUSTED, with its delays). What is counted:
 - wrong: answered with a wrong vector or another request's id;
 - lost: sent but never answered when the load stopped (a hang);
 - duplicated: request ids answered more than once;
-- recovery_s: from the fault to the end of the last failed attempt (0: none failed).
+- recovery_s: from the fault to the first answer after the last failed attempt (0: none failed);
+  an upper bound by up to one backoff, since clients wait between tries.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class SteadyLoad:
         self._in_flight: set[str] = set()
         self._answered: Counter[str] = Counter()
         self._failed_attempts_end: list[float] = []
+        self._answers_end: list[float] = []
         self.figures = LoadFigures()
         self.fault_at: float | None = None
         self.longest_attempt_s = 0.0
@@ -137,7 +139,9 @@ class SteadyLoad:
             figures.lost = len(self._in_flight)
             figures.duplicated = sum(count - 1 for count in self._answered.values() if count > 1)
             if self.fault_at is not None and self._failed_attempts_end:
-                figures.recovery_s = round(max(0.0, max(self._failed_attempts_end) - self.fault_at), 2)
+                last_failure = max(self._failed_attempts_end)
+                back = min((end for end in self._answers_end if end > last_failure), default=last_failure)
+                figures.recovery_s = round(max(0.0, back - self.fault_at), 2)
         if not figures.lost:
             self._channel.close()
         return figures
@@ -192,6 +196,7 @@ class SteadyLoad:
         with self._lock:
             self.longest_attempt_s = max(self.longest_attempt_s, took_s)
             self._answered[response.request_id] += 1
+            self._answers_end.append(time.monotonic())
             if right:
                 self.figures.ok += 1
                 self.figures.served_by[worker] += 1

@@ -1,0 +1,1 @@
+"""The fault, load, hostile-input and fuzzing suite (see docs/reliability.md)."""
