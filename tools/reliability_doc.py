@@ -3,8 +3,8 @@
     python tools/reliability_doc.py [--check]
 
 Replaces the text between `<!-- reliability:<section>:begin -->` and
-`<!-- reliability:<section>:end -->` with a table of that section's rows, one
-column per figure. --check only reports whether the page is current.
+`<!-- reliability:<section>:end -->` with a table of that section's rows.
+--check only reports whether the page is current.
 """
 
 from __future__ import annotations
@@ -21,12 +21,17 @@ PAGE = ROOT / "docs" / "reliability.md"
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    columns: list[str] = []
+    """A column for each figure more than one row has; a row's other figures go in the last column."""
+    counts: dict[str, int] = {}
     for row in rows:
-        columns += [key for key in row if key not in ("section", "name") and key not in columns]
-    lines = ["| | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+        for key in row:
+            if key not in ("section", "name"):
+                counts[key] = counts.get(key, 0) + 1
+    columns = [key for key, count in counts.items() if count > 1 or len(rows) == 1]
+    lines = ["| | " + " | ".join([*columns, "other"]) + " |", "| --- |" + " --- |" * (len(columns) + 1)]
     for row in rows:
-        lines.append(f"| {row['name']} | " + " | ".join(str(row.get(column, "")) for column in columns) + " |")
+        other = ", ".join(f"{key}={value}" for key, value in row.items() if key not in ("section", "name", *columns))
+        lines.append(f"| {row['name']} | " + " | ".join([*(str(row.get(column, "")) for column in columns), other]) + " |")
     return "\n".join(lines)
 
 
