@@ -1,8 +1,9 @@
-"""Dispatch over real workers: affinity, and failover when a worker is killed mid-flight."""
+"""Dispatch over real workers: affinity, failover when a worker is killed mid-flight or refuses while draining."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import numpy as np
 import pytest
@@ -43,6 +44,30 @@ async def test_requests_fail_over_when_their_worker_is_killed(start_worker, stub
     for n, answer in zip(calls, answers):
         assert answer.worker_id == survivor_id(survivor)
         np.testing.assert_allclose(from_tensor(answer.encode.results[0].dense), expected[n], atol=1e-5)
+
+
+async def test_a_draining_workers_refusal_is_sent_to_another_worker(start_worker, worker) -> None:
+    # A long batch window keeps the first request in flight, so the worker drains instead of exiting.
+    draining = start_worker(SIE_PRELOAD_MODELS=MODEL, SIE_MODEL_FILTER=MODEL, SIE_MAX_BATCH_WAIT_MS="5000")
+    survivor = worker  # the session's shared worker
+    workers = [state("draining", draining, loaded=True), state("survivor", survivor, loaded=False)]
+    dispatcher = Dispatcher(window=64)
+
+    def candidates(tried):
+        return [w for w in workers if w.worker_id not in tried]
+
+    held = asyncio.ensure_future(dispatcher.dispatch("encode", request(0), model=MODEL, candidates=candidates, deadline=None))
+    while dispatcher.outstanding().get("draining") != 1:
+        await asyncio.sleep(0.05)
+    draining.process.send_signal(signal.SIGTERM)
+    while "stopping: draining" not in draining.log():
+        await asyncio.sleep(0.05)
+    # The gateway still lists the draining worker (warm: chosen first); its SHUTTING_DOWN is not the caller's answer.
+    answer = await asyncio.wait_for(dispatcher.dispatch("encode", request(1), model=MODEL, candidates=candidates, deadline=None), 60)
+    drained = await asyncio.wait_for(held, 60)
+    await dispatcher.close()
+    assert answer.WhichOneof("outcome") == "encode" and answer.worker_id == survivor_id(survivor)
+    assert drained.WhichOneof("outcome") == "encode" and drained.worker_id == survivor_id(draining)
 
 
 def survivor_id(worker) -> str:

@@ -56,8 +56,9 @@ class Cluster:
         worker.wait_serving()
         return worker
 
-    def start_gateway(self, **env: str) -> WorkerProcess:
-        gateway = WorkerProcess({**self._env(), **env}, self._tmp / f"gateway-{len(self.processes)}.log", module="sie_gateway")
+    def start_gateway(self, port: int | None = None, **env: str) -> WorkerProcess:
+        """A gateway on `port` (default: a free one), e.g. the port of one it replaces."""
+        gateway = WorkerProcess({**self._env(), **env}, self._tmp / f"gateway-{len(self.processes)}.log", module="sie_gateway", port=port)
         self.processes.append(gateway)
         gateway.wait_serving(timeout_s=60)
         return gateway

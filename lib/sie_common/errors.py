@@ -88,6 +88,12 @@ class Internal(SieError):
     code = grpc.StatusCode.INTERNAL
 
 
+def status_reason(status: status_pb2.Status) -> str:
+    """The ErrorInfo reason a status carries ("" when it has none)."""
+    info = error_details_pb2.ErrorInfo()
+    return next((info.reason for detail in status.details if detail.Unpack(info)), "")
+
+
 def status_trailers(status: status_pb2.Status) -> tuple[tuple[str, str | bytes], ...]:
     """Trailing metadata carrying a rich status (and `retry-after` when it has a RetryInfo)."""
     trailers: list[tuple[str, str | bytes]] = [("grpc-status-details-bin", status.SerializeToString())]

@@ -22,6 +22,14 @@ from aetcd.utils import prefix_range_end
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/sie/"
+# gRPC's default reconnect backoff grows to minutes; after an etcd outage every
+# client must be back within a second, well inside the shortest lease TTL, or
+# live workers' registrations expire.
+CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 200,
+    "grpc.min_reconnect_backoff_ms": 200,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
 
 
 class EtcdUnavailable(ConnectionError):
@@ -79,7 +87,7 @@ class Etcd:
         errors = []
         for endpoint in self.endpoints:
             host, _, port = endpoint.removeprefix("http://").rpartition(":")
-            client = aetcd.Client(host=host or "localhost", port=int(port), timeout=self._timeout_s)
+            client = aetcd.Client(host=host or "localhost", port=int(port), timeout=self._timeout_s, options=CHANNEL_OPTIONS)
             try:
                 await client.connect()
                 await client.kvstub.Range(rpc.RangeRequest(key=b"\0", count_only=True), timeout=self._timeout_s)
@@ -117,6 +125,11 @@ class Etcd:
         """One key as of `revision` (0: now)."""
         entries, _ = await self._range(self.key(name), None, revision)
         return entries[0] if entries else None
+
+    async def get_now(self, name: str) -> tuple[Entry | None, int]:
+        """One key as of now, and the revision it was read at (to watch it from the next one)."""
+        entries, revision = await self._range(self.key(name), None, 0)
+        return (entries[0] if entries else None), revision
 
     async def read_prefix(self, name_prefix: str, revision: int = 0) -> tuple[list[Entry], int]:
         """Every key under `name_prefix` as of `revision` (0: now), and the revision read at."""

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from sie_common.etcd import Etcd, EtcdUnavailable
+from sie_common.etcd import Compacted, Etcd, EtcdUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,10 @@ class LeaderElection:
                 else:
                     await self._etcd.revoke_lease(lease)
                     await self._follow()
-            except EtcdUnavailable as error:
+            except (EtcdUnavailable, Compacted) as error:
                 log.warning("leader election: %s", error)
             self._lease = 0
+            self.leader_address = None
             await asyncio.sleep(min(1.0, self._ttl_s / 3))
 
     async def _lead(self, lease: int) -> None:
@@ -88,19 +89,28 @@ class LeaderElection:
         while True:
             await asyncio.sleep(self._ttl_s / 3)
             sent = time.monotonic()
-            if await self._etcd.keep_alive(lease) <= 0:
+            try:
+                ttl = await self._etcd.keep_alive(lease)
+            except EtcdUnavailable as error:
+                # Writes stop by themselves once the lease may have run out (is_leader). etcd
+                # restores leases when it restarts, so this replica may lead on when it answers.
+                log.warning("leader lease keep-alive: %s; retrying", error)
+                continue
+            if ttl <= 0:
                 log.warning("the leader lease expired; stepping down")
                 return
             self._lease_valid_until = sent + self._ttl_s
 
     async def _follow(self) -> None:
         """Wait until the current leader's key goes away."""
-        entry = await self._etcd.get(LEADER)
+        entry, revision = await self._etcd.get_now(LEADER)
         if entry is None:
             return
-        self.leader_address = json.loads(entry.value)["address"]
+        # This replica's own key, from a lease it gave up: no one leads until it expires.
+        self.leader_address = None if entry.value == self.record else json.loads(entry.value)["address"]
         log.info("following the config leader at %s", self.leader_address)
-        async for batch in self._etcd.watch(LEADER, entry.mod_revision + 1, prefix=False):
+        # From the read on, not from the key's own (maybe compacted) revision.
+        async for batch in self._etcd.watch(LEADER, revision + 1, prefix=False):
             if any(change.value is None for change in batch.changes):
                 self.leader_address = None
                 return

@@ -139,7 +139,7 @@ class ConfigStore:
         if self._election.is_leader:
             return
         leader = self._election.leader_address
-        if leader is None:
+        if leader is None or leader == self._election.address:  # none elected, or this one's lease is in doubt
             raise Unavailable("no config leader is elected yet; retry shortly", reason="NO_LEADER", retry_after_s=1)
         raise Unavailable(
             f"this config replica is not the leader; send writes to {leader}",

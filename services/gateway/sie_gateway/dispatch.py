@@ -1,8 +1,9 @@
 """Send a request to the best worker, and to another one if that worker is lost.
 
-Inference is idempotent, so a request whose worker dies before answering is
-sent again to the next best eligible worker; the caller still gets exactly
-one answer.
+Inference is idempotent, so a request whose worker dies before answering, or
+refuses it because it is shutting down (it drains what it accepted, but the
+gateway may not have seen it deregister yet), is sent again to the next best
+eligible worker; the caller still gets exactly one answer.
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from typing import Any
 
 from sie.v1 import worker_pb2
 from sie_common.cluster_store import WorkerRecord
+from sie_common.errors import status_reason
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.routing import choose_worker
 from sie_gateway.worker_link import Connect, WorkerLink, WorkerLost
+
+# A worker's refusal that means "not accepted here, send it elsewhere".
+SHUTTING_DOWN = "SHUTTING_DOWN"
 
 # Given the workers already tried, the workers still eligible for this request.
 Candidates = Callable[[Collection[str]], Sequence[WorkerRecord]]
@@ -61,9 +66,14 @@ class Dispatcher:
             serving = self._demand.serving(worker.machine_profile, worker.pool) if self._demand else contextlib.nullcontext()
             try:
                 with serving:
-                    return await self._link(worker).call(task, message, timeout_s=timeout_s)
+                    response = await self._link(worker).call(task, message, timeout_s=timeout_s)
             except WorkerLost:
                 tried.add(worker.worker_id)
+                continue
+            if response.WhichOneof("outcome") == "error" and status_reason(response.error) == SHUTTING_DOWN:
+                tried.add(worker.worker_id)
+                continue
+            return response
         raise NoWorker(tried)
 
     def _link(self, worker: WorkerRecord) -> WorkerLink:
