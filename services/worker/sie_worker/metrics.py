@@ -32,8 +32,7 @@ QUEUE_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS_S,
 )
 INFERENCE_SECONDS = Histogram("sie_worker_inference_duration_seconds", "Duration of one forward pass", ["model"], buckets=LATENCY_BUCKETS_S)
-# Same names, labels and buckets as the adaptive batcher's (sie_worker.batch_stats on branch adaptive):
-# one definition of each must remain when both are merged.
+# Recorded for every forward pass; sie_worker.batch_stats adds the batcher's setting and, with SIE_INSTRUMENTATION, padding and wait.
 BATCH_ITEMS = Histogram("sie_worker_batch_items", "Items per forward pass.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(10)))
 BATCH_TOKENS = Histogram(
     "sie_worker_batch_tokens", "Tokens per forward pass, before padding.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(17))
