@@ -111,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         models_dir = Path(tmp) / "models"
         models_dir.mkdir()
-        write_model_yaml(models_dir, TINY, build_tiny_model(Path(tmp) / "tiny", pooling="mean", normalize=True, include_prompt=True))
+        write_model_yaml(models_dir, TINY, build_tiny_model(models_dir / "tiny", pooling="mean", normalize=True, include_prompt=True))
         workers = {
             name: WorkerProcess(
                 {"SIE_PRELOAD_MODELS": f"{TINY},{MODEL}", "SIE_MODELS_DIR": str(models_dir), **env}, Path(tmp) / f"worker-{index}.log"
