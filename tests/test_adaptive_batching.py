@@ -31,16 +31,19 @@ class Plant:
         self.policy = policy
         self.now = 100.0
 
-    def run(self, *, batches: int, arrivals: int, latency_ms: float, forward_ms: float, full: bool = False, gap_ms: float = 20.0) -> None:
+    def run(
+        self, *, batches: int, arrivals: int, latency_ms: float, forward_ms: float, full: bool = False, gap_ms: float = 20.0,
+        wait_ms: float | None = None,
+    ) -> None:
+        """Batches whose oldest item waited `wait_ms` to be formed (default: all of its time before the pass)."""
         for _ in range(batches):
             self.now += gap_ms / 1000
             finished = self.now
             started = finished - forward_ms / 1000
-            items = [
-                PendingItem("k", 10, None, None, enqueued_at=finished - latency_ms / 1000 + index * 1e-6)  # type: ignore[arg-type]
-                for index in range(arrivals)
-            ]
-            batch = Batch(items, limits=self.policy.current(), full=full, formed_at=started)
+            enqueued = finished - latency_ms / 1000
+            items = [PendingItem("k", 10, None, None, enqueued_at=enqueued + index * 1e-6) for index in range(arrivals)]  # type: ignore[arg-type]
+            formed_at = started if wait_ms is None else enqueued + wait_ms / 1000
+            batch = Batch(items, limits=self.policy.current(), full=full, formed_at=formed_at)
             self.policy.observe(batch, started, finished)
 
     @property
@@ -83,6 +86,17 @@ def test_over_the_target_the_wait_comes_down_before_the_budget() -> None:
     assert plant.wait_ms == pytest.approx(2.0)
     # Forward passes alone take over half the target: the budget shrinks, down to an eighth of the maximum.
     assert plant.budget == MAX_TOKENS // 8
+
+
+def test_over_the_target_from_queueing_not_waiting_the_wait_grows() -> None:
+    plant = Plant(controller(initial_ms=2))
+    waits = []
+    for _ in range(10):
+        # Requests queue for 300 ms on a starved machine; batches formed 2-15 ms after their oldest item came.
+        plant.run(batches=8, arrivals=6, latency_ms=300, forward_ms=5, wait_ms=plant.wait_ms)
+        waits.append(plant.wait_ms)
+    assert waits == sorted(waits) and waits[-1] == pytest.approx(15.0)
+    assert plant.budget == MAX_TOKENS
 
 
 def test_forward_passes_well_inside_the_target_keep_the_budget() -> None:

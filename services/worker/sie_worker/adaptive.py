@@ -13,15 +13,19 @@ at that period's batches and takes at most one step:
 
 1. The wait collected nothing (batches the wait flushed drew under 1.5
    arrivals on average, none filled up): halve the wait. Light load.
-2. p50 above target x 1.2: wait x 0.75; once the wait is at its floor and
-   forward passes alone take over half the target, budget x 0.75.
+2. p50 above target x 1.2: if the batch wait is a real share of latency
+   (the median wait at least a quarter of p50), wait x 0.75; else, if forward
+   passes alone take over half the target, budget x 0.75; else latency is
+   queueing, not waiting (the wait under a tenth of p50): while batching pays,
+   wait x 1.25 + 0.5 ms, as fewer, larger batches drain the queue faster.
 3. p50 below target x 0.8 and batching pays (2 or more arrivals a batch, or
    full batches): wait x 1.25 + 0.5 ms, budget x 1.25.
 4. Otherwise hold.
 
 The median over a period, the dead band around the target, bounded
-multiplicative steps (down faster than up), and the budget moving only when
-the wait is at its floor keep it from oscillating under a step in load.
+multiplicative steps (down faster than up), the gap between the wait shares
+that lower (a quarter) and raise (a tenth) it, and the budget moving only when
+the wait is not the cause keep it from oscillating under a step in load.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ PERIOD_MAX_S = 2.0
 DEAD_BAND = 0.2
 LIGHT_ARRIVALS = 1.5
 BATCHING_PAYS_ARRIVALS = 2.0
+# Over the target: the wait's share of p50 at or above which it is shortened, and under which it may grow.
+WAIT_SHARE_HIGH = 0.25
+WAIT_SHARE_LOW = 0.1
 WAIT_DOWN_LIGHT = 0.5
 DOWN = 0.75
 UP = 1.25
@@ -85,6 +92,8 @@ class _Period:
     started: float
     latencies: list[float] = field(default_factory=list)
     forward: list[float] = field(default_factory=list)
+    # Per batch: its oldest item's wait until the batch was formed.
+    waits: list[float] = field(default_factory=list)
     full: int = 0
     wait_flushed: int = 0
     wait_flushed_arrivals: int = 0
@@ -127,6 +136,7 @@ class AdaptiveBatching:
         period.last_finished = finished
         period.latencies.extend(finished - item.enqueued_at for item in batch)
         period.forward.append(finished - started)
+        period.waits.append(batch.formed_at - min(item.enqueued_at for item in batch))
         if batch.full:
             period.full += 1
         else:
@@ -144,14 +154,18 @@ class AdaptiveBatching:
         target = self.target_p50_s
         wait, budget = self._limits.max_wait_s, self._limits.max_tokens
         arrivals = period.wait_flushed_arrivals / period.wait_flushed if period.wait_flushed else float("inf")
+        batching_pays = bool(period.full) or arrivals >= BATCHING_PAYS_ARRIVALS
+        wait_share = statistics.median(period.waits) / p50 if p50 > 0 else 0.0
         if not period.full and arrivals < LIGHT_ARRIVALS:
             wait *= WAIT_DOWN_LIGHT
         elif p50 > target * (1 + DEAD_BAND):
-            if wait > self._min_wait:
+            if wait_share >= WAIT_SHARE_HIGH and wait > self._min_wait:
                 wait *= DOWN
             elif forward > target / 2:
                 budget = int(budget * DOWN)
-        elif p50 < target * (1 - DEAD_BAND) and (period.full or arrivals >= BATCHING_PAYS_ARRIVALS):
+            elif wait_share < WAIT_SHARE_LOW and batching_pays:
+                wait = wait * UP + WAIT_UP_S
+        elif p50 < target * (1 - DEAD_BAND) and batching_pays:
             wait = wait * UP + WAIT_UP_S
             budget = int(budget * UP)
         self._limits = BatchLimits(
