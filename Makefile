@@ -36,4 +36,4 @@ proto-breaking: $(INSTALLED)
 	$(PYTHON) tools/protos.py breaking $(AGAINST)
 
 bench: $(INSTALLED)
-	$(PYTHON) bench/encode_throughput.py $(ARGS)
+	$(PYTHON) bench/run.py $(ARGS)
