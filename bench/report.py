@@ -35,23 +35,23 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     ratio = lambda value: f"{value:.2f}"  # noqa: E731
     millis = lambda value: f"{value:.2f}"  # noqa: E731
     on_gpu = result["settings"]["device"].startswith("cuda")
-    check("standalone worker >= 0.90x the in-process ceiling (bulk)", _ratio(result, "worker", "in-process"), 0.90, True, "x", ratio)
+    check("standalone worker >= 0.90x the in-process ceiling (bulk, ratio)", _ratio(result, "worker", "in-process"), 0.90, True, "x", ratio)
     if on_gpu:
         return checks
-    check("SDK -> gateway -> worker >= 0.85x the ceiling (bulk)", _ratio(result, "gateway", "in-process"), 0.85, True, "x", ratio)
-    check("standalone worker >= 1.3x sie-server at its best thread count (bulk)", _ratio(result, "worker", "sie-server"), 1.3, True, "x", ratio)
+    check("SDK -> gateway -> worker >= 0.85x the ceiling (bulk, ratio)", _ratio(result, "gateway", "in-process"), 0.85, True, "x", ratio)
+    check("standalone worker >= 1.3x sie-server at its best thread count (bulk, ratio)", _ratio(result, "worker", "sie-server"), 1.3, True, "x", ratio)
     worker_p50, peer_p50 = _median(result, "worker", "single_p50_ms"), _median(result, "sie-server", "single_p50_ms")
     check(
-        "standalone worker single-item p50 lower than sie-server's",
+        "standalone worker single-item p50 below sie-server's (difference, ms)",
         None if worker_p50 is None or peer_p50 is None else worker_p50 - peer_p50, 0.0, False, " ms", millis,
     )
     gateway_p50, inproc_p50 = _median(result, "gateway", "single_p50_ms"), _median(result, "in-process", "single_p50_ms")
     check(
-        "single-item p50 through the gateway within 5 ms of in-process",
+        "single-item p50 through the gateway within 5 ms of in-process (difference, ms)",
         None if gateway_p50 is None or inproc_p50 is None else gateway_p50 - inproc_p50, 5.0, False, " ms", millis,
     )
     hop = result.get("gateway_hop")
-    check("the gateway hop adds < 1 ms p50 (tiny model)", None if hop is None else hop["added_p50_ms"], 1.0, False, " ms", millis)
+    check("the gateway hop adds < 1 ms p50 (tiny model, ms)", None if hop is None else hop["added_p50_ms"], 1.0, False, " ms", millis)
     return checks
 
 
