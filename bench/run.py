@@ -47,20 +47,42 @@ PATHS = ("in-process", "worker", "gateway", "envoy", "sie-server", "infinity")
 SIE_SERVER_THREADS = (1, 2)
 
 
-def measure(
-    label: str, send: Send, workloads: list[Workload], runs: int, singles: int, rate: Callable[[Workload], float] | None = None
-) -> dict[str, Any]:
-    """Items/s per workload (a warm-up pass, then `runs` passes) and p50/p99 of `singles` one-item requests, `runs` times."""
-    measured: dict[str, Any] = {"label": label}
+@dataclasses.dataclass(frozen=True)
+class Target:
+    label: str
+    send: Send
+    # One bulk pass; by default `throughput` over `send`.
+    rate: Callable[[Workload], float] | None = None
+
+    def one_pass(self, workload: Workload) -> float:
+        return self.rate(workload) if self.rate else throughput(self.send, workload)
+
+
+def measure(targets: dict[str, Target], workloads: list[Workload], runs: int, singles: int) -> dict[str, dict[str, Any]]:
+    """Items/s per workload (a warm-up pass, then `runs` passes) and p50/p99 of `singles` one-item requests, `runs` times.
+
+    Several targets take turns pass by pass, so a machine that gets busier or
+    quieter during the run moves all of them alike and their ratios hold.
+    """
+    measured: dict[str, dict[str, Any]] = {key: {"label": target.label} for key, target in targets.items()}
     for workload in workloads:
-        one_pass = rate or (lambda w: throughput(send, w))
-        one_pass(workload)
-        measured[workload.name] = summary([one_pass(workload) for _ in range(runs)])
-        print(f"bench: {label}: {workload.name} {measured[workload.name]['median']:.1f} items/s", flush=True)
-    rounds = [latencies_ms(send, singles) for _ in range(runs)]
-    measured["single_p50_ms"] = summary([percentile(r, 0.5) for r in rounds])
-    measured["single_p99_ms"] = summary([percentile(r, 0.99) for r in rounds])
-    print(f"bench: {label}: single-item p50 {measured['single_p50_ms']['median']:.2f} ms", flush=True)
+        rates: dict[str, list[float]] = {key: [] for key in targets}
+        for target in targets.values():
+            target.one_pass(workload)
+        for _ in range(runs):
+            for key, target in targets.items():
+                rates[key].append(target.one_pass(workload))
+        for key, target in targets.items():
+            measured[key][workload.name] = summary(rates[key])
+            print(f"bench: {target.label}: {workload.name} {measured[key][workload.name]['median']:.1f} items/s", flush=True)
+    rounds: dict[str, list[list[float]]] = {key: [] for key in targets}
+    for _ in range(runs):
+        for key, target in targets.items():
+            rounds[key].append(latencies_ms(target.send, singles))
+    for key, target in targets.items():
+        measured[key]["single_p50_ms"] = summary([percentile(r, 0.5) for r in rounds[key]])
+        measured[key]["single_p99_ms"] = summary([percentile(r, 0.99) for r in rounds[key]])
+        print(f"bench: {target.label}: single-item p50 {measured[key]['single_p50_ms']['median']:.2f} ms", flush=True)
     return measured
 
 
@@ -89,21 +111,25 @@ class Run:
             self.paths[name] = {"label": name, "error": str(error)[-2000:]}
         print(f"bench: {name} took {time.monotonic() - started:.0f} s", flush=True)
 
-    def in_process(self) -> None:
-        ceiling = ours.InProcess(self.weights, self.args.device, self.args.attention)
-        try:
-            for workload in self.workloads:
-                ceiling.best_batch_size(workload)
-            label = "in-process sentence-transformers (ceiling)"
-            self.paths["in-process"] = measure(label, ceiling.send, self.workloads, self.args.runs, self.singles, ceiling.throughput)
-            self.paths["in-process"]["batch_sizes"] = dict(ceiling.batch_sizes)
-            self.notes["torch_threads"] = ceiling.torch_threads
-        finally:
-            ceiling.close()
-
-    def worker(self) -> None:
-        with ours.standalone_worker(self.tmp, self.weights, self.worker_env()) as send:
-            self.paths["worker"] = measure("sie-worker standalone (gRPC)", send, self.workloads, self.args.runs, self.singles)
+    def ceiling_and_worker(self) -> None:
+        """The ceiling and the standalone worker, taking turns (either alone when only one is asked for)."""
+        with contextlib.ExitStack() as running:
+            targets: dict[str, Target] = {}
+            worker = None
+            if "worker" in self.args.paths:
+                worker = Target("sie-worker standalone (gRPC)", running.enter_context(ours.standalone_worker(self.tmp, self.weights, self.worker_env())))
+            if "in-process" in self.args.paths:
+                ceiling = ours.InProcess(self.weights, self.args.device, self.args.attention)
+                running.callback(ceiling.close)
+                for workload in self.workloads:
+                    ceiling.best_batch_size(workload)
+                targets["in-process"] = Target("in-process sentence-transformers (ceiling)", ceiling.send, ceiling.throughput)
+                self.notes["torch_threads"] = ceiling.torch_threads
+            if worker is not None:
+                targets["worker"] = worker
+            self.paths.update(measure(targets, self.workloads, self.args.runs, self.singles))
+            if "in-process" in targets:
+                self.paths["in-process"]["batch_sizes"] = dict(ceiling.batch_sizes)
 
     def stack(self) -> None:
         wanted = [path for path in ("gateway", "envoy") if path in self.args.paths]
@@ -112,9 +138,9 @@ class Run:
         tiny = build_tiny_model(self.tmp / "tiny", pooling="mean", normalize=True, include_prompt=True)
         with ours.stack(self.tmp, tiny, self.worker_env()) as senders:
             if "gateway" in wanted:
-                self.paths["gateway"] = measure("SDK -> gateway -> worker (gRPC)", senders.gateway_sdk, self.workloads, self.args.runs, self.singles)
+                self.paths.update(measure({"gateway": Target("SDK -> gateway -> worker (gRPC)", senders.gateway_sdk)}, self.workloads, self.args.runs, self.singles))
             if "envoy" in wanted:
-                self.paths["envoy"] = measure("Envoy HTTP/JSON -> gateway -> worker", senders.envoy_http, self.workloads, self.args.runs, self.singles)
+                self.paths.update(measure({"envoy": Target("Envoy HTTP/JSON -> gateway -> worker", senders.envoy_http)}, self.workloads, self.args.runs, self.singles))
             direct = [statistics.median(latencies_ms(senders.worker_tiny, self.singles)) for _ in range(self.args.runs)]
             hop = [statistics.median(latencies_ms(senders.gateway_tiny, self.singles)) for _ in range(self.args.runs)]
             self.notes["gateway_hop"] = {
@@ -135,12 +161,12 @@ class Run:
         best = int(max(tried, key=tried.__getitem__))
         with peers.sie_server(self.weights, self.tmp, best) as send:
             label = f"sie-server 0.10.1 (HTTP/JSON, SIE_TORCH_NUM_THREADS={best})"
-            self.paths["sie-server"] = measure(label, send, self.workloads, self.args.runs, self.singles)
+            self.paths.update(measure({"sie-server": Target(label, send)}, self.workloads, self.args.runs, self.singles))
         self.paths["sie-server"]["torch_threads_tried"] = tried
 
     def infinity(self) -> None:
         with peers.infinity(self.weights, self.tmp) as send:
-            self.paths["infinity"] = measure("Infinity 0.0.78 (HTTP/JSON, torch engine)", send, self.workloads, self.args.runs, self.singles)
+            self.paths.update(measure({"infinity": Target("Infinity 0.0.78 (HTTP/JSON, torch engine)", send)}, self.workloads, self.args.runs, self.singles))
 
     def worker_env(self) -> dict[str, str]:
         env = {"SIE_DEVICE": self.args.device}
@@ -152,7 +178,7 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         steps = {
-            "in-process": self.in_process, "worker": self.worker, "gateway": self.stack, "envoy": self.stack,
+            "in-process": self.ceiling_and_worker, "worker": self.ceiling_and_worker, "gateway": self.stack, "envoy": self.stack,
             "sie-server": self.sie_server, "infinity": self.infinity,
         }
         done: set[Callable[[], None]] = set()
