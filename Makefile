@@ -45,4 +45,4 @@ manifests-check: $(INSTALLED)
 	$(PYTHON) tools/manifests.py check
 
 bench: $(INSTALLED)
-	$(PYTHON) bench/encode_throughput.py $(ARGS)
+	$(PYTHON) bench/run.py $(ARGS)

@@ -9,8 +9,8 @@ settings see the same machine, even a shared one whose load drifts:
 
 - light load: one client sending one-item requests back to back; p50 latency;
 - heavy load, small requests: 32 clients sending one-item requests; items/s;
-- heavy load, bulk: the encode_throughput workload on all-MiniLM-L6-v2
-  (100 texts a request, 4 clients; its first BULK_TEXTS sentences); items/s.
+- heavy load, bulk: the harness's bulk workload (bench/workloads.py) on
+  all-MiniLM-L6-v2 (100 texts a request, 4 clients; its first BULK_TEXTS sentences); items/s.
 
 The light and small phases use the tiny random model of tools/tiny_models.py:
 its forward pass takes about as long as the batch wait, as a real model's
@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from encode_throughput import MODEL, make_texts, summary  # noqa: E402
-from gateway_overhead import TINY, bulk_items_per_s  # noqa: E402
+from ours import TINY, grpc_sender  # noqa: E402
+from workloads import MODEL, Workload, bulk, summary, throughput  # noqa: E402
 from tiny_models import build_tiny_model, write_model_yaml  # noqa: E402
 from worker_process import WorkerProcess  # noqa: E402
 
@@ -97,8 +97,8 @@ def measure(address: str, texts: list[str]) -> dict[str, float]:
     with grpc.insecure_channel(address) as channel:
         light = light_p50_ms(inference_pb2_grpc.InferenceStub(channel), texts)
     small = small_requests_items_per_s(address, texts)
-    bulk = bulk_items_per_s(address, texts[:BULK_TEXTS])
-    return {"light_p50_ms": light, "small_items_per_s": small, "bulk_items_per_s": bulk}
+    bulk_rate = throughput(grpc_sender(address, MODEL), Workload("bulk", texts[:BULK_TEXTS], 100, ""))
+    return {"light_p50_ms": light, "small_items_per_s": small, "bulk_items_per_s": bulk_rate}
 
 
 def main() -> None:
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--note", default="", help="said under the table, e.g. that the machine was shared")
     args = parser.parse_args()
-    texts = make_texts()
+    texts = bulk().texts
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
     with tempfile.TemporaryDirectory() as tmp:
         models_dir = Path(tmp) / "models"

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, model_inputs, padded, read_json
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits}
 
@@ -42,6 +42,9 @@ class CrossEncoderScorer(PairScorer):
         return self.tokenizer.encode_pairs(query, texts)
 
     def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+        return np.array(by_length(batch, self.device, self._score), dtype=np.float32)
+
+    def _score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         with torch.inference_mode():
             logits = self.model(**model_inputs(self.model, inputs)).logits.float()[:, 0]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -15,6 +15,9 @@ from transformers import AutoTokenizer
 
 from sie_worker.adapters.base import LoadContext, TokenizedText
 
+Row = TypeVar("Row")
+# On a CPU one more forward pass costs about as much as this many padded tokens.
+CPU_SPLIT_TOKENS = 64
 # Above this, a tokenizer's model_max_length is a placeholder, not a limit.
 _UNSET_MAX_LENGTH = 1_000_000
 # transformers' and peft's from_pretrained are not safe to run in two threads at
@@ -82,6 +85,43 @@ def padded(batch: Sequence[TokenizedText], pad_id: int, device: torch.device) ->
         "attention_mask": torch.from_numpy(mask).to(device),
         "token_type_ids": torch.from_numpy(types).to(device),
     }
+
+
+def length_groups(lengths: Sequence[int], split_tokens: int) -> list[list[int]]:
+    """Positions of a batch in runs of similar length, shortest first.
+
+    A new run starts where padding the run so far up to the next item's length
+    would add more than `split_tokens` padded tokens.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if current and len(current) * (lengths[index] - longest) > split_tokens:
+            groups.append(current)
+            current = []
+        current.append(index)
+        longest = lengths[index]
+    if current:
+        groups.append(current)
+    return groups
+
+
+def by_length(batch: Sequence[TokenizedText], device: torch.device, forward: Callable[[Sequence[TokenizedText]], Sequence[Row]]) -> list[Row]:
+    """`forward` over the batch, one output per item in the batch's order.
+
+    On a CPU, compute grows with every padded token and a forward pass costs
+    little on its own, so the batch runs as several passes of similar length
+    (the batch former keeps a batch's oldest item whatever its length: one long
+    item would otherwise pad every short one). Accelerators run it whole.
+    """
+    if device.type != "cpu":
+        return list(forward(batch))
+    outputs: list[Any] = [None] * len(batch)
+    for group in length_groups([len(item.ids) for item in batch], CPU_SPLIT_TOKENS):
+        for index, output in zip(group, forward([batch[index] for index in group])):
+            outputs[index] = output
+    return outputs
 
 
 def model_inputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

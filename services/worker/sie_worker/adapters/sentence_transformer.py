@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, load_model, padded, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, padded, read_json
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.
@@ -86,10 +86,10 @@ class SentenceTransformerEncoder(TextEncoder):
         return self._prompt_tokens[prompt]
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
-        return [EncodedItem(dense=row) for row in self.embed(batch)]
+        return [EncodedItem(dense=row) for row in by_length(batch, self.device, self.embed)]
 
     def embed(self, batch: Sequence[TokenizedText]) -> np.ndarray:
-        """Dense float32 vectors, one row per item."""
+        """Dense float32 vectors, one row per item, from one forward pass."""
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         pool_mask = np.zeros(tuple(inputs["input_ids"].shape), dtype=np.int64)
         for row, item in enumerate(batch):

