@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -48,7 +49,9 @@ async def test_requests_fail_over_when_their_worker_is_killed(start_worker, stub
 
 async def test_a_draining_workers_refusal_is_sent_to_another_worker(start_worker, worker) -> None:
     # A long batch window keeps the first request in flight, so the worker drains instead of exiting.
-    draining = start_worker(SIE_PRELOAD_MODELS=MODEL, SIE_MODEL_FILTER=MODEL, SIE_MAX_BATCH_WAIT_MS="5000")
+    draining = start_worker(
+        SIE_PRELOAD_MODELS=MODEL, SIE_MODEL_FILTER=MODEL, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="5000"
+    )
     survivor = worker  # the session's shared worker
     workers = [state("draining", draining, loaded=True), state("survivor", survivor, loaded=False)]
     dispatcher = Dispatcher(window=64)
@@ -57,17 +60,22 @@ async def test_a_draining_workers_refusal_is_sent_to_another_worker(start_worker
         return [w for w in workers if w.worker_id not in tried]
 
     held = asyncio.ensure_future(dispatcher.dispatch("encode", request(0), model=MODEL, candidates=candidates, deadline=None))
-    while dispatcher.outstanding().get("draining") != 1:
-        await asyncio.sleep(0.05)
+    await _until(lambda: dispatcher.outstanding().get("draining") == 1, "the first request to be in flight on the draining worker")
     draining.process.send_signal(signal.SIGTERM)
-    while "stopping: draining" not in draining.log():
-        await asyncio.sleep(0.05)
+    await _until(lambda: "stopping: draining" in draining.log(), "the worker to start draining")
     # The gateway still lists the draining worker (warm: chosen first); its SHUTTING_DOWN is not the caller's answer.
     answer = await asyncio.wait_for(dispatcher.dispatch("encode", request(1), model=MODEL, candidates=candidates, deadline=None), 60)
     drained = await asyncio.wait_for(held, 60)
     await dispatcher.close()
     assert answer.WhichOneof("outcome") == "encode" and answer.worker_id == survivor_id(survivor)
     assert drained.WhichOneof("outcome") == "encode" and drained.worker_id == survivor_id(draining)
+
+
+async def _until(condition, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
 
 
 def survivor_id(worker) -> str:
