@@ -80,7 +80,7 @@ def curl_bytes(edge: Edge, path: str, body: bytes, *extra: str) -> tuple[int, st
 
 
 HOSTILE = [
-    # name, path, body, expected HTTP status
+    # name, path, body, expected HTTP status (or the statuses that may answer it)
     ("empty batch", f"/v1/encode/{MEAN}", json.dumps({"items": []}).encode(), 400),
     ("invalid UTF-8 in a text", f"/v1/encode/{MEAN}", b'{"items": [{"text": "\xff\xfe bad"}]}', 400),
     ("items is a string", f"/v1/encode/{MEAN}", json.dumps({"items": "not a list"}).encode(), 400),
@@ -96,7 +96,10 @@ HOSTILE = [
     ("model id with encoded path traversal", "/v1/encode/..%2F..%2Fetc%2Fpasswd", json.dumps(ITEMS).encode(), 404),
     ("absolute path as model id", "/v1/encode//etc/passwd", json.dumps(ITEMS).encode(), 404),
     ("megabyte text", f"/v1/encode/{MEAN}", json.dumps({"items": [{"text": "word " * 200_000}]}).encode(), 200),
-    ("oversize body (17 MiB): the gateway's RESOURCE_EXHAUSTED", f"/v1/encode/{MEAN}", json.dumps({"items": [{"text": "x" * (17 * 2**20)}]}).encode(), 429),
+    # Refused either by Envoy's transcoder, when flow control leaves it buffering more than its limit
+    # (413), or by the gateway's SIE_MAX_RECEIVE_MESSAGE_BYTES (RESOURCE_EXHAUSTED: 429); which one
+    # depends on how fast the gateway reads.
+    ("oversize body (17 MiB)", f"/v1/encode/{MEAN}", json.dumps({"items": [{"text": "x" * (17 * 2**20)}]}).encode(), (413, 429)),
 ]
 
 
@@ -104,7 +107,7 @@ HOSTILE = [
 def test_hostile_http_request_gets_its_status_and_the_stack_keeps_serving(edge, reference, name, path, body, status, reliability_report) -> None:
     got_status, text = curl_bytes(edge, path, body)
     reliability_report.add("hostile input", f"HTTP via Envoy: {name}", expected=status, actual=got_status)
-    assert got_status == status, text[:500]
+    assert got_status in (status if isinstance(status, tuple) else (status,)), text[:500]
     # ...and a known request still gets the same answer.
     again_status, again = curl(edge, "POST", f"/v1/encode/{MEAN}", KNOWN, AUTH)
     assert again_status == 200, again
