@@ -12,7 +12,10 @@ batch; batches from before the model sat idle for 2 s are left out) it looks
 at that period's batches and takes at most one step:
 
 1. The wait collected nothing (batches the wait flushed drew under 1.5
-   arrivals on average, none filled up): halve the wait. Light load.
+   arrivals on average, none filled up): halve the wait; once it is at the
+   floor, turn it off (0), so a lone item runs as soon as the device is free.
+   Light load. The first period in which batching pays again puts it back at
+   the floor (step 2 or 3).
 2. p50 above target x 1.2: if the batch wait is a real share of latency
    (the median wait at least a quarter of p50), wait x 0.75; else, if forward
    passes alone take over half the target, budget x 0.75; else latency is
@@ -157,7 +160,7 @@ class AdaptiveBatching:
         batching_pays = bool(period.full) or arrivals >= BATCHING_PAYS_ARRIVALS
         wait_share = statistics.median(period.waits) / p50 if p50 > 0 else 0.0
         if not period.full and arrivals < LIGHT_ARRIVALS:
-            wait *= WAIT_DOWN_LIGHT
+            wait = 0.0 if wait <= self._min_wait else wait * WAIT_DOWN_LIGHT
         elif p50 > target * (1 + DEAD_BAND):
             if wait_share >= WAIT_SHARE_HIGH and wait > self._min_wait:
                 wait *= DOWN
@@ -171,8 +174,12 @@ class AdaptiveBatching:
         self._limits = BatchLimits(
             self._limits.max_items,
             min(self._max_tokens, max(self._min_tokens, budget)),
-            min(self._max_wait, max(self._min_wait, wait)),
+            self._bounded(wait),
         )
+
+    def _bounded(self, wait: float) -> float:
+        """The wait between the floor and the ceiling; 0 stays 0 (light load turned the wait off)."""
+        return 0.0 if wait == 0.0 else min(self._max_wait, max(self._min_wait, wait))
 
 
 def batching_for(settings: WorkerSettings, profile: Profile) -> BatchPolicy:

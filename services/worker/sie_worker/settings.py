@@ -36,7 +36,7 @@ class WorkerSettings:
     max_batch_wait_ms: float = setting(10.0, env="SIE_MAX_BATCH_WAIT_MS", help="longest an item waits for its batch to fill when batching is not adaptive; the adaptive controller starts from it")
     max_batch_tokens: int = setting(16384, env="SIE_MAX_BATCH_TOKENS", help="token budget of one forward pass (padded); a profile's max_batch_tokens overrides it")
     adaptive_batching: bool = setting(True, env="SIE_ADAPTIVE_BATCHING", help="adapt the batch wait and budget for model profiles that do not set adaptive_batching; false: the fixed SIE_MAX_BATCH_WAIT_MS")
-    adaptive_min_quantum_ms: float = setting(2.0, env="SIE_ADAPTIVE_MIN_QUANTUM_MS", help="adaptive batching: the shortest batch wait the controller sets")
+    adaptive_min_quantum_ms: float = setting(2.0, env="SIE_ADAPTIVE_MIN_QUANTUM_MS", help="adaptive batching: the shortest batch wait the controller sets while batching gathers anything; under light load it turns the wait off (0) instead")
     adaptive_max_quantum_ms: float = setting(15.0, env="SIE_ADAPTIVE_MAX_QUANTUM_MS", help="adaptive batching: the longest batch wait the controller sets")
     adaptive_target_p50_ms: float = setting(50.0, env="SIE_ADAPTIVE_TARGET_P50_MS", help="adaptive batching: p50 batching latency (queue + forward pass) to track; 0 derives it from the measured forward time")
     instrumentation: bool = setting(False, env="SIE_INSTRUMENTATION", help="per-batch statistics as metrics, and in responses to requests that set debug")
