@@ -63,15 +63,33 @@ async def test_only_items_with_the_same_key_share_a_batch() -> None:
     assert {item.key for item in second} == {"b"}
 
 
-async def test_batch_keeps_the_oldest_item_and_fills_with_the_shortest() -> None:
+async def test_batch_keeps_the_oldest_item_and_fills_with_the_nearest_shorter_ones() -> None:
     former = BatchFormer()
     limits = BatchLimits(max_items=3, max_tokens=1000, max_wait_s=0)
     former.add(items("a", [50, 40, 3, 30, 2]), limits)
     batch = await asyncio.wait_for(former.next_batch(), 1)
-    assert sorted(item.cost for item in batch) == [2, 3, 50]
-    assert [item.cost for item in batch] == [2, 3, 50]  # sorted by cost
+    assert [item.cost for item in batch] == [30, 40, 50]  # no padding above the oldest's 50; sorted by cost
+    assert batch.padded_tokens == 150
     rest = await asyncio.wait_for(former.next_batch(), 1)
-    assert sorted(item.cost for item in rest) == [30, 40]
+    assert [item.cost for item in rest] == [2, 3]
+
+
+async def test_with_too_few_shorter_items_the_batch_takes_the_shortest_longer_ones() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("a", [20, 90, 10, 40, 60]), limits)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.cost for item in batch] == [10, 20, 40, 60]
+    rest = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.cost for item in rest] == [90]
+
+
+async def test_equal_lengths_go_oldest_first() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=2, max_tokens=1000, max_wait_s=0)
+    former.add(items("a", [5, 5, 5, 5]), limits)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert sorted(item.payload for item in batch) == ["a0", "a1"]
 
 
 async def test_cancelled_items_are_dropped() -> None:

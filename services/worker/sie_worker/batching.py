@@ -4,8 +4,10 @@ The device loop pulls: `next_batch()` returns as soon as some group is ready
 (its token cost reached the budget, it holds enough items, or its oldest item
 has waited the full window), so while the device is busy items pile up and
 the next batch comes out larger. A batch always takes its group's oldest
-item (nothing starves), then fills with the group's shortest items first so
-sequences of similar length are padded together.
+item (nothing starves), then fills with the items nearest to it in length:
+first those no longer than it, longest first (they add no padding), then
+the shortest of the longer ones, so sequences of similar length share a
+forward pass.
 
 A group's limits come from a `LimitSource`, read afresh every time the former
 decides: a fixed `BatchLimits`, or a model's adaptive controller whose wait
@@ -134,7 +136,9 @@ class BatchFormer:
         oldest, rest = group.items[0], group.items[1:]
         batch = [oldest]
         longest = oldest.cost
-        for item in sorted(rest, key=lambda pending: pending.cost):
+        not_longer = sorted((item for item in rest if item.cost <= oldest.cost), key=lambda pending: pending.cost, reverse=True)
+        longer = sorted((item for item in rest if item.cost > oldest.cost), key=lambda pending: pending.cost)
+        for item in (*not_longer, *longer):
             if len(batch) >= limits.max_items:
                 break
             padded = (len(batch) + 1) * max(longest, item.cost)
