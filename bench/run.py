@@ -8,7 +8,8 @@ same torch threads), our standalone worker (gRPC), the full path (SDK ->
 gateway -> worker), Envoy (HTTP/JSON -> gateway -> worker), the reference
 engine sie-server 0.10.1 at its best torch thread count, and Infinity.
 Workloads: bulk, long-text mix, single-item latency; the gateway hop on a
-tiny model. Writes bench/results/<date>-<machine>.json and regenerates the
+tiny model. The ceiling, our worker and sie-server take turns pass by pass
+(their ratios are the targets); the other paths run one after another. Writes bench/results/<date>-<machine>.json and regenerates the
 table in docs/benchmarks.md. Peers are installed into bench/.envs on first use.
 """
 
@@ -101,20 +102,32 @@ class Run:
         self.paths: dict[str, Any] = {}
         self.notes: dict[str, Any] = {}
 
+    def failed(self, name: str, error: Exception) -> None:
+        traceback.print_exc()
+        self.paths[name] = {"label": name, "error": str(error)[-2000:]}
+
     def guarded(self, name: str, step: Callable[[], None]) -> None:
         """Run one path's step; a failure is recorded (what was run and what it printed) and the rest go on."""
         started = time.monotonic()
         try:
             step()
         except Exception as error:  # noqa: BLE001 - every failure becomes a line in the results
-            traceback.print_exc()
-            self.paths[name] = {"label": name, "error": str(error)[-2000:]}
+            self.failed(name, error)
         print(f"bench: {name} took {time.monotonic() - started:.0f} s", flush=True)
 
-    def ceiling_and_worker(self) -> None:
-        """The ceiling and the standalone worker, taking turns (either alone when only one is asked for)."""
+    def ceiling_worker_and_reference(self) -> None:
+        """The ceiling, the standalone worker and sie-server (at its best thread count), taking turns pass by
+        pass, so the ratios the targets are about come from the same minutes of the machine."""
         with contextlib.ExitStack() as running:
             targets: dict[str, Target] = {}
+            reference = None
+            if "sie-server" in self.args.paths:
+                try:
+                    best = self.best_sie_server_threads()
+                    label = f"sie-server 0.10.1 (HTTP/JSON, SIE_TORCH_NUM_THREADS={best})"
+                    reference = Target(label, running.enter_context(peers.sie_server(self.weights, self.tmp, best)))
+                except Exception as error:  # noqa: BLE001 - the ceiling and our worker still run
+                    self.failed("sie-server", error)
             worker = None
             if "worker" in self.args.paths:
                 worker = Target("sie-worker standalone (gRPC)", running.enter_context(ours.standalone_worker(self.tmp, self.weights, self.worker_env())))
@@ -127,7 +140,11 @@ class Run:
                 self.notes["torch_threads"] = ceiling.torch_threads
             if worker is not None:
                 targets["worker"] = worker
+            if reference is not None:
+                targets["sie-server"] = reference
             self.paths.update(measure(targets, self.workloads, self.args.runs, self.singles))
+            if reference is not None:
+                self.paths["sie-server"]["torch_threads_tried"] = self.notes["sie_server_threads"]
             if "in-process" in targets:
                 self.paths["in-process"]["batch_sizes"] = dict(ceiling.batch_sizes)
 
@@ -152,19 +169,16 @@ class Run:
                 "added_p50_ms": statistics.median(hop) - statistics.median(direct),
             }
 
-    def sie_server(self) -> None:
-        """The reference engine at each torch thread count, one bulk pass each; the best is measured in full."""
+    def best_sie_server_threads(self) -> int:
+        """The reference engine at each torch thread count, one bulk pass each (after a warm-up pass): the best."""
         tried: dict[str, float] = {}
         for threads in SIE_SERVER_THREADS:
             with peers.sie_server(self.weights, self.tmp, threads) as send:
                 throughput(send, self.workloads[0])
                 tried[str(threads)] = throughput(send, self.workloads[0])
                 print(f"bench: sie-server SIE_TORCH_NUM_THREADS={threads}: {tried[str(threads)]:.1f} items/s", flush=True)
-        best = int(max(tried, key=tried.__getitem__))
-        with peers.sie_server(self.weights, self.tmp, best) as send:
-            label = f"sie-server 0.10.1 (HTTP/JSON, SIE_TORCH_NUM_THREADS={best})"
-            self.paths.update(measure({"sie-server": Target(label, send)}, self.workloads, self.args.runs, self.singles))
-        self.paths["sie-server"]["torch_threads_tried"] = tried
+        self.notes["sie_server_threads"] = tried
+        return int(max(tried, key=tried.__getitem__))
 
     def infinity(self) -> None:
         with peers.infinity(self.weights, self.tmp) as send:
@@ -181,8 +195,8 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         steps = {
-            "in-process": self.ceiling_and_worker, "worker": self.ceiling_and_worker, "gateway": self.stack, "envoy": self.stack,
-            "sie-server": self.sie_server, "infinity": self.infinity,
+            "in-process": self.ceiling_worker_and_reference, "worker": self.ceiling_worker_and_reference,
+            "sie-server": self.ceiling_worker_and_reference, "gateway": self.stack, "envoy": self.stack, "infinity": self.infinity,
         }
         done: set[Callable[[], None]] = set()
         for path in self.args.paths:
