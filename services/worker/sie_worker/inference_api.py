@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -226,22 +227,8 @@ def _timing(timing: Timing) -> types_pb2.Timing:
 
 
 def _batch_stats(stats: BatchStats) -> types_pb2.BatchStats:
-    return types_pb2.BatchStats(
-        batch_id=stats.batch_id,
-        items=stats.items,
-        arrivals=stats.arrivals,
-        tokens=stats.tokens,
-        padded_tokens=stats.padded_tokens,
-        padding_fraction=stats.padding_fraction,
-        wait_ms=stats.wait_ms,
-        staged_ms=stats.staged_ms,
-        inference_ms=stats.inference_ms,
-        full=stats.full,
-        wait_setting_ms=stats.wait_setting_ms,
-        budget_tokens=stats.budget_tokens,
-        target_p50_ms=stats.target_p50_ms,
-        adaptive=stats.adaptive,
-    )
+    """The dataclass's fields are the message's, by name; padding_fraction is derived."""
+    return types_pb2.BatchStats(**dataclasses.asdict(stats), padding_fraction=stats.padding_fraction)
 
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
