@@ -9,8 +9,9 @@ gateway -> worker), Envoy (HTTP/JSON -> gateway -> worker), the reference
 engine sie-server 0.10.1 at its best torch thread count, and Infinity.
 Workloads: bulk, long-text mix, single-item latency; the gateway hop on a
 tiny model. The ceiling, our worker and sie-server take turns pass by pass
-(their ratios are the targets); the other paths run one after another. Writes bench/results/<date>-<machine>.json and regenerates the
-table in docs/benchmarks.md. Peers are installed into bench/.envs on first use.
+(their ratios are the targets); the other paths run one after another.
+Writes bench/results/<date>-<machine>.json and regenerates the table in
+docs/benchmarks.md. Peers are installed into bench/.envs on first use.
 """
 
 from __future__ import annotations
