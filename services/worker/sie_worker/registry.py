@@ -37,6 +37,7 @@ from sie_worker.device import compute_dtype
 from sie_worker.lora import LoraAdapters
 from sie_worker.memory import MemoryPressure, module_bytes, release_cuda_cache, weight_file_bytes
 from sie_worker.model_catalog import Catalog
+from sie_worker.passing_thread import in_passing_thread
 from sie_worker.settings import WorkerSettings
 from sie_worker.weight_cache import weights_key
 from sie_worker.weights import ResolvedWeights, WeightResolver, WeightsNotFound
@@ -226,7 +227,7 @@ class ModelRegistry:
             keep = frozenset(model.weights_key for model in self._loaded.values())
             weights = await asyncio.to_thread(self._weights.resolve, config, keep=keep)
             await self._make_room(await asyncio.to_thread(weight_file_bytes, weights.path))
-            loaded = await asyncio.to_thread(self._build_serialized, config, profile, weights)
+            loaded = await in_passing_thread(self._build_serialized, config, profile, weights)
         except Exception as error:
             self._record_failure(key, error)
             raise
@@ -259,6 +260,7 @@ class ModelRegistry:
             device=self._device,
             dtype=compute_dtype(self._device, precision),
             attention_backend=self._settings.attention_backend,
+            cpu_onednn=self._settings.cpu_onednn,
         )
         adapter = factory(context)
         check_adapter_serves(config, profile.adapter or "", adapter)
