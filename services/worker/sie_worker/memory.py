@@ -36,9 +36,11 @@ def module_bytes(holder: object) -> int:
         if not isinstance(value, torch.nn.Module):
             continue
         for tensor in [*value.parameters(), *value.buffers()]:
-            if tensor.data_ptr() in seen:
+            # Opaque tensors (oneDNN-packed weights) have no data pointer, and share no memory.
+            key = id(tensor) if tensor.is_mkldnn else tensor.data_ptr()
+            if key in seen:
                 continue
-            seen.add(tensor.data_ptr())
+            seen.add(key)
             total += tensor.numel() * tensor.element_size()
     return total
 

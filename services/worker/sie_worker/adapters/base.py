@@ -68,6 +68,8 @@ class LoadContext:
     device: torch.device
     dtype: torch.dtype
     attention_backend: str
+    # Pack float32 CPU Linear layers for oneDNN (sie_worker.adapters.onednn).
+    cpu_onednn: bool
 
 
 class ModelAdapter(Protocol):

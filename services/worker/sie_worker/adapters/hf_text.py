@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from sie_worker.adapters.base import LoadContext, TokenizedText
+from sie_worker.adapters.onednn import use_onednn
 
 Row = TypeVar("Row")
 # On a CPU one more forward pass costs about as much as this many padded tokens.
@@ -61,12 +62,16 @@ class TextTokenizer:
 
 
 def load_model(auto_class: Any, context: LoadContext) -> torch.nn.Module:
-    """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode.
+    """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode,
+    on oneDNN kernels on a CPU where the context asks for them.
     Code shipped with the weights runs only when the profile sets load_options.trust_remote_code."""
     model = auto_class.from_pretrained(
         context.weights, dtype=context.dtype, trust_remote_code=context.profile.trust_remote_code, **attention_kwargs(context)
     )
-    return model.to(context.device).eval()
+    model = model.to(context.device).eval()
+    if context.cpu_onednn and context.device.type == "cpu":
+        use_onednn(model)
+    return model
 
 
 def padded(batch: Sequence[TokenizedText], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:

@@ -1,0 +1,81 @@
+"""oneDNN-packed CPU Linear layers: the same outputs as plain PyTorch, with and without LoRA adapters, and counted in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import BertConfig, BertModel
+
+from sie_worker.adapters.onednn import DenseGelu, PackedLinear, onednn_available, use_onednn
+from sie_worker.memory import module_bytes
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+# Wide weights put pre-activations where exact and approximate GELU differ by more than the tolerance.
+CONFIG = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, hidden_act="gelu", initializer_range=0.5)
+
+
+def bert(seed: int = 0) -> BertModel:
+    torch.manual_seed(seed)
+    return BertModel(CONFIG).eval()
+
+
+def inputs() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, CONFIG.vocab_size, (3, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # a padded row
+    mask[2, 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def hidden(model: torch.nn.Module) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(**inputs()).last_hidden_state
+
+
+def test_packed_model_matches_plain_pytorch() -> None:
+    plain, packed = bert(), bert()
+    plain_bytes = module_bytes(SimpleNamespace(model=packed))
+    linears = [module for module in packed.modules() if type(module) is torch.nn.Linear]
+
+    assert use_onednn(packed) == len(linears) == 2 * 6 + 1  # per layer q, k, v, out, up, down; the pooler
+    assert all(type(linear) is PackedLinear for linear in linears)
+    assert [type(layer.intermediate) for layer in packed.encoder.layer] == [DenseGelu, DenseGelu]
+    torch.testing.assert_close(hidden(packed), hidden(plain), atol=1e-5, rtol=1e-5)
+    # The packed copies count in the model's memory; the state dict is unchanged.
+    linear_bytes = sum(linear.weight.numel() * 4 for linear in linears)
+    assert module_bytes(SimpleNamespace(model=packed)) == plain_bytes + linear_bytes
+    assert packed.state_dict().keys() == plain.state_dict().keys()
+
+
+def test_non_gelu_feed_forward_is_packed_but_not_fused() -> None:
+    torch.manual_seed(0)
+    plain = BertModel(BertConfig(**{**CONFIG.to_dict(), "hidden_act": "gelu_new"})).eval()
+    packed = BertModel(plain.config).eval()
+    packed.load_state_dict(plain.state_dict())
+
+    assert use_onednn(packed) == 13
+    assert not any(isinstance(module, DenseGelu) for module in packed.modules())
+    torch.testing.assert_close(hidden(packed), hidden(plain), atol=1e-5, rtol=1e-5)
+
+
+def test_lora_on_the_fused_up_projection_matches_peft_on_plain_pytorch(tmp_path: Path) -> None:
+    """A LoRA delta on `intermediate.dense` must go in before the GELU, so the fused block unfuses under peft."""
+    adapter = get_peft_model(bert(), LoraConfig(r=4, lora_alpha=8, target_modules=["dense", "query"], init_lora_weights=False))
+    adapter.save_pretrained(tmp_path / "lora")
+
+    reference = PeftModel.from_pretrained(bert(), tmp_path / "lora").eval()
+    packed_base = bert()
+    use_onednn(packed_base)
+    served = PeftModel.from_pretrained(packed_base, tmp_path / "lora").eval()
+
+    with_lora = hidden(served)
+    torch.testing.assert_close(with_lora, hidden(reference), atol=1e-5, rtol=1e-5)
+    assert (with_lora - hidden(bert())).abs().max() > 1e-2  # the adapter really changed the output
+    with served.disable_adapter():
+        torch.testing.assert_close(hidden(served), hidden(bert()), atol=1e-5, rtol=1e-5)
