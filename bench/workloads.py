@@ -67,13 +67,21 @@ def throughput(send: Send, workload: Workload, clients: int = CLIENTS) -> float:
 
 def latencies_ms(send: Send, requests: int = SINGLE_REQUESTS, text: str = SINGLE_TEXT) -> list[float]:
     """Milliseconds of `requests` one-item requests sent one after another (after a warm-up)."""
-    for _ in range(SINGLE_WARMUP):
-        send([text])
-    measured = []
+    return alternating_latencies_ms([send], requests, text)[0]
+
+
+def alternating_latencies_ms(sends: Sequence[Send], requests: int = SINGLE_REQUESTS, text: str = SINGLE_TEXT) -> list[list[float]]:
+    """Milliseconds of `requests` one-item requests to each sender, one after another, the senders taking turns
+    request by request (after a warm-up of each): a difference between two paths then holds while the machine drifts."""
+    for send in sends:
+        for _ in range(SINGLE_WARMUP):
+            send([text])
+    measured: list[list[float]] = [[] for _ in sends]
     for _ in range(requests):
-        started = time.perf_counter()
-        send([text])
-        measured.append((time.perf_counter() - started) * 1000)
+        for send, times in zip(sends, measured):
+            started = time.perf_counter()
+            send([text])
+            times.append((time.perf_counter() - started) * 1000)
     return measured
 
 
