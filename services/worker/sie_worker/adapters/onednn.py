@@ -1,7 +1,7 @@
 """Float32 CPU inference on oneDNN: Linear layers on prepacked weights, BERT's GELU fused into its matmul.
 
 PyTorch's CPU `Linear` calls MKL's sgemm on the plain weight each time. Packed
-once into oneDNN's blocked layout, the same float32 matmuls run 1.2-1.4x
+once into oneDNN's blocked layout, the same float32 matmuls run 1.1-1.4x
 faster on the development machine's AVX-512 EPYC (docs/benchmarks.md), and
 the GELU of BERT-style feed-forward blocks can run inside the matmul instead
 of as a pass of its own. Results differ from PyTorch's only by float32
