@@ -2,12 +2,18 @@
 
     python bench/grpc_hop_floor.py [--rounds 3] [--requests 500]
 
-An echo server answers Encode with an empty response; a proxy forwards each
-Encode to it with a grpc.aio stub and returns the answer. One client sends
-one-item requests to the echo server and through the proxy, taking turns
-request by request; the difference of the two p50s is the least any Python
-gateway on the project's stack can add, the bar the gateway hop
-(`bench/run.py`, under 1 ms) is measured against.
+Two bare proxies in front of echo servers that answer at once:
+
+- unary: each Encode is forwarded as a unary Encode call;
+- stream: each Encode goes out on one long-lived sie.v1.Worker/Work stream,
+  multiplexed by request id, the way the gateway reaches a worker
+  (sie_gateway.worker_link: a queue feeding the request stream, a reader
+  task settling one future per request).
+
+One client sends one-item requests straight to the echo server and through
+each proxy, taking turns request by request; the difference of the p50s is
+the least a Python gateway on the project's stack adds, the bar the gateway
+hop (`bench/run.py`, under 1 ms) is measured against.
 
 Writes bench/results/<date>-<machine>-grpc-hop-floor.json.
 """
@@ -17,21 +23,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import json
 import multiprocessing
 import os
 import platform
 import statistics
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 
-from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
 from sie_stack.processes import free_port
 
-from workloads import SINGLE_TEXT, alternating_latencies_ms
+from workloads import SINGLE_TEXT, Send, alternating_latencies_ms
 
 ROOT = Path(__file__).resolve().parents[1]
+PROXIES = ("unary", "stream")
 
 
 class Echo(inference_pb2_grpc.InferenceServicer):
@@ -39,7 +48,13 @@ class Echo(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.EncodeResponse(model=request.model)
 
 
-class Forward(inference_pb2_grpc.InferenceServicer):
+class WorkEcho(worker_pb2_grpc.WorkerServicer):
+    async def Work(self, requests: AsyncIterator[worker_pb2.WorkRequest], context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.WorkResponse]:
+        async for work in requests:
+            yield worker_pb2.WorkResponse(request_id=work.request_id, encode=inference_pb2.EncodeResponse(model=work.encode.model))
+
+
+class UnaryProxy(inference_pb2_grpc.InferenceServicer):
     def __init__(self, target: str) -> None:
         self.target = target
         self.stub: inference_pb2_grpc.InferenceStub | None = None
@@ -50,10 +65,40 @@ class Forward(inference_pb2_grpc.InferenceServicer):
         return await self.stub.Encode(request)
 
 
-def serve(port: int, forward_to: str | None) -> None:
+class StreamProxy(inference_pb2_grpc.InferenceServicer):
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.ids = itertools.count()
+        self.pending: dict[str, asyncio.Future[worker_pb2.WorkResponse]] = {}
+        self.outgoing: asyncio.Queue[worker_pb2.WorkRequest] | None = None
+
+    async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
+        if self.outgoing is None:  # made on the server's event loop
+            self.outgoing = asyncio.Queue()
+            call = worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(self.target)).Work(self._requests())
+            self.reader = asyncio.create_task(self._read(call))
+        request_id = str(next(self.ids))
+        answer = self.pending[request_id] = asyncio.get_running_loop().create_future()
+        self.outgoing.put_nowait(worker_pb2.WorkRequest(request_id=request_id, encode=request))
+        return (await answer).encode
+
+    async def _requests(self) -> AsyncIterator[worker_pb2.WorkRequest]:
+        while True:
+            yield await self.outgoing.get()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        async for response in call:
+            self.pending.pop(response.request_id).set_result(response)
+
+
+def serve(port: int, role: str, target: str = "") -> None:
     async def run() -> None:
         server = grpc.aio.server()
-        inference_pb2_grpc.add_InferenceServicer_to_server(Forward(forward_to) if forward_to else Echo(), server)
+        if role == "work-echo":
+            worker_pb2_grpc.add_WorkerServicer_to_server(WorkEcho(), server)
+        else:
+            servicer = {"echo": Echo, "unary": UnaryProxy, "stream": StreamProxy}[role]
+            inference_pb2_grpc.add_InferenceServicer_to_server(servicer(target) if target else servicer(), server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         await server.wait_for_termination()
@@ -61,34 +106,35 @@ def serve(port: int, forward_to: str | None) -> None:
     asyncio.run(run())
 
 
+def sender(port: int, request: inference_pb2.EncodeRequest) -> Send:
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=30)
+    stub = inference_pb2_grpc.InferenceStub(channel)
+    return lambda texts: len(stub.Encode(request, timeout=10).results)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=500)
     args = parser.parse_args()
-    echo_port, proxy_port = free_port(), free_port()
+    ports = {role: free_port() for role in ("echo", "work-echo", *PROXIES)}
     servers = [
-        multiprocessing.Process(target=serve, args=(echo_port, None), daemon=True),
-        multiprocessing.Process(target=serve, args=(proxy_port, f"127.0.0.1:{echo_port}"), daemon=True),
+        multiprocessing.Process(target=serve, args=(ports["echo"], "echo"), daemon=True),
+        multiprocessing.Process(target=serve, args=(ports["work-echo"], "work-echo"), daemon=True),
+        multiprocessing.Process(target=serve, args=(ports["unary"], "unary", f"127.0.0.1:{ports['echo']}"), daemon=True),
+        multiprocessing.Process(target=serve, args=(ports["stream"], "stream", f"127.0.0.1:{ports['work-echo']}"), daemon=True),
     ]
     for server in servers:
         server.start()
     request = inference_pb2.EncodeRequest(model="echo", items=[types_pb2.Item(text=SINGLE_TEXT)])
-
-    def sender(port: int):
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        grpc.channel_ready_future(channel).result(timeout=30)
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        return lambda texts: len(stub.Encode(request, timeout=10).results)
-
-    direct, proxied = sender(echo_port), sender(proxy_port)
+    senders = [sender(ports[role], request) for role in ("echo", *PROXIES)]
     rounds = []
     for _ in range(args.rounds):
-        straight, forwarded = alternating_latencies_ms([direct, proxied], args.requests)
-        rounds.append({"direct_p50_ms": statistics.median(straight), "proxied_p50_ms": statistics.median(forwarded)})
-        rounds[-1]["added_p50_ms"] = rounds[-1]["proxied_p50_ms"] - rounds[-1]["direct_p50_ms"]
-        print(f"grpc hop floor: direct {rounds[-1]['direct_p50_ms']:.3f} ms, through a proxy {rounds[-1]['proxied_p50_ms']:.3f} ms, "
-              f"added {rounds[-1]['added_p50_ms']:.3f} ms", flush=True)
+        direct, *proxied = (statistics.median(times) for times in alternating_latencies_ms(senders, args.requests))
+        rounds.append({"direct_p50_ms": direct, **{f"{proxy}_added_p50_ms": p50 - direct for proxy, p50 in zip(PROXIES, proxied)}})
+        print("grpc hop floor: direct %.3f ms; added by a unary proxy %.3f ms, by a stream proxy %.3f ms"
+              % (direct, rounds[-1]["unary_added_p50_ms"], rounds[-1]["stream_added_p50_ms"]), flush=True)
     for server in servers:
         server.terminate()
     result = {
@@ -96,11 +142,12 @@ def main() -> None:
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__},
         "requests_per_round": args.requests,
         "rounds": rounds,
-        "added_p50_ms_median": statistics.median(r["added_p50_ms"] for r in rounds),
+        **{f"{proxy}_added_p50_ms_median": statistics.median(r[f"{proxy}_added_p50_ms"] for r in rounds) for proxy in PROXIES},
     }
     out = ROOT / "bench" / "results" / f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores-grpc-hop-floor.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"grpc hop floor: added p50 {result['added_p50_ms_median']:.3f} ms (median of {args.rounds} rounds); wrote {out.relative_to(ROOT)}")
+    print("grpc hop floor: added p50 %.3f ms (unary proxy), %.3f ms (stream proxy), medians of %d rounds; wrote %s"
+          % (result["unary_added_p50_ms_median"], result["stream_added_p50_ms_median"], args.rounds, out.relative_to(ROOT)))
 
 
 if __name__ == "__main__":
