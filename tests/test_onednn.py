@@ -10,7 +10,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import BertConfig, BertModel
 
-from sie_worker.adapters.onednn import DenseGelu, PackedLinear, onednn_available, use_onednn
+from sie_worker.adapters.onednn import DenseGelu, PackedLinear, onednn_available, packed_matches, use_onednn
 from sie_worker.memory import module_bytes
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
@@ -79,3 +79,9 @@ def test_lora_on_the_fused_up_projection_matches_peft_on_plain_pytorch(tmp_path:
     assert (with_lora - hidden(bert())).abs().max() > 1e-2  # the adapter really changed the output
     with served.disable_adapter():
         torch.testing.assert_close(hidden(served), hidden(bert()), atol=1e-5, rtol=1e-5)
+
+
+def test_the_load_time_check_tells_a_right_packing_from_a_wrong_one() -> None:
+    first, second = bert().encoder.layer[0].attention.self.query, bert(seed=1).encoder.layer[0].attention.self.query
+    assert packed_matches(first, torch.ops.mkldnn._reorder_linear_weight(first.weight.detach()))
+    assert not packed_matches(first, torch.ops.mkldnn._reorder_linear_weight(second.weight.detach()))

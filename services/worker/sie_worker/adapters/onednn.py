@@ -56,15 +56,20 @@ def use_onednn(model: torch.nn.Module) -> int:
     """Pack every float32 `nn.Linear` of a CPU model and fuse BERT-style GELU blocks; returns how many layers were packed.
 
     Leaves the model as it was (and says so in the log) where this PyTorch
-    build cannot pack a weight.
+    build cannot pack a weight, or where its packed matmul disagrees with
+    PyTorch's on this CPU.
     """
     linears = [module for module in model.modules() if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32]
     if not linears or not onednn_available():
         return 0
     try:
         packed = [torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()) for linear in linears]
+        agrees = packed_matches(linears[0], packed[0])
     except RuntimeError as error:
         log.warning("oneDNN cannot pack this model's Linear weights (%s); it runs on plain PyTorch", error)
+        return 0
+    if not agrees:
+        log.warning("oneDNN's packed matmul disagrees with PyTorch's on this machine; the model runs on plain PyTorch")
         return 0
     for linear, weight in zip(linears, packed):
         linear.__class__ = PackedLinear
@@ -74,6 +79,16 @@ def use_onednn(model: torch.nn.Module) -> int:
             if _is_dense_gelu(child):
                 setattr(parent, name, DenseGelu(child.dense))
     return len(linears)
+
+
+def packed_matches(linear: torch.nn.Linear, packed: torch.Tensor) -> bool:
+    """Whether `packed` computes what `linear` does, on a few random rows: a check, at load, of the build's
+    oneDNN kernels on this CPU before a model's requests depend on them."""
+    rows = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = torch.nn.functional.linear(rows, linear.weight, linear.bias)
+        got = torch.ops.mkldnn._linear_pointwise(rows, packed, linear.bias, "none", [], "")
+    return torch.allclose(got, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()) + 1e-6)
 
 
 def _is_dense_gelu(module: torch.nn.Module) -> bool:
