@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import itertools
 import json
@@ -29,7 +30,7 @@ import multiprocessing
 import os
 import platform
 import statistics
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -104,6 +105,19 @@ def serve(port: int, role: str, target: str = "") -> None:
         await server.wait_for_termination()
 
     asyncio.run(run())
+
+
+@contextlib.contextmanager
+def stream_proxy(target: str) -> Iterator[int]:
+    """The bare stream proxy in front of `target` (a worker's address), in a process of its own; yields its port.
+    Spawned, not forked: the caller may already hold gRPC channels, which a forked child cannot use."""
+    port = free_port()
+    process = multiprocessing.get_context("spawn").Process(target=serve, args=(port, "stream", target), daemon=True)
+    process.start()
+    try:
+        yield port
+    finally:
+        process.terminate()
 
 
 def sender(port: int, request: inference_pb2.EncodeRequest) -> Send:

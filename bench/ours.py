@@ -91,6 +91,7 @@ class Senders:
     envoy_http: Send
     worker_tiny: Send
     gateway_tiny: Send
+    worker_address: str
 
 
 @contextlib.contextmanager
@@ -148,6 +149,7 @@ def stack(tmp: Path, tiny_weights: Path, env: dict[str, str]) -> Iterator[Sender
             envoy_http=json_sender(settings.http_port, f"/v1/encode/{MODEL}", lambda texts: {"items": [{"text": t} for t in texts]}, "results"),
             worker_tiny=grpc_sender(worker, TINY),
             gateway_tiny=grpc_sender(gateway, TINY),
+            worker_address=worker,
         )
     finally:
         if sdk is not None:

@@ -99,6 +99,11 @@ def table(result: dict[str, Any]) -> str:
             f"Gateway hop on {hop['model']} (2 layers, 32 wide), single-item p50: worker directly {_cell(hop['worker_p50_ms'], 2)} ms, "
             f"through the gateway {_cell(hop['gateway_p50_ms'], 2)} ms: the hop adds {hop['added_p50_ms']:.2f} ms.",
         ]
+        if "bare_proxy_p50_ms" in hop:
+            lines[-1] += (
+                f" In the same turns, a bare grpc.aio proxy on one Work stream in front of the same worker (`bench/grpc_hop_floor.py`): "
+                f"{_cell(hop['bare_proxy_p50_ms'], 2)} ms, adding {hop['bare_proxy_added_p50_ms']:.2f} ms."
+            )
     lines += ["", "| target | measured | met | missed by |", "| --- | ---: | :---: | --- |"]
     for target in result["targets"]:
         met = {True: "yes", False: "**no**", None: "-"}[target["met"]]

