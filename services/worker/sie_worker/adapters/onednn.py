@@ -27,7 +27,9 @@ class PackedLinear(torch.nn.Linear):
     packed_weight: torch.Tensor
 
     def forward(self, input: torch.Tensor, activation: str = "none") -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(input, self.packed_weight, self.bias, activation, [], "none" if activation == "gelu" else "")
+        # The last argument picks the activation's variant: for GELU, "none" is the exact (erf) form BERT uses.
+        variant = "none" if activation == "gelu" else ""
+        return torch.ops.mkldnn._linear_pointwise(input, self.packed_weight, self.bias, activation, [], variant)
 
 
 class DenseGelu(torch.nn.Module):
