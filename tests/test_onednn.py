@@ -1,15 +1,19 @@
-"""oneDNN-packed CPU Linear layers: the same outputs as plain PyTorch, with and without LoRA adapters, and counted in memory."""
+"""oneDNN-packed CPU Linear layers: the same outputs as plain PyTorch, with and without LoRA adapters, counted in memory, and off with SIE_CPU_ONEDNN=false."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
+import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import BertConfig, BertModel
+from transformers import AutoModel, BertConfig, BertModel
 
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.tensors import from_tensor
 from sie_worker.adapters.onednn import DenseGelu, PackedLinear, onednn_available, packed_matches, use_onednn
 from sie_worker.memory import module_bytes
 
@@ -85,3 +89,22 @@ def test_the_load_time_check_tells_a_right_packing_from_a_wrong_one() -> None:
     first, second = bert().encoder.layer[0].attention.self.query, bert(seed=1).encoder.layer[0].attention.self.query
     assert packed_matches(first, torch.ops.mkldnn._reorder_linear_weight(first.weight.detach()))
     assert not packed_matches(first, torch.ops.mkldnn._reorder_linear_weight(second.weight.detach()))
+
+
+def test_a_served_model_is_packed_by_default_and_plain_with_the_setting_off(stub, start_worker, tiny_models) -> None:
+    """Through real workers: the same embeddings either way; the default worker holds the packed copies in memory."""
+    model = "test/tiny-mean"
+    plain_worker = start_worker(SIE_CPU_ONEDNN="false", SIE_PRELOAD_MODELS=model)
+    request = inference_pb2.EncodeRequest(model=model, items=[types_pb2.Item(text=text) for text in ("a lawyer reads the contract", "short")])
+    with grpc.insecure_channel(plain_worker.address) as channel:
+        plain_stub = inference_pb2_grpc.InferenceStub(channel)
+        plain = [from_tensor(result.dense) for result in plain_stub.Encode(request, timeout=60).results]
+        plain_bytes = plain_stub.GetModel(inference_pb2.GetModelRequest(model=model)).model.memory_bytes
+    packed = [from_tensor(result.dense) for result in stub.Encode(request, timeout=60).results]
+    packed_bytes = stub.GetModel(inference_pb2.GetModelRequest(model=model)).model.memory_bytes
+
+    for a, b in zip(packed, plain):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    reference = AutoModel.from_pretrained(tiny_models[model])
+    linear_bytes = sum(module.weight.numel() * 4 for module in reference.modules() if type(module) is torch.nn.Linear)
+    assert packed_bytes - plain_bytes == linear_bytes > 0
