@@ -102,3 +102,16 @@ def test_disagreeing_lora_and_options_lora_is_invalid(batching_stub) -> None:
     assert error_details(raised.value)[0].reason == "INVALID_OPTIONS"
 
 
+@pytest.mark.parametrize("number", [float("inf"), float("nan")])
+def test_options_that_are_not_plain_json_are_invalid(batching_stub, number: float) -> None:
+    """Found by tests/reliability/test_fuzzing.py: a Struct number that JSON cannot hold answered INTERNAL."""
+    request = inference_pb2.EncodeRequest(model=LORA_MODEL, items=items(TEXTS))
+    request.options.update({"lora": number})
+    with pytest.raises(grpc.RpcError) as raised:
+        batching_stub.Encode(request, timeout=60)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(raised.value)[0].reason == "INVALID_OPTIONS"
+    assert "plain JSON" in raised.value.details()
+    assert len(batching_stub.Encode(inference_pb2.EncodeRequest(model=LORA_MODEL, items=items(TEXTS)), timeout=60).results) == len(TEXTS)
+
+

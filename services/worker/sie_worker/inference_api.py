@@ -149,7 +149,7 @@ def _lora_and_options(lora: str, options: struct_pb2.Struct) -> tuple[str, dict[
     """The request's LoRA (`lora`, or its alias `options.lora`) and the remaining run-time options."""
     try:
         values = json_format.MessageToDict(options)
-    except json_format.SerializeToJsonError as error:  # NaN or Infinity in a number value
+    except (json_format.SerializeToJsonError, ValueError) as error:  # NaN or Infinity in a number value (a bare Struct raises ValueError)
         raise InvalidArgument(f"options must be plain JSON values: {error}", reason="INVALID_OPTIONS") from None
     alias = values.pop("lora", "")
     if not isinstance(alias, str):
