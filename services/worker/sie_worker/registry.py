@@ -261,6 +261,7 @@ class ModelRegistry:
             dtype=compute_dtype(self._device, precision),
             attention_backend=self._settings.attention_backend,
             cpu_onednn=self._settings.cpu_onednn,
+            cpu_unpadded=self._settings.cpu_unpadded,
         )
         adapter = factory(context)
         check_adapter_serves(config, profile.adapter or "", adapter)

@@ -48,6 +48,7 @@ class WorkerSettings:
     max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
     cpu_onednn: bool = setting(True, env="SIE_CPU_ONEDNN", help="float32 models on a CPU run their Linear layers on oneDNN-packed weights (BERT-style GELU fused in); false: plain PyTorch")
+    cpu_unpadded: bool = setting(True, env="SIE_CPU_UNPADDED", help="BERT-family embedders and rerankers on a CPU compute on real tokens only, skipping padding; false: padded batches as transformers runs them")
     etcd_endpoints: tuple[str, ...] = setting((), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd endpoints; when set, models the config service adds for this worker's bundle are served live")
     etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
     advertise_address: str | None = setting(None, env="SIE_ADVERTISE_ADDRESS", help="host:port gateways use to reach this worker (default: SIE_HOST:port, or hostname:port when listening on all addresses)")

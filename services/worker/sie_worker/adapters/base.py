@@ -70,6 +70,8 @@ class LoadContext:
     attention_backend: str
     # Pack float32 CPU Linear layers for oneDNN (sie_worker.adapters.onednn).
     cpu_onednn: bool
+    # Let BERT-family CPU models skip padded tokens where the adapter allows it (sie_worker.adapters.unpadded).
+    cpu_unpadded: bool
 
 
 class ModelAdapter(Protocol):

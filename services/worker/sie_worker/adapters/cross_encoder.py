@@ -27,7 +27,7 @@ class CrossEncoderScorer(PairScorer):
     dims = 0
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = load_model(AutoModelForSequenceClassification, context)
+        self.model = load_model(AutoModelForSequenceClassification, context, reads_padding=False)
         if self.model.config.num_labels != 1:
             raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
         self.device = context.device

@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from sie_worker.adapters.base import LoadContext, TokenizedText
 from sie_worker.adapters.onednn import use_onednn
+from sie_worker.adapters.unpadded import use_unpadded
 
 Row = TypeVar("Row")
 # On a CPU one more forward pass costs about as much as this many padded tokens.
@@ -61,9 +62,11 @@ class TextTokenizer:
         return [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in self.rust.encode_batch(pairs)]
 
 
-def load_model(auto_class: Any, context: LoadContext) -> torch.nn.Module:
+def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = True) -> torch.nn.Module:
     """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode,
     on oneDNN kernels on a CPU where the context asks for them.
+    An adapter that reads no output at padded positions passes reads_padding=False, and a BERT-family
+    model on a CPU then computes on real tokens only (sie_worker.adapters.unpadded).
     Code shipped with the weights runs only when the profile sets load_options.trust_remote_code."""
     model = auto_class.from_pretrained(
         context.weights, dtype=context.dtype, trust_remote_code=context.profile.trust_remote_code, **attention_kwargs(context)
@@ -71,6 +74,8 @@ def load_model(auto_class: Any, context: LoadContext) -> torch.nn.Module:
     model = model.to(context.device).eval()
     if context.cpu_onednn and context.device.type == "cpu":
         use_onednn(model)
+    if not reads_padding and context.cpu_unpadded and context.device.type == "cpu":
+        use_unpadded(model)
     return model
 
 

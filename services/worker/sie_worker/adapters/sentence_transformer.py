@@ -53,7 +53,7 @@ class SentenceTransformerEncoder(TextEncoder):
         self.include_prompt: bool = bool(pooling.get("include_prompt", True))
         self.normalized: bool = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
 
-        self.model = load_model(AutoModel, context)
+        self.model = load_model(AutoModel, context, reads_padding=False)
         self.device = context.device
         self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length

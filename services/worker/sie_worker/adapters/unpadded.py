@@ -1,0 +1,107 @@
+"""BERT-family encoders that compute on real tokens only: no matmul sees the padding.
+
+A padded batch of B sequences of up to L tokens runs every Linear layer on
+B*L rows, though only the T real tokens count. Everything in a BERT layer
+but attention works token by token, so this forward gathers the real tokens
+into one [T, hidden] matrix after the embeddings, runs the Linear layers,
+residuals and LayerNorms on it, and pads to [B, L] only inside attention.
+The arithmetic per real token is the one `transformers` does, so outputs
+agree up to float32 rounding; outputs at padded positions come back as zeros,
+which is why only adapters that never read them ask for this.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
+
+
+def use_unpadded(model: torch.nn.Module) -> bool:
+    """Make `model`'s base encoder skip padded positions; False (model unchanged) where its layers are not
+    the BERT-family layout this forward reproduces."""
+    base = model.base_model
+    if not _is_bert_family(base):
+        return False
+    # An instance attribute, so transformers' heads and peft's wrappers, which call the base model, reach it.
+    base.forward = functools.partial(_forward, base, base.forward)
+    return True
+
+
+def _forward(
+    base: torch.nn.Module,
+    padded_forward: Any,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> BaseModelOutputWithPoolingAndCrossAttentions:
+    """The base model's forward on real tokens; any call this does not cover goes to the padded forward."""
+    if input_ids is None or attention_mask is None or any(value is not None for key, value in kwargs.items() if key != "return_dict"):
+        return padded_forward(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids, **kwargs)
+    batch, length = input_ids.shape
+    embedded = base.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
+    width = embedded.shape[-1]
+    real = attention_mask.bool()
+    positions = real.flatten().nonzero().squeeze(1)
+    keys = real[:, None, None, :]
+    hidden = embedded.reshape(batch * length, width).index_select(0, positions)
+    for layer in base.encoder.layer:
+        attention = layer.attention
+        context = _self_attention(attention.self, hidden, positions, keys)
+        hidden = attention.output(context, hidden)
+        hidden = layer.output(layer.intermediate(hidden), hidden)
+    sequence = hidden.new_zeros(batch * length, width).index_copy_(0, positions, hidden).view(batch, length, width)
+    pooled = base.pooler(sequence) if getattr(base, "pooler", None) is not None else None
+    return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=sequence, pooler_output=pooled)
+
+
+def _self_attention(module: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Multi-head self-attention of the real tokens `hidden` [T, width]: padded to [B, heads, L, head size]
+    for SDPA, with padded keys masked, and the real rows taken back."""
+    batch, length = keys.shape[0], keys.shape[-1]
+    heads, head_size = module.num_attention_heads, module.attention_head_size
+
+    def by_head(projected: torch.Tensor) -> torch.Tensor:
+        padded = projected.new_zeros(batch * length, projected.shape[-1]).index_copy_(0, positions, projected)
+        return padded.view(batch, length, heads, head_size).transpose(1, 2)
+
+    context = torch.nn.functional.scaled_dot_product_attention(
+        by_head(module.query(hidden)), by_head(module.key(hidden)), by_head(module.value(hidden)), attn_mask=keys, scale=module.scaling
+    )
+    return context.transpose(1, 2).reshape(batch * length, heads * head_size).index_select(0, positions)
+
+
+def _is_bert_family(base: torch.nn.Module) -> bool:
+    """An encoder-only BERT layout (BERT, RoBERTa, XLM-R, ELECTRA, ...): absolute positions, no cross-attention,
+    layers of attention.self (query/key/value) + attention.output, intermediate, output."""
+    config = base.config
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        return False
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return False
+    if config._attn_implementation not in ("sdpa", "eager"):
+        return False
+    layers = getattr(getattr(base, "encoder", None), "layer", None)
+    if not hasattr(base, "embeddings") or not isinstance(layers, torch.nn.ModuleList) or not layers:
+        return False
+    return all(_is_bert_layer(layer) for layer in layers)
+
+
+def _is_bert_layer(layer: torch.nn.Module) -> bool:
+    attention = getattr(layer, "attention", None)
+    self_attention = getattr(attention, "self", None)
+    return (
+        self_attention is not None
+        and type(self_attention).__name__.endswith("SelfAttention")
+        and all(isinstance(getattr(self_attention, name, None), torch.nn.Linear) for name in ("query", "key", "value"))
+        and hasattr(self_attention, "scaling")
+        and hasattr(attention, "output")
+        and hasattr(layer, "intermediate")
+        and hasattr(layer, "output")
+        and not hasattr(layer, "crossattention")
+        and getattr(layer, "chunk_size_feed_forward", 0) == 0
+    )
