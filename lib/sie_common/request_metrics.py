@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 from dataclasses import dataclass
 
 import grpc
@@ -80,6 +81,19 @@ class RequestMetrics:
             finally:
                 seconds = time.perf_counter() - started
                 label = model if outcome.model_known else UNKNOWN_MODEL
-                self.requests.labels(label, operation, outcome.status.name).inc()
-                self.seconds.labels(label, operation).observe(seconds)
-                self._log.debug("%s answered %s", operation, outcome.status.name, extra={"latency_ms": seconds * 1000})
+                # Counted once the answer is on its way (the event loop's next turn, in this request's context,
+                # so the log line keeps its fields): not on the request's path.
+                _soon(self._record, label, operation, outcome.status.name, seconds)
+
+    def _record(self, model: str, operation: str, status: str, seconds: float) -> None:
+        self.requests.labels(model, operation, status).inc()
+        self.seconds.labels(model, operation).observe(seconds)
+        self._log.debug("%s answered %s", operation, status, extra={"latency_ms": seconds * 1000})
+
+
+def _soon(callback: Callable[..., None], *args: Any) -> None:
+    """`callback(*args)` on the running event loop's next turn; at once outside one."""
+    try:
+        asyncio.get_running_loop().call_soon(callback, *args)
+    except RuntimeError:
+        callback(*args)

@@ -8,16 +8,18 @@ long-lived Work streams do not. A request on a Work stream carries its own
 trace context (W3C traceparent in `WorkRequest.trace_context`), because one
 stream multiplexes requests of many traces.
 
-When tracing is off no SDK is installed: spans are the API's no-op ones and
-nothing is exported.
+When tracing is off no SDK is installed, request code starts no spans (`span`
+hands back an empty context manager) and nothing is exported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Mapping, MutableMapping
+from typing import Any, ContextManager
 
 from opentelemetry import context, propagate, trace
 
@@ -28,14 +30,19 @@ TRACER = trace.get_tracer("sie")
 TRACED_SERVICES = ("sie.v1.Inference", "sie.v1.ConfigService")
 # The span name of one request on a Work stream, on both sides.
 WORK_METHOD = "sie.v1.Worker/Work"
+# Set by configure_tracing; while False the per-request helpers below do nothing at all.
+_enabled = False
+_NO_SPAN = contextlib.nullcontext()
 
 
 def configure_tracing(enabled: bool, default_service_name: str) -> None:
     """Install the SDK with the exporters OTEL_TRACES_EXPORTER names and instrument grpc.aio servers and channels.
 
     Call once, before any gRPC server or channel is made."""
+    global _enabled
     if not enabled:
         return
+    _enabled = True
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer, filters
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -61,9 +68,16 @@ def configure_tracing(enabled: bool, default_service_name: str) -> None:
     log.info("tracing on: service %s, exporters %s", resource.attributes[SERVICE_NAME], os.environ.get("OTEL_TRACES_EXPORTER", "otlp"))
 
 
+def span(name: str, **options: Any) -> ContextManager[Any]:
+    """TRACER.start_as_current_span(name, **options); with tracing off, not even the API's no-op span, whose
+    context switching is measurable on a request's hot path (docs/benchmarks.md, the gateway hop)."""
+    return TRACER.start_as_current_span(name, **options) if _enabled else _NO_SPAN
+
+
 def inject(carrier: MutableMapping[str, str]) -> None:
-    """Write the current trace context (traceparent, tracestate) into `carrier`."""
-    propagate.inject(carrier)
+    """Write the current trace context (traceparent, tracestate) into `carrier`; nothing with tracing off."""
+    if _enabled:
+        propagate.inject(carrier)
 
 
 def extract(carrier: Mapping[str, str]) -> context.Context:

@@ -17,12 +17,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
 from opentelemetry import trace
 
 from sie.v1 import worker_pb2, worker_pb2_grpc
 from sie_common.settings import SettingsError
-from sie_common.tracing import TRACER, WORK_METHOD, inject
+from sie_common.tracing import WORK_METHOD, inject, span
 from sie_common.transport import channel_credentials
 from sie_gateway.settings import GatewaySettings
 
@@ -119,9 +118,9 @@ class WorkerLink:
         request_id = str(next(self._ids))
         request = worker_pb2.WorkRequest(request_id=request_id, **{task: message})
         if timeout_s is not None:
-            request.timeout.CopyFrom(_duration(timeout_s))
+            request.timeout.FromNanoseconds(int(timeout_s * 1e9))
         future: asyncio.Future[worker_pb2.WorkResponse] = asyncio.get_running_loop().create_future()
-        with TRACER.start_as_current_span(f"{WORK_METHOD} {task}", kind=trace.SpanKind.CLIENT, attributes={"sie.worker_id": self.worker_id}):
+        with span(f"{WORK_METHOD} {task}", kind=trace.SpanKind.CLIENT, attributes={"sie.worker_id": self.worker_id}):
             inject(request.trace_context)
             stream.pending[request_id] = future
             stream.outgoing.put_nowait(request)
@@ -142,8 +141,3 @@ class WorkerLink:
             await self._stream.close()
         await self._channel.close()
 
-
-def _duration(seconds: float) -> duration_pb2.Duration:
-    duration = duration_pb2.Duration()
-    duration.FromNanoseconds(int(seconds * 1e9))
-    return duration

@@ -29,7 +29,7 @@ from typing import Any
 
 
 from sie_common.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
-from sie_common.tracing import TRACER, record_span, recording
+from sie_common.tracing import record_span, recording, span
 from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, PairScorer, TokenizedText, ZeroShotExtractor
 from sie_worker.batch_stats import BatchStats, describe, publish_setting, record
 from sie_worker.batching import Batch, BatchFormer, PendingItem
@@ -378,14 +378,14 @@ class Engine:
 
     async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]]) -> list[TokenizedText]:
         started = time.perf_counter()
-        with TRACER.start_as_current_span("tokenization"):
+        with span("tokenization"):
             tokenized = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, tokenize)
         clock.tokenization_ms += _ms_since(started)
         return tokenized
 
     async def _postprocess(self, finish: Callable[[], Any], clock: _Clock) -> Any:
         started = time.perf_counter()
-        with TRACER.start_as_current_span("postprocessing"):
+        with span("postprocessing"):
             result = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, finish)
         clock.postprocessing_ms += _ms_since(started)
         return result

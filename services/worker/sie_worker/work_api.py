@@ -19,7 +19,7 @@ from opentelemetry import trace
 from sie.v1 import worker_pb2, worker_pb2_grpc
 from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.errors import DeadlineExceeded, InvalidArgument, SieError, Unimplemented
-from sie_common.tracing import TRACER, WORK_METHOD, extract
+from sie_common.tracing import WORK_METHOD, extract, span
 
 # Task name in WorkRequest ("encode", "score", "extract") -> the API call that serves it.
 Handler = Callable[[Any], Awaitable[Any]]
@@ -54,7 +54,7 @@ class WorkService(worker_pb2_grpc.WorkerServicer):
     async def _answer(self, work: worker_pb2.WorkRequest) -> worker_pb2.WorkResponse:
         task = work.WhichOneof("task")
         parent = extract(work.trace_context) if work.trace_context else None
-        with TRACER.start_as_current_span(f"{WORK_METHOD} {task}", context=parent, kind=trace.SpanKind.SERVER, attributes={"sie.task": task or ""}):
+        with span(f"{WORK_METHOD} {task}", context=parent, kind=trace.SpanKind.SERVER, attributes={"sie.task": task or ""}):
             return await self._run(work, task)
 
     async def _run(self, work: worker_pb2.WorkRequest, task: str | None) -> worker_pb2.WorkResponse:
