@@ -11,7 +11,18 @@ import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModel, BertConfig, BertForSequenceClassification, BertModel, DistilBertConfig, DistilBertModel, RobertaConfig, RobertaModel
+from transformers import (
+    AutoModel,
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    DistilBertConfig,
+    DistilBertModel,
+    ElectraConfig,
+    ElectraModel,
+    RobertaConfig,
+    RobertaModel,
+)
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.tensors import from_tensor
@@ -64,10 +75,15 @@ def test_bert_matches_transformers_at_every_real_position(packed: bool) -> None:
     torch.testing.assert_close(got.pooler_output, expected.pooler_output, atol=1e-5, rtol=1e-5)
 
 
-def test_roberta_positions_and_a_classification_head_match() -> None:
-    """RoBERTa numbers positions from its pad id; a head reaches the unpadded base model through `model.bert`."""
+def test_roberta_positions_electra_and_a_classification_head_match() -> None:
+    """RoBERTa numbers positions from its pad id; ELECTRA has no pooler; a head reaches the unpadded base model through `model.bert`."""
     roberta_config = RobertaConfig(**{**CONFIG.to_dict(), "pad_token_id": 1, "max_position_embeddings": 20})
     reference, model = built(RobertaModel, roberta_config), built(RobertaModel, roberta_config)
+    assert use_unpadded(model)
+    assert_real_positions_match(run(model).last_hidden_state, run(reference).last_hidden_state)
+
+    electra_config = ElectraConfig(**{**CONFIG.to_dict(), "embedding_size": CONFIG.hidden_size})
+    reference, model = built(ElectraModel, electra_config), built(ElectraModel, electra_config)
     assert use_unpadded(model)
     assert_real_positions_match(run(model).last_hidden_state, run(reference).last_hidden_state)
 
@@ -106,9 +122,10 @@ def test_calls_it_does_not_cover_take_the_padded_forward() -> None:
     [
         built(BertModel, BertConfig(**{**CONFIG.to_dict(), "position_embedding_type": "relative_key"})),
         built(BertModel, BertConfig(**{**CONFIG.to_dict(), "is_decoder": True})),
+        built(ElectraModel, ElectraConfig(**{**CONFIG.to_dict(), "embedding_size": 16})),
         built(DistilBertModel, DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=64)),
     ],
-    ids=["relative-positions", "decoder", "distilbert"],
+    ids=["relative-positions", "decoder", "electra-embedding-projection", "distilbert"],
 )
 def test_other_layouts_are_left_as_they_were(model: torch.nn.Module) -> None:
     assert not use_unpadded(model)

@@ -75,33 +75,34 @@ def _self_attention(module: torch.nn.Module, hidden: torch.Tensor, positions: to
     return context.transpose(1, 2).reshape(batch * length, heads * head_size).index_select(0, positions)
 
 
+# transformers' BERT and the models whose layers are copies of BERT's.
+_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
+
+
 def _is_bert_family(base: torch.nn.Module) -> bool:
-    """An encoder-only BERT layout (BERT, RoBERTa, XLM-R, ELECTRA, ...): absolute positions, no cross-attention,
-    layers of attention.self (query/key/value) + attention.output, intermediate, output."""
+    """BERT's own layout, module for module: embeddings then post-LayerNorm layers of attention.self (query, key,
+    value) + attention.output, intermediate, output; absolute positions; no decoder, no cross-attention, and
+    nothing between the embeddings and the layers (ELECTRA's embedding projection, for one)."""
     config = base.config
-    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+    if config.model_type not in _MODEL_TYPES or getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         return False
-    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+    if getattr(config, "position_embedding_type", "absolute") != "absolute" or config._attn_implementation not in ("sdpa", "eager"):
         return False
-    if config._attn_implementation not in ("sdpa", "eager"):
+    if not _children(base) <= {"embeddings", "encoder", "pooler"} or _children(getattr(base, "encoder", None)) != {"layer"}:
         return False
-    layers = getattr(getattr(base, "encoder", None), "layer", None)
-    if not hasattr(base, "embeddings") or not isinstance(layers, torch.nn.ModuleList) or not layers:
-        return False
-    return all(_is_bert_layer(layer) for layer in layers)
+    return len(base.encoder.layer) > 0 and all(_is_bert_layer(layer) for layer in base.encoder.layer)
 
 
 def _is_bert_layer(layer: torch.nn.Module) -> bool:
-    attention = getattr(layer, "attention", None)
-    self_attention = getattr(attention, "self", None)
+    if _children(layer) != {"attention", "intermediate", "output"} or _children(layer.attention) != {"self", "output"}:
+        return False
+    self_attention = layer.attention.self
     return (
-        self_attention is not None
-        and type(self_attention).__name__.endswith("SelfAttention")
-        and all(isinstance(getattr(self_attention, name, None), torch.nn.Linear) for name in ("query", "key", "value"))
+        all(isinstance(getattr(self_attention, name, None), torch.nn.Linear) for name in ("query", "key", "value"))
         and hasattr(self_attention, "scaling")
-        and hasattr(attention, "output")
-        and hasattr(layer, "intermediate")
-        and hasattr(layer, "output")
-        and not hasattr(layer, "crossattention")
         and getattr(layer, "chunk_size_feed_forward", 0) == 0
     )
+
+
+def _children(module: torch.nn.Module | None) -> set[str]:
+    return {name for name, _ in module.named_children()} if module is not None else set()
