@@ -72,16 +72,20 @@ def latencies_ms(send: Send, requests: int = SINGLE_REQUESTS, text: str = SINGLE
 
 def alternating_latencies_ms(sends: Sequence[Send], requests: int = SINGLE_REQUESTS, text: str = SINGLE_TEXT) -> list[list[float]]:
     """Milliseconds of `requests` one-item requests to each sender, one after another, the senders taking turns
-    request by request (after a warm-up of each): a difference between two paths then holds while the machine drifts."""
+    request by request (after a warm-up of each): a difference between two paths then holds while the machine drifts.
+
+    The order rotates every turn, so each sender goes first, second, ... equally often: on two cores a request
+    pays for what the previous one left running in its processes, and a fixed order moved a path's p50 by
+    0.2-0.3 ms depending on its place (docs/benchmarks.md)."""
     for send in sends:
         for _ in range(SINGLE_WARMUP):
             send([text])
     measured: list[list[float]] = [[] for _ in sends]
-    for _ in range(requests):
-        for send, times in zip(sends, measured):
+    for turn in range(requests):
+        for index in (*range(turn % len(sends), len(sends)), *range(turn % len(sends))):
             started = time.perf_counter()
-            send([text])
-            times.append((time.perf_counter() - started) * 1000)
+            sends[index]([text])
+            measured[index].append((time.perf_counter() - started) * 1000)
     return measured
 
 
