@@ -82,7 +82,8 @@ def alternating_latencies_ms(sends: Sequence[Send], requests: int = SINGLE_REQUE
             send([text])
     measured: list[list[float]] = [[] for _ in sends]
     for turn in range(requests):
-        for index in (*range(turn % len(sends), len(sends)), *range(turn % len(sends))):
+        first = turn % len(sends)
+        for index in [*range(first, len(sends)), *range(first)]:
             started = time.perf_counter()
             sends[index]([text])
             measured[index].append((time.perf_counter() - started) * 1000)

@@ -113,5 +113,3 @@ def test_options_that_are_not_plain_json_are_invalid(batching_stub, number: floa
     assert error_details(raised.value)[0].reason == "INVALID_OPTIONS"
     assert "plain JSON" in raised.value.details()
     assert len(batching_stub.Encode(inference_pb2.EncodeRequest(model=LORA_MODEL, items=items(TEXTS)), timeout=60).results) == len(TEXTS)
-
-

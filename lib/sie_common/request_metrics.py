@@ -8,8 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -62,7 +61,8 @@ class RequestMetrics:
 
     @contextlib.contextmanager
     def observe(self, operation: str, model: str, request_id: str) -> Iterator[Outcome]:
-        """Account for the request that runs in this block; a SieError or cancellation raised out of it sets its status."""
+        """Account for the request that runs in this block (in a request handler, on the server's event loop);
+        a SieError or cancellation raised out of it sets its status."""
         outcome = Outcome()
         started = time.perf_counter()
         with request_fields(model=model, request_id=request_id):
@@ -83,17 +83,10 @@ class RequestMetrics:
                 label = model if outcome.model_known else UNKNOWN_MODEL
                 # Counted once the answer is on its way (the event loop's next turn, in this request's context,
                 # so the log line keeps its fields): not on the request's path.
-                _soon(self._record, label, operation, outcome.status.name, seconds)
+                asyncio.get_running_loop().call_soon(self._record, label, operation, outcome.status.name, seconds)
 
     def _record(self, model: str, operation: str, status: str, seconds: float) -> None:
         self.requests.labels(model, operation, status).inc()
         self.seconds.labels(model, operation).observe(seconds)
         self._log.debug("%s answered %s", operation, status, extra={"latency_ms": seconds * 1000})
 
-
-def _soon(callback: Callable[..., None], *args: Any) -> None:
-    """`callback(*args)` on the running event loop's next turn; at once outside one."""
-    try:
-        asyncio.get_running_loop().call_soon(callback, *args)
-    except RuntimeError:
-        callback(*args)
