@@ -106,3 +106,45 @@ async def test_an_item_over_the_budget_still_runs_alone() -> None:
     former.add(items("a", [500, 1]), LIMITS)
     batch = await asyncio.wait_for(former.next_batch(), 1)
     assert [item.cost for item in batch] == [500]
+
+
+async def test_a_later_request_on_another_model_goes_before_the_rest_of_a_bulk_one() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("bulk", [10] * 40), limits)
+    await asyncio.wait_for(former.next_batch(), 1)
+    former.add(items("small", [10]), limits)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.payload for item in batch] == ["small0"]
+
+
+async def test_a_later_request_on_the_same_model_leads_the_next_batch() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    bulk = items("a", [10] * 40)
+    former.add(bulk, limits)
+    await asyncio.wait_for(former.next_batch(), 1)
+    small = PendingItem("a", 10, "small", asyncio.get_running_loop().create_future())
+    former.add([small], limits)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert small in batch
+
+
+async def test_a_sequential_small_client_and_a_bulk_request_take_turns() -> None:
+    """One small request at a time (a client waiting for each answer) beside a bulk one: the small request never
+    waits for more than one bulk batch, and the bulk request gets a batch per four one-item requests (by cost)."""
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("bulk", [10] * 400), limits)
+    turns = ""
+    waiting: PendingItem | None = None
+    for number in range(25):
+        if waiting is None:
+            [waiting] = items(f"small{number}", [10])
+            former.add([waiting], limits)
+        batch = await asyncio.wait_for(former.next_batch(), 1)
+        turns += "B" if batch[0].key == "bulk" else "s"
+        if waiting in batch:
+            waiting = None
+    assert "BB" not in turns
+    assert 4 <= turns.count("B") <= 7

@@ -3,11 +3,23 @@
 The device loop pulls: `next_batch()` returns as soon as some group is ready
 (its token cost reached the budget, it holds enough items, or its oldest item
 has waited the full window), so while the device is busy items pile up and
-the next batch comes out larger. A batch always takes its group's oldest
-item (nothing starves), then fills with the items nearest to it in length:
-first those no longer than it, longest first (they add no padding), then
-the shortest of the longer ones, so sequences of similar length share a
-forward pass.
+the next batch comes out larger.
+
+Which ready group goes, and which item leads its batch, is decided by fair
+queuing over arrivals (start-time fair queuing, by token cost): every `add`
+(one request's items, mostly) is a flow whose items get virtual start tags
+from the former's virtual time on, each one `cost` after the previous. The
+ready group holding the lowest tag goes, and that item leads the batch; the
+virtual time moves to where each batch's lead ends (its tag + cost), so a
+stream of new requests advances it as they are served. A request that arrives
+while a 4,096-item request drains starts at the current virtual time, ahead
+of the bulk's remaining items, so it waits for about one batch of its
+neighbour, whether that runs another model or the same one; the bulk request
+still gets its share while small ones keep coming. With one flow, or flows
+that do not overlap, tags follow arrival order. The lead is then filled with
+the items nearest to it in length: first those no longer than it, longest
+first (they add no padding), then the shortest of the longer ones, so
+sequences of similar length share a forward pass.
 
 A group's limits come from a `LimitSource`, read afresh every time the former
 decides: a fixed `BatchLimits`, or a model's adaptive controller whose wait
@@ -41,13 +53,15 @@ class LimitSource(Protocol):
 
 @dataclass(eq=False)
 class PendingItem:
-    """One item waiting for the device. `cost` is its token count."""
+    """One item waiting for the device. `cost` is its token count; `tag` its virtual start (set by `add`)."""
 
     key: Hashable
     cost: int
     payload: Any
     future: asyncio.Future
     enqueued_at: float = field(default_factory=time.monotonic)
+    tag: float = 0.0
+    flow: int = 0  # which `add` it came in: breaks ties between equal tags, earliest first
 
 
 class Batch(list[PendingItem]):
@@ -85,12 +99,20 @@ class BatchFormer:
     def __init__(self) -> None:
         self._groups: dict[Hashable, _Group] = {}
         self._changed = asyncio.Event()
+        # Virtual time: where the latest batch's lead item ends (its tag + cost); a new flow's tags start here.
+        self._virtual = 0.0
+        self._flows = 0
 
     def add(self, items: Sequence[PendingItem], limits: LimitSource) -> None:
-        """Queue items that arrived together; all share `items[0].key` and the limits of that group."""
+        """Queue items that arrived together (one flow); all share `items[0].key` and the limits of that group."""
         now = time.monotonic()
+        tag = self._virtual
+        self._flows += 1
         for item in items:
             item.enqueued_at = now
+            item.tag = tag
+            item.flow = self._flows
+            tag += item.cost
             group = self._groups.setdefault(item.key, _Group(limits))
             group.items.append(item)
             group.cost += item.cost
@@ -116,28 +138,31 @@ class BatchFormer:
                 pass
 
     def _ready(self, now: float) -> tuple[tuple[Hashable, BatchLimits, bool] | None, float | None]:
-        """The ready group whose oldest item is oldest (key, limits, full), else when the next one will be."""
-        ready: tuple[float, Hashable, BatchLimits, bool] | None = None
+        """The ready group holding the lowest tag (key, limits, full), else when the next one will be."""
+        ready: tuple[tuple[float, int], Hashable, BatchLimits, bool] | None = None
         wake_at: float | None = None
         for key, group in self._groups.items():
             limits = group.source.current()
-            oldest = group.items[0].enqueued_at
-            deadline = oldest + limits.max_wait_s
+            deadline = group.items[0].enqueued_at + limits.max_wait_s  # items are kept in arrival order
             full = len(group.items) >= limits.max_items or group.cost >= limits.max_tokens
             if full or now >= deadline:
-                if ready is None or oldest < ready[0]:
-                    ready = (oldest, key, limits, full)
+                lead = _lead(group.items)
+                order = (lead.tag, lead.flow)
+                if ready is None or order < ready[0]:
+                    ready = (order, key, limits, full)
             elif wake_at is None or deadline < wake_at:
                 wake_at = deadline
         return (ready[1:] if ready else None), wake_at
 
     def _take(self, key: Hashable, limits: BatchLimits, full: bool, now: float) -> Batch:
         group = self._groups[key]
-        oldest, rest = group.items[0], group.items[1:]
-        batch = [oldest]
-        longest = oldest.cost
-        not_longer = sorted((item for item in rest if item.cost <= oldest.cost), key=lambda pending: pending.cost, reverse=True)
-        longer = sorted((item for item in rest if item.cost > oldest.cost), key=lambda pending: pending.cost)
+        lead = _lead(group.items)
+        self._virtual = max(self._virtual, lead.tag + lead.cost)
+        rest = [item for item in group.items if item is not lead]
+        batch = [lead]
+        longest = lead.cost
+        not_longer = sorted((item for item in rest if item.cost <= lead.cost), key=lambda pending: pending.cost, reverse=True)
+        longer = sorted((item for item in rest if item.cost > lead.cost), key=lambda pending: pending.cost)
         for item in (*not_longer, *longer):
             if len(batch) >= limits.max_items:
                 break
@@ -163,3 +188,8 @@ class BatchFormer:
                 group.cost = sum(item.cost for item in live)
                 if not live:
                     del self._groups[key]
+
+
+def _lead(items: list[PendingItem]) -> PendingItem:
+    """The item with the lowest virtual start tag, the earliest arrival among equal tags."""
+    return min(items, key=lambda item: (item.tag, item.flow))
