@@ -1,5 +1,6 @@
 """Head-of-line blocking (issue 20, defect 12): a 4,096-item request must not hold a 1-item request behind all of
-its batches, whether the small request is for another model or the same one.
+its batches, whether the small request is for another model or the same one. And memory without a limit
+(defect 16): with no CPU budget set, loads of many models must still evict under a default budget.
 
 The worker reports, per request with `debug`, the ids of the forward passes that carried its items (ids count
 up in the order the device ran them), so the test asserts ordering, not time: the small request is answered
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
+from grpc_helpers import encode_when_loaded
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_worker.memory import machine_memory_bytes
+from tiny_models import write_model_yaml
 
 BULK_MODEL = "test/tiny-mean"
 OTHER_MODEL = "test/tiny-cls"
@@ -74,3 +79,64 @@ def test_a_one_item_request_is_answered_amid_a_4096_item_one(fair_worker, small_
         f"{after_small} of the bulk's {len(bulk_batches)} forward passes ran after the small request's;"
         f" {int(queued)} bulk items were queued when it was sent"
     )
+
+
+# --- defect 16: memory without a limit -------------------------------------------------------------------------
+
+MANY_MODELS = 32
+MODEL_MIB = 3.8  # each tiny model's parameters and buffers, float32 (tests/test_memory_eviction.py)
+BUDGET_MIB = 12  # at a 100 % threshold: three tiny models fit, a fourth does not
+RSS_GROWTH_BOUND_MIB = 150  # the 32 models' weights alone are 122 MiB; unbounded, the worker grows past it
+
+
+def vm_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_without_a_budget_setting_loads_of_many_models_stay_bounded(
+    start_worker, tiny_models: dict[str, Path], tmp_path: Path, reliability_report
+) -> None:
+    """SIE_CPU_MEMORY_BUDGET_MB unset: the budget is SIE_CPU_MEMORY_FRACTION of the machine's memory (set here so
+    that it comes to BUDGET_MIB), and loading 32 models one after another evicts the least recently used."""
+    models_dir = tmp_path / "many-models"
+    models_dir.mkdir()
+    model_ids = [f"many/tiny-{index}" for index in range(MANY_MODELS)]
+    for model_id in model_ids:
+        write_model_yaml(models_dir, model_id, tiny_models["test/tiny-mean"])
+    fraction = BUDGET_MIB * 2**20 / machine_memory_bytes()
+    worker = start_worker(
+        SIE_MODELS_DIR=str(models_dir),
+        SIE_MODEL_FILTER=",".join(model_ids),
+        SIE_PRELOAD_MODELS="",
+        SIE_CPU_MEMORY_FRACTION=f"{fraction:.12f}",
+        SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT="100",
+    )
+    pid = worker.process.pid
+    most_loaded = 0
+    with grpc.insecure_channel(worker.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        encode_when_loaded(stub, model_ids[0], ["warm up"])
+        rss_before = vm_rss_mib(pid)
+        for model_id in model_ids:
+            vectors, _ = encode_when_loaded(stub, model_id, ["a sentence"])
+            assert vectors.shape == (1, 32)
+            loaded = {model.id: model.memory_bytes for model in stub.ListModels(inference_pb2.ListModelsRequest()).models if model.memory_bytes}
+            most_loaded = max(most_loaded, len(loaded))
+            assert sum(loaded.values()) <= BUDGET_MIB * 2**20, f"{len(loaded)} models loaded after {model_id}"
+        rss_growth = vm_rss_mib(pid) - rss_before
+        evicted = MANY_MODELS - len(loaded)
+        # The worker still answers a known request (the last model loaded).
+        assert encode_when_loaded(stub, model_ids[-1], ["a sentence"])[0].shape == (1, 32)
+    reliability_report.add(
+        "memory without a limit",
+        f"{MANY_MODELS} tiny models loaded in turn, budget from SIE_CPU_MEMORY_FRACTION ({BUDGET_MIB} MiB)",
+        most_loaded=most_loaded,
+        evicted=evicted,
+        rss_growth_mib=round(rss_growth, 1),
+    )
+    assert most_loaded <= int(BUDGET_MIB // MODEL_MIB)
+    assert evicted >= MANY_MODELS - int(BUDGET_MIB // MODEL_MIB)
+    assert rss_growth < RSS_GROWTH_BOUND_MIB, f"the worker's RSS grew by {rss_growth:.0f} MiB"
