@@ -148,3 +148,21 @@ async def test_a_sequential_small_client_and_a_bulk_request_take_turns() -> None
             waiting = None
     assert "BB" not in turns
     assert 4 <= turns.count("B") <= 7
+
+
+async def test_a_batch_given_back_is_formed_again_after_the_newer_request() -> None:
+    """The engine's swap: a batch staged behind the running one, not started, gives way to a request newer than it."""
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("bulk", [10] * 40), limits)
+    await asyncio.wait_for(former.next_batch(), 1)  # running
+    staged = await asyncio.wait_for(former.next_batch(), 1)
+    newer = asyncio.create_task(former.next_batch(newer_than=staged.flows))
+    await asyncio.sleep(0.01)
+    assert not newer.done()  # the bulk's own items are not newer than the staged batch
+    former.add(items("small", [10]), limits)
+    assert [item.payload for item in await asyncio.wait_for(newer, 1)] == ["small0"]
+    former.give_back(staged, limits)
+    again = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.payload for item in again] == [item.payload for item in staged]
+    assert former.pending == 40 - 8  # the running batch and the staged one, formed again

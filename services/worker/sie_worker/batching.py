@@ -67,11 +67,12 @@ class PendingItem:
 class Batch(list[PendingItem]):
     """The items of one forward pass, cheapest first, with how the former decided on them."""
 
-    def __init__(self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float) -> None:
+    def __init__(self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float, flows: int = 0) -> None:
         super().__init__(items)
         self.limits = limits  # the limits it was formed under
         self.full = full  # flushed because the item cap or token budget was reached, not by the wait
         self.formed_at = formed_at  # time.monotonic() when it left the former
+        self.flows = flows  # flows (`add` calls) the former had seen when it formed the batch
 
     @property
     def tokens(self) -> int:
@@ -122,12 +123,15 @@ class BatchFormer:
     def pending(self) -> int:
         return sum(len(group.items) for group in self._groups.values())
 
-    async def next_batch(self) -> Batch:
-        """Wait until a group is ready and take one batch from it, sorted by cost."""
+    async def next_batch(self, newer_than: int | None = None) -> Batch:
+        """Wait until a group is ready and take one batch from it, sorted by cost.
+
+        With `newer_than` (a batch's `flows`), only a batch led by an item of a flow added after that batch was
+        formed: what may replace it on the device while it has not started (see `give_back`)."""
         while True:
             self._drop_abandoned()
             now = time.monotonic()
-            ready, wake_at = self._ready(now)
+            ready, wake_at = self._ready(now, newer_than)
             if ready is not None:
                 return self._take(*ready, now)
             self._changed.clear()
@@ -137,26 +141,40 @@ class BatchFormer:
             except TimeoutError:
                 pass
 
-    def _ready(self, now: float) -> tuple[tuple[Hashable, BatchLimits, bool] | None, float | None]:
-        """The ready group holding the lowest tag (key, limits, full), else when the next one will be."""
-        ready: tuple[tuple[float, int], Hashable, BatchLimits, bool] | None = None
+    def give_back(self, batch: Batch, limits: LimitSource) -> None:
+        """Queue again, as they were, the items of a batch that did not run (another was run in its place)."""
+        touched = []
+        for item in batch:
+            group = self._groups.setdefault(item.key, _Group(limits))
+            group.items.append(item)
+            group.cost += item.cost
+            touched.append(group)
+        for group in touched:
+            group.items.sort(key=lambda item: (item.flow, item.tag))  # arrival order again
+        self._changed.set()
+
+    def _ready(self, now: float, newer_than: int | None) -> tuple[tuple[Hashable, PendingItem, BatchLimits, bool] | None, float | None]:
+        """The ready group holding the lowest tag (key, its lead, limits, full), else when the next one will be."""
+        ready: tuple[tuple[float, int], Hashable, PendingItem, BatchLimits, bool] | None = None
         wake_at: float | None = None
         for key, group in self._groups.items():
+            candidates = group.items if newer_than is None else [item for item in group.items if item.flow > newer_than]
+            if not candidates:
+                continue
             limits = group.source.current()
             deadline = group.items[0].enqueued_at + limits.max_wait_s  # items are kept in arrival order
             full = len(group.items) >= limits.max_items or group.cost >= limits.max_tokens
             if full or now >= deadline:
-                lead = _lead(group.items)
+                lead = _lead(candidates)
                 order = (lead.tag, lead.flow)
                 if ready is None or order < ready[0]:
-                    ready = (order, key, limits, full)
+                    ready = (order, key, lead, limits, full)
             elif wake_at is None or deadline < wake_at:
                 wake_at = deadline
         return (ready[1:] if ready else None), wake_at
 
-    def _take(self, key: Hashable, limits: BatchLimits, full: bool, now: float) -> Batch:
+    def _take(self, key: Hashable, lead: PendingItem, limits: BatchLimits, full: bool, now: float) -> Batch:
         group = self._groups[key]
-        lead = _lead(group.items)
         self._virtual = max(self._virtual, lead.tag + lead.cost)
         rest = [item for item in group.items if item is not lead]
         batch = [lead]
@@ -176,7 +194,7 @@ class BatchFormer:
         group.cost -= sum(item.cost for item in batch)
         if not group.items:
             del self._groups[key]
-        return Batch(sorted(batch, key=lambda pending: pending.cost), limits=limits, full=full, formed_at=now)
+        return Batch(sorted(batch, key=lambda pending: pending.cost), limits=limits, full=full, formed_at=now, flows=self._flows)
 
     def _drop_abandoned(self) -> None:
         """Forget items whose caller went away (cancelled futures)."""
