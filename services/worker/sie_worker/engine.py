@@ -5,7 +5,8 @@
 
 While one batch runs on the device the next is formed and queued behind it,
 so the device goes from one forward pass to the next without waiting on the
-event loop. Each model's batch policy (sie_worker.adaptive) sets the wait and
+event loop; until it starts, a batch led by a request that came after it was
+formed takes its place (fair queuing, sie_worker.batching). Each model's batch policy (sie_worker.adaptive) sets the wait and
 token budget its batches are formed under.
 
 Items of concurrent requests share forward passes when their batch key
@@ -23,7 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -414,16 +415,45 @@ class Engine:
         """Form batches and hand them to the device thread, at most PIPELINE_DEPTH at a time."""
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(PIPELINE_DEPTH)
+        behind: _Handed | None = None
         while True:
-            await slots.acquire()
-            batch = await self._former.next_batch()
+            if behind is not None and slots.locked() and not behind.running.done():
+                batch = await self._instead_of(behind, slots)
+            else:
+                await slots.acquire()
+                batch = await self._former.next_batch()
             QUEUE_DEPTH.set(self._former.pending)
             work: _DeviceWork = batch[0].payload[0]
             self._batches += 1
-            running = loop.run_in_executor(self._device_thread, _forward, work, batch)
-            running.add_done_callback(functools.partial(self._deliver, work, batch, self._batches, slots))
+            running = self._device_thread.submit(_forward, work, batch)
+            deliver = functools.partial(self._deliver, work, batch, self._batches, slots)
+            running.add_done_callback(lambda done, deliver=deliver: done.cancelled() or loop.call_soon_threadsafe(deliver, done))
+            behind = _Handed(work, batch, running)
 
-    def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: asyncio.Future) -> None:
+    async def _instead_of(self, behind: _Handed, slots: asyncio.Semaphore) -> Batch:
+        """The next batch to hand over while `behind` waits for the device behind the running batch, with a slot
+        held for it: a batch led by a request that came after `behind` was formed takes its place if it has not
+        started (its items go back to the former), so a new request waits for one batch of a bulk neighbour, not
+        two; else, once a slot frees, the next batch as usual."""
+        slot = asyncio.ensure_future(slots.acquire())
+        newer = asyncio.ensure_future(self._former.next_batch(newer_than=behind.batch.flows))
+        try:
+            await asyncio.wait({slot, newer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (slot, newer):
+                if not task.done():
+                    task.cancel()
+        if newer.done() and not newer.cancelled():
+            if behind.running.cancel():
+                self._former.give_back(behind.batch, behind.work.model.batching)
+                if slot.done() and not slot.cancelled():
+                    slots.release()  # the batch given back holds a slot already, now this one's
+            elif not (slot.done() and not slot.cancelled()):
+                await slots.acquire()
+            return newer.result()
+        return await self._former.next_batch()
+
+    def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
         """Fan a finished forward pass out to its items, and tell the model's batch policy how it went."""
         slots.release()
         model = work.model
@@ -451,6 +481,15 @@ class Engine:
         for row, item in enumerate(batch):
             if not item.future.done():
                 item.future.set_result(_ItemResult(outputs[row], stats, (started - item.enqueued_at) * 1000, item.cost))
+
+
+@dataclass(frozen=True)
+class _Handed:
+    """A batch handed to the device thread, and its pass there (cancellable until it starts)."""
+
+    work: _DeviceWork
+    batch: Batch
+    running: Future
 
 
 def _forward(work: _DeviceWork, batch: Batch) -> tuple[Sequence[Any], float, float]:

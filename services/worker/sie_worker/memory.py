@@ -3,14 +3,18 @@ how a batch that runs out of device memory is retried.
 
 On CUDA pressure is the device's used share (all processes, from
 `torch.cuda.mem_get_info`) against SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT. On
-CPU it is the loaded models' weight bytes against SIE_CPU_MEMORY_BUDGET_MB:
+CPU it is the loaded models' weight bytes against the CPU budget:
 parameter and buffer bytes are exact and the same on every run, where process
 RSS moves with allocator caches and tokenizers and would make eviction depend
-on timing. MPS has no usable counter; it is never under pressure.
+on timing. The budget is SIE_CPU_MEMORY_BUDGET_MB when set (0: no limit), else
+SIE_CPU_MEMORY_FRACTION of the machine's memory: MemTotal, or the cgroup's
+memory limit when that is lower (a container's). MPS has no usable counter; it
+is never under pressure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +30,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_MEMINFO = Path("/proc/meminfo")
+# cgroup v2, then v1; "max" or a number past the machine's memory means no limit.
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
 def module_bytes(holder: object) -> int:
@@ -56,7 +63,8 @@ class MemoryPressure:
     def __init__(self, device: torch.device, settings: WorkerSettings) -> None:
         self._device = device
         self._threshold = settings.memory_pressure_threshold_percent
-        self._cpu_budget = int(settings.cpu_memory_budget_mb * 1024 * 1024)
+        self._cpu_budget = cpu_budget_bytes(settings) if device.type == "cpu" else 0
+        log.info("models are evicted over %s", self.describe())
 
     def over(self, loaded_bytes: int, incoming_bytes: int = 0) -> bool:
         if self._device.type == "cuda":
@@ -72,6 +80,30 @@ class MemoryPressure:
         if self._device.type == "cpu" and self._cpu_budget > 0:
             return f"{self._threshold:.0f}% of a {self._cpu_budget / 2**20:.0f} MiB CPU budget"
         return "no limit"
+
+
+def machine_memory_bytes(meminfo: Path = _MEMINFO, cgroup_limits: Sequence[Path] = _CGROUP_LIMITS) -> int:
+    """The memory this process may use: MemTotal, or the first cgroup limit found when it is lower; 0 if unknown."""
+    total = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    for path in cgroup_limits:
+        with contextlib.suppress(OSError, ValueError):
+            limit = path.read_text().strip()
+            if limit != "max":
+                return min(total, int(limit)) if total else int(limit)
+            return total
+    return total
+
+
+def cpu_budget_bytes(settings: WorkerSettings) -> int:
+    """The CPU budget of model weights: SIE_CPU_MEMORY_BUDGET_MB when set, else SIE_CPU_MEMORY_FRACTION of the
+    machine's memory; 0 means no limit."""
+    if settings.cpu_memory_budget_mb is not None:
+        return int(settings.cpu_memory_budget_mb * 1024 * 1024)
+    return int(settings.cpu_memory_fraction * machine_memory_bytes())
 
 
 def run_splitting_on_oom(

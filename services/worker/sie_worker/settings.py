@@ -27,7 +27,8 @@ class WorkerSettings:
     disk_cache_enabled: bool = setting(True, env="SIE_DISK_CACHE_ENABLED", help="remove least-recently-used local weights when the disk is over the threshold")
     disk_pressure_threshold_percent: float = setting(85.0, env="SIE_DISK_PRESSURE_THRESHOLD_PERCENT", help="disk usage percent above which cached weights are removed")
     memory_pressure_threshold_percent: float = setting(85.0, env="SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT", help="memory usage percent (of device memory, or of the CPU budget) above which models are evicted")
-    cpu_memory_budget_mb: float = setting(0.0, env="SIE_CPU_MEMORY_BUDGET_MB", help="on CPU: megabytes of model weights to keep loaded; 0 means no limit")
+    cpu_memory_budget_mb: float | None = setting(None, env="SIE_CPU_MEMORY_BUDGET_MB", help="on CPU: megabytes of model weights to keep loaded; 0 means no limit; unset: SIE_CPU_MEMORY_FRACTION of the machine's memory")
+    cpu_memory_fraction: float = setting(0.5, env="SIE_CPU_MEMORY_FRACTION", help="on CPU, when SIE_CPU_MEMORY_BUDGET_MB is unset: the budget as a share of the machine's memory (MemTotal, or the cgroup's limit when lower); 0 means no limit")
     memory_check_interval_s: float = setting(5.0, env="SIE_MEMORY_CHECK_INTERVAL_S", help="how often the background monitor checks memory and idleness")
     idle_evict_s: float = setting(0.0, env="SIE_IDLE_EVICT_S", help="unload models idle this long; 0 disables")
     load_retry_cooldown_s: float = setting(5.0, env="SIE_LOAD_RETRY_COOLDOWN_S", help="wait after a retryable load failure, doubled per failure in a row")
@@ -75,6 +76,10 @@ class WorkerSettings:
                 f"SIE_ADAPTIVE_MIN_QUANTUM_MS={self.adaptive_min_quantum_ms} and SIE_ADAPTIVE_MAX_QUANTUM_MS={self.adaptive_max_quantum_ms}:"
                 " need 0 <= min <= max"
             )
+        if not 0 <= self.cpu_memory_fraction <= 1:
+            raise SettingsError(f"SIE_CPU_MEMORY_FRACTION={self.cpu_memory_fraction}: must be between 0 (no limit) and 1")
+        if self.cpu_memory_budget_mb is not None and self.cpu_memory_budget_mb < 0:
+            raise SettingsError(f"SIE_CPU_MEMORY_BUDGET_MB={self.cpu_memory_budget_mb}: must be 0 (no limit) or positive")
         if self.adaptive_target_p50_ms < 0:
             raise SettingsError(f"SIE_ADAPTIVE_TARGET_P50_MS={self.adaptive_target_p50_ms}: must be 0 (derived) or positive")
         if not self.worker_id:
