@@ -17,7 +17,7 @@ import grpc
 from google.rpc import status_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
-from sie_common.auth import require_token
+from sie_common.auth import bearer_token, require_token
 from sie_common import openai_embeddings
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.request_metrics import status_code
@@ -31,6 +31,7 @@ from sie_common.errors import (
     Unavailable,
     abort,
     abort_with_status,
+    some_of,
 )
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
@@ -104,7 +105,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.GetModelResponse(model=await self._guarded(context, lambda: self._describe(request.model)))
 
     async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
-        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s))
+        token = bearer_token(context.invocation_metadata())
+        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s, token))
         return inference_pb2.CreatePoolResponse(pool=pool)
 
     async def GetPool(self, request: inference_pb2.GetPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetPoolResponse:
@@ -180,7 +182,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         known = set(self._settings.configured_gpus) | {w.machine_profile for w in self._view.workers.values()}
         if profile and profile not in known:
             raise FailedPrecondition(
-                f"machine profile {profile!r} is not configured; configured: {', '.join(sorted(known)) or 'none'}",
+                f"machine profile {profile!r} is not configured; configured: {some_of(known)}",
                 reason="UNKNOWN_MACHINE_PROFILE",
                 metadata={"machine_profile": profile},
             )
@@ -199,7 +201,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         config = self._view.models.get(model)
         if config is None:
             raise NotFound(
-                f"model {model!r} is not configured; available: {', '.join(sorted(self._view.models)) or 'none'}",
+                f"model {model!r} is not configured; available: {some_of(self._view.models)}",
                 reason="MODEL_NOT_FOUND",
                 metadata={"model": model},
             )

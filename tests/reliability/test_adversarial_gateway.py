@@ -1,0 +1,195 @@
+"""Adversarial callers of the gateway, against etcd, the config service, workers and a gateway on loopback:
+pools that would reserve every worker, renewals, a control plane with thousands of models.
+
+Each case asserts the exact status and reason, and that the stack still answers a known request after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from grpc_helpers import error_reason
+from local_cluster import gateway_model, model_config, wait_until
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common import cluster_store, config_store
+from sie_common.etcd import Etcd
+from sie_common.model_config import parse_model_config
+
+MEAN = "test/tiny-mean"
+# etcd refuses a transaction of more than 128 operations by default.
+WRITES_PER_TXN = 100
+
+
+def request(text: str, model: str = MEAN) -> inference_pb2.EncodeRequest:
+    return inference_pb2.EncodeRequest(model=model, request_id=text, items=[types_pb2.Item(text=text)])
+
+
+def refusal(call) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as refused:
+        call()
+    return refused.value
+
+
+def still_serves(stub: inference_pb2_grpc.InferenceStub) -> None:
+    assert list(stub.Encode(request("a known request"), timeout=60).results[0].dense.shape) == [32]
+
+
+def knows(stub: inference_pb2_grpc.InferenceStub, model: str) -> bool:
+    """Whether the gateway or worker behind `stub` has the model's config yet."""
+    try:
+        return stub.GetModel(inference_pb2.GetModelRequest(model=model), timeout=10).model.id == model
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return False
+
+
+def etcd_call(cluster, use):  # type: ignore[no-untyped-def]
+    """Run `use(etcd)` with a client of the cluster's etcd prefix."""
+
+    async def run():  # type: ignore[no-untyped-def]
+        etcd = Etcd([cluster.etcd_endpoint], cluster.prefix)
+        await etcd.connect()
+        try:
+            return await use(etcd)
+        finally:
+            await etcd.close()
+
+    return asyncio.run(run())
+
+
+def write_models(cluster, weights, model_ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Write model configs straight into etcd, many per transaction (as a bulk import would)."""
+    values = [
+        (config_store.model_name(model_id), config_store.encode_model(parse_model_config(model_config(model_id, weights), source="test")))
+        for model_id in model_ids
+    ]
+
+    async def write(etcd: Etcd) -> None:
+        for start in range(0, len(values), WRITES_PER_TXN):
+            await etcd.txn([], [etcd.ops.put(etcd.key(name), value) for name, value in values[start : start + WRITES_PER_TXN]])
+
+    etcd_call(cluster, write)
+
+
+def test_pool_creation_is_off_unless_the_operator_turns_it_on(cluster, reliability_report) -> None:
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway()
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        refused = refusal(
+            lambda: stub.CreatePool(inference_pb2.CreatePoolRequest(name="all", gpus={"default": 1000}, ttl_s=2**31 - 1), timeout=30)
+        )
+        reliability_report.add("adversarial gateway", "CreatePool with pools off", status=refused.code().name, reason=error_reason(refused))
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and error_reason(refused) == "POOLS_DISABLED"
+        assert not stub.ListPools(inference_pb2.ListPoolsRequest(), timeout=30).pools
+        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["w1"], what="worker registered")
+        still_serves(stub)
+
+
+def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_report) -> None:
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(
+        SIE_POOLS_ENABLED="true",
+        SIE_POOL_MAX_WORKERS="3",
+        SIE_POOL_MAX_TTL_S="120",
+        SIE_POOL_QUOTA_WORKERS="3",
+        SIE_POOL_TOKEN_QUOTAS="small-token=1",
+        SIE_AUTH_MODE="static",
+        SIE_AUTH_TOKENS="small-token,big-token",
+    )
+    small, big = (("authorization", "Bearer small-token"),), (("authorization", "Bearer big-token"),)
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+
+        def create(name: str, gpus: dict[str, int], ttl_s: int, metadata) -> inference_pb2.Pool:  # type: ignore[no-untyped-def]
+            return stub.CreatePool(inference_pb2.CreatePoolRequest(name=name, gpus=gpus, ttl_s=ttl_s), metadata=metadata, timeout=30).pool
+
+        cases = {
+            "every worker": (lambda: create("all", {"default": 1000}, 60, big), grpc.StatusCode.INVALID_ARGUMENT, "POOL_TOO_LARGE"),
+            "a lease of 2^31-1 s": (
+                lambda: create("forever", {"default": 1}, 2**31 - 1, big),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "POOL_TTL_TOO_LONG",
+            ),
+        }
+        for name, (call, code, reason) in cases.items():
+            refused = refusal(call)
+            reliability_report.add(
+                "adversarial gateway", f"CreatePool for {name}", status=refused.code().name, reason=error_reason(refused)
+            )
+            assert refused.code() == code and error_reason(refused) == reason
+            assert "3" in refused.details() or "120" in refused.details()  # the message names the limit
+
+        # A token with its own quota of 1: one pool of one worker, then refused.
+        assert create("small-1", {"default": 1}, 60, small).workers == ["w1"]
+        over = refusal(lambda: create("small-2", {"default": 1}, 60, small))
+        assert over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(over) == "POOL_QUOTA_EXCEEDED"
+        # Another token keeps the default quota (3): its pools are counted apart.
+        assert create("big-1", {"default": 2}, 60, big).name == "big-1"
+        also_over = refusal(lambda: create("big-2", {"default": 2}, 60, big))
+        assert also_over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(also_over) == "POOL_QUOTA_EXCEEDED"
+        reliability_report.add("adversarial gateway", "CreatePool over a token's quota", status=over.code().name, reason=error_reason(over))
+        # Deleting a pool gives its quota back.
+        stub.DeletePool(inference_pb2.DeletePoolRequest(name="small-1"), metadata=small, timeout=30)
+        assert create("small-2", {"default": 1}, 60, small).workers == ["w1"]
+        wait_until(
+            lambda: stub.GetPool(inference_pb2.GetPoolRequest(name="small-2"), metadata=small, timeout=30).pool.ready, what="pool in mirror"
+        )
+        assert stub.Encode(request("a known request"), metadata=(*small, ("x-sie-pool", "small-2")), timeout=60).results
+
+
+def test_renew_pool_succeeds_and_saves_a_newly_registered_worker(cluster, reliability_report) -> None:
+    cluster.start_worker("r1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["r1"], what="r1 registered")
+        pool = stub.CreatePool(inference_pb2.CreatePoolRequest(name="grow", gpus={"default": 2}, ttl_s=30), timeout=30).pool
+        assert list(pool.workers) == ["r1"] and not pool.ready
+        cluster.start_worker("r2", SIE_PRELOAD_MODELS=MEAN)
+        wait_until(lambda: "r2" in gateway_model(stub, MEAN).loaded_on, what="r2 registered")
+
+        renewed = stub.RenewPool(inference_pb2.RenewPoolRequest(name="grow"), timeout=30).pool
+        reliability_report.add("adversarial gateway", "RenewPool tops up", workers=",".join(renewed.workers), ready=renewed.ready)
+        assert sorted(renewed.workers) == ["r1", "r2"] and renewed.ready
+
+        async def stored(etcd: Etcd) -> cluster_store.PoolRecord:
+            entry = await etcd.get(cluster_store.POOLS + "grow")
+            assert entry is not None
+            return cluster_store.decode_pool(entry.value)
+
+        assert sorted(etcd_call(cluster, stored).workers) == ["r1", "r2"]
+        wait_until(
+            lambda: sorted(stub.GetPool(inference_pb2.GetPoolRequest(name="grow"), timeout=30).pool.workers) == ["r1", "r2"],
+            what="pool in mirror",
+        )
+        in_pool = (("x-sie-pool", "grow"),)
+        assert stub.Encode(request("inside the pool"), metadata=in_pool, timeout=60).results
+        missing = refusal(lambda: stub.RenewPool(inference_pb2.RenewPoolRequest(name="never-made"), timeout=30))
+        assert missing.code() == grpc.StatusCode.NOT_FOUND and error_reason(missing) == "POOL_NOT_FOUND"
+
+
+def test_model_not_found_among_a_thousand_models_has_a_short_message(cluster, tiny_models, reliability_report) -> None:
+    worker = cluster.start_worker("n1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway()
+    write_models(cluster, tiny_models[MEAN], [f"bulk/model-{index:04d}" for index in range(1000)])
+    with gateway.channel() as gateway_channel, worker.channel() as worker_channel:
+        stub = inference_pb2_grpc.InferenceStub(gateway_channel)
+        direct = inference_pb2_grpc.InferenceStub(worker_channel)
+        wait_until(lambda: knows(stub, "bulk/model-0999"), what="the models at the gateway")
+        wait_until(lambda: knows(direct, "bulk/model-0999"), what="the models at the worker")
+        for where, target in (("gateway", stub), ("worker", direct)):
+            missing = refusal(lambda target=target: target.Encode(request("x", model="no/such-model"), timeout=30))
+            reliability_report.add(
+                "adversarial gateway",
+                f"MODEL_NOT_FOUND among 1,000 models ({where})",
+                status=missing.code().name,
+                message_bytes=len(missing.details()),
+            )
+            assert missing.code() == grpc.StatusCode.NOT_FOUND and error_reason(missing) == "MODEL_NOT_FOUND"
+            assert len(missing.details()) < 1000 and " in all)" in missing.details()
+        still_serves(stub)
