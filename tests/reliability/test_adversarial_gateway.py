@@ -7,13 +7,14 @@ Each case asserts the exact status and reason, and that the stack still answers 
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import grpc
 import pytest
 
-from grpc_helpers import error_reason
+from grpc_helpers import call_until_loaded, error_reason
 from local_cluster import gateway_model, model_config, wait_until
-from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import cluster_store, config_store
 from sie_common.etcd import Etcd
 from sie_common.model_config import parse_model_config
@@ -192,4 +193,43 @@ def test_model_not_found_among_a_thousand_models_has_a_short_message(cluster, ti
             )
             assert missing.code() == grpc.StatusCode.NOT_FOUND and error_reason(missing) == "MODEL_NOT_FOUND"
             assert len(missing.details()) < 1000 and " in all)" in missing.details()
+        still_serves(stub)
+
+
+def decoded_entries(gateway) -> float:  # type: ignore[no-untyped-def]
+    """The gateway's count of model and bundle values it decoded from etcd."""
+    with urllib.request.urlopen(f"{gateway.metrics_url}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("sie_gateway_config_entries_decoded_total "):
+                return float(line.split()[1])
+    raise AssertionError("no sie_gateway_config_entries_decoded_total in /metrics")
+
+
+def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster, tiny_models, reliability_report) -> None:
+    worker = cluster.start_worker("m1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway()
+    write_models(cluster, tiny_models[MEAN], [f"bulk/model-{index:04d}" for index in range(2500)])
+    with gateway.channel() as channel, cluster.config.channel() as config_channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: knows(stub, "bulk/model-2499"), timeout_s=120, what="2,500 models at the gateway")
+        wait_until(lambda: "m1" in gateway_model(stub, MEAN).rollouts[0].current_workers, timeout_s=120, what="the worker caught up")
+        before = decoded_entries(gateway)
+
+        added = "late/model"
+        admin = config_pb2_grpc.ConfigServiceStub(config_channel)
+        admin.AddModel(config_pb2.AddModelRequest(config=model_config(added, tiny_models[MEAN])), timeout=30)
+        wait_until(lambda: knows(stub, added), timeout_s=30, what="the new model at the gateway")
+        decoded = decoded_entries(gateway) - before
+        reliability_report.add("adversarial gateway", "one model added after 2,500", values_decoded_by_gateway=decoded)
+        assert decoded == 1  # that one config, not the 2,503 others
+
+        # The worker follows one change at a time too, and its bundle hash agrees with the gateway's and the config service's.
+        bundle = admin.GetBundle(config_pb2.GetBundleRequest(bundle_id="default"), timeout=30).bundle
+        wait_until(
+            lambda: gateway_model(stub, added).rollouts[0].current_workers == ["m1"], timeout_s=30, what="the worker's hash caught up"
+        )
+        assert gateway_model(stub, added).rollouts[0].config_hash == bundle.config_hash
+        reply, _ = call_until_loaded(lambda: stub.Encode(request("routed", model=added), timeout=60))
+        assert list(reply.results[0].dense.shape) == [32]
+        assert worker.process.poll() is None
         still_serves(stub)
