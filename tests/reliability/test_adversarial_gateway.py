@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from grpc_helpers import call_until_loaded, error_reason
-from local_cluster import gateway_model, model_config, wait_until
+from local_cluster import gateway_model, model_config, served_by, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import cluster_store, config_store
 from sie_common.etcd import Etcd
@@ -233,3 +233,74 @@ def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster
         assert list(reply.results[0].dense.shape) == [32]
         assert worker.process.poll() is None
         still_serves(stub)
+
+
+def metric_sum(process, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    """The sum of a metric's samples on a process's /metrics whose labels include `labels`."""
+    total = 0.0
+    with urllib.request.urlopen(f"{process.metrics_url}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                if all(f'{key}="{value}"' in line for key, value in labels.items()):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(cluster, tiny_models, reliability_report) -> None:
+    workers = [cluster.start_worker(name, SIE_PRELOAD_MODELS=MEAN, SIE_MAX_SEND_MESSAGE_BYTES=str(256 * 1024)) for name in ("o1", "o2")]
+    gateway = cluster.start_gateway(SIE_MAX_SEND_MESSAGE_BYTES=str(64 * 1024))
+    sized = "sized/mean"  # the same weights, with dims in its config: its answer's size is known up front
+    with cluster.config.channel() as config_channel:
+        config_pb2_grpc.ConfigServiceStub(config_channel).AddModel(
+            config_pb2.AddModelRequest(config=model_config(sized, tiny_models[MEAN], dims=32)), timeout=30
+        )
+
+    def streams() -> float:
+        return sum(metric_sum(worker, "sie_worker_work_streams_total") for worker in workers)
+
+    def encodes() -> float:
+        return sum(metric_sum(worker, "sie_worker_requests_total", operation="encode") for worker in workers)
+
+    def many(count: int, model: str = MEAN) -> inference_pb2.EncodeRequest:
+        return inference_pb2.EncodeRequest(model=model, items=[types_pb2.Item(text=f"item {n}") for n in range(count)])
+
+    with gateway.channel() as channel, workers[0].channel() as worker_channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: sorted(gateway_model(stub, MEAN).loaded_on) == ["o1", "o2"], what="both workers registered")
+        wait_until(lambda: knows(stub, sized), what="the sized model at the gateway")
+        wait_until(
+            lambda: len({served_by(stub.Encode.with_call(request(f"warm {n}"), timeout=60)) for n in range(8)}) == 2,
+            what="both streams open",
+        )
+        opened = streams()
+        cases = [
+            # name, call, limit named, whether a worker computed it
+            ("over the gateway's limit (measured at the gateway)", lambda: stub.Encode(many(1000), timeout=120), "65536", 1),
+            ("over the worker's limit (measured at the worker)", lambda: stub.Encode(many(3000), timeout=120), "262144", 1),
+            ("known too large from dims (refused by the gateway)", lambda: stub.Encode(many(1000, sized), timeout=120), "65536", 0),
+            (
+                "known too large from dims (refused by the worker itself)",
+                lambda: inference_pb2_grpc.InferenceStub(worker_channel).Encode(many(3000, sized), timeout=120),
+                "262144",
+                1,
+            ),
+        ]
+        for name, call, limit, computed in cases:
+            before = encodes()
+            refused = refusal(call)
+            wait_until(lambda: encodes() - before >= computed, what="the worker's count")
+            answered_by_workers = encodes() - before
+            reliability_report.add(
+                "adversarial gateway",
+                f"answer {name}",
+                status=refused.code().name,
+                reason=error_reason(refused),
+                worker_requests=answered_by_workers,
+            )
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(refused) == "RESPONSE_TOO_LARGE"
+            assert limit in refused.details()
+            assert answered_by_workers == computed  # never retried on another worker
+        # Both workers still answer, on the streams they had: none broke.
+        assert {served_by(stub.Encode.with_call(request(f"after {n}"), timeout=60)) for n in range(12)} == {"o1", "o2"}
+        assert streams() == opened
+        reliability_report.add("adversarial gateway", "Work streams broken by oversized answers", broken=streams() - opened)

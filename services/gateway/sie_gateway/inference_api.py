@@ -19,6 +19,7 @@ from google.rpc import status_pb2
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from sie_common.auth import bearer_token, require_token
 from sie_common import openai_embeddings
+from sie_common.answer_size import check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.request_metrics import status_code
 from sie_common.tensors import spell_out_tensors
@@ -46,6 +47,7 @@ POOL_HEADER = "x-sie-pool"
 WORKER_TRAILER = "x-sie-worker"
 # Envoy's gRPC-JSON transcoder sets it on the calls it made from HTTP/JSON requests.
 TRANSCODED_HEADER = "x-envoy-original-path"
+MAX_SEND_SETTING = "SIE_MAX_SEND_MESSAGE_BYTES"
 
 
 class GatewayInference(inference_pb2_grpc.InferenceServicer):
@@ -152,7 +154,19 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             return response
 
     async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
+        """The worker's answer; RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for one this gateway may not send."""
         config = self._config(request.model)
+        limit = self._settings.max_send_message_bytes
+        if task == "encode":
+            check_encode_estimate(request, config, limit, MAX_SEND_SETTING)
+        work = await self._dispatch(task, request, config, headers, deadline)
+        if work.WhichOneof("outcome") == task:
+            check_answer(getattr(work, task), limit, MAX_SEND_SETTING)
+        return work
+
+    async def _dispatch(
+        self, task: str, request: Any, config: Any, headers: dict[str, str], deadline: float
+    ) -> worker_pb2.WorkResponse:
         bundles = self._view.bundles_for(config)
         if not bundles:
             raise FailedPrecondition(
