@@ -1,5 +1,6 @@
 """Adversarial callers of the gateway, against etcd, the config service, workers and a gateway on loopback:
-pools that would reserve every worker, renewals, a control plane with thousands of models.
+pools that would reserve every worker, renewals, a control plane with thousands of models, answers over
+the message limit, and an EncodeStream caller that never reads its answers.
 
 Each case asserts the exact status and reason, and that the stack still answers a known request after it.
 """
@@ -7,6 +8,8 @@ Each case asserts the exact status and reason, and that the stack still answers 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import urllib.request
 
 import grpc
@@ -74,6 +77,16 @@ def write_models(cluster, weights, model_ids: list[str]) -> None:  # type: ignor
             await etcd.txn([], [etcd.ops.put(etcd.key(name), value) for name, value in values[start : start + WRITES_PER_TXN]])
 
     etcd_call(cluster, write)
+
+
+def metric_sum(process, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    """The sum of a metric's samples on a process's /metrics whose labels include `labels`."""
+    total = 0.0
+    with urllib.request.urlopen(f"{process.metrics_url}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith((name + "{", name + " ")) and all(f'{key}="{value}"' in line for key, value in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def test_pool_creation_is_off_unless_the_operator_turns_it_on(cluster, reliability_report) -> None:
@@ -196,15 +209,6 @@ def test_model_not_found_among_a_thousand_models_has_a_short_message(cluster, ti
         still_serves(stub)
 
 
-def decoded_entries(gateway) -> float:  # type: ignore[no-untyped-def]
-    """The gateway's count of model and bundle values it decoded from etcd."""
-    with urllib.request.urlopen(f"{gateway.metrics_url}/metrics", timeout=10) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith("sie_gateway_config_entries_decoded_total "):
-                return float(line.split()[1])
-    raise AssertionError("no sie_gateway_config_entries_decoded_total in /metrics")
-
-
 def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster, tiny_models, reliability_report) -> None:
     worker = cluster.start_worker("m1", SIE_PRELOAD_MODELS=MEAN)
     gateway = cluster.start_gateway()
@@ -213,13 +217,13 @@ def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster
         stub = inference_pb2_grpc.InferenceStub(channel)
         wait_until(lambda: knows(stub, "bulk/model-2499"), timeout_s=120, what="2,500 models at the gateway")
         wait_until(lambda: "m1" in gateway_model(stub, MEAN).rollouts[0].current_workers, timeout_s=120, what="the worker caught up")
-        before = decoded_entries(gateway)
+        before = metric_sum(gateway, "sie_gateway_config_entries_decoded_total")
 
         added = "late/model"
         admin = config_pb2_grpc.ConfigServiceStub(config_channel)
         admin.AddModel(config_pb2.AddModelRequest(config=model_config(added, tiny_models[MEAN])), timeout=30)
         wait_until(lambda: knows(stub, added), timeout_s=30, what="the new model at the gateway")
-        decoded = decoded_entries(gateway) - before
+        decoded = metric_sum(gateway, "sie_gateway_config_entries_decoded_total") - before
         reliability_report.add("adversarial gateway", "one model added after 2,500", values_decoded_by_gateway=decoded)
         assert decoded == 1  # that one config, not the 2,503 others
 
@@ -233,17 +237,6 @@ def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster
         assert list(reply.results[0].dense.shape) == [32]
         assert worker.process.poll() is None
         still_serves(stub)
-
-
-def metric_sum(process, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
-    """The sum of a metric's samples on a process's /metrics whose labels include `labels`."""
-    total = 0.0
-    with urllib.request.urlopen(f"{process.metrics_url}/metrics", timeout=10) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                if all(f'{key}="{value}"' in line for key, value in labels.items()):
-                    total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(cluster, tiny_models, reliability_report) -> None:
@@ -288,7 +281,7 @@ def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(c
         for name, call, limit, computed in cases:
             before = encodes()
             refused = refusal(call)
-            wait_until(lambda: encodes() - before >= computed, what="the worker's count")
+            wait_until(lambda before=before, computed=computed: encodes() - before >= computed, what="the worker's count")
             answered_by_workers = encodes() - before
             reliability_report.add(
                 "adversarial gateway",
@@ -304,3 +297,75 @@ def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(c
         assert {served_by(stub.Encode.with_call(request(f"after {n}"), timeout=60)) for n in range(12)} == {"o1", "o2"}
         assert streams() == opened
         reliability_report.add("adversarial gateway", "Work streams broken by oversized answers", broken=streams() - opened)
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+# Growth of the gateway's resident memory allowed while a caller never reads its EncodeStream answers.
+RSS_BOUND_MB = 150
+# Requests the never-reading caller may send (each ~60 KB, answered with ~800 KB): bounds the case on a server without flow control.
+MAX_SENT = 1000
+
+
+def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_gateway(cluster, tiny_models, reliability_report) -> None:
+    colbert = "test/tiny-colbert"
+    with cluster.config.channel() as config_channel:
+        config_pb2_grpc.ConfigServiceStub(config_channel).AddModel(
+            config_pb2.AddModelRequest(
+                config=model_config(
+                    colbert,
+                    tiny_models[colbert],
+                    adapter="colbert",
+                    tasks=["encode"],
+                    output_types=["multivector", "dense"],
+                    max_sequence_length=128,
+                )
+            ),
+            timeout=30,
+        )
+    cluster.start_worker("e1", SIE_PRELOAD_MODELS=colbert)
+    gateway = cluster.start_gateway(SIE_ENCODE_STREAM_WINDOW="8")
+    # 100 texts of ~128 tokens: each answer holds ~800 KB of multivectors.
+    text = " ".join(f"word{n}" for n in range(120))
+    big = inference_pb2.EncodeRequest(model=colbert, output_types=["multivector"], items=[types_pb2.Item(text=text) for _ in range(100)])
+    sent = 0
+    stop = threading.Event()
+
+    def requests():  # type: ignore[no-untyped-def]
+        nonlocal sent
+        while sent < MAX_SENT and not stop.is_set():
+            sent += 1
+            yield inference_pb2.EncodeStreamRequest(request=big)
+
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: knows(stub, colbert) and gateway_model(stub, colbert).loaded_on == ["e1"], timeout_s=60, what="colbert loaded")
+        assert stub.Encode(big, timeout=60).results  # warm: the gateway has routed one such answer
+        pid = gateway.process.pid
+        baseline = rss_mb(pid)
+        call = stub.EncodeStream(requests(), timeout=120)  # its answers are never read
+        peak = baseline
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_mb(pid))
+            time.sleep(0.25)
+        sent_while_unread = sent
+        call.cancel()
+        stop.set()
+        time.sleep(3)
+        after = rss_mb(pid)
+        reliability_report.add(
+            "adversarial gateway",
+            "EncodeStream never read for 15 s",
+            requests_sent=sent_while_unread,
+            rss_growth_mb=round(peak - baseline),
+            after_cancel_mb=round(after - baseline),
+            bound_mb=RSS_BOUND_MB,
+        )
+        assert peak - baseline < RSS_BOUND_MB
+        assert after - baseline < RSS_BOUND_MB
+        assert sent_while_unread < MAX_SENT  # flow control reached back: the sender was held back
+        assert stub.Encode(big, timeout=60).results

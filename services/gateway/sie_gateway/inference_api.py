@@ -96,7 +96,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                     return work.error
                 return work.encode
 
-        async for response in serve_encode_stream(requests, encode):
+        async for response in serve_encode_stream(requests, encode, self._settings.encode_stream_window):
             yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:

@@ -19,6 +19,7 @@ class GatewaySettings:
     configured_gpus: tuple[str, ...] = setting((), env="SIE_GATEWAY_CONFIGURED_GPUS", help="comma-separated machine profiles that may scale from zero: with no live worker they answer UNAVAILABLE/PROVISIONING; other unknown profiles are FAILED_PRECONDITION")
     max_in_flight: int = setting(1024, env="SIE_GATEWAY_MAX_IN_FLIGHT", help="requests in flight through this gateway before RESOURCE_EXHAUSTED")
     worker_window: int = setting(64, env="SIE_GATEWAY_WORKER_WINDOW", help="requests in flight on one worker's stream; more wait for a slot")
+    encode_stream_window: int = setting(32, env="SIE_ENCODE_STREAM_WINDOW", help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, no more of its requests are read (flow control holds the caller back)")
     max_attempts: int = setting(3, env="SIE_GATEWAY_MAX_ATTEMPTS", help="workers one request may be tried on when workers vanish under it")
     request_timeout_s: float = setting(300.0, env="SIE_GATEWAY_REQUEST_TIMEOUT_S", help="deadline for calls that set none")
     provisioning_retry_s: float = setting(5.0, env="SIE_GATEWAY_PROVISIONING_RETRY_S", help="retry delay sent with UNAVAILABLE/PROVISIONING")
@@ -50,7 +51,7 @@ class GatewaySettings:
         if self.auth_mode == "static" and not self.auth_tokens:
             raise SettingsError("SIE_AUTH_MODE=static needs at least one token in SIE_AUTH_TOKENS")
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
-        for name in ("pool_default_ttl_s", "pool_max_workers", "pool_max_ttl_s"):
+        for name in ("pool_default_ttl_s", "pool_max_workers", "pool_max_ttl_s", "encode_stream_window"):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"SIE_{name.upper()} must be positive, got {getattr(self, name)}")
         if self.pool_default_ttl_s > self.pool_max_ttl_s:

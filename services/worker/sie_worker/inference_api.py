@@ -301,7 +301,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
         """Run every request as it arrives; answer each as it completes, tagged by request_id."""
-        async for response in serve_encode_stream(requests, self.run_encode):
+        async for response in serve_encode_stream(requests, self.run_encode, self._engine.settings.encode_stream_window):
             yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
