@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sie_common.bundles import Bundle, bundle_config_hash, bundle_set_hash, load_bundles, parse_bundle
+from sie_common.bundles import Bundle, BundleHashes, bundle_config_hash, bundle_set_hash, load_bundles, parse_bundle
 from sie_common.model_config import ModelConfigError, parse_model_config
 from sie_worker.adapters import ADAPTERS
 
@@ -58,3 +58,21 @@ def test_bad_bundles_name_the_field(data: dict, message: str) -> None:
     with pytest.raises(ModelConfigError) as raised:
         parse_bundle(data, source="b.yaml")
     assert str(raised.value).startswith(message)
+
+
+def test_hashes_kept_change_by_change_equal_the_hash_of_the_whole() -> None:
+    default = Bundle("default", ("sentence_transformer",))
+    gliner = Bundle("gliner", ("gliner",), priority=1)
+    hashes = BundleHashes()
+    hashes.put_bundle(default)
+    hashes.put_model(model("x/one"))
+    hashes.put_model(model("x/two"))
+    hashes.put_model(model("x/ner", adapter="gliner"))
+    hashes.put_bundle(gliner)
+    hashes.put_model(model("x/one", dims=8))  # replaced: its old digest leaves the sum
+    hashes.remove_model("x/two")
+    hashes.remove_model("x/never-added")
+    configs = [model("x/one", dims=8), model("x/ner", adapter="gliner")]
+    assert hashes.hashes() == {bundle.id: bundle_config_hash(bundle, configs) for bundle in (default, gliner)}
+    hashes.remove_bundle("gliner")
+    assert hashes.hash("gliner") is None and hashes.hash("default") == bundle_config_hash(default, configs)

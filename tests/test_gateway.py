@@ -132,7 +132,7 @@ def test_scale_from_zero_answers_provisioning_until_a_worker_arrives(cluster, et
 def test_pool_requests_reach_only_its_workers_and_an_unrenewed_pool_expires(cluster) -> None:
     cluster.start_worker("p1", SIE_PRELOAD_MODELS=MEAN)
     cluster.start_worker("p2", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway()
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         workers_seen(stub, MEAN, 2, loaded_on=("p1", "p2"))
@@ -161,7 +161,7 @@ def test_pool_requests_reach_only_its_workers_and_an_unrenewed_pool_expires(clus
 
 def test_the_client_keeps_its_pool_alive_and_lets_it_expire_after_close(cluster) -> None:
     cluster.start_worker("c1")
-    gateway = cluster.start_gateway()
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         workers_seen(stub, MEAN, 1)

@@ -80,10 +80,68 @@ def load_bundles(directory: Path) -> dict[str, Bundle]:
     return bundles
 
 
+# Model digests add up modulo 2**64, so a bundle's hash follows one model change in O(1).
+_DIGEST_MODULUS = 2**64
+
+
+def model_digest(config: ModelConfig) -> int:
+    """One model config's share of the config hash of each bundle that serves it."""
+    return int(_digest(config.to_dict()), 16)
+
+
+def _combined_hash(bundle: Bundle, digest_sum: int) -> str:
+    return _digest({"bundle": bundle.to_dict(), "models": digest_sum % _DIGEST_MODULUS})
+
+
 def bundle_config_hash(bundle: Bundle, configs: Iterable[ModelConfig]) -> str:
     """Hash of a bundle and the model configs it serves: equal hashes mean equal served config."""
-    served = sorted((config.to_dict() for config in configs if bundle.can_serve(config)), key=lambda c: c["id"])
-    return _digest({"bundle": bundle.to_dict(), "models": served})
+    return _combined_hash(bundle, sum(model_digest(config) for config in configs if bundle.can_serve(config)))
+
+
+class BundleHashes:
+    """`bundle_config_hash` of every bundle, kept current one change at a time.
+
+    A model change costs one digest and O(bundles) additions; a bundle change
+    re-adds the digests of the models it serves (bundles change rarely).
+    """
+
+    def __init__(self) -> None:
+        self._bundles: dict[str, Bundle] = {}
+        self._models: dict[str, tuple[ModelConfig, int]] = {}
+        self._sums: dict[str, int] = {}
+
+    def put_model(self, config: ModelConfig) -> None:
+        self.remove_model(config.id)
+        digest = model_digest(config)
+        self._models[config.id] = (config, digest)
+        for bundle in self._bundles.values():
+            if bundle.can_serve(config):
+                self._sums[bundle.id] += digest
+
+    def remove_model(self, model_id: str) -> None:
+        old = self._models.pop(model_id, None)
+        if old is None:
+            return
+        config, digest = old
+        for bundle in self._bundles.values():
+            if bundle.can_serve(config):
+                self._sums[bundle.id] -= digest
+
+    def put_bundle(self, bundle: Bundle) -> None:
+        self._bundles[bundle.id] = bundle
+        self._sums[bundle.id] = sum(digest for config, digest in self._models.values() if bundle.can_serve(config))
+
+    def remove_bundle(self, bundle_id: str) -> None:
+        self._bundles.pop(bundle_id, None)
+        self._sums.pop(bundle_id, None)
+
+    def hash(self, bundle_id: str) -> str | None:
+        """The bundle's config hash (None for a bundle not put)."""
+        bundle = self._bundles.get(bundle_id)
+        return None if bundle is None else _combined_hash(bundle, self._sums[bundle_id])
+
+    def hashes(self) -> dict[str, str]:
+        return {bundle_id: _combined_hash(bundle, self._sums[bundle_id]) for bundle_id, bundle in self._bundles.items()}
 
 
 def bundle_set_hash(bundles: Iterable[Bundle]) -> str:

@@ -48,6 +48,8 @@ class PoolRecord:
     lease: int
     workers: tuple[str, ...] = ()
     expires_at: float = 0.0
+    # Whose quota it counts against: a digest of the creator's bearer token ("" without one).
+    owner: str = ""
 
     def ready(self, profile_of: Mapping[str, str]) -> bool:
         """Every requested worker is assigned (profile_of: worker id -> machine profile)."""

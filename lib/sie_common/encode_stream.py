@@ -3,6 +3,9 @@
 Each request runs as soon as it is read and is answered when it completes,
 tagged with its request_id (a request without one gets its 0-based position
 on the stream). A failed request is answered with its status; the stream goes on.
+At most `window` requests of one stream run or wait for the caller to read
+their answers; meanwhile no more are read, so a caller that does not read its
+answers is held back by flow control instead of growing the server.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ Encode = Callable[[inference_pb2.EncodeRequest], Awaitable[inference_pb2.EncodeR
 
 
 async def serve_encode_stream(
-    requests: AsyncIterator[inference_pb2.EncodeStreamRequest], encode: Encode
+    requests: AsyncIterator[inference_pb2.EncodeStreamRequest], encode: Encode, window: int
 ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
-    answers: ConcurrentAnswers[inference_pb2.EncodeStreamResponse] = ConcurrentAnswers()
+    answers: ConcurrentAnswers[inference_pb2.EncodeStreamResponse] = ConcurrentAnswers(limit=window)
 
     async def answer(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeStreamResponse:
         try:
@@ -35,6 +38,7 @@ async def serve_encode_stream(
 
     async def feed() -> None:
         ordinal = 0
+        await answers.room()
         async for message in requests:
             request = message.request
             if not request.request_id:
@@ -45,6 +49,7 @@ async def serve_encode_stream(
                     f"request_id {request.request_id!r} is already in flight on this stream", reason="DUPLICATE_REQUEST_ID"
                 )
                 answers.reply(inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=duplicate.to_status()))
+            await answers.room()
 
     async for response in answers.stream(feed()):
         yield response

@@ -3,7 +3,7 @@ can act on, and a machine-readable reason in google.rpc.ErrorInfo."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
 import grpc
@@ -67,6 +67,12 @@ class ResourceExhausted(SieError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class Aborted(SieError):
+    """A concurrent change won a race (e.g. a guarded etcd write); the caller may retry."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class Unavailable(SieError):
     """Retry later: always says after how long."""
 
@@ -86,6 +92,19 @@ class Unimplemented(SieError):
 
 class Internal(SieError):
     code = grpc.StatusCode.INTERNAL
+
+
+# Names a "not found" message lists at most: the message travels in gRPC metadata, which has a size limit.
+LISTED_NAMES = 10
+
+
+def some_of(names: Iterable[str], limit: int = LISTED_NAMES) -> str:
+    """'a, b, c' for a few names, and how many there are in all when there are more ('none' for none)."""
+    ordered = sorted(names)
+    if not ordered:
+        return "none"
+    shown = ", ".join(ordered[:limit])
+    return shown if len(ordered) <= limit else f"{shown} and {len(ordered) - limit} more ({len(ordered)} in all)"
 
 
 def status_reason(status: status_pb2.Status) -> str:

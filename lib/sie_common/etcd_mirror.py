@@ -15,6 +15,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from sie_common.etcd import Change, Compacted, Etcd, EtcdUnavailable, WatchBatch
 
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class MirrorUpdate:
-    """What changed: the whole mirrored state after it, at `revision`."""
+    """What changed, at `revision`; `state` is a read-only view of the whole mirrored state (no copy:
+    applying a change must cost the same however many keys are mirrored)."""
 
     revision: int
     state: Mapping[str, bytes]
@@ -96,7 +98,7 @@ class PrefixMirror:
         entries, revision = await self._etcd.read_prefix(self._prefix)
         self.state = {entry.name[len(self._prefix):]: entry.value for entry in entries}
         self.full_reads += 1
-        await self._advance(MirrorUpdate(revision, dict(self.state), (), True))
+        await self._advance(MirrorUpdate(revision, MappingProxyType(self.state), (), True))
 
     async def _apply_batch(self, batch: WatchBatch) -> None:
         fresh = []
@@ -111,7 +113,7 @@ class PrefixMirror:
             fresh.append(Change(name, change.value, change.revision))
         if batch.revision <= self.revision:
             return
-        await self._advance(MirrorUpdate(batch.revision, dict(self.state), tuple(fresh), False))
+        await self._advance(MirrorUpdate(batch.revision, MappingProxyType(self.state), tuple(fresh), False))
 
     async def _advance(self, update: MirrorUpdate) -> None:
         self.revision = update.revision

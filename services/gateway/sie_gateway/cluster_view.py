@@ -1,8 +1,11 @@
 """The gateway's in-memory mirror of etcd: model configs, bundles, workers, pools.
 
 Four PrefixMirrors keep it current (full read, then watch; resume or re-read
-after a disconnect or compaction). Decoded views are rebuilt on each change,
-so routing reads plain dicts.
+after a disconnect or compaction), so routing reads plain dicts. Models and
+bundles are applied one changed key at a time (a model change decodes that
+one config and moves the bundle hashes by its digest), so a control plane of
+thousands of models costs the same per change as one of ten; only a full read
+decodes everything.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 
 from sie_common import cluster_store, config_store
-from sie_common.bundles import Bundle, bundle_config_hash
+from sie_common.bundles import Bundle, BundleHashes
 from sie_common.cluster_store import PoolRecord, WorkerRecord
 from sie_common.etcd import Etcd
 from sie_common.etcd_mirror import MirrorUpdate, PrefixMirror
@@ -38,6 +41,9 @@ class ClusterView:
         # Each worker with `pool` set to the resource pool it serves (its own SIE_POOL, or an assignment).
         self.workers: dict[str, WorkerRecord] = {}
         self.synced = False
+        self._hashes = BundleHashes()
+        # Model and bundle values decoded so far: one per changed key, all of them per full read.
+        self.config_entries_decoded = 0
 
     async def start(self) -> None:
         for mirror in (self._models, self._bundles, self._pools, self._workers):
@@ -54,15 +60,34 @@ class ClusterView:
         return [bundle.id for bundle in sorted(serving, key=lambda b: (-b.priority, b.id))]
 
     def _models_changed(self, update: MirrorUpdate) -> None:
-        self.models = config_store.decode_models(update.state)
-        self._rehash()
+        if update.full_read:
+            self.models = config_store.decode_models(update.state)
+            self.config_entries_decoded += len(update.state)
+            self._hashes = BundleHashes()
+            for bundle in self.bundles.values():
+                self._hashes.put_bundle(bundle)
+            for config in self.models.values():
+                self._hashes.put_model(config)
+        for change in update.changes:
+            config = None if change.value is None else config_store.decode_models({change.name: change.value}).get(change.name)
+            self.config_entries_decoded += change.value is not None
+            if config is None:
+                self.models.pop(change.name, None)
+                self._hashes.remove_model(change.name)
+            else:
+                self.models[change.name] = config
+                self._hashes.put_model(config)
+        self.expected_hashes = self._hashes.hashes()
 
     def _bundles_changed(self, update: MirrorUpdate) -> None:
-        self.bundles = config_store.decode_bundles(update.state)
-        self._rehash()
-
-    def _rehash(self) -> None:
-        self.expected_hashes = {bundle.id: bundle_config_hash(bundle, self.models.values()) for bundle in self.bundles.values()}
+        before, self.bundles = self.bundles, config_store.decode_bundles(update.state)
+        self.config_entries_decoded += len(update.state)
+        for bundle_id in set(before) - set(self.bundles):
+            self._hashes.remove_bundle(bundle_id)
+        for bundle in self.bundles.values():
+            if before.get(bundle.id) != bundle:
+                self._hashes.put_bundle(bundle)
+        self.expected_hashes = self._hashes.hashes()
 
     async def _membership_changed(self, update: MirrorUpdate) -> None:
         self.pools = cluster_store.decode_all(self._pools.state, cluster_store.decode_pool)

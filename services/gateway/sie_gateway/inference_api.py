@@ -17,8 +17,9 @@ import grpc
 from google.rpc import status_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
-from sie_common.auth import require_token
+from sie_common.auth import bearer_token, require_token
 from sie_common import openai_embeddings
+from sie_common.answer_size import check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.request_metrics import status_code
 from sie_common.tensors import spell_out_tensors
@@ -31,6 +32,7 @@ from sie_common.errors import (
     Unavailable,
     abort,
     abort_with_status,
+    some_of,
 )
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
@@ -45,6 +47,7 @@ POOL_HEADER = "x-sie-pool"
 WORKER_TRAILER = "x-sie-worker"
 # Envoy's gRPC-JSON transcoder sets it on the calls it made from HTTP/JSON requests.
 TRANSCODED_HEADER = "x-envoy-original-path"
+MAX_SEND_SETTING = "SIE_MAX_SEND_MESSAGE_BYTES"
 
 
 class GatewayInference(inference_pb2_grpc.InferenceServicer):
@@ -93,7 +96,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                     return work.error
                 return work.encode
 
-        async for response in serve_encode_stream(requests, encode):
+        async for response in serve_encode_stream(requests, encode, self._settings.encode_stream_window):
             yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
@@ -104,7 +107,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.GetModelResponse(model=await self._guarded(context, lambda: self._describe(request.model)))
 
     async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
-        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s))
+        token = bearer_token(context.invocation_metadata())
+        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s, token))
         return inference_pb2.CreatePoolResponse(pool=pool)
 
     async def GetPool(self, request: inference_pb2.GetPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetPoolResponse:
@@ -150,7 +154,19 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             return response
 
     async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
+        """The worker's answer; RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for one this gateway may not send."""
         config = self._config(request.model)
+        limit = self._settings.max_send_message_bytes
+        if task == "encode":
+            check_encode_estimate(request, config, limit, MAX_SEND_SETTING)
+        work = await self._dispatch(task, request, config, headers, deadline)
+        if work.WhichOneof("outcome") == task:
+            check_answer(getattr(work, task), limit, MAX_SEND_SETTING)
+        return work
+
+    async def _dispatch(
+        self, task: str, request: Any, config: Any, headers: dict[str, str], deadline: float
+    ) -> worker_pb2.WorkResponse:
         bundles = self._view.bundles_for(config)
         if not bundles:
             raise FailedPrecondition(
@@ -180,7 +196,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         known = set(self._settings.configured_gpus) | {w.machine_profile for w in self._view.workers.values()}
         if profile and profile not in known:
             raise FailedPrecondition(
-                f"machine profile {profile!r} is not configured; configured: {', '.join(sorted(known)) or 'none'}",
+                f"machine profile {profile!r} is not configured; configured: {some_of(known)}",
                 reason="UNKNOWN_MACHINE_PROFILE",
                 metadata={"machine_profile": profile},
             )
@@ -199,7 +215,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         config = self._view.models.get(model)
         if config is None:
             raise NotFound(
-                f"model {model!r} is not configured; available: {', '.join(sorted(self._view.models)) or 'none'}",
+                f"model {model!r} is not configured; available: {some_of(self._view.models)}",
                 reason="MODEL_NOT_FOUND",
                 metadata={"model": model},
             )

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sie_common.request_metrics import RequestMetrics
@@ -42,6 +42,11 @@ class GatewayCollector(Collector):
         for (profile, pool), count in sorted(ready.items()):
             workers.add_metric([profile, pool], count)
         yield workers
+        yield CounterMetricFamily(
+            "sie_gateway_config_entries_decoded",
+            "Model and bundle values decoded from etcd: one per changed key, every key on a full read",
+            value=self._view.config_entries_decoded,
+        )
 
 
 def register_gateway(in_flight: Callable[[], int], demand: DemandRecorder, view: ClusterView) -> None:

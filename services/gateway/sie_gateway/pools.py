@@ -5,10 +5,16 @@ lease, so a pool that is not renewed within its TTL expires by itself and its
 workers go back to shared use. Workers are assigned from shared, ready
 workers of each requested machine profile at creation and topped up on every
 renewal (a pool created before its workers exist fills up as they register).
+
+Pools reserve capacity, so creating one through the API is refused unless the
+operator turned it on (SIE_POOLS_ENABLED), and is bounded: workers per pool,
+lease length, and the workers all pools of one caller (bearer token) hold.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import re
 import time
 from collections.abc import Mapping
@@ -16,30 +22,61 @@ from collections.abc import Mapping
 from google.protobuf import timestamp_pb2
 
 from sie.v1 import inference_pb2
-from sie_common.cluster_store import POOLS, PoolRecord, decode_pool, encode_pool
-from sie_common.errors import AlreadyExists, InvalidArgument, NotFound
+from sie_common.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
+from sie_common.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from sie_common.etcd import Etcd
 from sie_gateway.cluster_view import ClusterView
+from sie_gateway.settings import GatewaySettings
 
 _POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+# A renewal that lost a race with another write to the pool reads it again, this many times.
+_RENEW_ATTEMPTS = 3
+
+
+def pool_owner(token: str | None) -> str:
+    """Who a pool counts against: a digest of the caller's bearer token ("" without one), never the token."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
 
 
 class PoolManager:
-    def __init__(self, etcd: Etcd, view: ClusterView, default_ttl_s: int) -> None:
+    def __init__(self, etcd: Etcd, view: ClusterView, settings: GatewaySettings) -> None:
         self._etcd = etcd
         self._view = view
-        self._default_ttl_s = default_ttl_s
+        self._settings = settings
+        self._quotas = {pool_owner(token): workers for token, workers in settings.token_pool_quotas().items()}
 
-    async def create(self, name: str, gpus: Mapping[str, int], ttl_s: int) -> inference_pb2.Pool:
+    async def create(self, name: str, gpus: Mapping[str, int], ttl_s: int, token: str | None = None) -> inference_pb2.Pool:
+        """Reserve workers for a new pool, within the operator's bounds; `token` is the caller's bearer token."""
+        settings = self._settings
+        if not settings.pools_enabled:
+            raise FailedPrecondition(
+                "creating resource pools is turned off on this gateway (the operator sets SIE_POOLS_ENABLED=true)",
+                reason="POOLS_DISABLED",
+            )
         if not _POOL_NAME.match(name):
             raise InvalidArgument(
                 f"pool name {name!r} must be 1-63 lowercase letters, digits, '.', '_' or '-'", reason="INVALID_POOL_NAME"
             )
         if not gpus or any(count <= 0 for count in gpus.values()):
             raise InvalidArgument("gpus: give at least one machine profile with a positive worker count", reason="INVALID_POOL_GPUS")
-        ttl_s = ttl_s or self._default_ttl_s
+        requested = sum(gpus.values())
+        if requested > settings.pool_max_workers:
+            raise InvalidArgument(
+                f"gpus: {requested} workers requested; a pool holds at most {settings.pool_max_workers} (SIE_POOL_MAX_WORKERS)",
+                reason="POOL_TOO_LARGE",
+                metadata={"limit": str(settings.pool_max_workers), "requested": str(requested)},
+            )
+        ttl_s = ttl_s or settings.pool_default_ttl_s
+        if ttl_s > settings.pool_max_ttl_s:
+            raise InvalidArgument(
+                f"ttl_s: {ttl_s} s is longer than the {settings.pool_max_ttl_s} s a pool lease may last (SIE_POOL_MAX_TTL_S)",
+                reason="POOL_TTL_TOO_LONG",
+                metadata={"limit": str(settings.pool_max_ttl_s), "requested": str(ttl_s)},
+            )
+        owner = pool_owner(token)
+        await self._check_quota(owner, requested)
         lease = await self._etcd.grant_lease(ttl_s)
-        record = PoolRecord(name, dict(gpus), ttl_s, lease, self._assign(name, gpus, ()), time.time() + ttl_s)
+        record = PoolRecord(name, dict(gpus), ttl_s, lease, self._assign(name, gpus, ()), time.time() + ttl_s, owner)
         key = self._etcd.key(POOLS + name)
         created, _ = await self._etcd.txn(
             [self._etcd.ops.version(key) == 0], [self._etcd.ops.put(key, encode_pool(record), lease=lease)]
@@ -49,22 +86,38 @@ class PoolManager:
             raise AlreadyExists(f"pool {name!r} already exists", reason="POOL_EXISTS", metadata={"pool": name})
         return self.message(record)
 
+    async def _check_quota(self, owner: str, requested: int) -> None:
+        """RESOURCE_EXHAUSTED when the caller's pools would hold more workers than its quota."""
+        quota = self._quotas.get(owner, self._settings.pool_quota_workers)
+        entries, _ = await self._etcd.read_prefix(POOLS)
+        pools = decode_all({entry.name: entry.value for entry in entries}, decode_pool).values()
+        held = sum(sum(pool.gpus.values()) for pool in pools if pool.owner == owner)
+        if held + requested > quota:
+            raise ResourceExhausted(
+                f"pool quota: this caller's pools hold {held} workers and may hold {quota} in all "
+                f"(SIE_POOL_QUOTA_WORKERS, SIE_POOL_TOKEN_QUOTAS); delete a pool or ask for fewer",
+                reason="POOL_QUOTA_EXCEEDED",
+                metadata={"limit": str(quota), "held": str(held), "requested": str(requested)},
+            )
+
     async def renew(self, name: str) -> inference_pb2.Pool:
-        """Refresh the lease and top up missing workers."""
-        entry = await self._etcd.get(POOLS + name)
-        if entry is None or await self._etcd.keep_alive(decode_pool(entry.value).lease) <= 0:
-            raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
-        record = decode_pool(entry.value)
-        renewed = PoolRecord(
-            record.name, record.gpus, record.ttl_s, record.lease,
-            self._assign(name, record.gpus, record.workers), time.time() + record.ttl_s,
-        )
+        """Refresh the lease and top up missing workers (saved in etcd)."""
         key = self._etcd.key(POOLS + name)
-        await self._etcd.txn(
-            [self._etcd.ops.mod_revision(key) == entry.mod_revision],
-            [self._etcd.ops.put(key, encode_pool(renewed), lease=record.lease)],
-        )
-        return self.message(renewed)
+        for _ in range(_RENEW_ATTEMPTS):
+            entry = await self._etcd.get(POOLS + name)
+            if entry is None or await self._etcd.keep_alive(decode_pool(entry.value).lease) <= 0:
+                raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
+            record = decode_pool(entry.value)
+            renewed = dataclasses.replace(
+                record, workers=self._assign(name, record.gpus, record.workers), expires_at=time.time() + record.ttl_s
+            )
+            saved, _ = await self._etcd.txn(
+                [self._etcd.ops.mod(key) == entry.mod_revision],
+                [self._etcd.ops.put(key, encode_pool(renewed), lease=record.lease)],
+            )
+            if saved:
+                return self.message(renewed)
+        raise Aborted(f"pool {name!r} changed under {_RENEW_ATTEMPTS} renewals in a row; retry", reason="POOL_CONTENDED")
 
     async def delete(self, name: str) -> None:
         entry = await self._etcd.get(POOLS + name)

@@ -38,7 +38,7 @@ async def serve(settings: GatewaySettings) -> None:
         window=settings.worker_window, max_attempts=settings.max_attempts, connect=worker_connector(settings), demand=demand
     )
     view = ClusterView(etcd, on_workers_changed=dispatcher.forget_others)
-    api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings.pool_default_ttl_s), demand)
+    api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings), demand)
 
     server = grpc.aio.server(interceptors=[RejectMalformedRequests()], options=transport.server_options())
     inference_pb2_grpc.add_InferenceServicer_to_server(api, server)

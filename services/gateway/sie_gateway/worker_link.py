@@ -78,8 +78,10 @@ Connect = Callable[[str], grpc.aio.Channel]
 
 def worker_connector(settings: GatewaySettings) -> Connect:
     """Channels to workers: TLS when SIE_WORKER_TLS_CA_FILE is set, presenting SIE_WORKER_TLS_CERT_FILE
-    (mutual TLS) when that is set too. Answers may be as large as this gateway may send on."""
-    options = [("grpc.max_receive_message_length", settings.max_send_message_bytes), ("grpc.max_send_message_length", -1)]
+    (mutual TLS) when that is set too. A worker's answer is bounded by the worker's own send limit;
+    receiving any size keeps one over this gateway's limit from ending the whole Work stream (the
+    gateway answers that request RESOURCE_EXHAUSTED instead)."""
+    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     if not settings.worker_tls_ca_file:
         if settings.worker_tls_cert_file:
             raise SettingsError("SIE_WORKER_TLS_CERT_FILE (mutual TLS to workers) needs SIE_WORKER_TLS_CA_FILE")

@@ -13,6 +13,7 @@ from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import openai_embeddings
+from sie_common.answer_size import check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
@@ -35,6 +36,9 @@ from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
+
+# The setting that bounds an answer's size, named in RESPONSE_TOO_LARGE.
+MAX_SEND_SETTING = "SIE_MAX_SEND_MESSAGE_BYTES"
 
 
 def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
@@ -234,18 +238,35 @@ def _batch_stats(stats: BatchStats) -> types_pb2.BatchStats:
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._max_answer_bytes = engine.settings.max_send_message_bytes
 
     # run_*: one request, raising SieError for anything the caller should be told
-    # (shared by the unary RPCs, EncodeStream and the internal Work stream).
+    # (shared by the unary RPCs, EncodeStream and the internal Work stream). An
+    # answer that would not fit in a message is RESOURCE_EXHAUSTED, never sent.
 
     async def run_encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
-        return await _guarded("encode", request, lambda: self._engine.encode(encode_job(request)), lambda o: encode_response(request, o))
+        return await _guarded(
+            "encode", request, lambda: self._encode(request), lambda o: encode_response(request, o), self._max_answer_bytes
+        )
 
     async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
-        return await _guarded("score", request, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o))
+        return await _guarded(
+            "score", request, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o), self._max_answer_bytes
+        )
 
     async def run_extract(self, request: inference_pb2.ExtractRequest) -> inference_pb2.ExtractResponse:
-        return await _guarded("extract", request, lambda: self._engine.extract(extract_job(request)), lambda o: extract_response(request, o))
+        return await _guarded(
+            "extract",
+            request,
+            lambda: self._engine.extract(extract_job(request)),
+            lambda o: extract_response(request, o),
+            self._max_answer_bytes,
+        )
+
+    async def _encode(self, request: inference_pb2.EncodeRequest) -> EncodeOutcome:
+        job = encode_job(request)
+        check_encode_estimate(request, self._engine.registry.config(request.model), self._max_answer_bytes, MAX_SEND_SETTING)
+        return await self._engine.encode(job)
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
@@ -280,7 +301,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
         """Run every request as it arrives; answer each as it completes, tagged by request_id."""
-        async for response in serve_encode_stream(requests, self.run_encode):
+        async for response in serve_encode_stream(requests, self.run_encode, self._engine.settings.encode_stream_window):
             yield response
 
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
@@ -308,11 +329,12 @@ async def _guarded(
     request: Any,
     run: Callable[[], Awaitable[Outcome]],
     respond: Callable[[Outcome], Response],
+    max_answer_bytes: int,
 ) -> Response:
     """Run one request; anything that is not a SieError becomes INTERNAL (logged), and the server keeps serving.
 
     Every request is counted in the metrics and logged at DEBUG with its latency; log lines written
-    while it runs carry its model and request_id."""
+    while it runs carry its model and request_id. An answer over `max_answer_bytes` is RESOURCE_EXHAUSTED."""
     with REQUESTS.observe(operation, request.model, request.request_id):
         try:
             response = respond(await run())
@@ -321,5 +343,6 @@ async def _guarded(
         except Exception as error:
             log.exception("%s request %r failed", operation, request.request_id)
             raise Internal(f"internal error: {error}", reason="INTERNAL") from error
+        check_answer(response, max_answer_bytes, MAX_SEND_SETTING)
         QUEUE_SECONDS.labels(request.model, operation).observe(response.timing.queue_ms / 1000)
         return response

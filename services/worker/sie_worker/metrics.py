@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
-from prometheus_client import REGISTRY, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -38,6 +38,8 @@ BATCH_TOKENS = Histogram(
     "sie_worker_batch_tokens", "Tokens per forward pass, before padding.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(17))
 )
 QUEUE_DEPTH = Gauge("sie_worker_queue_depth", "Items waiting in the BatchFormer for a forward pass")
+# A gateway keeps one Work stream per worker: more than one per gateway means streams broke and were reopened.
+WORK_STREAMS = Counter("sie_worker_work_streams", "Work streams opened by gateways")
 
 
 def record_batch(model: str, profile: str, items: int, tokens: int, inference_s: float) -> None:

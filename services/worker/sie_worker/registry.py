@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sie.v1 import inference_pb2
-from sie_common.errors import FailedPrecondition, NotFound, Unavailable
+from sie_common.errors import FailedPrecondition, NotFound, Unavailable, some_of
 from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
@@ -141,7 +141,7 @@ class ModelRegistry:
         if config is None:
             problem = self._catalog.excluded.get(model_id) or "it is not served here"
             raise NotFound(
-                f"model {model_id!r}: {problem}; available: {', '.join(self.model_ids)}",
+                f"model {model_id!r}: {problem}; available: {some_of(self._configs)}",
                 reason="MODEL_NOT_FOUND",
                 metadata={"model": model_id},
             )

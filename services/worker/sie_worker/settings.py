@@ -42,6 +42,7 @@ class WorkerSettings:
     adaptive_target_p50_ms: float = setting(50.0, env="SIE_ADAPTIVE_TARGET_P50_MS", help="adaptive batching: p50 batching latency (queue + forward pass) to track; 0 derives it from the measured forward time")
     instrumentation: bool = setting(False, env="SIE_INSTRUMENTATION", help="per-batch statistics as metrics, and in responses to requests that set debug")
     max_concurrent_requests: int = setting(512, env="SIE_MAX_CONCURRENT_REQUESTS", help="requests in flight before RESOURCE_EXHAUSTED")
+    encode_stream_window: int = setting(32, env="SIE_ENCODE_STREAM_WINDOW", help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, no more of its requests are read (flow control holds the caller back)")
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     image_workers: int = setting(4, env="SIE_IMAGE_WORKERS", help="threads that decode and preprocess images (resize, crop, normalize)")
     max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding)")
@@ -82,5 +83,7 @@ class WorkerSettings:
             raise SettingsError(f"SIE_CPU_MEMORY_BUDGET_MB={self.cpu_memory_budget_mb}: must be 0 (no limit) or positive")
         if self.adaptive_target_p50_ms < 0:
             raise SettingsError(f"SIE_ADAPTIVE_TARGET_P50_MS={self.adaptive_target_p50_ms}: must be 0 (derived) or positive")
+        if self.encode_stream_window <= 0:
+            raise SettingsError(f"SIE_ENCODE_STREAM_WINDOW={self.encode_stream_window}: must be positive")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{self.port}")

@@ -20,6 +20,7 @@ from sie.v1 import worker_pb2, worker_pb2_grpc
 from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.errors import DeadlineExceeded, InvalidArgument, SieError, Unimplemented
 from sie_common.tracing import WORK_METHOD, extract, span
+from sie_worker.metrics import WORK_STREAMS
 
 # Task name in WorkRequest ("encode", "score", "extract") -> the API call that serves it.
 Handler = Callable[[Any], Awaitable[Any]]
@@ -33,6 +34,7 @@ class WorkService(worker_pb2_grpc.WorkerServicer):
     async def Work(
         self, requests: AsyncIterator[worker_pb2.WorkRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.WorkResponse]:
+        WORK_STREAMS.inc()
         answers: ConcurrentAnswers[worker_pb2.WorkResponse] = ConcurrentAnswers()
 
         async def feed() -> None:

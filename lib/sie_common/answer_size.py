@@ -1,0 +1,57 @@
+"""Answers larger than a message may be: refused with RESOURCE_EXHAUSTED naming the limit, never sent.
+
+A message over grpc's send limit is not just refused: on a stream (the
+gateway's Work stream to a worker, EncodeStream) it ends the whole stream, and
+with it every other request in flight there. So an answer is measured before
+it is sent, and where its size follows from the request and the model config
+(items x dims x dtype), it is refused before any work.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import Message
+
+from sie.v1 import inference_pb2
+from sie_common.errors import ResourceExhausted
+from sie_common.model_config import ModelConfig
+
+REASON = "RESPONSE_TOO_LARGE"
+# Room for what wraps an answer on a stream (WorkResponse, EncodeStreamResponse: ids, worker id).
+ENVELOPE_BYTES = 1024
+# Bits per value of each output dtype (binary ones are packed 8 to a byte).
+DTYPE_BITS = {"float32": 32, "float16": 16, "int8": 8, "uint8": 8, "binary": 1, "ubinary": 1}
+
+
+def too_large(size: int, limit: int, setting: str, *, estimated: bool) -> ResourceExhausted:
+    what = "would take at least" if estimated else "takes"
+    return ResourceExhausted(
+        f"the answer {what} {size} bytes, more than the {limit} bytes a message may carry ({setting}); "
+        f"send fewer items, fewer dims or a smaller output_dtype",
+        reason=REASON,
+        metadata={"limit": str(limit), "size": str(size)},
+    )
+
+
+def check_answer(answer: Message, limit: int, setting: str) -> None:
+    """RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE when `answer`, once wrapped, would not fit in `limit` bytes."""
+    size = answer.ByteSize()
+    if size + ENVELOPE_BYTES > limit:
+        raise too_large(size, limit, setting, estimated=False)
+
+
+def check_encode_estimate(request: inference_pb2.EncodeRequest, config: ModelConfig, limit: int, setting: str) -> None:
+    """Refuse before any work an encode whose dense vectors alone would not fit in `limit` bytes.
+
+    The estimate is a lower bound (items x dims x dtype bits; 0 when the config
+    does not state dims), so nothing that fits is refused; the answer itself is
+    still measured with `check_answer`.
+    """
+    output_types = request.output_types or ("dense",)
+    stated = [dims for dims in (request.dims if request.HasField("dims") else None, config.dims) if dims]
+    dims = min(stated, default=0)
+    bits = DTYPE_BITS.get(request.output_dtype or "float32")
+    if "dense" not in output_types or not dims or bits is None:
+        return
+    size = len(request.items) * -(-dims * bits // 8)
+    if size + ENVELOPE_BYTES > limit:
+        raise too_large(size, limit, setting, estimated=True)

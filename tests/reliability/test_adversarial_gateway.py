@@ -1,0 +1,371 @@
+"""Adversarial callers of the gateway, against etcd, the config service, workers and a gateway on loopback:
+pools that would reserve every worker, renewals, a control plane with thousands of models, answers over
+the message limit, and an EncodeStream caller that never reads its answers.
+
+Each case asserts the exact status and reason, and that the stack still answers a known request after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from grpc_helpers import call_until_loaded, error_reason
+from local_cluster import gateway_model, model_config, served_by, wait_until
+from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common import cluster_store, config_store
+from sie_common.etcd import Etcd
+from sie_common.model_config import parse_model_config
+
+MEAN = "test/tiny-mean"
+# etcd refuses a transaction of more than 128 operations by default.
+WRITES_PER_TXN = 100
+
+
+def request(text: str, model: str = MEAN) -> inference_pb2.EncodeRequest:
+    return inference_pb2.EncodeRequest(model=model, request_id=text, items=[types_pb2.Item(text=text)])
+
+
+def refusal(call) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as refused:
+        call()
+    return refused.value
+
+
+def still_serves(stub: inference_pb2_grpc.InferenceStub) -> None:
+    assert list(stub.Encode(request("a known request"), timeout=60).results[0].dense.shape) == [32]
+
+
+def knows(stub: inference_pb2_grpc.InferenceStub, model: str) -> bool:
+    """Whether the gateway or worker behind `stub` has the model's config yet."""
+    try:
+        return stub.GetModel(inference_pb2.GetModelRequest(model=model), timeout=10).model.id == model
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return False
+
+
+def etcd_call(cluster, use):  # type: ignore[no-untyped-def]
+    """Run `use(etcd)` with a client of the cluster's etcd prefix."""
+
+    async def run():  # type: ignore[no-untyped-def]
+        etcd = Etcd([cluster.etcd_endpoint], cluster.prefix)
+        await etcd.connect()
+        try:
+            return await use(etcd)
+        finally:
+            await etcd.close()
+
+    return asyncio.run(run())
+
+
+def write_models(cluster, weights, model_ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Write model configs straight into etcd, many per transaction (as a bulk import would)."""
+    values = [
+        (config_store.model_name(model_id), config_store.encode_model(parse_model_config(model_config(model_id, weights), source="test")))
+        for model_id in model_ids
+    ]
+
+    async def write(etcd: Etcd) -> None:
+        for start in range(0, len(values), WRITES_PER_TXN):
+            await etcd.txn([], [etcd.ops.put(etcd.key(name), value) for name, value in values[start : start + WRITES_PER_TXN]])
+
+    etcd_call(cluster, write)
+
+
+def metric_sum(process, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
+    """The sum of a metric's samples on a process's /metrics whose labels include `labels`."""
+    total = 0.0
+    with urllib.request.urlopen(f"{process.metrics_url}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith((name + "{", name + " ")) and all(f'{key}="{value}"' in line for key, value in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_pool_creation_is_off_unless_the_operator_turns_it_on(cluster, reliability_report) -> None:
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway()
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        refused = refusal(
+            lambda: stub.CreatePool(inference_pb2.CreatePoolRequest(name="all", gpus={"default": 1000}, ttl_s=2**31 - 1), timeout=30)
+        )
+        reliability_report.add("adversarial gateway", "CreatePool with pools off", status=refused.code().name, reason=error_reason(refused))
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and error_reason(refused) == "POOLS_DISABLED"
+        assert not stub.ListPools(inference_pb2.ListPoolsRequest(), timeout=30).pools
+        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["w1"], what="worker registered")
+        still_serves(stub)
+
+
+def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_report) -> None:
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(
+        SIE_POOLS_ENABLED="true",
+        SIE_POOL_MAX_WORKERS="3",
+        SIE_POOL_MAX_TTL_S="120",
+        SIE_POOL_QUOTA_WORKERS="3",
+        SIE_POOL_TOKEN_QUOTAS="small-token=1",
+        SIE_AUTH_MODE="static",
+        SIE_AUTH_TOKENS="small-token,big-token",
+    )
+    small, big = (("authorization", "Bearer small-token"),), (("authorization", "Bearer big-token"),)
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+
+        def create(name: str, gpus: dict[str, int], ttl_s: int, metadata) -> inference_pb2.Pool:  # type: ignore[no-untyped-def]
+            return stub.CreatePool(inference_pb2.CreatePoolRequest(name=name, gpus=gpus, ttl_s=ttl_s), metadata=metadata, timeout=30).pool
+
+        cases = {
+            "every worker": (lambda: create("all", {"default": 1000}, 60, big), grpc.StatusCode.INVALID_ARGUMENT, "POOL_TOO_LARGE"),
+            "a lease of 2^31-1 s": (
+                lambda: create("forever", {"default": 1}, 2**31 - 1, big),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "POOL_TTL_TOO_LONG",
+            ),
+        }
+        for name, (call, code, reason) in cases.items():
+            refused = refusal(call)
+            reliability_report.add(
+                "adversarial gateway", f"CreatePool for {name}", status=refused.code().name, reason=error_reason(refused)
+            )
+            assert refused.code() == code and error_reason(refused) == reason
+            assert "3" in refused.details() or "120" in refused.details()  # the message names the limit
+
+        # A token with its own quota of 1: one pool of one worker, then refused.
+        assert create("small-1", {"default": 1}, 60, small).workers == ["w1"]
+        over = refusal(lambda: create("small-2", {"default": 1}, 60, small))
+        assert over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(over) == "POOL_QUOTA_EXCEEDED"
+        # Another token keeps the default quota (3): its pools are counted apart.
+        assert create("big-1", {"default": 2}, 60, big).name == "big-1"
+        also_over = refusal(lambda: create("big-2", {"default": 2}, 60, big))
+        assert also_over.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(also_over) == "POOL_QUOTA_EXCEEDED"
+        reliability_report.add("adversarial gateway", "CreatePool over a token's quota", status=over.code().name, reason=error_reason(over))
+        # Deleting a pool gives its quota back.
+        stub.DeletePool(inference_pb2.DeletePoolRequest(name="small-1"), metadata=small, timeout=30)
+        assert create("small-2", {"default": 1}, 60, small).workers == ["w1"]
+        wait_until(
+            lambda: stub.GetPool(inference_pb2.GetPoolRequest(name="small-2"), metadata=small, timeout=30).pool.ready, what="pool in mirror"
+        )
+        assert stub.Encode(request("a known request"), metadata=(*small, ("x-sie-pool", "small-2")), timeout=60).results
+
+
+def test_renew_pool_succeeds_and_saves_a_newly_registered_worker(cluster, reliability_report) -> None:
+    cluster.start_worker("r1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["r1"], what="r1 registered")
+        pool = stub.CreatePool(inference_pb2.CreatePoolRequest(name="grow", gpus={"default": 2}, ttl_s=30), timeout=30).pool
+        assert list(pool.workers) == ["r1"] and not pool.ready
+        cluster.start_worker("r2", SIE_PRELOAD_MODELS=MEAN)
+        wait_until(lambda: "r2" in gateway_model(stub, MEAN).loaded_on, what="r2 registered")
+
+        renewed = stub.RenewPool(inference_pb2.RenewPoolRequest(name="grow"), timeout=30).pool
+        reliability_report.add("adversarial gateway", "RenewPool tops up", workers=",".join(renewed.workers), ready=renewed.ready)
+        assert sorted(renewed.workers) == ["r1", "r2"] and renewed.ready
+
+        async def stored(etcd: Etcd) -> cluster_store.PoolRecord:
+            entry = await etcd.get(cluster_store.POOLS + "grow")
+            assert entry is not None
+            return cluster_store.decode_pool(entry.value)
+
+        assert sorted(etcd_call(cluster, stored).workers) == ["r1", "r2"]
+        wait_until(
+            lambda: sorted(stub.GetPool(inference_pb2.GetPoolRequest(name="grow"), timeout=30).pool.workers) == ["r1", "r2"],
+            what="pool in mirror",
+        )
+        in_pool = (("x-sie-pool", "grow"),)
+        assert stub.Encode(request("inside the pool"), metadata=in_pool, timeout=60).results
+        missing = refusal(lambda: stub.RenewPool(inference_pb2.RenewPoolRequest(name="never-made"), timeout=30))
+        assert missing.code() == grpc.StatusCode.NOT_FOUND and error_reason(missing) == "POOL_NOT_FOUND"
+
+
+def test_model_not_found_among_a_thousand_models_has_a_short_message(cluster, tiny_models, reliability_report) -> None:
+    worker = cluster.start_worker("n1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway()
+    write_models(cluster, tiny_models[MEAN], [f"bulk/model-{index:04d}" for index in range(1000)])
+    with gateway.channel() as gateway_channel, worker.channel() as worker_channel:
+        stub = inference_pb2_grpc.InferenceStub(gateway_channel)
+        direct = inference_pb2_grpc.InferenceStub(worker_channel)
+        wait_until(lambda: knows(stub, "bulk/model-0999"), what="the models at the gateway")
+        wait_until(lambda: knows(direct, "bulk/model-0999"), what="the models at the worker")
+        for where, target in (("gateway", stub), ("worker", direct)):
+            missing = refusal(lambda target=target: target.Encode(request("x", model="no/such-model"), timeout=30))
+            reliability_report.add(
+                "adversarial gateway",
+                f"MODEL_NOT_FOUND among 1,000 models ({where})",
+                status=missing.code().name,
+                message_bytes=len(missing.details()),
+            )
+            assert missing.code() == grpc.StatusCode.NOT_FOUND and error_reason(missing) == "MODEL_NOT_FOUND"
+            assert len(missing.details()) < 1000 and " in all)" in missing.details()
+        still_serves(stub)
+
+
+def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster, tiny_models, reliability_report) -> None:
+    worker = cluster.start_worker("m1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway()
+    write_models(cluster, tiny_models[MEAN], [f"bulk/model-{index:04d}" for index in range(2500)])
+    with gateway.channel() as channel, cluster.config.channel() as config_channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: knows(stub, "bulk/model-2499"), timeout_s=120, what="2,500 models at the gateway")
+        wait_until(lambda: "m1" in gateway_model(stub, MEAN).rollouts[0].current_workers, timeout_s=120, what="the worker caught up")
+        before = metric_sum(gateway, "sie_gateway_config_entries_decoded_total")
+
+        added = "late/model"
+        admin = config_pb2_grpc.ConfigServiceStub(config_channel)
+        admin.AddModel(config_pb2.AddModelRequest(config=model_config(added, tiny_models[MEAN])), timeout=30)
+        wait_until(lambda: knows(stub, added), timeout_s=30, what="the new model at the gateway")
+        decoded = metric_sum(gateway, "sie_gateway_config_entries_decoded_total") - before
+        reliability_report.add("adversarial gateway", "one model added after 2,500", values_decoded_by_gateway=decoded)
+        assert decoded == 1  # that one config, not the 2,503 others
+
+        # The worker follows one change at a time too, and its bundle hash agrees with the gateway's and the config service's.
+        bundle = admin.GetBundle(config_pb2.GetBundleRequest(bundle_id="default"), timeout=30).bundle
+        wait_until(
+            lambda: gateway_model(stub, added).rollouts[0].current_workers == ["m1"], timeout_s=30, what="the worker's hash caught up"
+        )
+        assert gateway_model(stub, added).rollouts[0].config_hash == bundle.config_hash
+        reply, _ = call_until_loaded(lambda: stub.Encode(request("routed", model=added), timeout=60))
+        assert list(reply.results[0].dense.shape) == [32]
+        assert worker.process.poll() is None
+        still_serves(stub)
+
+
+def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(cluster, tiny_models, reliability_report) -> None:
+    workers = [cluster.start_worker(name, SIE_PRELOAD_MODELS=MEAN, SIE_MAX_SEND_MESSAGE_BYTES=str(256 * 1024)) for name in ("o1", "o2")]
+    gateway = cluster.start_gateway(SIE_MAX_SEND_MESSAGE_BYTES=str(64 * 1024))
+    sized = "sized/mean"  # the same weights, with dims in its config: its answer's size is known up front
+    with cluster.config.channel() as config_channel:
+        config_pb2_grpc.ConfigServiceStub(config_channel).AddModel(
+            config_pb2.AddModelRequest(config=model_config(sized, tiny_models[MEAN], dims=32)), timeout=30
+        )
+
+    def streams() -> float:
+        return sum(metric_sum(worker, "sie_worker_work_streams_total") for worker in workers)
+
+    def encodes() -> float:
+        return sum(metric_sum(worker, "sie_worker_requests_total", operation="encode") for worker in workers)
+
+    def many(count: int, model: str = MEAN) -> inference_pb2.EncodeRequest:
+        return inference_pb2.EncodeRequest(model=model, items=[types_pb2.Item(text=f"item {n}") for n in range(count)])
+
+    with gateway.channel() as channel, workers[0].channel() as worker_channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: sorted(gateway_model(stub, MEAN).loaded_on) == ["o1", "o2"], what="both workers registered")
+        wait_until(lambda: knows(stub, sized), what="the sized model at the gateway")
+        wait_until(
+            lambda: len({served_by(stub.Encode.with_call(request(f"warm {n}"), timeout=60)) for n in range(8)}) == 2,
+            what="both streams open",
+        )
+        opened = streams()
+        cases = [
+            # name, call, limit named, whether a worker computed it
+            ("over the gateway's limit (measured at the gateway)", lambda: stub.Encode(many(1000), timeout=120), "65536", 1),
+            ("over the worker's limit (measured at the worker)", lambda: stub.Encode(many(3000), timeout=120), "262144", 1),
+            ("known too large from dims (refused by the gateway)", lambda: stub.Encode(many(1000, sized), timeout=120), "65536", 0),
+            (
+                "known too large from dims (refused by the worker itself)",
+                lambda: inference_pb2_grpc.InferenceStub(worker_channel).Encode(many(3000, sized), timeout=120),
+                "262144",
+                1,
+            ),
+        ]
+        for name, call, limit, computed in cases:
+            before = encodes()
+            refused = refusal(call)
+            wait_until(lambda before=before, computed=computed: encodes() - before >= computed, what="the worker's count")
+            answered_by_workers = encodes() - before
+            reliability_report.add(
+                "adversarial gateway",
+                f"answer {name}",
+                status=refused.code().name,
+                reason=error_reason(refused),
+                worker_requests=answered_by_workers,
+            )
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(refused) == "RESPONSE_TOO_LARGE"
+            assert limit in refused.details()
+            assert answered_by_workers == computed  # never retried on another worker
+        # Both workers still answer, on the streams they had: none broke.
+        assert {served_by(stub.Encode.with_call(request(f"after {n}"), timeout=60)) for n in range(12)} == {"o1", "o2"}
+        assert streams() == opened
+        reliability_report.add("adversarial gateway", "Work streams broken by oversized answers", broken=streams() - opened)
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+# Growth of the gateway's resident memory allowed while a caller never reads its EncodeStream answers.
+RSS_BOUND_MB = 150
+# Requests the never-reading caller may send (each ~60 KB, answered with ~800 KB): bounds the case on a server without flow control.
+MAX_SENT = 1000
+
+
+def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_gateway(cluster, tiny_models, reliability_report) -> None:
+    colbert = "test/tiny-colbert"
+    with cluster.config.channel() as config_channel:
+        config_pb2_grpc.ConfigServiceStub(config_channel).AddModel(
+            config_pb2.AddModelRequest(
+                config=model_config(
+                    colbert,
+                    tiny_models[colbert],
+                    adapter="colbert",
+                    tasks=["encode"],
+                    output_types=["multivector", "dense"],
+                    max_sequence_length=128,
+                )
+            ),
+            timeout=30,
+        )
+    cluster.start_worker("e1", SIE_PRELOAD_MODELS=colbert)
+    gateway = cluster.start_gateway(SIE_ENCODE_STREAM_WINDOW="8")
+    # 100 texts of ~128 tokens: each answer holds ~800 KB of multivectors.
+    text = " ".join(f"word{n}" for n in range(120))
+    big = inference_pb2.EncodeRequest(model=colbert, output_types=["multivector"], items=[types_pb2.Item(text=text) for _ in range(100)])
+    sent = 0
+    stop = threading.Event()
+
+    def requests():  # type: ignore[no-untyped-def]
+        nonlocal sent
+        while sent < MAX_SENT and not stop.is_set():
+            sent += 1
+            yield inference_pb2.EncodeStreamRequest(request=big)
+
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: knows(stub, colbert) and gateway_model(stub, colbert).loaded_on == ["e1"], timeout_s=60, what="colbert loaded")
+        assert stub.Encode(big, timeout=60).results  # warm: the gateway has routed one such answer
+        pid = gateway.process.pid
+        baseline = rss_mb(pid)
+        call = stub.EncodeStream(requests(), timeout=120)  # its answers are never read
+        peak = baseline
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_mb(pid))
+            time.sleep(0.25)
+        sent_while_unread = sent
+        call.cancel()
+        stop.set()
+        time.sleep(3)
+        after = rss_mb(pid)
+        reliability_report.add(
+            "adversarial gateway",
+            "EncodeStream never read for 15 s",
+            requests_sent=sent_while_unread,
+            rss_growth_mb=round(peak - baseline),
+            after_cancel_mb=round(after - baseline),
+            bound_mb=RSS_BOUND_MB,
+        )
+        assert peak - baseline < RSS_BOUND_MB
+        assert after - baseline < RSS_BOUND_MB
+        assert sent_while_unread < MAX_SENT  # flow control reached back: the sender was held back
+        assert stub.Encode(big, timeout=60).results
