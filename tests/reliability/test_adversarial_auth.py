@@ -197,11 +197,23 @@ def test_a_worker_checks_inference_and_work_tokens(guarded, reliability_report) 
                    what="the worker registered")
         answer = stub.Encode(inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text="x")]), metadata=bearer(INFERENCE_TOKEN), timeout=30)
         assert len(answer.results) == 1
-        assert failure(lambda: bad_embeddings(stub, ())) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
-        # Bytes that are not a request at all: the token is still checked first.
-        raw = channel.unary_unary("/sie.v1.Inference/CreateEmbeddings", request_serializer=None, response_deserializer=None)
-        assert failure(lambda: raw(b"\xff\xff\xff", timeout=30)) == (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
     assert WORKER_TOKEN not in worker.log() and INFERENCE_TOKEN not in gateway.log()
+
+
+def test_the_gateway_checks_the_token_before_it_reads_the_request(cluster: Cluster, reliability_report) -> None:
+    gateway = cluster.start_gateway(SIE_AUTH_MODE="static", SIE_AUTH_TOKENS=INFERENCE_TOKEN)
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        raw = channel.unary_unary("/sie.v1.Inference/CreateEmbeddings", request_serializer=None, response_deserializer=None)
+        cases = [
+            ("CreateEmbeddings with a bad body, no token", lambda: bad_embeddings(stub, ()), "UNAUTHENTICATED MISSING_TOKEN"),
+            ("CreateEmbeddings with bytes that are no request, no token", lambda: raw(b"\xff\xff\xff", timeout=30), "UNAUTHENTICATED MISSING_TOKEN"),
+            ("CreateEmbeddings with a bad body, a token", lambda: bad_embeddings(stub, bearer(INFERENCE_TOKEN)), "INVALID_ARGUMENT INVALID_INPUT"),
+        ]
+        for name, call, expected in cases:
+            code, reason = failure(call)
+            reliability_report.add(SECTION, f"gateway with tokens on: {name}", expected=expected, actual=f"{code.name} {reason}")
+            assert f"{code.name} {reason}" == expected, name
 
 
 def test_a_worker_with_inference_tokens_but_an_open_work_stream_does_not_start(tmp_path, reliability_report) -> None:
