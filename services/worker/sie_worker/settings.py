@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from sie_common.auth import check_auth_mode
 from sie_common.settings import SettingsError, setting
 from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
@@ -60,6 +61,10 @@ class WorkerSettings:
     health_publish_interval_ms: int = setting(5000, env="SIE_HEALTH_PUBLISH_INTERVAL_MS", help="how often the worker's etcd registration is refreshed (loaded models, queue depth, capacity)")
     worker_lease_ttl_s: int = setting(10, env="SIE_WORKER_LEASE_TTL_S", help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it")
     weight_roots: tuple[str, ...] = setting((), env="SIE_WEIGHT_ROOTS", help="comma-separated directories a model config's path and local LoRA directories must lie in (symlinks resolved); unset: the local cache, SIE_MODELS_DIR and the built-in models' package directories")
+    auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: every Inference call on this worker needs a bearer token from SIE_AUTH_TOKENS (set them as on the gateways)")
+    auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
+    worker_token: str | None = setting(None, env="SIE_WORKER_TOKEN", help="bearer token every Work stream must present (the gateways' SIE_WORKER_TOKEN); required with SIE_AUTH_MODE=static unless SIE_TLS_CLIENT_CA_FILE is set")
+    allow_remote_code: bool = setting(False, env="SIE_ALLOW_REMOTE_CODE", help="load model configs from the config service (etcd) whose profile sets trust_remote_code; off: they fail with FAILED_PRECONDITION/REMOTE_CODE_DISABLED (files in SIE_MODELS_DIR may always set it)")
     tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
     tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
     tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
@@ -72,6 +77,12 @@ class WorkerSettings:
     tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
+        check_auth_mode(self.auth_mode, self.auth_tokens)
+        if self.auth_mode == "static" and not self.worker_token and not self.tls_client_ca_file:
+            raise SettingsError(
+                "SIE_AUTH_MODE=static protects Inference but not the Work stream gateways open: set SIE_WORKER_TOKEN"
+                " (and the same on the gateways), or SIE_TLS_CLIENT_CA_FILE for mutual TLS"
+            )
         if not 0 <= self.adaptive_min_quantum_ms <= self.adaptive_max_quantum_ms:
             raise SettingsError(
                 f"SIE_ADAPTIVE_MIN_QUANTUM_MS={self.adaptive_min_quantum_ms} and SIE_ADAPTIVE_MAX_QUANTUM_MS={self.adaptive_max_quantum_ms}:"
