@@ -316,6 +316,7 @@ FIELD_CASES = {
         "TEXT_TOO_LONG", "SIE_MAX_TEXT_BYTES",
     ),
     "instruction bytes": ("Encode", _encode(instruction="i" * 65), "INSTRUCTION_TOO_LONG", "SIE_MAX_INSTRUCTION_BYTES"),
+    "model id": ("Encode", _encode(model="org/" + "m" * 29), "NAME_TOO_LONG", "SIE_MAX_NAME_BYTES"),
     "profile name": ("Encode", _encode(profile="p" * 33), "NAME_TOO_LONG", "SIE_MAX_NAME_BYTES"),
     "LoRA name": ("Encode", _encode(lora="l" * 33), "NAME_TOO_LONG", "SIE_MAX_NAME_BYTES"),
     "LoRA name in options": ("Encode", _encode(options=options({"lora": "l" * 33})), "NAME_TOO_LONG", "SIE_MAX_NAME_BYTES"),
@@ -342,6 +343,15 @@ def test_every_request_field_has_an_upper_bound(stub, reference, case, reliabili
     reliability_report.add("adversarial bounds", f"over the bound: {case}", expected=f"INVALID_ARGUMENT {reason}", actual=error.code().name)
     assert_refused(error, reason, setting=setting)
     assert setting in error.details()
+    np.testing.assert_array_equal(known(stub), reference)
+
+
+def test_an_error_echoes_a_huge_item_id_cut_short(stub, reference) -> None:
+    """Error messages and ErrorInfo name the item by its id: a megabyte id is cut, so the trailer stays small."""
+    huge = "i" * 2**20
+    error = refused(stub.Encode, _encode(items=[types_pb2.Item(text="ok"), types_pb2.Item(id=huge)]))
+    assert_refused(error, "ITEM_WITHOUT_TEXT", item="1", item_id="i" * 128 + "...")
+    assert len(error.details()) < 1024
     np.testing.assert_array_equal(known(stub), reference)
 
 

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
     """Validate an EncodeRequest's own fields, within `limits` (the model checks its part later)."""
-    _require_model(request.model)
+    _require_model(request.model, limits)
     items = _items(request.items, limits)
     output_types = tuple(dict.fromkeys(request.output_types)) or ("dense",)
     for output in output_types:
@@ -87,7 +87,7 @@ def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJo
 
 
 def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
-    _require_model(request.model)
+    _require_model(request.model, limits)
     if not request.query.HasField("text") and not request.query.images:
         raise InvalidArgument("query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY")
     if request.HasField("top_k") and request.top_k < 0:
@@ -109,7 +109,7 @@ def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
 
 
 def extract_job(request: inference_pb2.ExtractRequest, limits: Limits) -> ExtractJob:
-    _require_model(request.model)
+    _require_model(request.model, limits)
     lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
     labels = tuple(dict.fromkeys(request.labels))
     check_labels(labels, limits)
@@ -127,9 +127,10 @@ def extract_job(request: inference_pb2.ExtractRequest, limits: Limits) -> Extrac
     )
 
 
-def _require_model(model: str) -> None:
+def _require_model(model: str, limits: Limits) -> None:
     if not model:
         raise InvalidArgument("model is required", reason="MISSING_MODEL")
+    check_name("model", model, limits)
 
 
 def _items(items: Sequence[types_pb2.Item], limits: Limits) -> list[ItemInput]:

@@ -98,7 +98,7 @@ def check_instruction(instruction: str, limits: Limits) -> None:
 
 
 def check_name(field: str, value: str, limits: Limits) -> None:
-    """A profile name, LoRA name or extract label: at most SIE_MAX_NAME_BYTES."""
+    """A model id, profile name, LoRA name or extract label: at most SIE_MAX_NAME_BYTES."""
     size = _utf8_bytes(value, limits.name_bytes)
     if size > limits.name_bytes:
         raise _over(f"{field}: {size} bytes", reason="NAME_TOO_LONG", limit=limits.name_bytes, setting="SIE_MAX_NAME_BYTES", metadata={"field": field})
