@@ -254,6 +254,22 @@ def test_a_failing_item_fails_only_its_own_request(stub, reference, reliability_
     np.testing.assert_array_equal(known(stub), reference)
 
 
+def test_a_long_score_query_is_tokenized_once_with_the_same_pairs(tiny_models: dict[str, Path]) -> None:
+    """A cross-encoder tokenizes the query with every item: the query is cut up front (to about twice the maximum
+    length), and the pairs are the ones the untouched query gives."""
+    from transformers import AutoModelForSequenceClassification
+
+    from sie_worker.adapters.hf_text import TextTokenizer
+
+    directory = tiny_models["test/tiny-reranker"]
+    tokenizer = TextTokenizer(directory, None, AutoModelForSequenceClassification.from_pretrained(directory))
+    query = "how do late interaction models score documents " * 400
+    # Up to twice the maximum length (128): longer ones may see the odd token of the budget on the other side.
+    documents = ["short", "a somewhat longer document about retrieval " * 5, "x " * 200, "", "x " * 250]
+    whole = [encoding.ids for encoding in tokenizer.rust.encode_batch([(query.lower(), document) for document in documents])]
+    assert [pair.ids for pair in tokenizer.encode_pairs(query, documents)] == whole
+
+
 # --- defect 15c: a Work request's timeout -----------------------------------------------------------------------
 
 

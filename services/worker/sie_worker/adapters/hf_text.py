@@ -59,10 +59,22 @@ class TextTokenizer:
         ]
 
     def encode_pairs(self, first: str, seconds: Sequence[str]) -> list[TokenizedText]:
+        """(first, second) pairs, truncated longest first. Every pair tokenizes `first` again, so it is cut once, up
+        front, to the tokens a pair can keep of it: a long query costs one tokenization, not one per item."""
         if self.lowercase:  # the query once, not once per pair
             first, seconds = first.lower(), [text.lower() for text in seconds]
+        first = self._readable_prefix(first)
         pairs = [(first, text) for text in seconds]
         return [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in self.rust.encode_batch(pairs)]
+
+    def _readable_prefix(self, text: str) -> str:
+        """`text` cut after about twice the maximum length in tokens (all of it when it fits). Cut longer than the
+        maximum length, it truncates in a pair (longest first) as the whole text does, except with a second text
+        longer than the cut: then the odd token of the budget may go to the other side (the longer one gets it)."""
+        encoding = self.rust.encode(text)
+        if not encoding.overflowing:
+            return text
+        return text[: max(end for _, end in encoding.overflowing[0].offsets)]
 
 
 def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = True) -> torch.nn.Module:
