@@ -69,3 +69,15 @@ def test_when_every_item_fails_the_error_is_raised_for_the_batch() -> None:
     with pytest.raises(RuntimeError, match="shape mismatch"):
         run_isolating_failures(broken, [1, 2, 3], is_oom=is_cuda_oom)
     assert calls == [3, 1, 2, 1, 1]
+
+
+def test_a_sie_error_answers_the_whole_batch_without_splitting() -> None:
+    calls: list[int] = []
+
+    def refuses(items):
+        calls.append(len(items))
+        raise ResourceExhausted("no room", reason="TEST")
+
+    with pytest.raises(ResourceExhausted):
+        run_isolating_failures(refuses, [1, 2, 3, 4], is_oom=is_cuda_oom)
+    assert calls == [4]

@@ -87,7 +87,7 @@ def run_isolating_failures(
     Out of memory, `recover` runs before the halves do, and a single item that still does not fit fails with
     RESOURCE_EXHAUSTED. An item that fails on its own while others of the batch succeed has the cause in its
     input: INVALID_ARGUMENT (ITEM_FAILED). The failed items' errors stand in their outputs' places; when every
-    item fails, the first error is raised for the whole batch."""
+    item fails, the first error is raised for the whole batch, and so is a SieError `run` raises (not split)."""
     outcomes = _run_halving(run, items, is_oom, recover)
     failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
     if not failed:
@@ -97,10 +97,15 @@ def run_isolating_failures(
     return [_blame(outcome) if isinstance(outcome, BaseException) else outcome for outcome in outcomes]
 
 
-def _run_halving(run: Callable[[Sequence[T]], Any], items: Sequence[T], is_oom: Callable[[BaseException], bool], recover: Callable[[], None]) -> list[Any]:
+def _run_halving(
+    run: Callable[[Sequence[T]], Any], items: Sequence[T], is_oom: Callable[[BaseException], bool], recover: Callable[[], None]
+) -> list[Any]:
+    """One outcome per item: its output, or the exception it failed with alone."""
     try:
         return list(run(items))
-    except Exception as error:  # whatever failed the pass, the halves tell which items cause it
+    except SieError:  # a deliberate answer for the whole batch (a LoRA that cannot load, ...), not an item's fault
+        raise
+    except Exception as error:  # whatever else failed the pass, the halves tell which items cause it
         oom = is_oom(error)
         if oom:
             recover()
