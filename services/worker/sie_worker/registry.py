@@ -379,7 +379,8 @@ class ModelRegistry:
             tasks=config.tasks,
             output_types=config.output_types,
             dims=config.dims or (dense_dims(loaded[0], {}) if loaded else 0),
-            max_sequence_length=config.max_sequence_length or (encoder.max_sequence_length if encoder else 0),
+            # Loaded, what the model really reads (a config's value is capped at its position table).
+            max_sequence_length=encoder.max_sequence_length if encoder else config.max_sequence_length or 0,
             profiles=sorted(config.profiles),
             state=state.value,
             stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),

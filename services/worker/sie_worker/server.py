@@ -39,7 +39,7 @@ async def serve(settings: WorkerSettings) -> None:
     inference = InferenceService(engine)
     inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
     handlers = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id, engine.limits), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
     health = await add_health_and_reflection(server, services)  # NOT_SERVING until the preloads finish
     address = f"{settings.host}:{settings.port}"

@@ -46,7 +46,21 @@ class WorkerSettings:
     encode_stream_window: int = setting(32, env="SIE_ENCODE_STREAM_WINDOW", help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, no more of its requests are read (flow control holds the caller back)")
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     image_workers: int = setting(4, env="SIE_IMAGE_WORKERS", help="threads that decode and preprocess images (resize, crop, normalize)")
-    max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding)")
+    max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding), and largest size the model's processor may resize one to")
+    # Upper bounds on request fields, checked before any work (sie_worker.limits; docs/security.md "Bounds").
+    max_image_bytes: int = setting(10 * 2**20, env="SIE_MAX_IMAGE_BYTES", help="largest encoded image accepted, in bytes")
+    max_image_aspect_ratio: float = setting(50.0, env="SIE_MAX_IMAGE_ASPECT_RATIO", help="largest ratio of an image's long edge to its short edge (read from the header before decoding)")
+    max_items_per_request: int = setting(8192, env="SIE_MAX_ITEMS_PER_REQUEST", help="most items in one encode, score or extract request")
+    max_text_bytes: int = setting(2 * 2**20, env="SIE_MAX_TEXT_BYTES", help="longest item text (and score query) accepted, in UTF-8 bytes; the model truncates what it reads to its token limit")
+    max_instruction_bytes: int = setting(16384, env="SIE_MAX_INSTRUCTION_BYTES", help="longest instruction accepted, in UTF-8 bytes (it is prepended to every item)")
+    max_name_bytes: int = setting(256, env="SIE_MAX_NAME_BYTES", help="longest model id, profile name, LoRA name and extract label accepted, in UTF-8 bytes")
+    max_labels: int = setting(128, env="SIE_MAX_LABELS", help="most labels in one extract request")
+    max_options_bytes: int = setting(16384, env="SIE_MAX_OPTIONS_BYTES", help="largest options struct accepted, in serialized protobuf bytes")
+    max_options_depth: int = setting(8, env="SIE_MAX_OPTIONS_DEPTH", help="deepest nesting of objects and lists accepted in options")
+    max_muvera_repetitions: int = setting(64, env="SIE_MAX_MUVERA_REPETITIONS", help="largest MUVERA repetitions accepted (request options merged over the profile's)")
+    max_muvera_d_proj: int = setting(1024, env="SIE_MAX_MUVERA_D_PROJ", help="largest MUVERA d_proj accepted")
+    max_muvera_dims: int = setting(16384, env="SIE_MAX_MUVERA_DIMS", help="widest MUVERA encoding accepted: repetitions x 2^k_sim x d_proj")
+    max_request_timeout_s: float = setting(3600.0, env="SIE_MAX_REQUEST_TIMEOUT_S", help="longest timeout a Work request may carry; longer ones are cut to it")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
@@ -94,7 +108,19 @@ class WorkerSettings:
             raise SettingsError(f"SIE_CPU_MEMORY_BUDGET_MB={self.cpu_memory_budget_mb}: must be 0 (no limit) or positive")
         if self.adaptive_target_p50_ms < 0:
             raise SettingsError(f"SIE_ADAPTIVE_TARGET_P50_MS={self.adaptive_target_p50_ms}: must be 0 (derived) or positive")
-        if self.encode_stream_window <= 0:
-            raise SettingsError(f"SIE_ENCODE_STREAM_WINDOW={self.encode_stream_window}: must be positive")
+        bounds = {name: getattr(self, name) for name in _POSITIVE_BOUNDS}
+        for name, value in bounds.items():
+            if value <= 0:
+                raise SettingsError(f"{self.__dataclass_fields__[name].metadata['env']}={value}: must be positive")
+        if self.max_image_aspect_ratio < 1:
+            raise SettingsError(f"SIE_MAX_IMAGE_ASPECT_RATIO={self.max_image_aspect_ratio}: must be at least 1")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{self.port}")
+
+
+# Request bounds (sie_worker.limits) that must be positive.
+_POSITIVE_BOUNDS = (
+    "max_image_pixels", "max_image_bytes", "max_items_per_request", "max_text_bytes", "max_instruction_bytes", "max_name_bytes",
+    "max_labels", "max_options_bytes", "max_options_depth", "max_muvera_repetitions", "max_muvera_d_proj", "max_muvera_dims",
+    "max_request_timeout_s", "encode_stream_window",
+)
