@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from grpc_helpers import error_info, stacked
+from grpc_helpers import error_details, error_info, stacked
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
 
 KNOWN_MODEL = "test/tiny-mean"
@@ -45,7 +45,7 @@ TIGHT = {
     "SIE_MAX_OPTIONS_DEPTH": "4",
     "SIE_MAX_IMAGE_BYTES": "65536",
 }
-PRELOAD = ",".join([KNOWN_MODEL, "test/tiny-colbert", "test/tiny-clip", "test/tiny-ner", "test/tiny-reranker", LONG_CONFIG_MODEL, SHORT_VOCAB_MODEL])
+PRELOADED = (KNOWN_MODEL, "test/tiny-colbert", "test/tiny-clip", "test/tiny-ner", "test/tiny-reranker", LONG_CONFIG_MODEL, SHORT_VOCAB_MODEL)
 # Peak RSS growth allowed where the defect cost gigabytes.
 RSS_BOUND_BYTES = 200 * 2**20
 DEADLINE_S = 30
@@ -91,7 +91,7 @@ def bounded(start_worker, adversarial_models: Path) -> Iterator:
 
     Killed at the end of the module: on code without the bounds, a case may leave it looping."""
     worker = start_worker(
-        SIE_MODELS_DIR=str(adversarial_models), SIE_PRELOAD_MODELS=PRELOAD, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="300", **TIGHT
+        SIE_MODELS_DIR=str(adversarial_models), SIE_PRELOAD_MODELS=",".join(PRELOADED), SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="300", **TIGHT
     )
     yield worker
     worker.kill()
@@ -117,6 +117,12 @@ def refused(call, request) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as raised:
         call(request, timeout=DEADLINE_S)
     return raised.value
+
+
+def outcome(error: grpc.RpcError) -> str:
+    """How the report shows a refusal: its status and, when it carries one, its reason."""
+    info, _ = error_details(error)
+    return f"{error.code().name} {info.reason}" if info is not None else error.code().name
 
 
 def assert_refused(error: grpc.RpcError, reason: str, **metadata: str) -> None:
@@ -151,7 +157,7 @@ def test_muvera_parameters_are_bounded_before_any_work(bounded, stub, reference,
         model="test/tiny-colbert", items=[types_pb2.Item(text="late interaction " * 20)] * 8, options=options({"muvera": muvera})
     )
     error = refused(stub.Encode, request)
-    reliability_report.add("adversarial bounds", f"MUVERA {case}", expected="INVALID_ARGUMENT INVALID_OPTIONS", actual=error.code().name)
+    reliability_report.add("adversarial bounds", f"MUVERA {case}", expected="INVALID_ARGUMENT INVALID_OPTIONS", actual=outcome(error))
     assert_refused(error, "INVALID_OPTIONS", parameter=parameter, setting=setting)
     assert peak_rss(bounded.process.pid) - before < RSS_BOUND_BYTES
     np.testing.assert_array_equal(known(stub), reference)
@@ -179,7 +185,7 @@ def test_image_aspect_ratio_bomb_is_refused_from_the_header(bounded, stub, refer
     before = peak_rss(bounded.process.pid)
     request = inference_pb2.EncodeRequest(model="test/tiny-clip", items=[types_pb2.Item(id="thin", images=[types_pb2.Image(data=data)])])
     error = refused(stub.Encode, request)
-    reliability_report.add("adversarial bounds", f"image {size[0]}x{size[1]} PNG", expected="INVALID_ARGUMENT IMAGE_ASPECT_RATIO_TOO_LARGE", actual=error.code().name)
+    reliability_report.add("adversarial bounds", f"image {size[0]}x{size[1]} PNG", expected="INVALID_ARGUMENT IMAGE_ASPECT_RATIO_TOO_LARGE", actual=outcome(error))
     assert_refused(error, "IMAGE_ASPECT_RATIO_TOO_LARGE", setting="SIE_MAX_IMAGE_ASPECT_RATIO", limit="50", item="0", item_id="thin")
     assert "aspect ratio of" in error.details()
     assert peak_rss(bounded.process.pid) - before < RSS_BOUND_BYTES
@@ -301,7 +307,7 @@ def test_a_huge_work_timeout_is_answered(bounded, stub, reference, seconds, reli
 def test_extract_threshold_must_be_a_probability(stub, reference, threshold, reliability_report) -> None:
     request = inference_pb2.ExtractRequest(model="test/tiny-ner", items=[types_pb2.Item(text="Ada Lovelace")], threshold=threshold)
     error = refused(stub.Extract, request)
-    reliability_report.add("adversarial bounds", f"extract threshold {threshold}", expected="INVALID_ARGUMENT INVALID_THRESHOLD", actual=error.code().name)
+    reliability_report.add("adversarial bounds", f"extract threshold {threshold}", expected="INVALID_ARGUMENT INVALID_THRESHOLD", actual=outcome(error))
     assert_refused(error, "INVALID_THRESHOLD")
     assert len(stub.Extract(inference_pb2.ExtractRequest(model="test/tiny-ner", items=[types_pb2.Item(text="Ada")], threshold=0.5), timeout=DEADLINE_S).results) == 1
     np.testing.assert_array_equal(known(stub), reference)
@@ -356,7 +362,7 @@ FIELD_CASES = {
 def test_every_request_field_has_an_upper_bound(stub, reference, case, reliability_report) -> None:
     method, request, reason, setting = FIELD_CASES[case]
     error = refused(getattr(stub, method), request)
-    reliability_report.add("adversarial bounds", f"over the bound: {case}", expected=f"INVALID_ARGUMENT {reason}", actual=error.code().name)
+    reliability_report.add("adversarial bounds", f"over the bound: {case}", expected=f"INVALID_ARGUMENT {reason}", actual=outcome(error))
     assert_refused(error, reason, setting=setting)
     assert setting in error.details()
     np.testing.assert_array_equal(known(stub), reference)
