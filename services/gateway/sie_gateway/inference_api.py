@@ -21,6 +21,7 @@ from sie_common.auth import bearer_token
 from sie_common import openai_embeddings
 from sie_common.answer_size import check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
+from sie_common.request_bounds import RequestBounds, check_request
 from sie_common.request_metrics import status_code
 from sie_common.tensors import spell_out_tensors
 from sie_common.errors import (
@@ -59,6 +60,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         self._dispatcher = dispatcher
         self._pools = pools
         self._demand = demand
+        self._bounds = RequestBounds(**RequestBounds.fields_from(settings))
         self.in_flight = 0
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
@@ -148,7 +150,9 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             return response
 
     async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
-        """The worker's answer; RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for one this gateway may not send."""
+        """The worker's answer: INVALID_ARGUMENT for a field over its bound before anything else, and
+        RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for an answer this gateway may not send."""
+        check_request(request, self._bounds)
         config = self._config(request.model)
         limit = self._settings.max_send_message_bytes
         if task == "encode":

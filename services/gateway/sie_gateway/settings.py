@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sie_common.auth import check_auth_mode
+from sie_common.request_bounds import RequestBoundSettings
 from sie_common.settings import SettingsError, setting
 from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
-class GatewaySettings:
+class GatewaySettings(RequestBoundSettings):
     host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
     port: int = setting(50051, env="SIE_PORT", help="gRPC port")
     etcd_endpoints: tuple[str, ...] = setting(("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)")
@@ -46,6 +47,7 @@ class GatewaySettings:
     tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_auth_mode(self.auth_mode, self.auth_tokens)
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
         for name in ("pool_default_ttl_s", "pool_max_workers", "pool_max_ttl_s", "encode_stream_window"):

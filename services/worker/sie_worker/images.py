@@ -23,7 +23,8 @@ from PIL import Image, UnidentifiedImageError
 
 from sie_common.errors import InvalidArgument
 from sie_worker.jobs import ImageInput, ItemInput
-from sie_worker.limits import Limits, check_image_bytes, check_image_size
+from sie_common.request_bounds import check_image_bytes
+from sie_worker.limits import Limits, check_image_size
 
 # Pillow's format name -> the names a `format` hint may use for it.
 FORMATS = {"JPEG": ("jpeg", "jpg"), "PNG": ("png",), "WEBP": ("webp",)}

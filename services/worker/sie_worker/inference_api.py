@@ -14,6 +14,15 @@ from google.protobuf import json_format, struct_pb2
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import openai_embeddings
 from sie_common.answer_size import check_answer, check_encode_estimate
+from sie_common.request_bounds import (
+    check_instruction,
+    check_item_count,
+    check_labels,
+    check_name,
+    check_options,
+    check_text,
+    check_threshold,
+)
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
@@ -32,16 +41,7 @@ from sie_worker.jobs import (
     ScoreOutcome,
     Timing,
 )
-from sie_worker.limits import (
-    Limits,
-    check_instruction,
-    check_item_count,
-    check_labels,
-    check_name,
-    check_options,
-    check_text,
-    check_threshold,
-)
+from sie_worker.limits import Limits
 from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 

@@ -6,12 +6,13 @@ import socket
 from dataclasses import dataclass
 
 from sie_common.auth import check_auth_mode
+from sie_common.request_bounds import RequestBoundSettings
 from sie_common.settings import SettingsError, setting
 from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
-class WorkerSettings:
+class WorkerSettings(RequestBoundSettings):
     host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
     port: int = setting(50061, env="SIE_PORT", help="gRPC port")
     worker_id: str = setting("", env="SIE_WORKER_ID", help="stable id in logs and answers (default: <hostname>:<port>)")
@@ -47,16 +48,9 @@ class WorkerSettings:
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     image_workers: int = setting(4, env="SIE_IMAGE_WORKERS", help="threads that decode and preprocess images (resize, crop, normalize)")
     max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding), and largest size the model's processor may resize one to")
-    # Upper bounds on request fields, checked before any work (sie_worker.limits; docs/security.md "Bounds").
-    max_image_bytes: int = setting(10 * 2**20, env="SIE_MAX_IMAGE_BYTES", help="largest encoded image accepted, in bytes")
+    # Upper bounds on request fields that need the model (sie_worker.limits; docs/security.md "Bounds"); those the
+    # gateway checks too come from RequestBoundSettings.
     max_image_aspect_ratio: float = setting(50.0, env="SIE_MAX_IMAGE_ASPECT_RATIO", help="largest ratio of an image's long edge to its short edge (read from the header before decoding)")
-    max_items_per_request: int = setting(8192, env="SIE_MAX_ITEMS_PER_REQUEST", help="most items in one encode, score or extract request")
-    max_text_bytes: int = setting(2 * 2**20, env="SIE_MAX_TEXT_BYTES", help="longest item text (and score query) accepted, in UTF-8 bytes; the model truncates what it reads to its token limit")
-    max_instruction_bytes: int = setting(16384, env="SIE_MAX_INSTRUCTION_BYTES", help="longest instruction accepted, in UTF-8 bytes (it is prepended to every item)")
-    max_name_bytes: int = setting(256, env="SIE_MAX_NAME_BYTES", help="longest model id, profile name, LoRA name and extract label accepted, in UTF-8 bytes")
-    max_labels: int = setting(128, env="SIE_MAX_LABELS", help="most labels in one extract request")
-    max_options_bytes: int = setting(16384, env="SIE_MAX_OPTIONS_BYTES", help="largest options struct accepted, in serialized protobuf bytes")
-    max_options_depth: int = setting(8, env="SIE_MAX_OPTIONS_DEPTH", help="deepest nesting of objects and lists accepted in options")
     max_muvera_repetitions: int = setting(64, env="SIE_MAX_MUVERA_REPETITIONS", help="largest MUVERA repetitions accepted (request options merged over the profile's)")
     max_muvera_d_proj: int = setting(1024, env="SIE_MAX_MUVERA_D_PROJ", help="largest MUVERA d_proj accepted")
     max_muvera_dims: int = setting(16384, env="SIE_MAX_MUVERA_DIMS", help="widest MUVERA encoding accepted: repetitions x 2^k_sim x d_proj")
@@ -91,6 +85,7 @@ class WorkerSettings:
     tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_auth_mode(self.auth_mode, self.auth_tokens)
         if self.auth_mode == "static" and not self.worker_token and not self.tls_client_ca_file:
             raise SettingsError(
@@ -118,9 +113,7 @@ class WorkerSettings:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{self.port}")
 
 
-# Request bounds (sie_worker.limits) that must be positive.
+# The worker's own request bounds (sie_worker.limits) that must be positive.
 _POSITIVE_BOUNDS = (
-    "max_image_pixels", "max_image_bytes", "max_items_per_request", "max_text_bytes", "max_instruction_bytes", "max_name_bytes",
-    "max_labels", "max_options_bytes", "max_options_depth", "max_muvera_repetitions", "max_muvera_d_proj", "max_muvera_dims",
-    "max_request_timeout_s", "encode_stream_window",
+    "max_image_pixels", "max_muvera_repetitions", "max_muvera_d_proj", "max_muvera_dims", "max_request_timeout_s", "encode_stream_window",
 )
