@@ -36,6 +36,7 @@ from pathlib import Path
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+from sie_common.auth import bearer_metadata
 from sie_stack.processes import free_port
 
 from ours import grpc_sender
@@ -67,8 +68,9 @@ class UnaryProxy(inference_pb2_grpc.InferenceServicer):
 
 
 class StreamProxy(inference_pb2_grpc.InferenceServicer):
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, token: str = "") -> None:
         self.target = target
+        self.metadata = bearer_metadata(token) if token else None
         self.ids = itertools.count()
         self.pending: dict[str, asyncio.Future[worker_pb2.WorkResponse]] = {}
         self.outgoing: asyncio.Queue[worker_pb2.WorkRequest] | None = None
@@ -76,7 +78,7 @@ class StreamProxy(inference_pb2_grpc.InferenceServicer):
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         if self.outgoing is None:  # made on the server's event loop
             self.outgoing = asyncio.Queue()
-            call = worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(self.target)).Work(self._requests())
+            call = worker_pb2_grpc.WorkerStub(grpc.aio.insecure_channel(self.target)).Work(self._requests(), metadata=self.metadata)
             self.reader = asyncio.create_task(self._read(call))
         request_id = str(next(self.ids))
         answer = self.pending[request_id] = asyncio.get_running_loop().create_future()
@@ -92,13 +94,15 @@ class StreamProxy(inference_pb2_grpc.InferenceServicer):
             self.pending.pop(response.request_id).set_result(response)
 
 
-def serve(port: int, role: str, target: str = "") -> None:
+def serve(port: int, role: str, target: str = "", token: str = "") -> None:
     async def run() -> None:
         server = grpc.aio.server()
         if role == "work-echo":
             worker_pb2_grpc.add_WorkerServicer_to_server(WorkEcho(), server)
+        elif role == "stream":
+            inference_pb2_grpc.add_InferenceServicer_to_server(StreamProxy(target, token), server)
         else:
-            servicer = {"echo": Echo, "unary": UnaryProxy, "stream": StreamProxy}[role]
+            servicer = {"echo": Echo, "unary": UnaryProxy}[role]
             inference_pb2_grpc.add_InferenceServicer_to_server(servicer(target) if target else servicer(), server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
@@ -108,12 +112,12 @@ def serve(port: int, role: str, target: str = "") -> None:
 
 
 @contextlib.contextmanager
-def serving(role: str, target: str = "") -> Iterator[str]:
-    """One of the servers above ("echo", "work-echo", "unary", "stream"; a proxy forwards to `target`) in a process
-    of its own; yields its address once it accepts calls. Spawned, not forked: the caller may already hold gRPC
+def serving(role: str, target: str = "", token: str = "") -> Iterator[str]:
+    """One of the servers above ("echo", "work-echo", "unary", "stream"; a proxy forwards to `target`, the stream
+    proxy presenting `token` when given) in a process of its own; yields its address once it accepts calls. Spawned, not forked: the caller may already hold gRPC
     channels, which a forked child cannot use."""
     port = free_port()
-    process = multiprocessing.get_context("spawn").Process(target=serve, args=(port, role, target), daemon=True)
+    process = multiprocessing.get_context("spawn").Process(target=serve, args=(port, role, target, token), daemon=True)
     process.start()
     address = f"127.0.0.1:{port}"
     try:

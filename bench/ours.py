@@ -93,6 +93,8 @@ class Senders:
     worker_tiny: Send
     gateway_tiny: Send
     worker_address: str
+    # What a Work stream to that worker must present (the stack's SIE_WORKER_TOKEN).
+    worker_token: str
 
 
 @contextlib.contextmanager
@@ -152,6 +154,7 @@ def stack(tmp: Path, tiny_weights: Path, env: dict[str, str]) -> Iterator[Sender
             worker_tiny=grpc_sender(worker, TINY),
             gateway_tiny=grpc_sender(gateway, TINY),
             worker_address=worker,
+            worker_token=running.worker_token,
         )
     finally:
         if sdk is not None:

@@ -164,7 +164,7 @@ class Run:
             if "envoy" in wanted:
                 self.paths.update(measure({"envoy": Target("Envoy HTTP/JSON -> gateway -> worker", senders.envoy_http)}, self.workloads, self.args.runs, self.singles))
             # The control: a bare grpc.aio proxy on one Work stream in front of the same worker, taking turns too.
-            with grpc_hop_floor.serving("stream", senders.worker_address) as proxy_address:
+            with grpc_hop_floor.serving("stream", senders.worker_address, senders.worker_token) as proxy_address:
                 proxy = ours.grpc_sender(proxy_address, ours.TINY)
                 rounds = [alternating_latencies_ms([senders.worker_tiny, senders.gateway_tiny, proxy], self.singles) for _ in range(self.args.runs)]
             direct, hop, bare = ([statistics.median(times) for times in path] for path in zip(*rounds))

@@ -41,6 +41,8 @@ class Stack:
         # Admin writes always need a token: the operator's, or one made for this session (kept in this file).
         self.admin_token = settings.admin_token or secrets.token_urlsafe(24)
         self.admin_token_file = None if settings.admin_token else self.state / "admin-token"
+        # The gateway presents it on its Work streams; the workers refuse streams without it.
+        self.worker_token = secrets.token_urlsafe(24)
 
     def up(self) -> None:
         """Start every process and wait until a request through Envoy can be served."""
@@ -60,8 +62,8 @@ class Stack:
             wait_for_leader(admin)
             request = config_pb2.AddModelRequest(config=config_to_message(demo_model_config()))
             admin.AddModel(request, timeout=30, metadata=bearer_metadata(self.admin_token))
-        # Gateways and workers check the same inference tokens; Work streams carry a token made for this session.
-        inference = {"SIE_AUTH_MODE": s.auth_mode, "SIE_AUTH_TOKENS": ",".join(s.auth_tokens), "SIE_WORKER_TOKEN": secrets.token_urlsafe(24)}
+        # Gateways and workers check the same inference tokens; Work streams carry the stack's worker token.
+        inference = {"SIE_AUTH_MODE": s.auth_mode, "SIE_AUTH_TOKENS": ",".join(s.auth_tokens), "SIE_WORKER_TOKEN": self.worker_token}
         for index in range(s.workers):
             self._service(
                 "sie_worker",
