@@ -22,6 +22,7 @@ import torch
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import SIEClient
+from sie_common.auth import bearer_metadata
 from sie_stack.processes import ServiceProcess, free_port
 from sie_stack.settings import StackSettings
 from sie_stack.up import Stack
@@ -137,7 +138,8 @@ def stack(tmp: Path, tiny_weights: Path, env: dict[str, str]) -> Iterator[Sender
             running.up()
         with grpc.insecure_channel(f"127.0.0.1:{settings.config_port}") as channel:
             tiny = {"id": TINY, "path": str(tiny_weights), "profiles": {"default": {"adapter": "sentence_transformer"}}}
-            config_pb2_grpc.ConfigServiceStub(channel).AddModel(config_pb2.AddModelRequest(config=tiny), timeout=30)
+            request = config_pb2.AddModelRequest(config=tiny)
+            config_pb2_grpc.ConfigServiceStub(channel).AddModel(request, timeout=30, metadata=bearer_metadata(running.admin_token))
         worker = f"127.0.0.1:{settings.worker_port}"
         gateway = f"127.0.0.1:{settings.gateway_port}"
         _wait_until_encodes(grpc_sender(gateway, TINY))

@@ -217,7 +217,11 @@ def start_config(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProc
 
     def start(**env: str) -> WorkerProcess:
         log = tmp_path_factory.mktemp("config-logs") / "config.log"
-        defaults = {"SIE_ETCD_ENDPOINTS": etcd_server.endpoint, "SIE_ETCD_PREFIX": etcd_prefix, "SIE_CONFIG_LEADER_TTL_S": "3"}
+        # Loopback replicas: tests add models without an admin token unless they set SIE_ADMIN_TOKEN.
+        defaults = {
+            "SIE_ETCD_ENDPOINTS": etcd_server.endpoint, "SIE_ETCD_PREFIX": etcd_prefix, "SIE_CONFIG_LEADER_TTL_S": "3",
+            "SIE_ALLOW_UNAUTHENTICATED_ADMIN": "true",
+        }
         replica = WorkerProcess({**defaults, **env}, log, module="sie_config")
         started.append(replica)
         replica.wait_serving(timeout_s=60)

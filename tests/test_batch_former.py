@@ -106,3 +106,63 @@ async def test_an_item_over_the_budget_still_runs_alone() -> None:
     former.add(items("a", [500, 1]), LIMITS)
     batch = await asyncio.wait_for(former.next_batch(), 1)
     assert [item.cost for item in batch] == [500]
+
+
+async def test_a_later_request_on_another_model_goes_before_the_rest_of_a_bulk_one() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("bulk", [10] * 40), limits)
+    await asyncio.wait_for(former.next_batch(), 1)
+    former.add(items("small", [10]), limits)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.payload for item in batch] == ["small0"]
+
+
+async def test_a_later_request_on_the_same_model_leads_the_next_batch() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    bulk = items("a", [10] * 40)
+    former.add(bulk, limits)
+    await asyncio.wait_for(former.next_batch(), 1)
+    small = PendingItem("a", 10, "small", asyncio.get_running_loop().create_future())
+    former.add([small], limits)
+    batch = await asyncio.wait_for(former.next_batch(), 1)
+    assert small in batch
+
+
+async def test_a_sequential_small_client_and_a_bulk_request_take_turns() -> None:
+    """One small request at a time (a client waiting for each answer) beside a bulk one: the small request never
+    waits for more than one bulk batch, and the bulk request gets a batch per four one-item requests (by cost)."""
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("bulk", [10] * 400), limits)
+    turns = ""
+    waiting: PendingItem | None = None
+    for number in range(25):
+        if waiting is None:
+            [waiting] = items(f"small{number}", [10])
+            former.add([waiting], limits)
+        batch = await asyncio.wait_for(former.next_batch(), 1)
+        turns += "B" if batch[0].key == "bulk" else "s"
+        if waiting in batch:
+            waiting = None
+    assert "BB" not in turns
+    assert 4 <= turns.count("B") <= 7
+
+
+async def test_a_batch_given_back_is_formed_again_after_the_newer_request() -> None:
+    """The engine's swap: a batch staged behind the running one, not started, gives way to a request newer than it."""
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("bulk", [10] * 40), limits)
+    await asyncio.wait_for(former.next_batch(), 1)  # running
+    staged = await asyncio.wait_for(former.next_batch(), 1)
+    newer = asyncio.create_task(former.next_batch(newer_than=staged.flows))
+    await asyncio.sleep(0.01)
+    assert not newer.done()  # the bulk's own items are not newer than the staged batch
+    former.add(items("small", [10]), limits)
+    assert [item.payload for item in await asyncio.wait_for(newer, 1)] == ["small0"]
+    former.give_back(staged, limits)
+    again = await asyncio.wait_for(former.next_batch(), 1)
+    assert [item.payload for item in again] == [item.payload for item in staged]
+    assert former.pending == 40 - 8  # the running batch and the staged one, formed again

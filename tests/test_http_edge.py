@@ -177,7 +177,9 @@ def test_config_write_needs_the_admin_token(edge, tiny_models) -> None:
     assert status == 200 and body["created"] is True
     status, epoch = curl(edge, "GET", "/v1/configs/epoch")
     assert status == 200 and int(epoch["epoch"]) >= int(body["epoch"])
-    status, got = curl(edge, "GET", "/v1/configs/models/test/added-over-http")
+    # Reading configs back needs the admin token too.
+    assert curl(edge, "GET", "/v1/configs/models/test/added-over-http")[0] == 401
+    status, got = curl(edge, "GET", "/v1/configs/models/test/added-over-http", None, {"authorization": f"Bearer {ADMIN_TOKEN}"})
     assert status == 200 and got["config"]["id"] == "test/added-over-http"
     # ...and the gateway serves it, without a restart.
     wait_until(lambda: curl(edge, "POST", "/v1/encode/test/added-over-http", {"items": [{"text": "new"}]})[0] == 200, timeout_s=60, what="new model served")

@@ -34,6 +34,16 @@ def bundle_name(bundle_id: str) -> str:
     return BUNDLES + bundle_id
 
 
+def model_source(model_id: str) -> str:
+    """The `source` of a model config read from etcd (what errors about it name)."""
+    return f"etcd {model_name(model_id)}"
+
+
+def is_from_etcd(config: ModelConfig) -> bool:
+    """Whether the config came through the control plane rather than from a local file."""
+    return config.source == model_source(config.id)
+
+
 def encode_model(config: ModelConfig) -> bytes:
     return json.dumps(config.to_dict(), sort_keys=True).encode()
 
@@ -53,7 +63,7 @@ def decode_bundle(value: bytes, *, source: str) -> Bundle:
 
 def decode_models(values: Mapping[str, bytes]) -> dict[str, ModelConfig]:
     """Model id -> config for stored values keyed by model id; a value that does not parse is logged and left out."""
-    return _decode_each(values, lambda model_id, value: decode_model(value, source=f"etcd {model_name(model_id)}"))
+    return _decode_each(values, lambda model_id, value: decode_model(value, source=model_source(model_id)))
 
 
 def decode_bundles(values: Mapping[str, bytes]) -> dict[str, Bundle]:

@@ -46,7 +46,10 @@ class FaultStack:
         self.gateway = self.cluster.start_gateway(SIE_ETCD_ENDPOINTS=self.etcd_link.address)
 
     def start_config(self) -> WorkerProcess:
-        env = {"SIE_ETCD_ENDPOINTS": self.etcd.endpoint, "SIE_ETCD_PREFIX": PREFIX, "SIE_CONFIG_LEADER_TTL_S": LEASE_TTL_S}
+        env = {
+            "SIE_ETCD_ENDPOINTS": self.etcd.endpoint, "SIE_ETCD_PREFIX": PREFIX, "SIE_CONFIG_LEADER_TTL_S": LEASE_TTL_S,
+            "SIE_ALLOW_UNAUTHENTICATED_ADMIN": "true",  # a loopback test stack
+        }
         replica = WorkerProcess(env, self._tmp / f"config-{len(self.configs)}.log", module="sie_config")
         self.configs.append(replica)
         replica.wait_serving(timeout_s=60)

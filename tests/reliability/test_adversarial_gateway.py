@@ -14,8 +14,9 @@ import urllib.request
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 
-from grpc_helpers import call_until_loaded, error_reason
+from grpc_helpers import call_until_loaded, error_info, error_reason
 from local_cluster import gateway_model, model_config, served_by, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import cluster_store, config_store
@@ -394,3 +395,36 @@ def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_
         assert after - baseline < RSS_BOUND_MB
         assert sent_while_unread < MAX_SENT  # flow control reached back: the sender was held back
         assert stub.Encode(big, timeout=60).results
+
+
+def test_the_gateway_refuses_fields_over_their_bounds_before_routing(cluster, reliability_report) -> None:
+    """Bounds on a message's own fields are the gateway's too: with tighter ones than its worker's, the
+    gateway's answer shows it checked them, before it looked the model up or routed anything."""
+    cluster.start_worker("b1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(SIE_MAX_ITEMS_PER_REQUEST="4", SIE_MAX_TEXT_BYTES="64", SIE_MAX_OPTIONS_DEPTH="2")
+    nested = struct_pb2.Struct()
+    nested.update({"a": {"b": {"c": 1}}})
+    cases = {
+        # No model of that name exists: over a bound is said before NOT_FOUND would be.
+        "TOO_MANY_ITEMS": lambda stub: stub.Encode(
+            inference_pb2.EncodeRequest(model="nobody/has-this", items=[types_pb2.Item(text="x")] * 5), timeout=30
+        ),
+        # The worker's own bound (2 MiB) would take this text: only the gateway's refuses it.
+        "TEXT_TOO_LONG": lambda stub: stub.Encode(request("y" * 65), timeout=30),
+        "NAME_TOO_LONG": lambda stub: stub.Encode(request("x", model="m" * 300), timeout=30),
+        "OPTIONS_TOO_LARGE": lambda stub: stub.Encode(
+            inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text="x")], options=nested), timeout=30
+        ),
+        "INVALID_THRESHOLD": lambda stub: stub.Extract(
+            inference_pb2.ExtractRequest(model="nobody/has-this", items=[types_pb2.Item(text="x")], threshold=float("nan")), timeout=30
+        ),
+    }
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["b1"], what="worker registered")
+        for reason, call in cases.items():
+            refused = refusal(lambda: call(stub))
+            reliability_report.add("adversarial gateway", f"field over its bound at the gateway ({reason})", status=refused.code().name)
+            assert (refused.code(), error_reason(refused)) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+        assert error_info(refusal(lambda: cases["TEXT_TOO_LONG"](stub))).metadata["setting"] == "SIE_MAX_TEXT_BYTES"
+        still_serves(stub)

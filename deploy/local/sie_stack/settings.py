@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sie_common.auth import check_auth_mode
 from sie_common.settings import setting
 
 
@@ -18,3 +19,9 @@ class StackSettings:
     http_port: int = setting(8080, env="SIE_STACK_HTTP_PORT", help="Envoy port: HTTP/JSON and native gRPC")
     envoy_admin_port: int = setting(9901, env="SIE_STACK_ENVOY_ADMIN_PORT", help="Envoy admin port (readiness, stats)")
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    admin_token: str | None = setting(None, env="SIE_ADMIN_TOKEN", help="admin token of the config service; unset: a random one for this session, printed and kept in <state dir>/admin-token")
+    auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: the gateway and workers need a bearer token from SIE_AUTH_TOKENS on every Inference call")
+    auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated inference tokens with SIE_AUTH_MODE=static")
+
+    def __post_init__(self) -> None:
+        check_auth_mode(self.auth_mode, self.auth_tokens)

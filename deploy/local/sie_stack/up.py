@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ import grpc
 import yaml
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
+from sie_common.auth import bearer_metadata
 from sie_common.config_messages import config_to_message
 from sie_common.model_config import parse_model_config
 from sie_stack.envoy_config import render
@@ -35,6 +38,9 @@ class Stack:
         self.logs = self.state / "logs"
         self.started: list[ChildProcess] = []
         self.services: list[ServiceProcess] = []
+        # Admin writes always need a token: the operator's, or one made for this session (kept in this file).
+        self.admin_token = settings.admin_token or secrets.token_urlsafe(24)
+        self.admin_token_file = None if settings.admin_token else self.state / "admin-token"
 
     def up(self) -> None:
         """Start every process and wait until a request through Envoy can be served."""
@@ -44,19 +50,26 @@ class Stack:
         self.started.append(etcd)
         etcd.start()
         env = {"SIE_ETCD_ENDPOINTS": etcd.endpoint, "SIE_LOG_LEVEL": s.log_level}
-        config = self._service("sie_config", s.config_port, env)
+        if self.admin_token_file is not None:
+            self.admin_token_file.unlink(missing_ok=True)
+            with os.fdopen(os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
+                file.write(self.admin_token + "\n")
+        config = self._service("sie_config", s.config_port, {**env, "SIE_ADMIN_TOKEN": self.admin_token})
         with grpc.insecure_channel(config.address) as channel:
             admin = config_pb2_grpc.ConfigServiceStub(channel)
             wait_for_leader(admin)
-            admin.AddModel(config_pb2.AddModelRequest(config=config_to_message(demo_model_config())), timeout=30)
+            request = config_pb2.AddModelRequest(config=config_to_message(demo_model_config()))
+            admin.AddModel(request, timeout=30, metadata=bearer_metadata(self.admin_token))
+        # Gateways and workers check the same inference tokens; Work streams carry a token made for this session.
+        inference = {"SIE_AUTH_MODE": s.auth_mode, "SIE_AUTH_TOKENS": ",".join(s.auth_tokens), "SIE_WORKER_TOKEN": secrets.token_urlsafe(24)}
         for index in range(s.workers):
             self._service(
                 "sie_worker",
                 s.worker_port + index,
-                {**env, "SIE_WORKER_ID": f"worker-{index}", "SIE_PRELOAD_MODELS": DEMO_MODEL},
+                {**env, **inference, "SIE_WORKER_ID": f"worker-{index}", "SIE_PRELOAD_MODELS": DEMO_MODEL},
                 log_name=f"worker-{index}",
             )
-        gateway = self._service("sie_gateway", s.gateway_port, env)
+        gateway = self._service("sie_gateway", s.gateway_port, {**env, **inference})
         envoy_config = self.state / "envoy.json"
         envoy_config.write_text(json.dumps(render(
             listen_port=s.http_port, admin_port=s.envoy_admin_port, gateway=gateway.address, config=config.address,
@@ -64,7 +77,7 @@ class Stack:
         envoy = EnvoyProcess(envoy_config, self.logs / "envoy.log", s.envoy_admin_port)
         self.started.append(envoy)
         envoy.wait_ready()
-        _wait_until_served(gateway.address)
+        _wait_until_served(gateway.address, bearer_metadata(s.auth_tokens[0]) if s.auth_mode == "static" else ())
 
     def _service(self, module: str, port: int, env: dict[str, str], log_name: str | None = None) -> ServiceProcess:
         process = ServiceProcess(env, self.logs / f"{log_name or module}.log", module=module, port=port)
@@ -94,12 +107,21 @@ class Stack:
             f"  etcd                127.0.0.1:{s.etcd_port}\n"
             f"  metrics             {self._metrics_endpoints()}   (/metrics, /healthz, /readyz)\n"
             f"  state and logs      {self.state}\n"
+            f"{self._token_lines()}"
             "Try:\n"
             f"  curl -s http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d '{{\"items\": [{{\"text\": \"hello\"}}]}}'\n"
             f"  curl -s http://127.0.0.1:{s.http_port}/v1/embeddings -d '{{\"model\": \"{DEMO_MODEL}\", \"input\": \"hello\"}}'\n"
             "Ctrl-C stops everything."
         )
 
+
+    def _token_lines(self) -> str:
+        """Which tokens the stack wants, for the banner (a token made for this session is shown)."""
+        where = f"{self.admin_token}   (kept in {self.admin_token_file})" if self.admin_token_file else "SIE_ADMIN_TOKEN"
+        lines = f"  admin token         {where}: AddModel and config reads need 'authorization: Bearer <token>'\n"
+        if self.settings.auth_mode == "static":
+            lines += "  inference tokens    SIE_AUTH_TOKENS: every Inference call needs 'authorization: Bearer <token>'\n"
+        return lines
 
     def _metrics_endpoints(self) -> str:
         """`name :port` of each service's metrics port (config, workers, gateway), in start order."""
@@ -156,13 +178,13 @@ def wait_for_leader(stub: config_pb2_grpc.ConfigServiceStub, timeout_s: float = 
     raise TimeoutError("no config leader published the bundles")
 
 
-def _wait_until_served(gateway: str, timeout_s: float = 180) -> None:
-    """Until a worker has registered with the demo model loaded."""
+def _wait_until_served(gateway: str, metadata: tuple[tuple[str, str], ...], timeout_s: float = 180) -> None:
+    """Until a worker has registered with the demo model loaded (`metadata`: the inference token, if one is needed)."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(gateway) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         while time.monotonic() < deadline:
-            if stub.GetModel(inference_pb2.GetModelRequest(model=DEMO_MODEL), timeout=5).model.loaded_on:
+            if stub.GetModel(inference_pb2.GetModelRequest(model=DEMO_MODEL), timeout=5, metadata=metadata).model.loaded_on:
                 return
             time.sleep(0.2)
     raise TimeoutError(f"no worker registered {DEMO_MODEL} as loaded within {timeout_s} s")

@@ -9,32 +9,61 @@ from typing import TypeVar
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc
-from sie_common.auth import require_token
+from sie_common.auth import Check, Metadata, token_check
 from sie_common.config_messages import bundle_to_message, config_from_message, config_to_message
-from sie_common.errors import Internal, InvalidArgument, NotFound, SieError, Unavailable, abort
+from sie_common.errors import Internal, InvalidArgument, NotFound, PermissionDenied, SieError, Unavailable, abort
 from sie_common.etcd import EtcdUnavailable
-from sie_common.model_config import ModelConfigError
+from sie_common.model_config import ModelConfig, ModelConfigError
 from sie_config.metrics import REQUESTS
+from sie_config.settings import ConfigSettings
 from sie_config.store import ConfigStore, request_fingerprint
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 IDEMPOTENCY_KEY = "idempotency-key"
+_METHOD = "/sie.v1.ConfigService/"
+# What each admin RPC lets the caller do (the words its refusal uses).
+ADMIN_READS = {"ExportConfigs": "export configs", "ListModelConfigs": "list model configs", "GetModelConfig": "read model configs"}
+ADMIN_WRITES = {"AddModel": "add models"}
+
+
+def admin_checks(settings: ConfigSettings) -> dict[str, Check]:
+    """The admin token on every admin RPC when one is set; without one, writes are refused unless
+    SIE_ALLOW_UNAUTHENTICATED_ADMIN opens them (loopback only, see ConfigSettings) and reads stay open."""
+    if settings.admin_token:
+        return {_METHOD + rpc: token_check([settings.admin_token], what=what) for rpc, what in {**ADMIN_READS, **ADMIN_WRITES}.items()}
+    if settings.allow_unauthenticated_admin:
+        return {}
+    return {_METHOD + rpc: _admin_disabled(what) for rpc, what in ADMIN_WRITES.items()}
+
+
+def _admin_disabled(what: str) -> Check:
+    def refuse(metadata: Metadata) -> None:
+        raise PermissionDenied(
+            f"admin writes are disabled: no SIE_ADMIN_TOKEN is set on the config service, so nobody may {what}. Set"
+            " SIE_ADMIN_TOKEN and send 'authorization: Bearer <token>', or for a loopback-only dev stack set"
+            " SIE_ALLOW_UNAUTHENTICATED_ADMIN=true",
+            reason="ADMIN_DISABLED",
+        )
+
+    return refuse
 
 
 class ConfigService(config_pb2_grpc.ConfigServiceServicer):
-    def __init__(self, store: ConfigStore, admin_token: str | None) -> None:
+    """The admin token is checked before these handlers run (`admin_checks`, in the server's Authorize interceptor)."""
+
+    def __init__(self, store: ConfigStore, *, allow_remote_code: bool) -> None:
         self._store = store
-        self._admin_token = admin_token
+        self._allow_remote_code = allow_remote_code
 
     async def AddModel(self, request: config_pb2.AddModelRequest, context: grpc.aio.ServicerContext) -> config_pb2.AddModelResponse:
         async def add() -> config_pb2.AddModelResponse:
-            self._require_admin(context, "add models")
             try:
                 config = config_from_message(request.config, source="AddModel config")
             except ModelConfigError as error:
                 raise InvalidArgument(str(error), reason="INVALID_MODEL_CONFIG", metadata={"field": error.field_path}) from None
+            self._check_remote_code(config)
             metadata = dict(context.invocation_metadata() or ())
             return await self._store.add_model(config, metadata.get(IDEMPOTENCY_KEY) or None, request_fingerprint(request))
 
@@ -57,7 +86,6 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
 
     async def ExportConfigs(self, request: config_pb2.ExportConfigsRequest, context: grpc.aio.ServicerContext) -> config_pb2.ExportConfigsResponse:
         async def export() -> config_pb2.ExportConfigsResponse:
-            self._require_admin(context, "export configs")
             snapshot = await self._store.snapshot()
             hashes = snapshot.bundle_hashes()
             return config_pb2.ExportConfigsResponse(
@@ -98,9 +126,16 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
 
         return await _answer(context, "GetBundle", get_bundle)
 
-    def _require_admin(self, context: grpc.aio.ServicerContext, what: str) -> None:
-        if self._admin_token is not None:
-            require_token(context, [self._admin_token], what=what)
+    def _check_remote_code(self, config: ModelConfig) -> None:
+        trusting = sorted(name for name, profile in config.profiles.items() if profile.trust_remote_code)
+        if trusting and not self._allow_remote_code:
+            raise PermissionDenied(
+                f"model {config.id!r}: profile(s) {', '.join(trusting)} set load_options.trust_remote_code, which runs code"
+                " shipped with the weights; this config service does not accept that (set SIE_ALLOW_REMOTE_CODE=true on it"
+                " to allow it, and on the workers that should run it)",
+                reason="REMOTE_CODE_DISABLED",
+                metadata={"model": config.id},
+            )
 
 
 async def _answer(context: grpc.aio.ServicerContext, operation: str, handle: Callable[[], Awaitable[T]]) -> T:

@@ -10,13 +10,14 @@ from pathlib import Path
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc
+from sie_common.auth import Authorize
 from sie_common.bundles import load_bundles
 from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.malformed_requests import RejectMalformedRequests
 from sie_common.transport import ServerTransport
 from sie_common.metrics_server import start_metrics_server
-from sie_config.api import ConfigService
+from sie_config.api import ConfigService, admin_checks
 from sie_config.leader import LeaderElection
 from sie_config.metrics import register_election
 from sie_config.settings import ConfigSettings
@@ -45,8 +46,9 @@ async def serve(settings: ConfigSettings) -> None:
     election = LeaderElection(etcd, address, settings.leader_ttl_s, on_elected)
     store = ConfigStore(etcd, election, bundles, settings.idempotency_ttl_s)
 
-    server = grpc.aio.server(interceptors=[RejectMalformedRequests()], options=transport.server_options())
-    config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, settings.admin_token), server)
+    authorize = Authorize(admin_checks(settings))
+    server = grpc.aio.server(interceptors=[authorize, RejectMalformedRequests()], options=transport.server_options())
+    config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, allow_remote_code=settings.allow_remote_code), server)
     health = await add_health_and_reflection(server, [CONFIG_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     transport.listen(server, listen)
@@ -55,7 +57,10 @@ async def serve(settings: ConfigSettings) -> None:
     await server.start()
     election.start()
     await set_serving(health, [CONFIG_SERVICE], True)
-    log.info("sie-config serving sie.v1.ConfigService on %s (etcd %s, prefix %s)", listen, ",".join(etcd.endpoints), etcd.prefix)
+    log.info(
+        "sie-config serving sie.v1.ConfigService on %s (etcd %s, prefix %s; admin writes: %s)",
+        listen, ",".join(etcd.endpoints), etcd.prefix, _admin_stance(settings),
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -69,3 +74,11 @@ async def serve(settings: ConfigSettings) -> None:
     if metrics is not None:
         metrics.stop()
 
+
+
+def _admin_stance(settings: ConfigSettings) -> str:
+    if settings.admin_token:
+        return "need SIE_ADMIN_TOKEN"
+    if settings.allow_unauthenticated_admin:
+        return "open to anyone on loopback (SIE_ALLOW_UNAUTHENTICATED_ADMIN)"
+    return "disabled (no SIE_ADMIN_TOKEN)"

@@ -17,10 +17,11 @@ import grpc
 from google.rpc import status_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
-from sie_common.auth import bearer_token, require_token
+from sie_common.auth import bearer_token
 from sie_common import openai_embeddings
 from sie_common.answer_size import check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
+from sie_common.request_bounds import RequestBounds, check_request
 from sie_common.request_metrics import status_code
 from sie_common.tensors import spell_out_tensors
 from sie_common.errors import (
@@ -59,6 +60,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         self._dispatcher = dispatcher
         self._pools = pools
         self._demand = demand
+        self._bounds = RequestBounds(**RequestBounds.fields_from(settings))
         self.in_flight = 0
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
@@ -82,10 +84,6 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
     async def EncodeStream(
         self, requests: AsyncIterator[inference_pb2.EncodeStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
-        try:
-            self._authorize(context)
-        except SieError as error:
-            await abort(context, error)
         headers = _headers(context)
 
         async def encode(request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse | status_pb2.Status:
@@ -126,9 +124,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.DeletePoolResponse()
 
     async def _guarded(self, context: grpc.aio.ServicerContext, call: Callable[[], Any]) -> Any:
-        """Authorize, then run `call` (awaiting what it returns if needed); SieErrors end the call with their status."""
+        """Run `call` (awaiting what it returns if needed); SieErrors end the call with their status."""
         try:
-            self._authorize(context)
             result = call()
             return await result if inspect.isawaitable(result) else result
         except SieError as error:
@@ -138,7 +135,6 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         headers = _headers(context)
         with REQUESTS.observe(task, request.model, request.request_id) as outcome:
             try:
-                self._authorize(context)
                 with self._admitted():
                     work = await self._route(task, request, headers, self._deadline(context))
             except SieError as error:
@@ -154,7 +150,9 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             return response
 
     async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
-        """The worker's answer; RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for one this gateway may not send."""
+        """The worker's answer: INVALID_ARGUMENT for a field over its bound before anything else, and
+        RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for an answer this gateway may not send."""
+        check_request(request, self._bounds)
         config = self._config(request.model)
         limit = self._settings.max_send_message_bytes
         if task == "encode":
@@ -249,10 +247,6 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             rollouts=rollouts,
             loaded_on=loaded_on,
         )
-
-    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        if self._settings.auth_mode == "static":
-            require_token(context, self._settings.auth_tokens, what="call the inference API")
 
     @contextlib.contextmanager
     def _admitted(self) -> Iterator[None]:

@@ -9,6 +9,7 @@ import signal
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc
+from sie_common.auth import Authorize, inference_checks
 from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, set_serving
 from sie_common.malformed_requests import RejectMalformedRequests
@@ -40,7 +41,8 @@ async def serve(settings: GatewaySettings) -> None:
     view = ClusterView(etcd, on_workers_changed=dispatcher.forget_others)
     api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings), demand)
 
-    server = grpc.aio.server(interceptors=[RejectMalformedRequests()], options=transport.server_options())
+    authorize = Authorize(inference_checks(settings.auth_mode, settings.auth_tokens))
+    server = grpc.aio.server(interceptors=[authorize, RejectMalformedRequests()], options=transport.server_options())
     inference_pb2_grpc.add_InferenceServicer_to_server(api, server)
     health = await add_health_and_reflection(server, [INFERENCE_SERVICE])
     listen = f"{settings.host}:{settings.port}"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sie_common.auth import check_auth_mode
+from sie_common.request_bounds import RequestBoundSettings
 from sie_common.settings import SettingsError, setting
 from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
-AUTH_MODES = ("none", "static")
-
 
 @dataclass(frozen=True)
-class GatewaySettings:
+class GatewaySettings(RequestBoundSettings):
     host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
     port: int = setting(50051, env="SIE_PORT", help="gRPC port")
     etcd_endpoints: tuple[str, ...] = setting(("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)")
@@ -36,6 +36,7 @@ class GatewaySettings:
     tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
     max_receive_message_bytes: int = setting(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, env="SIE_MAX_RECEIVE_MESSAGE_BYTES", help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED")
     max_send_message_bytes: int = setting(DEFAULT_MAX_SEND_MESSAGE_BYTES, env="SIE_MAX_SEND_MESSAGE_BYTES", help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED")
+    worker_token: str | None = setting(None, env="SIE_WORKER_TOKEN", help="bearer token the gateway presents on its Work streams to workers; workers with the same SIE_WORKER_TOKEN refuse streams without it")
     worker_tls_ca_file: str | None = setting(None, env="SIE_WORKER_TLS_CA_FILE", help="PEM CA bundle that signed the workers' certificates: when set, the gateway reaches workers over TLS")
     worker_tls_cert_file: str | None = setting(None, env="SIE_WORKER_TLS_CERT_FILE", help="PEM client certificate the gateway presents to workers (mutual TLS; workers set SIE_TLS_CLIENT_CA_FILE)")
     worker_tls_key_file: str | None = setting(None, env="SIE_WORKER_TLS_KEY_FILE", help="PEM private key of SIE_WORKER_TLS_CERT_FILE")
@@ -46,10 +47,8 @@ class GatewaySettings:
     tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
-        if self.auth_mode not in AUTH_MODES:
-            raise SettingsError(f"SIE_AUTH_MODE={self.auth_mode!r}: expected one of {', '.join(AUTH_MODES)}")
-        if self.auth_mode == "static" and not self.auth_tokens:
-            raise SettingsError("SIE_AUTH_MODE=static needs at least one token in SIE_AUTH_TOKENS")
+        super().__post_init__()
+        check_auth_mode(self.auth_mode, self.auth_tokens)
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
         for name in ("pool_default_ttl_s", "pool_max_workers", "pool_max_ttl_s", "encode_stream_window"):
             if getattr(self, name) <= 0:

@@ -20,6 +20,7 @@ import grpc
 from opentelemetry import trace
 
 from sie.v1 import worker_pb2, worker_pb2_grpc
+from sie_common.auth import PresentToken
 from sie_common.settings import SettingsError
 from sie_common.tracing import WORK_METHOD, inject, span
 from sie_common.transport import channel_credentials
@@ -78,16 +79,18 @@ Connect = Callable[[str], grpc.aio.Channel]
 
 def worker_connector(settings: GatewaySettings) -> Connect:
     """Channels to workers: TLS when SIE_WORKER_TLS_CA_FILE is set, presenting SIE_WORKER_TLS_CERT_FILE
-    (mutual TLS) when that is set too. A worker's answer is bounded by the worker's own send limit;
-    receiving any size keeps one over this gateway's limit from ending the whole Work stream (the
-    gateway answers that request RESOURCE_EXHAUSTED instead)."""
+    (mutual TLS) when that is set too, and SIE_WORKER_TOKEN on every Work stream when that is set.
+    A worker's answer is bounded by the worker's own send limit; receiving any size keeps one over this
+    gateway's limit from ending the whole Work stream (the gateway answers that request
+    RESOURCE_EXHAUSTED instead)."""
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    interceptors = [PresentToken(settings.worker_token)] if settings.worker_token else None
     if not settings.worker_tls_ca_file:
         if settings.worker_tls_cert_file:
             raise SettingsError("SIE_WORKER_TLS_CERT_FILE (mutual TLS to workers) needs SIE_WORKER_TLS_CA_FILE")
-        return lambda address: grpc.aio.insecure_channel(address, options=options)
+        return lambda address: grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     credentials = channel_credentials(settings.worker_tls_ca_file, settings.worker_tls_cert_file, settings.worker_tls_key_file)
-    return lambda address: grpc.aio.secure_channel(address, credentials, options=options)
+    return lambda address: grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 class WorkerLink:

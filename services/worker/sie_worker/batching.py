@@ -3,11 +3,23 @@
 The device loop pulls: `next_batch()` returns as soon as some group is ready
 (its token cost reached the budget, it holds enough items, or its oldest item
 has waited the full window), so while the device is busy items pile up and
-the next batch comes out larger. A batch always takes its group's oldest
-item (nothing starves), then fills with the items nearest to it in length:
-first those no longer than it, longest first (they add no padding), then
-the shortest of the longer ones, so sequences of similar length share a
-forward pass.
+the next batch comes out larger.
+
+Which ready group goes, and which item leads its batch, is decided by fair
+queuing over arrivals (start-time fair queuing, by token cost): every `add`
+(one request's items, mostly) is a flow whose items get virtual start tags
+from the former's virtual time on, each one `cost` after the previous. The
+ready group holding the lowest tag goes, and that item leads the batch; the
+virtual time moves to where each batch's lead ends (its tag + cost), so a
+stream of new requests advances it as they are served. A request that arrives
+while a 4,096-item request drains starts at the current virtual time, ahead
+of the bulk's remaining items, so it waits for about one batch of its
+neighbour, whether that runs another model or the same one; the bulk request
+still gets its share while small ones keep coming. With one flow, or flows
+that do not overlap, tags follow arrival order. The lead is then filled with
+the items nearest to it in length: first those no longer than it, longest
+first (they add no padding), then the shortest of the longer ones, so
+sequences of similar length share a forward pass.
 
 A group's limits come from a `LimitSource`, read afresh every time the former
 decides: a fixed `BatchLimits`, or a model's adaptive controller whose wait
@@ -41,23 +53,26 @@ class LimitSource(Protocol):
 
 @dataclass(eq=False)
 class PendingItem:
-    """One item waiting for the device. `cost` is its token count."""
+    """One item waiting for the device. `cost` is its token count; `tag` its virtual start (set by `add`)."""
 
     key: Hashable
     cost: int
     payload: Any
     future: asyncio.Future
     enqueued_at: float = field(default_factory=time.monotonic)
+    tag: float = 0.0
+    flow: int = 0  # which `add` it came in: breaks ties between equal tags, earliest first
 
 
 class Batch(list[PendingItem]):
     """The items of one forward pass, cheapest first, with how the former decided on them."""
 
-    def __init__(self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float) -> None:
+    def __init__(self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float, flows: int = 0) -> None:
         super().__init__(items)
         self.limits = limits  # the limits it was formed under
         self.full = full  # flushed because the item cap or token budget was reached, not by the wait
         self.formed_at = formed_at  # time.monotonic() when it left the former
+        self.flows = flows  # flows (`add` calls) the former had seen when it formed the batch
 
     @property
     def tokens(self) -> int:
@@ -85,12 +100,20 @@ class BatchFormer:
     def __init__(self) -> None:
         self._groups: dict[Hashable, _Group] = {}
         self._changed = asyncio.Event()
+        # Virtual time: where the latest batch's lead item ends (its tag + cost); a new flow's tags start here.
+        self._virtual = 0.0
+        self._flows = 0
 
     def add(self, items: Sequence[PendingItem], limits: LimitSource) -> None:
-        """Queue items that arrived together; all share `items[0].key` and the limits of that group."""
+        """Queue items that arrived together (one flow); all share `items[0].key` and the limits of that group."""
         now = time.monotonic()
+        tag = self._virtual
+        self._flows += 1
         for item in items:
             item.enqueued_at = now
+            item.tag = tag
+            item.flow = self._flows
+            tag += item.cost
             group = self._groups.setdefault(item.key, _Group(limits))
             group.items.append(item)
             group.cost += item.cost
@@ -100,12 +123,15 @@ class BatchFormer:
     def pending(self) -> int:
         return sum(len(group.items) for group in self._groups.values())
 
-    async def next_batch(self) -> Batch:
-        """Wait until a group is ready and take one batch from it, sorted by cost."""
+    async def next_batch(self, newer_than: int | None = None) -> Batch:
+        """Wait until a group is ready and take one batch from it, sorted by cost.
+
+        With `newer_than` (a batch's `flows`), only a batch led by an item of a flow added after that batch was
+        formed: what may replace it on the device while it has not started (see `give_back`)."""
         while True:
             self._drop_abandoned()
             now = time.monotonic()
-            ready, wake_at = self._ready(now)
+            ready, wake_at = self._ready(now, newer_than)
             if ready is not None:
                 return self._take(*ready, now)
             self._changed.clear()
@@ -115,29 +141,46 @@ class BatchFormer:
             except TimeoutError:
                 pass
 
-    def _ready(self, now: float) -> tuple[tuple[Hashable, BatchLimits, bool] | None, float | None]:
-        """The ready group whose oldest item is oldest (key, limits, full), else when the next one will be."""
-        ready: tuple[float, Hashable, BatchLimits, bool] | None = None
+    def give_back(self, batch: Batch, limits: LimitSource) -> None:
+        """Queue again, as they were, the items of a batch that did not run (another was run in its place)."""
+        touched = []
+        for item in batch:
+            group = self._groups.setdefault(item.key, _Group(limits))
+            group.items.append(item)
+            group.cost += item.cost
+            touched.append(group)
+        for group in touched:
+            group.items.sort(key=lambda item: (item.flow, item.tag))  # arrival order again
+        self._changed.set()
+
+    def _ready(self, now: float, newer_than: int | None) -> tuple[tuple[Hashable, PendingItem, BatchLimits, bool] | None, float | None]:
+        """The ready group holding the lowest tag (key, its lead, limits, full), else when the next one will be."""
+        ready: tuple[tuple[float, int], Hashable, PendingItem, BatchLimits, bool] | None = None
         wake_at: float | None = None
         for key, group in self._groups.items():
+            candidates = group.items if newer_than is None else [item for item in group.items if item.flow > newer_than]
+            if not candidates:
+                continue
             limits = group.source.current()
-            oldest = group.items[0].enqueued_at
-            deadline = oldest + limits.max_wait_s
+            deadline = group.items[0].enqueued_at + limits.max_wait_s  # items are kept in arrival order
             full = len(group.items) >= limits.max_items or group.cost >= limits.max_tokens
             if full or now >= deadline:
-                if ready is None or oldest < ready[0]:
-                    ready = (oldest, key, limits, full)
+                lead = _lead(candidates)
+                order = (lead.tag, lead.flow)
+                if ready is None or order < ready[0]:
+                    ready = (order, key, lead, limits, full)
             elif wake_at is None or deadline < wake_at:
                 wake_at = deadline
         return (ready[1:] if ready else None), wake_at
 
-    def _take(self, key: Hashable, limits: BatchLimits, full: bool, now: float) -> Batch:
+    def _take(self, key: Hashable, lead: PendingItem, limits: BatchLimits, full: bool, now: float) -> Batch:
         group = self._groups[key]
-        oldest, rest = group.items[0], group.items[1:]
-        batch = [oldest]
-        longest = oldest.cost
-        not_longer = sorted((item for item in rest if item.cost <= oldest.cost), key=lambda pending: pending.cost, reverse=True)
-        longer = sorted((item for item in rest if item.cost > oldest.cost), key=lambda pending: pending.cost)
+        self._virtual = max(self._virtual, lead.tag + lead.cost)
+        rest = [item for item in group.items if item is not lead]
+        batch = [lead]
+        longest = lead.cost
+        not_longer = sorted((item for item in rest if item.cost <= lead.cost), key=lambda pending: pending.cost, reverse=True)
+        longer = sorted((item for item in rest if item.cost > lead.cost), key=lambda pending: pending.cost)
         for item in (*not_longer, *longer):
             if len(batch) >= limits.max_items:
                 break
@@ -151,7 +194,7 @@ class BatchFormer:
         group.cost -= sum(item.cost for item in batch)
         if not group.items:
             del self._groups[key]
-        return Batch(sorted(batch, key=lambda pending: pending.cost), limits=limits, full=full, formed_at=now)
+        return Batch(sorted(batch, key=lambda pending: pending.cost), limits=limits, full=full, formed_at=now, flows=self._flows)
 
     def _drop_abandoned(self) -> None:
         """Forget items whose caller went away (cancelled futures)."""
@@ -163,3 +206,8 @@ class BatchFormer:
                 group.cost = sum(item.cost for item in live)
                 if not live:
                     del self._groups[key]
+
+
+def _lead(items: list[PendingItem]) -> PendingItem:
+    """The item with the lowest virtual start tag, the earliest arrival among equal tags."""
+    return min(items, key=lambda item: (item.tag, item.flow))

@@ -5,7 +5,8 @@
 
 While one batch runs on the device the next is formed and queued behind it,
 so the device goes from one forward pass to the next without waiting on the
-event loop. Each model's batch policy (sie_worker.adaptive) sets the wait and
+event loop; until it starts, a batch led by a request that came after it was
+formed takes its place (fair queuing, sie_worker.batching). Each model's batch policy (sie_worker.adaptive) sets the wait and
 token budget its batches are formed under.
 
 Items of concurrent requests share forward passes when their batch key
@@ -23,7 +24,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,7 +61,8 @@ from sie_worker.jobs import (
 )
 from sie_worker.images import decode_image
 from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
-from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_splitting_on_oom
+from sie_worker.limits import Limits, check_muvera
+from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_isolating_failures
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.model_catalog import read_catalog
 from sie_worker.registry import LoadedModel, ModelRegistry
@@ -118,6 +120,7 @@ class Engine:
         self.settings = settings
         self.device = select_device(settings.device)
         self.registry = ModelRegistry(read_catalog(settings), settings, self.device)
+        self.limits = Limits.from_settings(settings)
         self._former = BatchFormer()
         self._cpu_pool = ThreadPoolExecutor(settings.preprocessor_workers, thread_name_prefix="sie-cpu")
         self._image_pool = ThreadPoolExecutor(settings.image_workers, thread_name_prefix="sie-image")
@@ -213,6 +216,8 @@ class Engine:
             model = await self._model_for(holds, job.model, job.profile, "encode", job.lora, job.items)
             needed = device_outputs(model, job.output_types)
             muvera_config = muvera_params(model, job.options) if "dense" in job.output_types and uses_muvera(model) else None
+            if muvera_config is not None:
+                check_muvera(muvera_config, self.limits)
             if job.dims is not None and "dense" in job.output_types and job.dims > dense_dims(model, job.options):
                 raise InvalidArgument(
                     f"dims {job.dims} exceeds the {dense_dims(model, job.options)} dimensions of {job.model}",
@@ -269,14 +274,14 @@ class Engine:
         return [result.output for result in results], results
 
     async def _prepare_images(self, clock: _Clock, encoder: ImageEncoder, items: Sequence[ItemInput]) -> list[Any]:
-        """Decode (within SIE_MAX_IMAGE_PIXELS) and preprocess each item's image, in parallel on the image pool.
+        """Decode (within the image limits, checked on the header) and preprocess each item's image, in parallel on
+        the image pool.
 
         The first bad image in item order is the one reported."""
         started = time.perf_counter()
-        max_pixels = self.settings.max_image_pixels
 
         def prepare(item: ItemInput) -> Any:
-            return encoder.prepare_image(decode_image(item, 0, max_pixels=max_pixels))
+            return encoder.prepare_image(decode_image(item, 0, limits=self.limits, resized_pixels=encoder.resized_pixels))
 
         loop = asyncio.get_running_loop()
         prepared = await asyncio.gather(*(loop.run_in_executor(self._image_pool, prepare, item) for item in items), return_exceptions=True)
@@ -414,16 +419,45 @@ class Engine:
         """Form batches and hand them to the device thread, at most PIPELINE_DEPTH at a time."""
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(PIPELINE_DEPTH)
+        behind: _Handed | None = None
         while True:
-            await slots.acquire()
-            batch = await self._former.next_batch()
+            if behind is not None and slots.locked() and not behind.running.done():
+                batch = await self._instead_of(behind, slots)
+            else:
+                await slots.acquire()
+                batch = await self._former.next_batch()
             QUEUE_DEPTH.set(self._former.pending)
             work: _DeviceWork = batch[0].payload[0]
             self._batches += 1
-            running = loop.run_in_executor(self._device_thread, _forward, work, batch)
-            running.add_done_callback(functools.partial(self._deliver, work, batch, self._batches, slots))
+            running = self._device_thread.submit(_forward, work, batch)
+            deliver = functools.partial(self._deliver, work, batch, self._batches, slots)
+            running.add_done_callback(lambda done, deliver=deliver: done.cancelled() or loop.call_soon_threadsafe(deliver, done))
+            behind = _Handed(work, batch, running)
 
-    def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: asyncio.Future) -> None:
+    async def _instead_of(self, behind: _Handed, slots: asyncio.Semaphore) -> Batch:
+        """The next batch to hand over while `behind` waits for the device behind the running batch, with a slot
+        held for it: a batch led by a request that came after `behind` was formed takes its place if it has not
+        started (its items go back to the former), so a new request waits for one batch of a bulk neighbour, not
+        two; else, once a slot frees, the next batch as usual."""
+        slot = asyncio.ensure_future(slots.acquire())
+        newer = asyncio.ensure_future(self._former.next_batch(newer_than=behind.batch.flows))
+        try:
+            await asyncio.wait({slot, newer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (slot, newer):
+                if not task.done():
+                    task.cancel()
+        if newer.done() and not newer.cancelled():
+            if behind.running.cancel():
+                self._former.give_back(behind.batch, behind.work.model.batching)
+                if slot.done() and not slot.cancelled():
+                    slots.release()  # the batch given back holds a slot already, now this one's
+            elif not (slot.done() and not slot.cancelled()):
+                await slots.acquire()
+            return newer.result()
+        return await self._former.next_batch()
+
+    def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
         """Fan a finished forward pass out to its items, and tell the model's batch policy how it went."""
         slots.release()
         model = work.model
@@ -434,11 +468,9 @@ class Engine:
         error = running.exception()
         if error is not None:
             log.error("forward pass of %d items on %s failed", len(batch), model.config.id, exc_info=error)
-            if not isinstance(error, SieError):
-                error = Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")
             for item in batch:
                 if not item.future.done():
-                    item.future.set_exception(error)
+                    item.future.set_exception(_answer_for(error, model))
             return
         outputs, started, finished = running.result()
         model.stats.forward_passes += 1
@@ -449,20 +481,41 @@ class Engine:
         if self.settings.instrumentation:
             record(model.config.id, model.profile, stats)
         for row, item in enumerate(batch):
-            if not item.future.done():
+            if item.future.done():
+                continue
+            if isinstance(outputs[row], BaseException):  # the forward pass failed on this item alone
+                item.future.set_exception(_answer_for(outputs[row], model))
+            else:
                 item.future.set_result(_ItemResult(outputs[row], stats, (started - item.enqueued_at) * 1000, item.cost))
 
 
+@dataclass(frozen=True)
+class _Handed:
+    """A batch handed to the device thread, and its pass there (cancellable until it starts)."""
+
+    work: _DeviceWork
+    batch: Batch
+    running: Future
+
+
 def _forward(work: _DeviceWork, batch: Batch) -> tuple[Sequence[Any], float, float]:
-    """Run one batch on the device thread: its outputs and when the pass started and finished (time.monotonic)."""
+    """Run one batch on the device thread: its outputs (or, for an item the pass failed on, the error) and when the
+    pass started and finished (time.monotonic)."""
     started = time.monotonic()
-    outputs = run_splitting_on_oom(
+    outputs = run_isolating_failures(
         lambda items: work.model.loras.run(work.lora, work.forward, items),
         [item.payload[1] for item in batch],
         is_oom=is_cuda_oom,
         recover=release_cuda_cache,
     )
     return outputs, started, time.monotonic()
+
+
+def _answer_for(error: BaseException, model: LoadedModel) -> SieError:
+    """What a caller is told when the forward pass failed on its item: a SieError as it is, anything else INTERNAL."""
+    if isinstance(error, SieError):
+        return error
+    return Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")
 
 
 def _record_device_spans(pending: Sequence[PendingItem], results: Sequence[_ItemResult]) -> None:

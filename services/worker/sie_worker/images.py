@@ -3,21 +3,28 @@
 JPEG, PNG and WebP are accepted; the bytes decide the format. An item's
 `format`, when set, must name one of them (`jpeg`/`jpg`, `png`, `webp`, or
 their `image/...` MIME types); a supported hint that disagrees with the bytes
-is ignored. The pixel count comes from the header and is checked against
-SIE_MAX_IMAGE_PIXELS before any pixel is decoded, so a small file that claims
-a huge image (a decompression bomb) is refused at the cost of reading its
-header. Every refusal is INVALID_ARGUMENT naming the item and the image.
+is ignored. The file's size is checked against SIE_MAX_IMAGE_BYTES, then
+the header's width and height against SIE_MAX_IMAGE_PIXELS and
+SIE_MAX_IMAGE_ASPECT_RATIO, and the size the model's processor would resize
+the image to against SIE_MAX_IMAGE_PIXELS, all before any pixel is decoded
+(sie_worker.limits): a small file that claims a huge image (a decompression
+bomb), or a thin one that the processor would blow up (1 x 1,000,000 resized
+to a 224-pixel short edge), is refused at the cost of reading its header.
+Every refusal is INVALID_ARGUMENT naming the item and the image.
 """
 
 from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Callable
 
 from PIL import Image, UnidentifiedImageError
 
 from sie_common.errors import InvalidArgument
 from sie_worker.jobs import ImageInput, ItemInput
+from sie_common.request_bounds import check_image_bytes
+from sie_worker.limits import Limits, check_image_size
 
 # Pillow's format name -> the names a `format` hint may use for it.
 FORMATS = {"JPEG": ("jpeg", "jpg"), "PNG": ("png",), "WEBP": ("webp",)}
@@ -28,21 +35,23 @@ SUPPORTED = "JPEG, PNG or WebP"
 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
 
-def decode_image(item: ItemInput, position: int, *, max_pixels: int) -> Image.Image:
-    """The decoded image `position` of `item`, in its own mode (the model's processor converts it)."""
+def decode_image(item: ItemInput, position: int, *, limits: Limits, resized_pixels: Callable[[int, int], int]) -> Image.Image:
+    """The decoded image `position` of `item`, in its own mode (the model's processor converts it).
+
+    `resized_pixels(width, height)`: the pixels the model's processor resizes an image of that size to."""
     image = item.images[position]
     where = f"{item.label}: images[{position}]"
     metadata = {**item.metadata, "image": str(position)}
     _check_hint(image, where, metadata)
+    check_image_bytes(len(image.data), where, metadata, limits)
     try:
         opened = Image.open(io.BytesIO(image.data), formats=tuple(FORMATS))
     except Image.DecompressionBombError:  # Pillow's own guard: the header claims over twice Image.MAX_IMAGE_PIXELS
-        raise _too_large(where, metadata, max_pixels, f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels") from None
+        raise _too_large(where, metadata, limits.image_pixels, f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise _unreadable(image.data, where, metadata, error) from None
     width, height = opened.size
-    if width * height > max_pixels:
-        raise _too_large(where, metadata, max_pixels, f"{width}x{height} is {width * height} pixels")
+    check_image_size(width, height, resized_pixels(width, height), where, metadata, limits)
     try:
         opened.load()
     except Exception as error:  # Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...

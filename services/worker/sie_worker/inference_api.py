@@ -14,6 +14,15 @@ from google.protobuf import json_format, struct_pb2
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import openai_embeddings
 from sie_common.answer_size import check_answer, check_encode_estimate
+from sie_common.request_bounds import (
+    check_instruction,
+    check_item_count,
+    check_labels,
+    check_name,
+    check_options,
+    check_text,
+    check_threshold,
+)
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
@@ -32,6 +41,7 @@ from sie_worker.jobs import (
     ScoreOutcome,
     Timing,
 )
+from sie_worker.limits import Limits
 from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
@@ -41,10 +51,10 @@ log = logging.getLogger(__name__)
 MAX_SEND_SETTING = "SIE_MAX_SEND_MESSAGE_BYTES"
 
 
-def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
-    """Validate an EncodeRequest's own fields (the model checks its part later)."""
-    _require_model(request.model)
-    items = _items(request.items)
+def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
+    """Validate an EncodeRequest's own fields, within `limits` (the model checks its part later)."""
+    _require_model(request.model, limits)
+    items = _items(request.items, limits)
     output_types = tuple(dict.fromkeys(request.output_types)) or ("dense",)
     for output in output_types:
         if output not in OUTPUT_TYPES:
@@ -62,7 +72,9 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
         )
     if request.HasField("dims") and request.dims <= 0:
         raise InvalidArgument(f"dims must be positive, got {request.dims}", reason="INVALID_DIMS")
-    lora, options = _lora_and_options(request.lora, request.options)
+    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
+    if request.HasField("instruction"):
+        check_instruction(request.instruction, limits)
     return EncodeJob(
         model=request.model,
         items=items,
@@ -78,17 +90,19 @@ def encode_job(request: inference_pb2.EncodeRequest) -> EncodeJob:
     )
 
 
-def score_job(request: inference_pb2.ScoreRequest) -> ScoreJob:
-    _require_model(request.model)
+def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
+    _require_model(request.model, limits)
     if not request.query.HasField("text") and not request.query.images:
         raise InvalidArgument("query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY")
     if request.HasField("top_k") and request.top_k < 0:
         raise InvalidArgument(f"top_k must be 0 (all) or positive, got {request.top_k}", reason="INVALID_TOP_K")
-    lora, options = _lora_and_options(request.lora, request.options)
+    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
+    if request.HasField("instruction"):
+        check_instruction(request.instruction, limits)
     return ScoreJob(
         model=request.model,
-        query=_item(request.query, None),
-        items=_items(request.items),
+        query=_item(request.query, None, limits),
+        items=_items(request.items, limits),
         top_k=request.top_k or None,
         instruction=request.instruction if request.HasField("instruction") else None,
         profile=request.profile,
@@ -98,13 +112,17 @@ def score_job(request: inference_pb2.ScoreRequest) -> ScoreJob:
     )
 
 
-def extract_job(request: inference_pb2.ExtractRequest) -> ExtractJob:
-    _require_model(request.model)
-    lora, options = _lora_and_options(request.lora, request.options)
+def extract_job(request: inference_pb2.ExtractRequest, limits: Limits) -> ExtractJob:
+    _require_model(request.model, limits)
+    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
+    labels = tuple(dict.fromkeys(request.labels))
+    check_labels(labels, limits)
+    if request.HasField("threshold"):
+        check_threshold(request.threshold)
     return ExtractJob(
         model=request.model,
-        texts=_texts(request.items),
-        labels=tuple(dict.fromkeys(request.labels)),
+        texts=_texts(request.items, limits),
+        labels=labels,
         threshold=request.threshold if request.HasField("threshold") else None,
         profile=request.profile,
         lora=lora,
@@ -113,31 +131,35 @@ def extract_job(request: inference_pb2.ExtractRequest) -> ExtractJob:
     )
 
 
-def _require_model(model: str) -> None:
+def _require_model(model: str, limits: Limits) -> None:
     if not model:
         raise InvalidArgument("model is required", reason="MISSING_MODEL")
+    check_name("model", model, limits)
 
 
-def _items(items: Sequence[types_pb2.Item]) -> list[ItemInput]:
+def _items(items: Sequence[types_pb2.Item], limits: Limits) -> list[ItemInput]:
     """The request's items; whether the model takes their inputs (text, images) is checked against its config later."""
     if not items:
         raise InvalidArgument("items: at least one item is required", reason="NO_ITEMS")
-    return [_item(item, index) for index, item in enumerate(items)]
+    check_item_count(len(items), limits)
+    return [_item(item, index, limits) for index, item in enumerate(items)]
 
 
-def _item(message: types_pb2.Item, index: int | None) -> ItemInput:
+def _item(message: types_pb2.Item, index: int | None, limits: Limits) -> ItemInput:
     text = message.text if message.HasField("text") else None
     images = tuple(ImageInput(image.data, image.format) for image in message.images) if message.images else ()
     item = ItemInput(text, images, message.id, index)  # positional: this runs for every item of every request
     if text is None and not images:
         raise InvalidArgument(f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata)
+    if text is not None:
+        check_text(text, item.label, item.metadata, limits)
     return item
 
 
-def _texts(items: Sequence[types_pb2.Item]) -> list[str]:
+def _texts(items: Sequence[types_pb2.Item], limits: Limits) -> list[str]:
     """Texts of extract items: extraction reads text only."""
     texts = []
-    for item in _items(items):
+    for item in _items(items, limits):
         if item.images:
             raise InvalidArgument(
                 f"{item.label}: extract reads text; send the item without images",
@@ -149,8 +171,11 @@ def _texts(items: Sequence[types_pb2.Item]) -> list[str]:
     return texts
 
 
-def _lora_and_options(lora: str, options: struct_pb2.Struct) -> tuple[str, dict[str, Any]]:
-    """The request's LoRA (`lora`, or its alias `options.lora`) and the remaining run-time options."""
+def _lora_and_options(lora: str, options: struct_pb2.Struct, profile: str, limits: Limits) -> tuple[str, dict[str, Any]]:
+    """The request's LoRA (`lora`, or its alias `options.lora`) and the remaining run-time options, within `limits`
+    (with the profile name, the other short name every request has)."""
+    check_name("profile", profile, limits)
+    check_options(options, limits)
     try:
         values = json_format.MessageToDict(options)
     except (json_format.SerializeToJsonError, ValueError) as error:  # NaN or Infinity in a number value (a bare Struct raises ValueError)
@@ -160,6 +185,7 @@ def _lora_and_options(lora: str, options: struct_pb2.Struct) -> tuple[str, dict[
         raise InvalidArgument("options.lora must be a LoRA adapter name", reason="INVALID_OPTIONS")
     if lora and alias and lora != alias:
         raise InvalidArgument(f"lora {lora!r} and options.lora {alias!r} disagree; set one", reason="INVALID_OPTIONS")
+    check_name("lora", lora or alias, limits)
     return lora or alias, values
 
 
@@ -238,6 +264,7 @@ def _batch_stats(stats: BatchStats) -> types_pb2.BatchStats:
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._limits = engine.limits
         self._max_answer_bytes = engine.settings.max_send_message_bytes
 
     # run_*: one request, raising SieError for anything the caller should be told
@@ -251,20 +278,20 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
         return await _guarded(
-            "score", request, lambda: self._engine.score(score_job(request)), lambda o: score_response(request, o), self._max_answer_bytes
+            "score", request, lambda: self._engine.score(score_job(request, self._limits)), lambda o: score_response(request, o), self._max_answer_bytes
         )
 
     async def run_extract(self, request: inference_pb2.ExtractRequest) -> inference_pb2.ExtractResponse:
         return await _guarded(
             "extract",
             request,
-            lambda: self._engine.extract(extract_job(request)),
+            lambda: self._engine.extract(extract_job(request, self._limits)),
             lambda o: extract_response(request, o),
             self._max_answer_bytes,
         )
 
     async def _encode(self, request: inference_pb2.EncodeRequest) -> EncodeOutcome:
-        job = encode_job(request)
+        job = encode_job(request, self._limits)
         check_encode_estimate(request, self._engine.registry.config(request.model), self._max_answer_bytes, MAX_SEND_SETTING)
         return await self._engine.encode(job)
 

@@ -12,6 +12,10 @@ from sie_worker.batch_stats import BatchStats
 from sie_worker.postprocess import Quantized
 
 
+# Longest item id an error message or ErrorInfo echoes (ids are echoed whole in answers only).
+SHOWN_ID_CHARS = 128
+
+
 @dataclass(frozen=True)
 class ImageInput:
     """One encoded image as the caller sent it; `format` is the caller's hint ("" when none)."""
@@ -40,13 +44,18 @@ class ItemInput(NamedTuple):
     def label(self) -> str:
         """How error messages name the item: "items[3] (id 'cat')", or "query"."""
         where = "query" if self.index is None else f"items[{self.index}]"
-        return f"{where} (id {self.id!r})" if self.id else where
+        return f"{where} (id {self.shown_id!r})" if self.id else where
 
     @property
     def metadata(self) -> dict[str, str]:
         """ErrorInfo metadata naming the item: `item` (its index, or "query") and `item_id` when it has one."""
         named = {"item": "query" if self.index is None else str(self.index)}
-        return {**named, "item_id": self.id} if self.id else named
+        return {**named, "item_id": self.shown_id} if self.id else named
+
+    @property
+    def shown_id(self) -> str:
+        """The id as errors echo it: cut to SHOWN_ID_CHARS, so an error's trailer stays small whatever the id."""
+        return self.id if len(self.id) <= SHOWN_ID_CHARS else self.id[:SHOWN_ID_CHARS] + "..."
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,20 @@
 """How much memory models take, when the worker is under memory pressure, and
-how a batch that runs out of device memory is retried.
+how a batch that fails (out of device memory, or on one item) is retried in halves.
 
 On CUDA pressure is the device's used share (all processes, from
 `torch.cuda.mem_get_info`) against SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT. On
-CPU it is the loaded models' weight bytes against SIE_CPU_MEMORY_BUDGET_MB:
+CPU it is the loaded models' weight bytes against the CPU budget:
 parameter and buffer bytes are exact and the same on every run, where process
 RSS moves with allocator caches and tokenizers and would make eviction depend
-on timing. MPS has no usable counter; it is never under pressure.
+on timing. The budget is SIE_CPU_MEMORY_BUDGET_MB when set (0: no limit), else
+SIE_CPU_MEMORY_FRACTION of the machine's memory: MemTotal, or the cgroup's
+memory limit when that is lower (a container's). MPS has no usable counter; it
+is never under pressure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from sie_common.errors import ResourceExhausted
+from sie_common.errors import InvalidArgument, ResourceExhausted, SieError
 from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -26,6 +30,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_MEMINFO = Path("/proc/meminfo")
+# cgroup v2, then v1; "max" or a number past the machine's memory means no limit.
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 
 
 def module_bytes(holder: object) -> int:
@@ -56,7 +63,8 @@ class MemoryPressure:
     def __init__(self, device: torch.device, settings: WorkerSettings) -> None:
         self._device = device
         self._threshold = settings.memory_pressure_threshold_percent
-        self._cpu_budget = int(settings.cpu_memory_budget_mb * 1024 * 1024)
+        self._cpu_budget = cpu_budget_bytes(settings) if device.type == "cpu" else 0
+        log.info("models are evicted over %s", self.describe())
 
     def over(self, loaded_bytes: int, incoming_bytes: int = 0) -> bool:
         if self._device.type == "cuda":
@@ -74,32 +82,88 @@ class MemoryPressure:
         return "no limit"
 
 
-def run_splitting_on_oom(
+def machine_memory_bytes(meminfo: Path = _MEMINFO, cgroup_limits: Sequence[Path] = _CGROUP_LIMITS) -> int:
+    """The memory this process may use: MemTotal, or the first cgroup limit found when it is lower; 0 if unknown."""
+    total = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    for path in cgroup_limits:
+        with contextlib.suppress(OSError, ValueError):
+            limit = path.read_text().strip()
+            if limit != "max":
+                return min(total, int(limit)) if total else int(limit)
+            return total
+    return total
+
+
+def cpu_budget_bytes(settings: WorkerSettings) -> int:
+    """The CPU budget of model weights: SIE_CPU_MEMORY_BUDGET_MB when set, else SIE_CPU_MEMORY_FRACTION of the
+    machine's memory; 0 means no limit."""
+    if settings.cpu_memory_budget_mb is not None:
+        return int(settings.cpu_memory_budget_mb * 1024 * 1024)
+    return int(settings.cpu_memory_fraction * machine_memory_bytes())
+
+
+def run_isolating_failures(
     run: Callable[[Sequence[T]], Any],
     items: Sequence[T],
     *,
     is_oom: Callable[[BaseException], bool],
     recover: Callable[[], None] = lambda: None,
 ) -> list[Any]:
-    """`run(items)` (one output per item); when it runs out of memory, run each half separately (recursively).
+    """`run(items)`, one output per item; when it raises, each half runs separately (recursively), so that a
+    failure ends with the items that cause it and the others still get their outputs.
 
-    A single item that still does not fit is RESOURCE_EXHAUSTED."""
+    Out of memory, `recover` runs before the halves do, and a single item that still does not fit fails with
+    RESOURCE_EXHAUSTED. An item that fails on its own while others of the batch succeed has the cause in its
+    input: INVALID_ARGUMENT (ITEM_FAILED). The failed items' errors stand in their outputs' places; when every
+    item fails, the first error is raised for the whole batch, and so is a SieError `run` raises (not split)."""
+    outcomes = _run_halving(run, items, is_oom, recover)
+    failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    if not failed:
+        return outcomes
+    if len(failed) == len(outcomes):
+        raise failed[0]
+    return [_blame(outcome) if isinstance(outcome, BaseException) else outcome for outcome in outcomes]
+
+
+def _run_halving(
+    run: Callable[[Sequence[T]], Any], items: Sequence[T], is_oom: Callable[[BaseException], bool], recover: Callable[[], None]
+) -> list[Any]:
+    """One outcome per item: its output, or the exception it failed with alone."""
     try:
         return list(run(items))
-    except Exception as error:
-        if not is_oom(error):
-            raise
-        recover()
+    except SieError:  # a deliberate answer for the whole batch (a LoRA that cannot load, ...), not an item's fault
+        raise
+    except Exception as error:  # whatever else failed the pass, the halves tell which items cause it
+        oom = is_oom(error)
+        if oom:
+            recover()
         if len(items) == 1:
-            raise ResourceExhausted(
-                f"out of device memory on a single item ({error}); send shorter inputs or free the device",
-                reason="DEVICE_OUT_OF_MEMORY",
-            ) from error
-        log.warning("out of memory on a batch of %d items; retrying in halves", len(items))
+            if oom:
+                return [
+                    ResourceExhausted(
+                        f"out of device memory on a single item ({error}); send shorter inputs or free the device",
+                        reason="DEVICE_OUT_OF_MEMORY",
+                    )
+                ]
+            return [error]
+        log.warning("%s on a batch of %d items; retrying in halves", "out of memory" if oom else f"error ({error})", len(items))
         middle = len(items) // 2
-        first = run_splitting_on_oom(run, items[:middle], is_oom=is_oom, recover=recover)
-        second = run_splitting_on_oom(run, items[middle:], is_oom=is_oom, recover=recover)
-        return first + second
+        return _run_halving(run, items[:middle], is_oom, recover) + _run_halving(run, items[middle:], is_oom, recover)
+
+
+def _blame(error: BaseException) -> BaseException:
+    """An item's own failure: INVALID_ARGUMENT unless it already is a SieError."""
+    if isinstance(error, SieError):
+        return error
+    return InvalidArgument(
+        f"the model failed on this item ({type(error).__name__}: {error}) while the other items of its batch succeeded; "
+        "check the item's input",
+        reason="ITEM_FAILED",
+    )
 
 
 def is_cuda_oom(error: BaseException) -> bool:

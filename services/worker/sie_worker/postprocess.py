@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import numpy as np
 
 OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary", "ubinary")
+# MUVERA partitions space into 2^k_sim parts per repetition.
+MAX_K_SIM = 10
 
 
 @dataclass(frozen=True)
@@ -81,12 +84,12 @@ class MuveraParams:
             raise ValueError(f"muvera.{unknown[0]}: unknown parameter; known: {', '.join(sorted(allowed))}")
         values = {}
         for key, value in options.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or int(value) != value:
                 raise ValueError(f"muvera.{key}: must be an integer, got {value!r}")
             values[key] = int(value)
         params = cls(**values)
-        if not (1 <= params.k_sim <= 10 and params.d_proj >= 1 and params.repetitions >= 1 and params.seed >= 0):
-            raise ValueError("muvera: need 1 <= k_sim <= 10, d_proj >= 1, repetitions >= 1, seed >= 0")
+        if not (1 <= params.k_sim <= MAX_K_SIM and params.d_proj >= 1 and params.repetitions >= 1 and 0 <= params.seed < 2**63):
+            raise ValueError(f"muvera: need 1 <= k_sim <= {MAX_K_SIM}, d_proj >= 1, repetitions >= 1, 0 <= seed < 2^63")
         return params
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sie.v1 import inference_pb2
+from sie_common.config_store import is_from_etcd
 from sie_common.errors import FailedPrecondition, NotFound, Unavailable, some_of
 from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
 from sie_worker.adapters import ADAPTERS
@@ -224,6 +225,7 @@ class ModelRegistry:
         try:
             if key in self._unloading:
                 await self._unloading[key]
+            self._check_remote_code(config, profile)
             keep = frozenset(model.weights_key for model in self._loaded.values())
             weights = await asyncio.to_thread(self._weights.resolve, config, keep=keep)
             await self._make_room(await asyncio.to_thread(weight_file_bytes, weights.path))
@@ -242,6 +244,16 @@ class ModelRegistry:
             model_id, profile, weights.source, seconds, loaded.memory_bytes / 2**20,
         )
         return loaded
+
+    def _check_remote_code(self, config: ModelConfig, profile: str) -> None:
+        """A config from the control plane may run code shipped with its weights only if this worker allows it."""
+        if is_from_etcd(config) and config.profile(profile).trust_remote_code and not self._settings.allow_remote_code:
+            raise FailedPrecondition(
+                f"model {config.id!r} (profile {profile}) sets trust_remote_code, and this worker does not run code from"
+                " configs added through the config service; set SIE_ALLOW_REMOTE_CODE=true on the worker to allow it",
+                reason="REMOTE_CODE_DISABLED",
+                metadata={"model": config.id},
+            )
 
     def _build_serialized(self, config: ModelConfig, profile_name: str, weights: ResolvedWeights) -> LoadedModel:
         with LOAD_LOCK:
@@ -367,7 +379,8 @@ class ModelRegistry:
             tasks=config.tasks,
             output_types=config.output_types,
             dims=config.dims or (dense_dims(loaded[0], {}) if loaded else 0),
-            max_sequence_length=config.max_sequence_length or (encoder.max_sequence_length if encoder else 0),
+            # Loaded, what the model really reads (a config's value is capped at its position table).
+            max_sequence_length=encoder.max_sequence_length if encoder else config.max_sequence_length or 0,
             profiles=sorted(config.profiles),
             state=state.value,
             stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),

@@ -9,6 +9,7 @@ import signal
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+from sie_common.auth import WORK_CALLS, Authorize, Check, inference_checks, token_check
 from sie_common.cluster_store import WorkerRecord
 from sie_common.etcd import Etcd
 from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
@@ -34,11 +35,11 @@ STOP_GRACE_S = 1.0
 async def serve(settings: WorkerSettings) -> None:
     transport = ServerTransport.of(settings)
     engine = Engine(settings)
-    server = grpc.aio.server(interceptors=[RejectMalformedRequests()], options=transport.server_options())
+    server = grpc.aio.server(interceptors=[Authorize(_checks(settings)), RejectMalformedRequests()], options=transport.server_options())
     inference = InferenceService(engine)
     inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
     handlers = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id, engine.limits), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
     health = await add_health_and_reflection(server, services)  # NOT_SERVING until the preloads finish
     address = f"{settings.host}:{settings.port}"
@@ -78,6 +79,14 @@ async def serve(settings: WorkerSettings) -> None:
     await engine.stop()
     if metrics is not None:
         metrics.stop()
+
+
+def _checks(settings: WorkerSettings) -> dict[str, Check]:
+    """Inference needs an inference token in static auth mode; Work streams need SIE_WORKER_TOKEN when it is set."""
+    checks = inference_checks(settings.auth_mode, settings.auth_tokens)
+    if settings.worker_token:
+        checks[WORK_CALLS] = token_check([settings.worker_token], what="open a Work stream")
+    return checks
 
 
 class _Cluster:

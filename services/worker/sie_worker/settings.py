@@ -5,12 +5,14 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from sie_common.auth import check_auth_mode
+from sie_common.request_bounds import RequestBoundSettings
 from sie_common.settings import SettingsError, setting
 from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
-class WorkerSettings:
+class WorkerSettings(RequestBoundSettings):
     host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
     port: int = setting(50061, env="SIE_PORT", help="gRPC port")
     worker_id: str = setting("", env="SIE_WORKER_ID", help="stable id in logs and answers (default: <hostname>:<port>)")
@@ -27,7 +29,8 @@ class WorkerSettings:
     disk_cache_enabled: bool = setting(True, env="SIE_DISK_CACHE_ENABLED", help="remove least-recently-used local weights when the disk is over the threshold")
     disk_pressure_threshold_percent: float = setting(85.0, env="SIE_DISK_PRESSURE_THRESHOLD_PERCENT", help="disk usage percent above which cached weights are removed")
     memory_pressure_threshold_percent: float = setting(85.0, env="SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT", help="memory usage percent (of device memory, or of the CPU budget) above which models are evicted")
-    cpu_memory_budget_mb: float = setting(0.0, env="SIE_CPU_MEMORY_BUDGET_MB", help="on CPU: megabytes of model weights to keep loaded; 0 means no limit")
+    cpu_memory_budget_mb: float | None = setting(None, env="SIE_CPU_MEMORY_BUDGET_MB", help="on CPU: megabytes of model weights to keep loaded; 0 means no limit; unset: SIE_CPU_MEMORY_FRACTION of the machine's memory")
+    cpu_memory_fraction: float = setting(0.5, env="SIE_CPU_MEMORY_FRACTION", help="on CPU, when SIE_CPU_MEMORY_BUDGET_MB is unset: the budget as a share of the machine's memory (MemTotal, or the cgroup's limit when lower); 0 means no limit")
     memory_check_interval_s: float = setting(5.0, env="SIE_MEMORY_CHECK_INTERVAL_S", help="how often the background monitor checks memory and idleness")
     idle_evict_s: float = setting(0.0, env="SIE_IDLE_EVICT_S", help="unload models idle this long; 0 disables")
     load_retry_cooldown_s: float = setting(5.0, env="SIE_LOAD_RETRY_COOLDOWN_S", help="wait after a retryable load failure, doubled per failure in a row")
@@ -44,7 +47,14 @@ class WorkerSettings:
     encode_stream_window: int = setting(32, env="SIE_ENCODE_STREAM_WINDOW", help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, no more of its requests are read (flow control holds the caller back)")
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     image_workers: int = setting(4, env="SIE_IMAGE_WORKERS", help="threads that decode and preprocess images (resize, crop, normalize)")
-    max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding)")
+    max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding), and largest size the model's processor may resize one to")
+    # Upper bounds on request fields that need the model (sie_worker.limits; docs/security.md "Bounds"); those the
+    # gateway checks too come from RequestBoundSettings.
+    max_image_aspect_ratio: float = setting(50.0, env="SIE_MAX_IMAGE_ASPECT_RATIO", help="largest ratio of an image's long edge to its short edge (read from the header before decoding)")
+    max_muvera_repetitions: int = setting(64, env="SIE_MAX_MUVERA_REPETITIONS", help="largest MUVERA repetitions accepted (request options merged over the profile's)")
+    max_muvera_d_proj: int = setting(1024, env="SIE_MAX_MUVERA_D_PROJ", help="largest MUVERA d_proj accepted")
+    max_muvera_dims: int = setting(16384, env="SIE_MAX_MUVERA_DIMS", help="widest MUVERA encoding accepted: repetitions x 2^k_sim x d_proj")
+    max_request_timeout_s: float = setting(3600.0, env="SIE_MAX_REQUEST_TIMEOUT_S", help="longest timeout a Work request may carry; longer ones are cut to it")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
     attention_backend: str = setting("auto", env="SIE_ATTENTION_BACKEND", help="auto, flash_attention_2, sdpa or eager")
@@ -59,6 +69,10 @@ class WorkerSettings:
     health_publish_interval_ms: int = setting(5000, env="SIE_HEALTH_PUBLISH_INTERVAL_MS", help="how often the worker's etcd registration is refreshed (loaded models, queue depth, capacity)")
     worker_lease_ttl_s: int = setting(10, env="SIE_WORKER_LEASE_TTL_S", help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it")
     weight_roots: tuple[str, ...] = setting((), env="SIE_WEIGHT_ROOTS", help="comma-separated directories a model config's path and local LoRA directories must lie in (symlinks resolved); unset: the local cache, SIE_MODELS_DIR and the built-in models' package directories")
+    auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: every Inference call on this worker needs a bearer token from SIE_AUTH_TOKENS (set them as on the gateways)")
+    auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
+    worker_token: str | None = setting(None, env="SIE_WORKER_TOKEN", help="bearer token every Work stream must present (the gateways' SIE_WORKER_TOKEN); required with SIE_AUTH_MODE=static unless SIE_TLS_CLIENT_CA_FILE is set")
+    allow_remote_code: bool = setting(False, env="SIE_ALLOW_REMOTE_CODE", help="load model configs from the config service (etcd) whose profile sets trust_remote_code; off: they fail with FAILED_PRECONDITION/REMOTE_CODE_DISABLED (files in SIE_MODELS_DIR may always set it)")
     tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
     tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
     tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
@@ -71,14 +85,35 @@ class WorkerSettings:
     tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        check_auth_mode(self.auth_mode, self.auth_tokens)
+        if self.auth_mode == "static" and not self.worker_token and not self.tls_client_ca_file:
+            raise SettingsError(
+                "SIE_AUTH_MODE=static protects Inference but not the Work stream gateways open: set SIE_WORKER_TOKEN"
+                " (and the same on the gateways), or SIE_TLS_CLIENT_CA_FILE for mutual TLS"
+            )
         if not 0 <= self.adaptive_min_quantum_ms <= self.adaptive_max_quantum_ms:
             raise SettingsError(
                 f"SIE_ADAPTIVE_MIN_QUANTUM_MS={self.adaptive_min_quantum_ms} and SIE_ADAPTIVE_MAX_QUANTUM_MS={self.adaptive_max_quantum_ms}:"
                 " need 0 <= min <= max"
             )
+        if not 0 <= self.cpu_memory_fraction <= 1:
+            raise SettingsError(f"SIE_CPU_MEMORY_FRACTION={self.cpu_memory_fraction}: must be between 0 (no limit) and 1")
+        if self.cpu_memory_budget_mb is not None and self.cpu_memory_budget_mb < 0:
+            raise SettingsError(f"SIE_CPU_MEMORY_BUDGET_MB={self.cpu_memory_budget_mb}: must be 0 (no limit) or positive")
         if self.adaptive_target_p50_ms < 0:
             raise SettingsError(f"SIE_ADAPTIVE_TARGET_P50_MS={self.adaptive_target_p50_ms}: must be 0 (derived) or positive")
-        if self.encode_stream_window <= 0:
-            raise SettingsError(f"SIE_ENCODE_STREAM_WINDOW={self.encode_stream_window}: must be positive")
+        bounds = {name: getattr(self, name) for name in _POSITIVE_BOUNDS}
+        for name, value in bounds.items():
+            if value <= 0:
+                raise SettingsError(f"{self.__dataclass_fields__[name].metadata['env']}={value}: must be positive")
+        if self.max_image_aspect_ratio < 1:
+            raise SettingsError(f"SIE_MAX_IMAGE_ASPECT_RATIO={self.max_image_aspect_ratio}: must be at least 1")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{self.port}")
+
+
+# The worker's own request bounds (sie_worker.limits) that must be positive.
+_POSITIVE_BOUNDS = (
+    "max_image_pixels", "max_muvera_repetitions", "max_muvera_d_proj", "max_muvera_dims", "max_request_timeout_s", "encode_stream_window",
+)

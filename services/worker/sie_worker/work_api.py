@@ -2,7 +2,7 @@
 
 A gateway keeps one Work stream per worker and multiplexes requests on it by
 request_id. Each request runs as soon as it arrives, bounded by its own
-timeout, and is answered as it completes; a CancelWork drops it unanswered.
+timeout (at most SIE_MAX_REQUEST_TIMEOUT_S), and is answered as it completes; a CancelWork drops it unanswered.
 Each request runs in a server span that continues the trace its
 `trace_context` names (the stream itself is not traced).
 """
@@ -20,6 +20,7 @@ from sie.v1 import worker_pb2, worker_pb2_grpc
 from sie_common.concurrent_answers import ConcurrentAnswers
 from sie_common.errors import DeadlineExceeded, InvalidArgument, SieError, Unimplemented
 from sie_common.tracing import WORK_METHOD, extract, span
+from sie_worker.limits import Limits, work_timeout
 from sie_worker.metrics import WORK_STREAMS
 
 # Task name in WorkRequest ("encode", "score", "extract") -> the API call that serves it.
@@ -27,9 +28,10 @@ Handler = Callable[[Any], Awaitable[Any]]
 
 
 class WorkService(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, handlers: Mapping[str, Handler], worker_id: str) -> None:
+    def __init__(self, handlers: Mapping[str, Handler], worker_id: str, limits: Limits) -> None:
         self._handlers = dict(handlers)
         self._worker_id = worker_id
+        self._limits = limits
 
     async def Work(
         self, requests: AsyncIterator[worker_pb2.WorkRequest], context: grpc.aio.ServicerContext
@@ -64,7 +66,7 @@ class WorkService(worker_pb2_grpc.WorkerServicer):
         try:
             if handler is None:
                 raise Unimplemented(f"this worker does not serve {task or 'empty'} work", reason="TASK_NOT_SERVED")
-            timeout = work.timeout.ToTimedelta().total_seconds() if work.HasField("timeout") else None
+            timeout = work_timeout(work.timeout, self._limits) if work.HasField("timeout") else None
             try:
                 async with asyncio.timeout(timeout):
                     response = await handler(getattr(work, task))

@@ -107,6 +107,9 @@ class TextEncoder(ModelAdapter, Protocol):
 class ImageEncoder(TextEncoder, Protocol):
     """A dual encoder (CLIP-style): texts through its text tower, images through its image tower, one embedding space."""
 
+    def resized_pixels(self, width: int, height: int) -> int:
+        """Pixels the processor resizes an image of this size to, before any crop: checked before decoding. Thread-safe."""
+
     def prepare_image(self, image: Image.Image) -> np.ndarray:
         """Pixel values of one decoded image, resized and normalized by the model's processor. Thread-safe."""
 

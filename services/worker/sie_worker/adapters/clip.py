@@ -61,6 +61,20 @@ class DualEncoder(ImageEncoder):
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         return [TokenizedText(item.ids) for item in self.tokenizer.encode([prompt + text for text in texts])]
 
+    def resized_pixels(self, width: int, height: int) -> int:
+        """A fixed height and width, or the short edge scaled to `shortest_edge` (the long edge then grows with the
+        aspect ratio: what makes a 1 x 1,000,000 image a bomb). Processors that resize otherwise are counted at the
+        image's own size."""
+        size = self.image_processor.size
+        if not self.image_processor.do_resize:
+            return width * height
+        if size.height and size.width:
+            return size.height * size.width
+        if size.shortest_edge:
+            scale = size.shortest_edge / max(min(width, height), 1)
+            return round(width * scale) * round(height * scale)
+        return width * height
+
     def prepare_image(self, image: Image.Image) -> np.ndarray:
         return self.image_processor(images=[image], return_tensors="np")["pixel_values"][0]
 

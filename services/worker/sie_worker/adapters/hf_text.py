@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +17,8 @@ from transformers import AutoTokenizer
 from sie_worker.adapters.base import LoadContext, TokenizedText
 from sie_worker.adapters.onednn import use_onednn
 from sie_worker.adapters.unpadded import use_unpadded
+
+log = logging.getLogger(__name__)
 
 Row = TypeVar("Row")
 # On a CPU one more forward pass costs about as much as this many padded tokens.
@@ -56,10 +59,22 @@ class TextTokenizer:
         ]
 
     def encode_pairs(self, first: str, seconds: Sequence[str]) -> list[TokenizedText]:
+        """(first, second) pairs, truncated longest first. Every pair tokenizes `first` again, so it is cut once, up
+        front, to the tokens a pair can keep of it: a long query costs one tokenization, not one per item."""
+        if self.lowercase:  # the query once, not once per pair
+            first, seconds = first.lower(), [text.lower() for text in seconds]
+        first = self._readable_prefix(first)
         pairs = [(first, text) for text in seconds]
-        if self.lowercase:
-            pairs = [(a.lower(), b.lower()) for a, b in pairs]
         return [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in self.rust.encode_batch(pairs)]
+
+    def _readable_prefix(self, text: str) -> str:
+        """`text` cut after about twice the maximum length in tokens (all of it when it fits). Cut longer than the
+        maximum length, it truncates in a pair (longest first) as the whole text does, except with a second text
+        longer than the cut: then the odd token of the budget may go to the other side (the longer one gets it)."""
+        encoding = self.rust.encode(text)
+        if not encoding.overflowing:
+            return text
+        return text[: max(end for _, end in encoding.overflowing[0].offsets)]
 
 
 def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = True) -> torch.nn.Module:
@@ -142,11 +157,27 @@ def model_inputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dic
 
 
 def max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any, model: Any) -> int:
-    """The model YAML wins, then sentence_bert_config.json, then the tokenizer, then the position table."""
+    """The model YAML wins, then sentence_bert_config.json, then the tokenizer, then the position table; never
+    more than the position table holds (a longer input would fail the forward pass of its whole batch)."""
+    limit = position_limit(model)
     for candidate in (configured, st_config.get("max_seq_length"), tokenizer.model_max_length):
         if isinstance(candidate, int) and 0 < candidate < _UNSET_MAX_LENGTH:
+            if limit is not None and candidate > limit:
+                log.warning("max sequence length %d is more than the model's %d positions; truncating at %d", candidate, limit, limit)
+                return limit
             return candidate
-    return int(model.config.max_position_embeddings)
+    return int(model.config.max_position_embeddings) if limit is None else limit
+
+
+def position_limit(model: Any) -> int | None:
+    """Longest sequence the model can position: the rows of its learned position table (less the padding offset
+    RoBERTa-style tables reserve), else its config's max_position_embeddings; None when it says nothing."""
+    for name, module in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
+            offset = module.padding_idx + 1 if module.padding_idx is not None else 0
+            return module.num_embeddings - offset
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and positions > 0 else None
 
 
 def attention_kwargs(context: LoadContext) -> dict[str, str]:

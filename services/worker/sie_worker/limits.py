@@ -1,0 +1,89 @@
+"""The worker's upper bounds on a request, checked before any work (docs/security.md, "Bounds").
+
+The bounds on a message's own fields (items, texts, names, options, labels,
+image bytes) live in sie_common.request_bounds, which the gateway checks too;
+here are those that need the model: MUVERA parameters and image sizes read
+from the header. Each bound is a WorkerSettings field. A request over one gets
+INVALID_ARGUMENT with a reason saying what is too large and metadata naming
+the limit and the setting that sets it; nothing of the request has been
+tokenized, decoded or run yet. The one exception is a Work request's timeout: a longer one is cut
+to SIE_MAX_REQUEST_TIMEOUT_S rather than refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from google.protobuf import duration_pb2
+
+from sie_common.request_bounds import RequestBounds, over_limit
+from sie_worker.postprocess import MuveraParams
+from sie_worker.settings import WorkerSettings
+
+
+@dataclass(frozen=True)
+class Limits(RequestBounds):
+    """The bounds of one worker, read once from its settings: those the gateway checks too, and the model-bound ones."""
+
+    image_pixels: int
+    image_aspect_ratio: float
+    muvera_repetitions: int
+    muvera_d_proj: int
+    muvera_dims: int
+    request_timeout_s: float
+
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> Limits:
+        return cls(
+            **RequestBounds.fields_from(settings),
+            image_pixels=settings.max_image_pixels,
+            image_aspect_ratio=settings.max_image_aspect_ratio,
+            muvera_repetitions=settings.max_muvera_repetitions,
+            muvera_d_proj=settings.max_muvera_d_proj,
+            muvera_dims=settings.max_muvera_dims,
+            request_timeout_s=settings.max_request_timeout_s,
+        )
+
+
+def check_muvera(params: MuveraParams, limits: Limits) -> None:
+    """MUVERA parameters (the profile's merged with the request's) within the worker's bounds: INVALID_OPTIONS."""
+    for name, value, limit, setting in (
+        ("repetitions", params.repetitions, limits.muvera_repetitions, "SIE_MAX_MUVERA_REPETITIONS"),
+        ("d_proj", params.d_proj, limits.muvera_d_proj, "SIE_MAX_MUVERA_D_PROJ"),
+        ("dims", params.dims, limits.muvera_dims, "SIE_MAX_MUVERA_DIMS"),
+    ):
+        if value > limit:
+            what = "repetitions x 2^k_sim x d_proj" if name == "dims" else name
+            raise over_limit(f"options: muvera {what} is {value}", reason="INVALID_OPTIONS", limit=limit, setting=setting, metadata={"parameter": name})
+
+
+def check_image_size(width: int, height: int, resized_pixels: int, where: str, metadata: Mapping[str, str], limits: Limits) -> None:
+    """An image's size from its header, and the size the model's processor would resize it to, before any pixel is decoded.
+
+    Decoded, an image takes at most 4 bytes a pixel (RGBA, CMYK, 32-bit modes), so the pixel bound bounds its memory too."""
+    pixel_metadata = {**metadata, "max_pixels": str(limits.image_pixels)}
+    if width * height > limits.image_pixels:
+        raise over_limit(
+            f"{where}: image too large ({width}x{height} is {width * height} pixels)",
+            reason="IMAGE_TOO_LARGE", limit=limits.image_pixels, setting="SIE_MAX_IMAGE_PIXELS", metadata=pixel_metadata, advice="downscale it",
+        )
+    ratio = max(width, height) / max(min(width, height), 1)
+    if ratio > limits.image_aspect_ratio:
+        raise over_limit(
+            f"{where}: image of {width}x{height} has an aspect ratio of {ratio:.0f}",
+            reason="IMAGE_ASPECT_RATIO_TOO_LARGE", limit=limits.image_aspect_ratio, setting="SIE_MAX_IMAGE_ASPECT_RATIO", metadata=metadata,
+            advice="crop or pad it",
+        )
+    if resized_pixels > limits.image_pixels:
+        raise over_limit(
+            f"{where}: the model's processor would resize the {width}x{height} image to {resized_pixels} pixels",
+            reason="IMAGE_TOO_LARGE", limit=limits.image_pixels, setting="SIE_MAX_IMAGE_PIXELS", metadata=pixel_metadata, advice="crop or pad it",
+        )
+
+
+def work_timeout(timeout: duration_pb2.Duration, limits: Limits) -> float:
+    """A Work request's timeout in seconds, cut to SIE_MAX_REQUEST_TIMEOUT_S (0 or less: already expired).
+
+    Read from the fields as they are: any int64 seconds is a number here, where Duration.ToTimedelta overflows."""
+    return min(timeout.seconds + timeout.nanos / 1e9, limits.request_timeout_s)
