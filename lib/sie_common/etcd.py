@@ -118,6 +118,11 @@ class Etcd:
     def key(self, name: str) -> bytes:
         return (self.prefix + name).encode()
 
+    def unchanged_since(self, name_prefix: str, revision: int) -> aetcd.transactions.Mod:
+        """A `txn` comparison that holds while no key under `name_prefix` was written after `revision`."""
+        key = self.key(name_prefix)
+        return self.ops.mod(key, prefix_range_end(key)) < revision + 1
+
     def _name(self, key: bytes) -> str:
         return key.decode()[len(self.prefix):]
 

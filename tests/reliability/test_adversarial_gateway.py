@@ -156,6 +156,31 @@ def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_repo
         )
         assert stub.Encode(request("a known request"), metadata=(*small, ("x-sie-pool", "small-2")), timeout=60).results
 
+        # Concurrent creations cannot overshoot a quota: of 8 one-worker pools at once, at most 3 (big's quota) exist after.
+        stub.DeletePool(inference_pb2.DeletePoolRequest(name="big-1"), metadata=big, timeout=30)
+        outcomes: list[grpc.StatusCode] = []
+
+        def race(index: int) -> None:
+            try:
+                create(f"race-{index}", {"default": 1}, 60, big)
+                outcomes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as error:
+                outcomes.append(error.code())
+
+        threads = [threading.Thread(target=race, args=(index,)) for index in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+        async def stored_pools(etcd: Etcd) -> set[str]:
+            return {entry.name.removeprefix(cluster_store.POOLS) for entry in (await etcd.read_prefix(cluster_store.POOLS))[0]}
+
+        created = sorted(name for name in etcd_call(cluster, stored_pools) if name.startswith("race-"))
+        reliability_report.add("adversarial gateway", "8 concurrent CreatePool against a quota of 3", created=len(created))
+        assert 1 <= len(created) <= 3 and outcomes.count(grpc.StatusCode.OK) == len(created)
+        assert set(outcomes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
+
 
 def test_renew_pool_succeeds_and_saves_a_newly_registered_worker(cluster, reliability_report) -> None:
     cluster.start_worker("r1", SIE_PRELOAD_MODELS=MEAN)
@@ -294,9 +319,12 @@ def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(c
             assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(refused) == "RESPONSE_TOO_LARGE"
             assert limit in refused.details()
             assert answered_by_workers == computed  # never retried on another worker
-        # Both workers still answer, on the streams they had: none broke.
-        assert {served_by(stub.Encode.with_call(request(f"after {n}"), timeout=60)) for n in range(12)} == {"o1", "o2"}
+        # The stack still answers, on the streams it had (none broke), and each worker still answers.
+        assert {served_by(stub.Encode.with_call(request(f"after {n}"), timeout=60)) for n in range(12)} <= {"o1", "o2"}
         assert streams() == opened
+        for worker in workers:
+            with worker.channel() as direct:
+                assert inference_pb2_grpc.InferenceStub(direct).Encode(request("direct"), timeout=60).results
         reliability_report.add("adversarial gateway", "Work streams broken by oversized answers", broken=streams() - opened)
 
 

@@ -29,8 +29,8 @@ from sie_gateway.cluster_view import ClusterView
 from sie_gateway.settings import GatewaySettings
 
 _POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-# A renewal that lost a race with another write to the pool reads it again, this many times.
-_RENEW_ATTEMPTS = 3
+# A creation or renewal that lost a race with another write to the pools reads them again, this many times.
+_WRITE_ATTEMPTS = 3
 
 
 def pool_owner(token: str | None) -> str:
@@ -74,22 +74,27 @@ class PoolManager:
                 metadata={"limit": str(settings.pool_max_ttl_s), "requested": str(ttl_s)},
             )
         owner = pool_owner(token)
-        await self._check_quota(owner, requested)
-        lease = await self._etcd.grant_lease(ttl_s)
-        record = PoolRecord(name, dict(gpus), ttl_s, lease, self._assign(name, gpus, ()), time.time() + ttl_s, owner)
         key = self._etcd.key(POOLS + name)
-        created, _ = await self._etcd.txn(
-            [self._etcd.ops.version(key) == 0], [self._etcd.ops.put(key, encode_pool(record), lease=lease)]
-        )
-        if not created:
+        for _ in range(_WRITE_ATTEMPTS):
+            read_at = await self._check_quota(owner, requested)
+            lease = await self._etcd.grant_lease(ttl_s)
+            record = PoolRecord(name, dict(gpus), ttl_s, lease, self._assign(name, gpus, ()), time.time() + ttl_s, owner)
+            # Written only if no pool changed since the quota was counted: concurrent creations cannot overshoot it.
+            created, _ = await self._etcd.txn(
+                [self._etcd.ops.version(key) == 0, self._etcd.unchanged_since(POOLS, read_at)],
+                [self._etcd.ops.put(key, encode_pool(record), lease=lease)],
+            )
+            if created:
+                return self.message(record)
             await self._etcd.revoke_lease(lease)
-            raise AlreadyExists(f"pool {name!r} already exists", reason="POOL_EXISTS", metadata={"pool": name})
-        return self.message(record)
+            if await self._etcd.get(POOLS + name) is not None:
+                raise AlreadyExists(f"pool {name!r} already exists", reason="POOL_EXISTS", metadata={"pool": name})
+        raise Aborted(f"pools changed under {_WRITE_ATTEMPTS} attempts to create {name!r} in a row; retry", reason="POOL_CONTENDED")
 
-    async def _check_quota(self, owner: str, requested: int) -> None:
-        """RESOURCE_EXHAUSTED when the caller's pools would hold more workers than its quota."""
+    async def _check_quota(self, owner: str, requested: int) -> int:
+        """RESOURCE_EXHAUSTED when the caller's pools would hold more workers than its quota; else the revision counted at."""
         quota = self._quotas.get(owner, self._settings.pool_quota_workers)
-        entries, _ = await self._etcd.read_prefix(POOLS)
+        entries, read_at = await self._etcd.read_prefix(POOLS)
         pools = decode_all({entry.name: entry.value for entry in entries}, decode_pool).values()
         held = sum(sum(pool.gpus.values()) for pool in pools if pool.owner == owner)
         if held + requested > quota:
@@ -99,11 +104,12 @@ class PoolManager:
                 reason="POOL_QUOTA_EXCEEDED",
                 metadata={"limit": str(quota), "held": str(held), "requested": str(requested)},
             )
+        return read_at
 
     async def renew(self, name: str) -> inference_pb2.Pool:
         """Refresh the lease and top up missing workers (saved in etcd)."""
         key = self._etcd.key(POOLS + name)
-        for _ in range(_RENEW_ATTEMPTS):
+        for _ in range(_WRITE_ATTEMPTS):
             entry = await self._etcd.get(POOLS + name)
             if entry is None or await self._etcd.keep_alive(decode_pool(entry.value).lease) <= 0:
                 raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
@@ -117,7 +123,7 @@ class PoolManager:
             )
             if saved:
                 return self.message(renewed)
-        raise Aborted(f"pool {name!r} changed under {_RENEW_ATTEMPTS} renewals in a row; retry", reason="POOL_CONTENDED")
+        raise Aborted(f"pool {name!r} changed under {_WRITE_ATTEMPTS} renewals in a row; retry", reason="POOL_CONTENDED")
 
     async def delete(self, name: str) -> None:
         entry = await self._etcd.get(POOLS + name)
