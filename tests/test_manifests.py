@@ -46,7 +46,11 @@ def settings_for_script(script: str) -> type:
     """The settings dataclass of the service a console script runs (`sie-worker` -> WorkerSettings)."""
     package = SCRIPTS[script].split(".")[0]
     module = importlib.import_module(f"{package}.settings")
-    (settings,) = [value for name, value in vars(module).items() if name.endswith("Settings") and dataclasses.is_dataclass(value)]
+    (settings,) = [
+        value
+        for name, value in vars(module).items()
+        if name.endswith("Settings") and dataclasses.is_dataclass(value) and value.__module__ == module.__name__
+    ]
     return settings
 
 
