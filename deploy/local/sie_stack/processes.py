@@ -181,10 +181,11 @@ class ServiceProcess(ChildProcess):
         self.metrics_port = int(full_env[metrics_env] or 0)
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}" if self.metrics_port else None
         self.standby: Standby | None = None  # restarts take this waiting process when set
-        self._spawn([sys.executable, "-m", module, "serve", *args], full_env)
+        self._argv = ["serve", *args]
+        self._spawn([sys.executable, "-m", module, *self._argv], full_env)
 
     def respawn(self) -> None:
-        taken = self.standby.take(self._command[3:], self.env, self.log_path) if self.standby is not None else None
+        taken = self.standby.take(self._argv, self.env, self.log_path) if self.standby is not None else None
         if taken is None:
             super().respawn()
         else:

@@ -23,9 +23,8 @@ class _Watched:
     process: ChildProcess
     started_at: float
     exits_in_a_row: int = 0
-    restart_at: float | None = (
-        None  # set while the process is down, waiting for its restart
-    )
+    # Set while the process is down, waiting for its restart.
+    restart_at: float | None = None
 
 
 class Supervisor:
