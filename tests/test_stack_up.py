@@ -45,7 +45,8 @@ def test_sie_up_serves_and_ctrl_c_stops_everything(tmp_path) -> None:
         assert f"http://127.0.0.1:{ports['http']}" in banner
         children = psutil.Process(stack.pid).children(recursive=True)
         assert {"etcd", "envoy"} <= {child.name() for child in children}
-        assert len([c for c in children if "sie_worker" in " ".join(c.cmdline())]) == 2
+        assert len([c for c in children if "sie_worker serve" in " ".join(c.cmdline())]) == 2
+        assert len([c for c in children if "sie_stack.standby sie_worker" in " ".join(c.cmdline())]) == 1  # for restarts
 
         body = json.dumps({"items": [{"text": "hello from curl"}]})
         answer = subprocess.run(

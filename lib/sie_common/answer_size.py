@@ -39,17 +39,21 @@ def check_answer(answer: Message, limit: int, setting: str) -> None:
         raise too_large(size, limit, setting, estimated=False)
 
 
-def check_encode_estimate(request: inference_pb2.EncodeRequest, config: ModelConfig, limit: int, setting: str) -> None:
+def check_encode_estimate(
+    request: inference_pb2.EncodeRequest, config: ModelConfig, limit: int, setting: str, value_bytes: int | None = None
+) -> None:
     """Refuse before any work an encode whose dense vectors alone would not fit in `limit` bytes.
 
     The estimate is a lower bound (items x dims x dtype bits; 0 when the config
     does not state dims), so nothing that fits is refused; the answer itself is
-    still measured with `check_answer`.
+    still measured with `check_answer`. `value_bytes`: what one number takes
+    when the answer spells its numbers out (JSON callers, OpenAI embeddings)
+    instead of packing them in the output dtype.
     """
     output_types = request.output_types or ("dense",)
     stated = [dims for dims in (request.dims if request.HasField("dims") else None, config.dims) if dims]
     dims = min(stated, default=0)
-    bits = DTYPE_BITS.get(request.output_dtype or "float32")
+    bits = value_bytes * 8 if value_bytes else DTYPE_BITS.get(request.output_dtype or "float32")
     if "dense" not in output_types or not dims or bits is None:
         return
     size = len(request.items) * -(-dims * bits // 8)

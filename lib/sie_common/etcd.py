@@ -19,17 +19,11 @@ import aetcd.exceptions
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from sie_common.transport import RECONNECT_OPTIONS
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/sie/"
-# gRPC's default reconnect backoff grows to minutes; after an etcd outage every
-# client must be back within a second, well inside the shortest lease TTL, or
-# live workers' registrations expire.
-CHANNEL_OPTIONS = {
-    "grpc.initial_reconnect_backoff_ms": 200,
-    "grpc.min_reconnect_backoff_ms": 200,
-    "grpc.max_reconnect_backoff_ms": 1000,
-}
 
 
 class EtcdUnavailable(ConnectionError):
@@ -87,7 +81,7 @@ class Etcd:
         errors = []
         for endpoint in self.endpoints:
             host, _, port = endpoint.removeprefix("http://").rpartition(":")
-            client = aetcd.Client(host=host or "localhost", port=int(port), timeout=self._timeout_s, options=CHANNEL_OPTIONS)
+            client = aetcd.Client(host=host or "localhost", port=int(port), timeout=self._timeout_s, options=RECONNECT_OPTIONS)
             try:
                 await client.connect()
                 await client.kvstub.Range(rpc.RangeRequest(key=b"\0", count_only=True), timeout=self._timeout_s)

@@ -32,6 +32,12 @@ def encode_request(request: inference_pb2.CreateEmbeddingsRequest) -> inference_
     return encode
 
 
+def value_bytes(request: inference_pb2.CreateEmbeddingsRequest) -> int:
+    """Bytes one number of the answer takes in its message: a google.protobuf.Value in a list (two tags,
+    a length, a double), or base64 text of a float32."""
+    return 6 if request.encoding_format == "base64" else 11
+
+
 def embeddings_response(request: inference_pb2.CreateEmbeddingsRequest, response: inference_pb2.EncodeResponse) -> inference_pb2.CreateEmbeddingsResponse:
     as_base64 = request.encoding_format == "base64"
     data = []

@@ -65,6 +65,10 @@ def dequantize_rows(values: np.ndarray, scale: np.ndarray, offset: np.ndarray | 
     return decoded if offset is None else decoded + np.asarray(offset, dtype=np.float32).reshape(rows)
 
 
+# Bytes one number of a spelled-out Tensor takes in the message (a packed float in `values`).
+SPELLED_OUT_VALUE_BYTES = 4
+
+
 def spell_out_tensors(message: Message) -> None:
     """Give every Tensor inside `message` plain `values` instead of packed `data` (for JSON callers)."""
     for field, value in message.ListFields():

@@ -21,6 +21,15 @@ from sie_common.settings import SettingsError
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_SEND_MESSAGE_BYTES = 64 * 1024 * 1024
 
+# Internal channels (to etcd, to workers) reconnect within a second once the far end is back: gRPC's
+# default backoff grows to minutes. After an etcd outage every client must be back well inside the
+# shortest lease TTL, or live workers' registrations expire; a restarted worker must get calls again.
+RECONNECT_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 200,
+    "grpc.min_reconnect_backoff_ms": 200,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
+
 
 @dataclass(frozen=True)
 class ServerTransport:
@@ -53,25 +62,33 @@ class ServerTransport:
         return bool(self.tls_cert_file)
 
     def server_options(self) -> list[tuple[str, int]]:
-        """Options for grpc.aio.server(options=...)."""
+        """Options for grpc.aio.server(options=...). grpc sets SO_REUSEPORT by default, which lets a second
+        server (another stack, an orphan) bind a taken port and silently share its calls: turned off."""
         return [
             ("grpc.max_receive_message_length", self.max_receive_message_bytes),
             ("grpc.max_send_message_length", self.max_send_message_bytes),
+            ("grpc.so_reuseport", 0),
         ]
 
     def listen(self, server: grpc.aio.Server, address: str) -> None:
-        """Bind `address`, with TLS when a certificate is set; OSError when the port cannot be bound."""
-        if self.tls:
-            credentials = grpc.ssl_server_credentials(
-                [(_read(self.tls_key_file, "SIE_TLS_KEY_FILE"), _read(self.tls_cert_file, "SIE_TLS_CERT_FILE"))],
-                root_certificates=_read(self.tls_client_ca_file, "SIE_TLS_CLIENT_CA_FILE") if self.tls_client_ca_file else None,
-                require_client_auth=bool(self.tls_client_ca_file),
-            )
-            bound = server.add_secure_port(address, credentials)
-        else:
-            bound = server.add_insecure_port(address)
+        """Bind `address`, with TLS when a certificate is set; OSError naming the address when it cannot be bound."""
+        try:
+            bound = server.add_secure_port(address, self._credentials()) if self.tls else server.add_insecure_port(address)
+        except RuntimeError:  # grpc's "Failed to bind to address"
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot listen on {address}")
+            raise OSError(
+                f"cannot listen on {address}: the address is in use (another server, another stack or an orphaned "
+                "process holds the port; servers bind with grpc.so_reuseport=0, so a port is never shared) or is not "
+                "this machine's; stop that process or set another port (SIE_HOST / SIE_PORT)"
+            )
+
+    def _credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(_read(self.tls_key_file, "SIE_TLS_KEY_FILE"), _read(self.tls_cert_file, "SIE_TLS_CERT_FILE"))],
+            root_certificates=_read(self.tls_client_ca_file, "SIE_TLS_CLIENT_CA_FILE") if self.tls_client_ca_file else None,
+            require_client_auth=bool(self.tls_client_ca_file),
+        )
 
 
 def channel_credentials(ca_file: str | None, cert_file: str | None = None, key_file: str | None = None) -> grpc.ChannelCredentials:

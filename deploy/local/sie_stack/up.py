@@ -23,8 +23,9 @@ from sie_common.auth import bearer_metadata
 from sie_common.config_messages import config_to_message
 from sie_common.model_config import parse_model_config
 from sie_stack.envoy_config import render
-from sie_stack.processes import ChildProcess, EnvoyProcess, EtcdProcess, ServiceProcess
+from sie_stack.processes import ChildProcess, EnvoyProcess, EtcdProcess, ServiceProcess, Standby, port_in_use
 from sie_stack.settings import StackSettings
+from sie_stack.supervisor import Supervisor
 
 log = logging.getLogger("sie_stack")
 
@@ -43,10 +44,17 @@ class Stack:
         self.admin_token_file = None if settings.admin_token else self.state / "admin-token"
         # The gateway presents it on its Work streams; the workers refuse streams without it.
         self.worker_token = secrets.token_urlsafe(24)
+        self.standby: Standby | None = None
 
     def up(self) -> None:
         """Start every process and wait until a request through Envoy can be served."""
         s = self.settings
+        taken = [f"{port} for {what}" for port, what in s.ports().items() if port_in_use(port)]
+        if taken:
+            raise RuntimeError(
+                f"ports already in use on 127.0.0.1: {', '.join(taken)}. Another `sie up` or an orphaned process "
+                "holds them; stop it, or move this stack with the flags named"
+            )
         self.logs.mkdir(parents=True, exist_ok=True)
         etcd = EtcdProcess(self.state / "etcd", self.logs / "etcd.log", client_port=s.etcd_port)
         self.started.append(etcd)
@@ -64,13 +72,15 @@ class Stack:
             admin.AddModel(request, timeout=30, metadata=bearer_metadata(self.admin_token))
         # Gateways and workers check the same inference tokens; Work streams carry the stack's worker token.
         inference = {"SIE_AUTH_MODE": s.auth_mode, "SIE_AUTH_TOKENS": ",".join(s.auth_tokens), "SIE_WORKER_TOKEN": self.worker_token}
-        for index in range(s.workers):
+        workers = [
             self._service(
                 "sie_worker",
                 s.worker_port + index,
                 {**env, **inference, "SIE_WORKER_ID": f"worker-{index}", "SIE_PRELOAD_MODELS": DEMO_MODEL},
                 log_name=f"worker-{index}",
             )
+            for index in range(s.workers)
+        ]
         gateway = self._service("sie_gateway", s.gateway_port, {**env, **inference})
         envoy_config = self.state / "envoy.json"
         envoy_config.write_text(json.dumps(render(
@@ -80,6 +90,10 @@ class Stack:
         self.started.append(envoy)
         envoy.wait_ready()
         _wait_until_served(gateway.address, bearer_metadata(s.auth_tokens[0]) if s.auth_mode == "static" else ())
+        if workers:  # a crashed worker is replaced by a process that has done its imports (standby.py)
+            self.standby = Standby("sie_worker", workers[0].env, self.state / "worker-standby.ready")
+            for worker in workers:
+                worker.standby = self.standby
 
     def _service(self, module: str, port: int, env: dict[str, str], log_name: str | None = None) -> ServiceProcess:
         process = ServiceProcess(env, self.logs / f"{log_name or module}.log", module=module, port=port)
@@ -91,11 +105,11 @@ class Stack:
     def down(self) -> None:
         for process in reversed(self.started):
             process.stop()
+        if self.standby is not None:
+            self.standby.stop()
+            self.standby = None
         self.started.clear()
         self.services.clear()
-
-    def crashed(self) -> ChildProcess | None:
-        return next((p for p in self.started if p.process is not None and p.process.poll() is not None), None)
 
     def banner(self) -> str:
         s = self.settings
@@ -134,7 +148,8 @@ class Stack:
 
 
 def run(settings: StackSettings) -> int:
-    """Bring the stack up, print where it is, and bring it down on Ctrl-C / SIGTERM or a crash."""
+    """Bring the stack up, print where it is, restart what exits (supervisor.py), and bring it down on
+    Ctrl-C / SIGTERM."""
     stack = Stack(settings)
     stopping = False
 
@@ -147,12 +162,10 @@ def run(settings: StackSettings) -> int:
     try:
         stack.up()
         print(stack.banner(), flush=True)
+        supervisor = Supervisor(stack.started)
         while not stopping:
-            crashed = stack.crashed()
-            if crashed is not None:
-                log.error("%s exited unexpectedly (code %s); stopping the stack. Its log: %s", crashed.name, crashed.process.returncode, crashed.log_path)
-                return 1
-            time.sleep(0.5)
+            supervisor.check()
+            time.sleep(0.2)
         return 0
     except (RuntimeError, TimeoutError, OSError, grpc.RpcError) as error:
         log.error("the stack did not come up: %s", error)

@@ -23,7 +23,7 @@ from sie_common.answer_size import check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.request_bounds import RequestBounds, check_request
 from sie_common.request_metrics import status_code
-from sie_common.tensors import spell_out_tensors
+from sie_common.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
 from sie_common.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -79,7 +79,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             encode = openai_embeddings.encode_request(request)
         except SieError as error:
             await abort(context, error)
-        return openai_embeddings.embeddings_response(request, await self._unary(context, "encode", encode))
+        answer = await self._unary(context, "encode", encode, openai_embeddings.value_bytes(request))
+        return openai_embeddings.embeddings_response(request, answer)
 
     async def EncodeStream(
         self, requests: AsyncIterator[inference_pb2.EncodeStreamRequest], context: grpc.aio.ServicerContext
@@ -131,12 +132,17 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         except SieError as error:
             await abort(context, error)
 
-    async def _unary(self, context: grpc.aio.ServicerContext, task: str, request: Any) -> Any:
+    async def _unary(self, context: grpc.aio.ServicerContext, task: str, request: Any, value_bytes: int | None = None) -> Any:
+        """`value_bytes`: what one number of the answer will take once spelled out (JSON callers get every
+        number in `values`); such an answer too large for one message is refused first, as a packed one is."""
         headers = _headers(context)
+        transcoded = TRANSCODED_HEADER in headers
+        if transcoded and value_bytes is None:
+            value_bytes = SPELLED_OUT_VALUE_BYTES
         with REQUESTS.observe(task, request.model, request.request_id) as outcome:
             try:
                 with self._admitted():
-                    work = await self._route(task, request, headers, self._deadline(context))
+                    work = await self._route(task, request, headers, self._deadline(context), value_bytes)
             except SieError as error:
                 outcome.failed(error)
                 await abort(context, error)
@@ -145,18 +151,26 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                 outcome.status = status_code(work.error.code)
                 await abort_with_status(context, work.error)
             response = getattr(work, task)
-            if TRANSCODED_HEADER in headers:
+            if transcoded:
                 spell_out_tensors(response)
+                try:
+                    check_answer(response, self._settings.max_send_message_bytes, MAX_SEND_SETTING)
+                except SieError as error:
+                    outcome.failed(error)
+                    await abort(context, error)
             return response
 
-    async def _route(self, task: str, request: Any, headers: dict[str, str], deadline: float) -> worker_pb2.WorkResponse:
+    async def _route(
+        self, task: str, request: Any, headers: dict[str, str], deadline: float, value_bytes: int | None = None
+    ) -> worker_pb2.WorkResponse:
         """The worker's answer: INVALID_ARGUMENT for a field over its bound before anything else, and
-        RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for an answer this gateway may not send."""
+        RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for an answer this gateway may not send
+        (`value_bytes` a number when it will be spelled out)."""
         check_request(request, self._bounds)
         config = self._config(request.model)
         limit = self._settings.max_send_message_bytes
         if task == "encode":
-            check_encode_estimate(request, config, limit, MAX_SEND_SETTING)
+            check_encode_estimate(request, config, limit, MAX_SEND_SETTING, value_bytes)
         work = await self._dispatch(task, request, config, headers, deadline)
         if work.WhichOneof("outcome") == task:
             check_answer(getattr(work, task), limit, MAX_SEND_SETTING)

@@ -23,7 +23,7 @@ from sie.v1 import worker_pb2, worker_pb2_grpc
 from sie_common.auth import PresentToken
 from sie_common.settings import SettingsError
 from sie_common.tracing import WORK_METHOD, inject, span
-from sie_common.transport import channel_credentials
+from sie_common.transport import RECONNECT_OPTIONS, channel_credentials
 from sie_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,10 @@ def worker_connector(settings: GatewaySettings) -> Connect:
     A worker's answer is bounded by the worker's own send limit; receiving any size keeps one over this
     gateway's limit from ending the whole Work stream (the gateway answers that request
     RESOURCE_EXHAUSTED instead)."""
-    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    options = [
+        ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+        *RECONNECT_OPTIONS.items(),  # a restarted worker gets calls again within a second of listening
+    ]
     interceptors = [PresentToken(settings.worker_token)] if settings.worker_token else None
     if not settings.worker_tls_ca_file:
         if settings.worker_tls_cert_file:
