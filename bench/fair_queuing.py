@@ -1,10 +1,10 @@
 """Small requests beside a bulk neighbour: a one-item request's p50 while a 4,096-item stream runs, against its idle p50.
 
-    python bench/fair_queuing.py [--rounds 3] [--before /path/to/other/checkout] [--note "..."]
+    python bench/fair_queuing.py --before /path/to/other/checkout [--rounds 3] [--note "..."]
 
 Two standalone workers run at once, each serving two tiny random models
 (tools/tiny_models.py) A and B: "after" runs this checkout's worker; "before"
-runs the worker of another checkout (`--before`, default /work/main: the code
+runs the worker of another checkout (`--before`: 9c3634b is the last commit
 without fair queuing), through its own PYTHONPATH. Each round gives every
 worker in turn, in a rotating order, one block of each phase, so both see the
 same machine even while its load drifts:
@@ -147,7 +147,9 @@ def cpu() -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--before", default="/work/main", help="checkout whose worker is the 'before' (without fair queuing)")
+    parser.add_argument(
+        "--before", required=True, help="checkout whose worker is the 'before', e.g. `git worktree add --detach DIR 9c3634b` (main without fair queuing)"
+    )
     parser.add_argument("--note", default="", help="said under the table, e.g. that the machine was shared")
     args = parser.parse_args()
     texts = (bulk().texts * 3)[:BULK_ITEMS]
