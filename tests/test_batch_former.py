@@ -127,7 +127,21 @@ async def test_a_later_request_on_the_same_model_leads_the_next_batch() -> None:
     small = PendingItem("a", 10, "small", asyncio.get_running_loop().create_future())
     former.add([small], limits)
     batch = await asyncio.wait_for(former.next_batch(), 1)
-    assert small in batch
+    # It leads the batch, and the bulk's items join it only within its own span of virtual time (one item's cost).
+    assert small in batch and len(batch) <= 2
+
+
+async def test_requests_that_arrive_together_share_batches() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=64, max_tokens=10_000, max_wait_s=0.02)
+    for client in range(8):
+        former.add(items("a", [10 + client] * 5), limits)
+    first = await asyncio.wait_for(former.next_batch(), 1)
+    second = await asyncio.wait_for(former.next_batch(), 1)
+    # Every request has items in the first pass, as much of its cost as the lead's request spans (the 10-token
+    # request's 50 tokens); what is left of the longer ones goes in the next.
+    assert {item.flow for item in first} == set(range(1, 9)) and len(first) >= 30
+    assert len(first) + len(second) == 40
 
 
 async def test_a_sequential_small_client_and_a_bulk_request_take_turns() -> None:

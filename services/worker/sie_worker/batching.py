@@ -19,7 +19,11 @@ still gets its share while small ones keep coming. With one flow, or flows
 that do not overlap, tags follow arrival order. The lead is then filled with
 the items nearest to it in length: first those no longer than it, longest
 first (they add no padding), then the shortest of the longer ones, so
-sequences of similar length share a forward pass.
+sequences of similar length share a forward pass. A batch spans the virtual
+time of its lead's flow (from the lead's tag, the flow's pending cost in the
+group): items of other flows join it only if their tags fall in that span, so
+requests that arrive together share batches as before, while a 1-item
+request's batch is not filled up with a bulk neighbour's items.
 
 A group's limits come from a `LimitSource`, read afresh every time the former
 decides: a fixed `BatchLimits`, or a model's adaptive controller whose wait
@@ -176,7 +180,10 @@ class BatchFormer:
     def _take(self, key: Hashable, lead: PendingItem, limits: BatchLimits, full: bool, now: float) -> Batch:
         group = self._groups[key]
         self._virtual = max(self._virtual, lead.tag + lead.cost)
-        rest = [item for item in group.items if item is not lead]
+        # The batch spans the virtual time of its lead's request: other requests' items share it only if they
+        # start within that span, so a 1-item request's batch is not filled up with a bulk neighbour's items.
+        horizon = lead.tag + sum(item.cost for item in group.items if item.flow == lead.flow)
+        rest = [item for item in group.items if item is not lead and (item.flow == lead.flow or item.tag < horizon)]
         batch = [lead]
         longest = lead.cost
         not_longer = sorted((item for item in rest if item.cost <= lead.cost), key=lambda pending: pending.cost, reverse=True)
