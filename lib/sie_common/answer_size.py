@@ -16,6 +16,8 @@ from sie_common.errors import ResourceExhausted
 from sie_common.model_config import ModelConfig
 
 REASON = "RESPONSE_TOO_LARGE"
+# The setting that bounds an answer's size on every server, named in RESPONSE_TOO_LARGE.
+MAX_SEND_SETTING = "SIE_MAX_SEND_MESSAGE_BYTES"
 # Room for what wraps an answer on a stream (WorkResponse, EncodeStreamResponse: ids, worker id).
 ENVELOPE_BYTES = 1024
 # Bits per value of each output dtype (binary ones are packed 8 to a byte).
@@ -42,20 +44,25 @@ def check_answer(answer: Message, limit: int, setting: str) -> None:
 def check_encode_estimate(
     request: inference_pb2.EncodeRequest, config: ModelConfig, limit: int, setting: str, value_bytes: int | None = None
 ) -> None:
-    """Refuse before any work an encode whose dense vectors alone would not fit in `limit` bytes.
-
-    The estimate is a lower bound (items x dims x dtype bits; 0 when the config
-    does not state dims), so nothing that fits is refused; the answer itself is
-    still measured with `check_answer`. `value_bytes`: what one number takes
-    when the answer spells its numbers out (JSON callers, OpenAI embeddings)
-    instead of packing them in the output dtype.
-    """
-    output_types = request.output_types or ("dense",)
-    stated = [dims for dims in (request.dims if request.HasField("dims") else None, config.dims) if dims]
-    dims = min(stated, default=0)
-    bits = value_bytes * 8 if value_bytes else DTYPE_BITS.get(request.output_dtype or "float32")
-    if "dense" not in output_types or not dims or bits is None:
+    """Refuse before any work an encode whose dense vectors alone would not fit in `limit` bytes, with
+    the dims its request or model config states (none stated: nothing to refuse yet). `value_bytes`: what
+    one number takes when the answer spells its numbers out (JSON callers, OpenAI embeddings) instead of
+    packing them in the output dtype."""
+    if "dense" not in (request.output_types or ("dense",)):
         return
-    size = len(request.items) * -(-dims * bits // 8)
+    stated = [dims for dims in (request.dims if request.HasField("dims") else None, config.dims) if dims]
+    check_dense_estimate(len(request.items), min(stated, default=0), request.output_dtype or "float32", limit, setting, value_bytes)
+
+
+def check_dense_estimate(items: int, dims: int, dtype: str, limit: int, setting: str, value_bytes: int | None = None) -> None:
+    """RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE when `items` dense vectors of `dims` values alone exceed `limit` bytes.
+
+    A lower bound on the answer (0 dims or an unknown dtype: nothing to refuse),
+    so nothing that fits is refused; the answer itself is still measured with `check_answer`.
+    """
+    bits = value_bytes * 8 if value_bytes else DTYPE_BITS.get(dtype)
+    if not dims or bits is None:
+        return
+    size = items * -(-dims * bits // 8)
     if size + ENVELOPE_BYTES > limit:
         raise too_large(size, limit, setting, estimated=True)

@@ -80,6 +80,13 @@ def write_models(cluster, weights, model_ids: list[str]) -> None:  # type: ignor
     etcd_call(cluster, write)
 
 
+def colbert_config(weights) -> dict:  # type: ignore[no-untyped-def]
+    """The tiny ColBERT model, its sequences cut at its position table (128)."""
+    return model_config(
+        "test/tiny-colbert", weights, adapter="colbert", tasks=["encode"], output_types=["multivector", "dense"], max_sequence_length=128
+    )
+
+
 def metric_sum(process, name: str, **labels: str) -> float:  # type: ignore[no-untyped-def]
     """The sum of a metric's samples on a process's /metrics whose labels include `labels`."""
     total = 0.0
@@ -269,10 +276,13 @@ def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(c
     workers = [cluster.start_worker(name, SIE_PRELOAD_MODELS=MEAN, SIE_MAX_SEND_MESSAGE_BYTES=str(256 * 1024)) for name in ("o1", "o2")]
     gateway = cluster.start_gateway(SIE_MAX_SEND_MESSAGE_BYTES=str(64 * 1024))
     sized = "sized/mean"  # the same weights, with dims in its config: its answer's size is known up front
+    colbert = "test/tiny-colbert"  # multivectors: no estimate, the answer is measured once computed
     with cluster.config.channel() as config_channel:
-        config_pb2_grpc.ConfigServiceStub(config_channel).AddModel(
-            config_pb2.AddModelRequest(config=model_config(sized, tiny_models[MEAN], dims=32)), timeout=30
-        )
+        admin = config_pb2_grpc.ConfigServiceStub(config_channel)
+        admin.AddModel(config_pb2.AddModelRequest(config=model_config(sized, tiny_models[MEAN], dims=32)), timeout=30)
+        admin.AddModel(config_pb2.AddModelRequest(config=colbert_config(tiny_models[colbert])), timeout=30)
+    long_text = " ".join(f"word{n}" for n in range(120))
+    multivectors = inference_pb2.EncodeRequest(model=colbert, output_types=["multivector"], items=[types_pb2.Item(text=long_text)] * 40)
 
     def streams() -> float:
         return sum(metric_sum(worker, "sie_worker_work_streams_total") for worker in workers)
@@ -291,11 +301,19 @@ def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(c
             lambda: len({served_by(stub.Encode.with_call(request(f"warm {n}"), timeout=60)) for n in range(8)}) == 2,
             what="both streams open",
         )
+        wait_until(lambda: knows(stub, colbert), what="colbert at the gateway")
+        call_until_loaded(lambda: stub.Encode(inference_pb2.EncodeRequest(model=colbert, items=[types_pb2.Item(text="load")]), timeout=60))
         opened = streams()
         cases = [
             # name, call, limit named, whether a worker computed it
             ("over the gateway's limit (measured at the gateway)", lambda: stub.Encode(many(1000), timeout=120), "65536", 1),
-            ("over the worker's limit (measured at the worker)", lambda: stub.Encode(many(3000), timeout=120), "262144", 1),
+            ("over the worker's limit (measured at the worker)", lambda: stub.Encode(multivectors, timeout=120), "262144", 1),
+            (
+                "known too large from the loaded model's dims (refused by the worker)",
+                lambda: stub.Encode(many(3000), timeout=120),
+                "262144",
+                1,
+            ),
             ("known too large from dims (refused by the gateway)", lambda: stub.Encode(many(1000, sized), timeout=120), "65536", 0),
             (
                 "known too large from dims (refused by the worker itself)",
@@ -343,17 +361,7 @@ def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_
     colbert = "test/tiny-colbert"
     with cluster.config.channel() as config_channel:
         config_pb2_grpc.ConfigServiceStub(config_channel).AddModel(
-            config_pb2.AddModelRequest(
-                config=model_config(
-                    colbert,
-                    tiny_models[colbert],
-                    adapter="colbert",
-                    tasks=["encode"],
-                    output_types=["multivector", "dense"],
-                    max_sequence_length=128,
-                )
-            ),
-            timeout=30,
+            config_pb2.AddModelRequest(config=colbert_config(tiny_models[colbert])), timeout=30
         )
     cluster.start_worker("e1", SIE_PRELOAD_MODELS=colbert)
     gateway = cluster.start_gateway(SIE_ENCODE_STREAM_WINDOW="8")

@@ -19,7 +19,7 @@ from google.rpc import status_pb2
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from sie_common.auth import bearer_token
 from sie_common import openai_embeddings
-from sie_common.answer_size import check_answer, check_encode_estimate
+from sie_common.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.request_bounds import RequestBounds, check_request
 from sie_common.request_metrics import status_code
@@ -48,7 +48,6 @@ POOL_HEADER = "x-sie-pool"
 WORKER_TRAILER = "x-sie-worker"
 # Envoy's gRPC-JSON transcoder sets it on the calls it made from HTTP/JSON requests.
 TRANSCODED_HEADER = "x-envoy-original-path"
-MAX_SEND_SETTING = "SIE_MAX_SEND_MESSAGE_BYTES"
 
 
 class GatewayInference(inference_pb2_grpc.InferenceServicer):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
+from sie_common.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
 from sie_common.tracing import record_span, recording, span
 from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, PairScorer, TokenizedText, ZeroShotExtractor
@@ -212,7 +213,9 @@ class Engine:
     async def encode(self, job: EncodeJob) -> EncodeOutcome:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
-            check_outputs(self.registry.config(job.model), job.output_types)
+            config = self.registry.config(job.model)
+            check_outputs(config, job.output_types)
+            self._check_answer_estimate(job, config.dims)  # before loading: with the dims the config states
             model = await self._model_for(holds, job.model, job.profile, "encode", job.lora, job.items)
             needed = device_outputs(model, job.output_types)
             muvera_config = muvera_params(model, job.options) if "dense" in job.output_types and uses_muvera(model) else None
@@ -224,6 +227,7 @@ class Engine:
                     reason="DIMS_TOO_LARGE",
                     metadata={"dims": str(job.dims)},
                 )
+            self._check_answer_estimate(job, dense_dims(model, job.options))
             encoded, results = await self._encode_items(
                 model, job.items, needed, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
@@ -234,6 +238,12 @@ class Engine:
             )
             self._count(model, len(job.items))
         return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
+
+    def _check_answer_estimate(self, job: EncodeJob, model_dims: int | None) -> None:
+        """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent."""
+        if "dense" in job.output_types:
+            dims = min((dims for dims in (job.dims, model_dims) if dims), default=0)
+            check_dense_estimate(len(job.items), dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
 
     async def _encode_items(
         self,

@@ -13,7 +13,7 @@ from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import openai_embeddings
-from sie_common.answer_size import check_answer, check_encode_estimate
+from sie_common.answer_size import MAX_SEND_SETTING, check_answer
 from sie_common.request_bounds import (
     check_instruction,
     check_item_count,
@@ -46,9 +46,6 @@ from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
-
-# The setting that bounds an answer's size, named in RESPONSE_TOO_LARGE.
-MAX_SEND_SETTING = "SIE_MAX_SEND_MESSAGE_BYTES"
 
 
 def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
@@ -273,7 +270,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def run_encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
         return await _guarded(
-            "encode", request, lambda: self._encode(request), lambda o: encode_response(request, o), self._max_answer_bytes
+            "encode", request, lambda: self._engine.encode(encode_job(request, self._limits)), lambda o: encode_response(request, o), self._max_answer_bytes
         )
 
     async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
@@ -289,11 +286,6 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             lambda o: extract_response(request, o),
             self._max_answer_bytes,
         )
-
-    async def _encode(self, request: inference_pb2.EncodeRequest) -> EncodeOutcome:
-        job = encode_job(request, self._limits)
-        check_encode_estimate(request, self._engine.registry.config(request.model), self._max_answer_bytes, MAX_SEND_SETTING)
-        return await self._engine.encode(job)
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
