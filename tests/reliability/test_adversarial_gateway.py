@@ -434,7 +434,7 @@ def test_the_gateway_refuses_fields_over_their_bounds_before_routing(cluster, re
         stub = inference_pb2_grpc.InferenceStub(channel)
         wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["b1"], what="worker registered")
         for reason, call in cases.items():
-            refused = refusal(lambda: call(stub))
+            refused = refusal(lambda call=call: call(stub))
             reliability_report.add("adversarial gateway", f"field over its bound at the gateway ({reason})", status=refused.code().name)
             assert (refused.code(), error_reason(refused)) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
         assert error_info(refusal(lambda: cases["TEXT_TOO_LONG"](stub))).metadata["setting"] == "SIE_MAX_TEXT_BYTES"
