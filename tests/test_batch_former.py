@@ -180,3 +180,18 @@ async def test_a_batch_given_back_is_formed_again_after_the_newer_request() -> N
     again = await asyncio.wait_for(former.next_batch(), 1)
     assert [item.payload for item in again] == [item.payload for item in staged]
     assert former.pending == 40 - 8  # the running batch and the staged one, formed again
+
+
+async def test_only_a_draining_request_gives_way_and_only_once() -> None:
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    former.add(items("bulk", [10] * 12), limits)
+    staged = await former.next_batch()
+    assert former.may_displace(staged)  # the bulk request has items left to wait for anyway
+    former.give_back(staged, limits)
+    again = await former.next_batch()
+    assert not former.may_displace(again)  # given back once: it runs as formed
+    lone = BatchFormer()
+    lone.add(items("one", [10]), limits)
+    lone.add(items("two", [10]), limits)
+    assert not lone.may_displace(await lone.next_batch())  # it completes its requests: never pushed back

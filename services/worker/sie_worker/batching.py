@@ -66,6 +66,7 @@ class PendingItem:
     enqueued_at: float = field(default_factory=time.monotonic)
     tag: float = 0.0
     flow: int = 0  # which `add` it came in: breaks ties between equal tags, earliest first
+    displaced: bool = False  # its batch was given back once (see `may_displace`)
 
 
 class Batch(list[PendingItem]):
@@ -149,6 +150,7 @@ class BatchFormer:
         """Queue again, as they were, the items of a batch that did not run (another was run in its place)."""
         touched = []
         for item in batch:
+            item.displaced = True
             group = self._groups.setdefault(item.key, _Group(limits))
             group.items.append(item)
             group.cost += item.cost
@@ -156,6 +158,18 @@ class BatchFormer:
         for group in touched:
             group.items.sort(key=lambda item: (item.flow, item.tag))  # arrival order again
         self._changed.set()
+
+    def may_displace(self, batch: Batch) -> bool:
+        """Whether a newer request's batch may take `batch`'s place (see `give_back`): only while every request in it
+        has items left to wait for here anyway (a bulk request draining), and only once for its items.
+
+        So a batch that completes a request is never pushed back, and one given back runs next: under many
+        one-item requests nothing is displaced, and a bulk request gets at least every other pass while small
+        ones keep coming."""
+        if any(item.displaced for item in batch):
+            return False
+        waiting = {item.flow for group in self._groups.values() for item in group.items}
+        return all(item.flow in waiting for item in batch)
 
     def _ready(self, now: float, newer_than: int | None) -> tuple[tuple[Hashable, PendingItem, BatchLimits, bool] | None, float | None]:
         """The ready group holding the lowest tag (key, its lead, limits, full), else when the next one will be."""

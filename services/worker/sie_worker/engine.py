@@ -431,7 +431,7 @@ class Engine:
         slots = asyncio.Semaphore(PIPELINE_DEPTH)
         behind: _Handed | None = None
         while True:
-            if behind is not None and slots.locked() and not behind.running.done():
+            if behind is not None and slots.locked() and not behind.running.done() and self._former.may_displace(behind.batch):
                 batch = await self._instead_of(behind, slots)
             else:
                 await slots.acquire()
