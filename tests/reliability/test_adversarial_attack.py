@@ -1,0 +1,95 @@
+"""Adversarial inputs the rest of the suite does not contain, found by attacking the issue-20 hardening
+(issue 20): each case was a defect on main; it asserts the exact status and reason, and that the worker
+still serves afterwards."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from PIL import Image
+
+from grpc_helpers import error_details, error_info, stacked
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+
+KNOWN_MODEL = "test/tiny-mean"
+DEADLINE_S = 30
+
+
+@pytest.fixture(scope="module")
+def attacked(start_worker) -> Iterator:
+    """A worker with one image thread: an image that holds it holds every image request.
+
+    Killed at the end of the module: on code without the fixes, a case may leave it busy."""
+    worker = start_worker(SIE_PRELOAD_MODELS=f"{KNOWN_MODEL},test/tiny-clip", SIE_IMAGE_WORKERS="1")
+    yield worker
+    worker.kill()
+
+
+@pytest.fixture(scope="module")
+def stub(attacked) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with grpc.insecure_channel(attacked.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
+
+
+def known(stub) -> int:
+    """A known request's answer: its item count."""
+    request = inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text="a known request")])
+    return len(stub.Encode(request, timeout=DEADLINE_S).results)
+
+
+def outcome(error: grpc.RpcError) -> str:
+    info, _ = error_details(error)
+    return f"{error.code().name} {info.reason}" if info is not None else error.code().name
+
+
+def image_item(data: bytes) -> types_pb2.Item:
+    return types_pb2.Item(images=[types_pb2.Image(data=data)])
+
+
+# --- JPEG scan bomb -------------------------------------------------------------------------------------------
+
+
+def progressive_jpeg(side: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (side, side), 128).save(buffer, format="JPEG", progressive=True)
+    return buffer.getvalue()
+
+
+def scan_bomb(side: int, scans: int) -> bytes:
+    """A progressive JPEG with `scans` more copies of its smallest scan before EOI: 12 bytes each, and libjpeg
+    runs every one over the whole image (1024 x 1024 with 80,000 scans: about 9 s of CPU)."""
+    data = progressive_jpeg(side)
+    position, smallest = 2, None
+    while data[position + 1] != 0xD9:
+        end = position + 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+        if data[position + 1] == 0xDA:  # a scan: its entropy-coded data runs to the next marker
+            while data[end] != 0xFF or data[end + 1] == 0x00 or 0xD0 <= data[end + 1] <= 0xD7:
+                end += 1
+            if smallest is None or end - position < len(smallest):
+                smallest = data[position:end]
+        position = end
+    assert smallest is not None
+    return data[:position] + smallest * scans + data[position:]
+
+
+def test_a_jpeg_of_many_scans_is_refused_before_decoding(attacked, stub, reliability_report) -> None:
+    """On main a 300 KB file of 25,000 empty scans held the image thread for seconds (10 MB of them: most of an
+    hour at 6000 x 6000), and every image request waited behind it."""
+    data = scan_bomb(1024, 25_000)
+    assert len(data) < 400_000
+    request = inference_pb2.EncodeRequest(model="test/tiny-clip", items=[image_item(data)])
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Encode(request, timeout=DEADLINE_S)
+    error = raised.value
+    reliability_report.add("adversarial attack", "JPEG of 25,000 scans", expected="INVALID_ARGUMENT IMAGE_TOO_MANY_SCANS", actual=outcome(error))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    info = error_info(error)
+    assert info.reason == "IMAGE_TOO_MANY_SCANS"
+    assert info.metadata["setting"] == "SIE_MAX_JPEG_SCANS" and info.metadata["limit"] == "100"
+    # An ordinary progressive JPEG (10 scans) and a text request are still answered.
+    answer = stub.Encode(inference_pb2.EncodeRequest(model="test/tiny-clip", items=[image_item(progressive_jpeg(64))]), timeout=DEADLINE_S)
+    assert stacked([answer.results[0].dense]).shape[0] == 1
+    assert known(stub) == 1
