@@ -93,3 +93,33 @@ def test_a_jpeg_of_many_scans_is_refused_before_decoding(attacked, stub, reliabi
     answer = stub.Encode(inference_pb2.EncodeRequest(model="test/tiny-clip", items=[image_item(progressive_jpeg(64))]), timeout=DEADLINE_S)
     assert stacked([answer.results[0].dense]).shape[0] == 1
     assert known(stub) == 1
+
+
+# --- texts tokenized whole before truncation -------------------------------------------------------------------
+
+RSS_BOUND_BYTES = 256 * 2**20
+
+
+def peak_rss(pid: int) -> int:
+    """VmHWM of a process: the most resident memory it has had, in bytes."""
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_long_texts_are_tokenized_only_as_far_as_the_model_reads(attacked, stub, reliability_report) -> None:
+    """Three texts of 2 MiB of one-letter words, each under SIE_MAX_TEXT_BYTES: on main the tokenizer read all
+    of them before truncating to the model's 128 tokens, adding about 1 GB to the worker (seven: 2 GB, 30 s)."""
+    text = "a " * 2**20
+    before = peak_rss(attacked.process.pid)
+    request = inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(id=str(index), text=text) for index in range(3)])
+    answer = stub.Encode(request, timeout=DEADLINE_S)
+    grown = peak_rss(attacked.process.pid) - before
+    reliability_report.add("adversarial attack", "3 texts of 2 MiB of words", expected="answered, RSS < 256 MiB more", actual=f"{grown / 2**20:.0f} MiB more")
+    assert [result.id for result in answer.results] == ["0", "1", "2"]
+    # The same as the text cut to what the model reads.
+    short = stub.Encode(inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text="a " * 200)]), timeout=DEADLINE_S)
+    assert stacked([answer.results[0].dense]).tolist() == stacked([short.results[0].dense]).tolist()
+    assert grown < RSS_BOUND_BYTES
+    assert known(stub) == 1
