@@ -15,6 +15,7 @@ from grpc_helpers import error_details, error_info, stacked
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
 KNOWN_MODEL = "test/tiny-mean"
+RERANKER = "test/tiny-reranker"
 DEADLINE_S = 30
 
 
@@ -23,7 +24,7 @@ def attacked(start_worker) -> Iterator:
     """A worker with one image thread: an image that holds it holds every image request.
 
     Killed at the end of the module: on code without the fixes, a case may leave it busy."""
-    worker = start_worker(SIE_PRELOAD_MODELS=f"{KNOWN_MODEL},test/tiny-clip", SIE_IMAGE_WORKERS="1")
+    worker = start_worker(SIE_PRELOAD_MODELS=f"{KNOWN_MODEL},test/tiny-clip,{RERANKER}", SIE_IMAGE_WORKERS="1")
     yield worker
     worker.kill()
 
@@ -121,5 +122,25 @@ def test_long_texts_are_tokenized_only_as_far_as_the_model_reads(attacked, stub,
     # The same as the text cut to what the model reads.
     short = stub.Encode(inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text="a " * 200)]), timeout=DEADLINE_S)
     assert stacked([answer.results[0].dense]).tolist() == stacked([short.results[0].dense]).tolist()
+    assert grown < RSS_BOUND_BYTES
+    assert known(stub) == 1
+
+
+def test_long_score_items_are_tokenized_only_as_far_as_a_pair_reads(attacked, stub, reliability_report) -> None:
+    """A cross-encoder tokenized each (query, item) pair whole before truncating it: on main three items of
+    2 MiB of one-letter words added 1.2 GB to the worker (seven: 1.9 GB, 26 s)."""
+    before = peak_rss(attacked.process.pid)
+    request = inference_pb2.ScoreRequest(
+        model=RERANKER, query=types_pb2.Item(text="a query"), items=[types_pb2.Item(id=str(index), text="a " * 2**20) for index in range(3)]
+    )
+    answer = stub.Score(request, timeout=DEADLINE_S)
+    grown = peak_rss(attacked.process.pid) - before
+    reliability_report.add("adversarial attack", "score: 3 items of 2 MiB of words", expected="answered, RSS < 256 MiB more", actual=f"{grown / 2**20:.0f} MiB more")
+    # The same scores as the items cut to what the pair reads.
+    short = stub.Score(
+        inference_pb2.ScoreRequest(model=RERANKER, query=types_pb2.Item(text="a query"), items=[types_pb2.Item(id="0", text="a " * 300)]), timeout=DEADLINE_S
+    )
+    assert sorted(entry.item_id for entry in answer.scores) == ["0", "1", "2"]
+    assert [entry.score for entry in answer.scores] == pytest.approx([short.scores[0].score] * 3, rel=1e-5)
     assert grown < RSS_BOUND_BYTES
     assert known(stub) == 1
