@@ -146,6 +146,19 @@ def test_long_score_items_are_tokenized_only_as_far_as_a_pair_reads(attacked, st
     assert known(stub) == 1
 
 
+def test_an_instruction_at_its_bound_times_many_items_is_tokenized_only_as_far_as_the_model_reads(attacked, stub, reliability_report) -> None:
+    """The instruction is prepended to every item: on main 16 KiB of it (SIE_MAX_INSTRUCTION_BYTES) with 512
+    one-word items was 8 MiB of text tokenized whole, adding 735 MiB (8,192 items: 134 MB of text, many GB)."""
+    before = peak_rss(attacked.process.pid)
+    request = inference_pb2.EncodeRequest(model=KNOWN_MODEL, instruction="a " * 8192, items=[types_pb2.Item(id=str(index), text="x") for index in range(512)])
+    answer = stub.Encode(request, timeout=DEADLINE_S)
+    grown = peak_rss(attacked.process.pid) - before
+    reliability_report.add("adversarial attack", "16 KiB instruction x 512 items", expected="answered, RSS < 256 MiB more", actual=f"{grown / 2**20:.0f} MiB more")
+    assert len(answer.results) == 512
+    assert grown < RSS_BOUND_BYTES
+    assert known(stub) == 1
+
+
 # --- pools: another token's pool -------------------------------------------------------------------------------
 
 
