@@ -24,7 +24,7 @@ Row = TypeVar("Row")
 # On a CPU one more forward pass costs about as much as this many padded tokens.
 CPU_SPLIT_TOKENS = 64
 # Characters of a text tokenized at first per token of the maximum length (TextTokenizer._encode_prefixes).
-PREFIX_CHARS_PER_TOKEN = 16
+PREFIX_CHARS_PER_TOKEN = 4
 # Above this, a tokenizer's model_max_length is a placeholder, not a limit.
 _UNSET_MAX_LENGTH = 1_000_000
 # transformers' and peft's from_pretrained are not safe to run in two threads at
