@@ -117,10 +117,12 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.ListPoolsResponse(pools=pools)
 
     async def RenewPool(self, request: inference_pb2.RenewPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.RenewPoolResponse:
-        return inference_pb2.RenewPoolResponse(pool=await self._guarded(context, lambda: self._pools.renew(request.name)))
+        token = bearer_token(context.invocation_metadata())
+        return inference_pb2.RenewPoolResponse(pool=await self._guarded(context, lambda: self._pools.renew(request.name, token)))
 
     async def DeletePool(self, request: inference_pb2.DeletePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.DeletePoolResponse:
-        await self._guarded(context, lambda: self._pools.delete(request.name))
+        token = bearer_token(context.invocation_metadata())
+        await self._guarded(context, lambda: self._pools.delete(request.name, token))
         return inference_pb2.DeletePoolResponse()
 
     async def _guarded(self, context: grpc.aio.ServicerContext, call: Callable[[], Any]) -> Any:

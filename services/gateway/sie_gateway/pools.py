@@ -23,7 +23,7 @@ from google.protobuf import timestamp_pb2
 
 from sie.v1 import inference_pb2
 from sie_common.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
-from sie_common.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from sie_common.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from sie_common.etcd import Etcd
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.settings import GatewaySettings
@@ -36,6 +36,16 @@ _WRITE_ATTEMPTS = 3
 def pool_owner(token: str | None) -> str:
     """Who a pool counts against: a digest of the caller's bearer token ("" without one), never the token."""
     return hashlib.sha256(token.encode()).hexdigest()[:16] if token else ""
+
+
+def _check_owner(record: PoolRecord, token: str | None, action: str) -> None:
+    """PERMISSION_DENIED unless `token` is the one that created the pool (without tokens, everyone is the same caller)."""
+    if pool_owner(token) != record.owner:
+        raise PermissionDenied(
+            f"pool {record.name!r} was created with another token; only that token may {action} it",
+            reason="POOL_NOT_OWNED",
+            metadata={"pool": record.name},
+        )
 
 
 class PoolManager:
@@ -106,14 +116,17 @@ class PoolManager:
             )
         return read_at
 
-    async def renew(self, name: str) -> inference_pb2.Pool:
-        """Refresh the lease and top up missing workers (saved in etcd)."""
+    async def renew(self, name: str, token: str | None = None) -> inference_pb2.Pool:
+        """Refresh the lease and top up missing workers (saved in etcd); only the pool's owner may."""
         key = self._etcd.key(POOLS + name)
         for _ in range(_WRITE_ATTEMPTS):
             entry = await self._etcd.get(POOLS + name)
-            if entry is None or await self._etcd.keep_alive(decode_pool(entry.value).lease) <= 0:
+            if entry is None:
                 raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
             record = decode_pool(entry.value)
+            _check_owner(record, token, "renew")
+            if await self._etcd.keep_alive(record.lease) <= 0:
+                raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
             renewed = dataclasses.replace(
                 record, workers=self._assign(name, record.gpus, record.workers), expires_at=time.time() + record.ttl_s
             )
@@ -125,11 +138,14 @@ class PoolManager:
                 return self.message(renewed)
         raise Aborted(f"pool {name!r} changed under {_WRITE_ATTEMPTS} renewals in a row; retry", reason="POOL_CONTENDED")
 
-    async def delete(self, name: str) -> None:
+    async def delete(self, name: str, token: str | None = None) -> None:
+        """Release the pool's workers; only its owner may."""
         entry = await self._etcd.get(POOLS + name)
         if entry is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})
-        await self._etcd.revoke_lease(decode_pool(entry.value).lease)
+        record = decode_pool(entry.value)
+        _check_owner(record, token, "delete")
+        await self._etcd.revoke_lease(record.lease)
 
     def get(self, name: str) -> inference_pb2.Pool:
         record = self._view.pools.get(name)

@@ -5,11 +5,14 @@ JPEG, PNG and WebP are accepted; the bytes decide the format. An item's
 their `image/...` MIME types); a supported hint that disagrees with the bytes
 is ignored. The file's size is checked against SIE_MAX_IMAGE_BYTES, then
 the header's width and height against SIE_MAX_IMAGE_PIXELS and
-SIE_MAX_IMAGE_ASPECT_RATIO, and the size the model's processor would resize
-the image to against SIE_MAX_IMAGE_PIXELS, all before any pixel is decoded
+SIE_MAX_IMAGE_ASPECT_RATIO, the size the model's processor would resize
+the image to against SIE_MAX_IMAGE_PIXELS, and a JPEG's scans against
+SIE_MAX_JPEG_SCANS, all before any pixel is decoded
 (sie_worker.limits): a small file that claims a huge image (a decompression
 bomb), or a thin one that the processor would blow up (1 x 1,000,000 resized
-to a 224-pixel short edge), is refused at the cost of reading its header.
+to a 224-pixel short edge), or a progressive JPEG of thousands of empty scans
+(each of which libjpeg runs over the whole image), is refused at the cost of
+reading its header or its markers.
 Every refusal is INVALID_ARGUMENT naming the item and the image.
 """
 
@@ -24,7 +27,7 @@ from PIL import Image, UnidentifiedImageError
 from sie_common.errors import InvalidArgument
 from sie_worker.jobs import ImageInput, ItemInput
 from sie_common.request_bounds import check_image_bytes
-from sie_worker.limits import Limits, check_image_size
+from sie_worker.limits import Limits, check_image_size, check_jpeg_scans
 
 # Pillow's format name -> the names a `format` hint may use for it.
 FORMATS = {"JPEG": ("jpeg", "jpg"), "PNG": ("png",), "WEBP": ("webp",)}
@@ -52,6 +55,8 @@ def decode_image(item: ItemInput, position: int, *, limits: Limits, resized_pixe
         raise _unreadable(image.data, where, metadata, error) from None
     width, height = opened.size
     check_image_size(width, height, resized_pixels(width, height), where, metadata, limits)
+    if opened.format == "JPEG":
+        check_jpeg_scans(image.data, where, metadata, limits)
     try:
         opened.load()
     except Exception as error:  # Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...

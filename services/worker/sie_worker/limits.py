@@ -12,6 +12,7 @@ to SIE_MAX_REQUEST_TIMEOUT_S rather than refused.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ class Limits(RequestBounds):
 
     image_pixels: int
     image_aspect_ratio: float
+    jpeg_scans: int
     muvera_repetitions: int
     muvera_d_proj: int
     muvera_dims: int
@@ -39,6 +41,7 @@ class Limits(RequestBounds):
             **RequestBounds.fields_from(settings),
             image_pixels=settings.max_image_pixels,
             image_aspect_ratio=settings.max_image_aspect_ratio,
+            jpeg_scans=settings.max_jpeg_scans,
             muvera_repetitions=settings.max_muvera_repetitions,
             muvera_d_proj=settings.max_muvera_d_proj,
             muvera_dims=settings.max_muvera_dims,
@@ -79,6 +82,62 @@ def check_image_size(width: int, height: int, resized_pixels: int, where: str, m
         raise over_limit(
             f"{where}: the model's processor would resize the {width}x{height} image to {resized_pixels} pixels",
             reason="IMAGE_TOO_LARGE", limit=limits.image_pixels, setting="SIE_MAX_IMAGE_PIXELS", metadata=pixel_metadata, advice="crop or pad it",
+        )
+
+
+# A marker: 0xFF, any fill 0xFFs, then its code. Possessive, and a search starts only where a run of 0xFF
+# does: linear in the data, however it is made.
+_MARKER = re.compile(rb"\xff++(.)", re.DOTALL)
+# The next marker after a scan's entropy-coded data: one whose code is neither a stuffed zero nor a restart
+# marker (RSTn, 0xD0-0xD7); those belong to the scan.
+_AFTER_SCAN = re.compile(rb"(?<!\xff)\xff++[^\x00\xd0-\xd7]")
+# Markers that stand alone, with no length field: TEM, RSTn, SOI.
+_STANDALONE = frozenset((0x01, *range(0xD0, 0xD9)))
+
+
+# Markers (segments and scans) a JPEG may have per scan allowed: a real one has a few (tables, APP data).
+JPEG_MARKERS_PER_SCAN = 16
+
+
+def jpeg_scans(data: bytes, limit: int) -> int:
+    """The scans (SOS markers) of a JPEG file, counted up to `limit` + 1, from its markers alone; a file of
+    more than JPEG_MARKERS_PER_SCAN x `limit` markers counts as `limit` + 1, so the walk stays short.
+
+    Segments are stepped over by their length (an APP segment may hold any bytes), a scan's
+    entropy-coded data by searching for the marker after it; nothing is decoded."""
+    scans, markers, position, end = 0, 0, 2, len(data)
+    while position < end and scans <= limit:
+        if markers > JPEG_MARKERS_PER_SCAN * limit:
+            return limit + 1
+        if data[position] != 0xFF:  # not at a marker (a corrupt file): libjpeg skips to the next one
+            found = data.find(b"\xff", position)
+            position = found if found >= 0 else end
+            continue
+        marker = _MARKER.match(data, position)
+        if marker is None:  # nothing but fill to the end
+            break
+        code, position = marker.group(1)[0], marker.end()
+        markers += 1
+        if code == 0xD9:  # EOI
+            break
+        if code in _STANDALONE:
+            continue
+        position += int.from_bytes(data[position : position + 2], "big")
+        if code == 0xDA:
+            scans += 1
+            after = _AFTER_SCAN.search(data, position)
+            position = after.start() if after else end
+    return scans
+
+
+def check_jpeg_scans(data: bytes, where: str, metadata: Mapping[str, str], limits: Limits) -> None:
+    """A JPEG's scans within SIE_MAX_JPEG_SCANS: libjpeg runs every scan over the whole image, so a small
+    progressive file of many empty scans costs minutes of CPU to decode."""
+    scans = jpeg_scans(data, limits.jpeg_scans)
+    if scans > limits.jpeg_scans:
+        raise over_limit(
+            f"{where}: JPEG of more than {limits.jpeg_scans} scans (or {JPEG_MARKERS_PER_SCAN} times as many markers)", reason="IMAGE_TOO_MANY_SCANS", limit=limits.jpeg_scans,
+            setting="SIE_MAX_JPEG_SCANS", metadata=metadata, advice="re-encode it (a progressive JPEG has about 10)",
         )
 
 

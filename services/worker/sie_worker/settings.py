@@ -51,6 +51,7 @@ class WorkerSettings(RequestBoundSettings):
     # Upper bounds on request fields that need the model (sie_worker.limits; docs/security.md "Bounds"); those the
     # gateway checks too come from RequestBoundSettings.
     max_image_aspect_ratio: float = setting(50.0, env="SIE_MAX_IMAGE_ASPECT_RATIO", help="largest ratio of an image's long edge to its short edge (read from the header before decoding)")
+    max_jpeg_scans: int = setting(100, env="SIE_MAX_JPEG_SCANS", help="most scans (SOS markers) a JPEG may have; libjpeg decodes every scan over the whole image, so a small progressive file of thousands of empty scans takes minutes of CPU")
     max_muvera_repetitions: int = setting(64, env="SIE_MAX_MUVERA_REPETITIONS", help="largest MUVERA repetitions accepted (request options merged over the profile's)")
     max_muvera_d_proj: int = setting(1024, env="SIE_MAX_MUVERA_D_PROJ", help="largest MUVERA d_proj accepted")
     max_muvera_dims: int = setting(16384, env="SIE_MAX_MUVERA_DIMS", help="widest MUVERA encoding accepted: repetitions x 2^k_sim x d_proj")
@@ -115,5 +116,5 @@ class WorkerSettings(RequestBoundSettings):
 
 # The worker's own request bounds (sie_worker.limits) that must be positive.
 _POSITIVE_BOUNDS = (
-    "max_image_pixels", "max_muvera_repetitions", "max_muvera_d_proj", "max_muvera_dims", "max_request_timeout_s", "encode_stream_window",
+    "max_image_pixels", "max_jpeg_scans", "max_muvera_repetitions", "max_muvera_d_proj", "max_muvera_dims", "max_request_timeout_s", "encode_stream_window",
 )
