@@ -63,7 +63,7 @@ from sie_worker.jobs import (
 from sie_worker.images import decode_image
 from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
 from sie_worker.limits import Limits, check_muvera
-from sie_worker.memory import is_cuda_oom, release_cuda_cache, run_isolating_failures
+from sie_worker.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.model_catalog import read_catalog
 from sie_worker.registry import LoadedModel, ModelRegistry
@@ -468,6 +468,17 @@ class Engine:
         return await self._former.next_batch()
 
     def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
+        """Fan a finished forward pass out to its items; should that fail, its items fail INTERNAL rather than wait
+        for ever (a callback's exception reaches no caller)."""
+        try:
+            self._fan_out(work, batch, batch_id, slots, running)
+        except Exception as error:
+            log.exception("answering a forward pass of %d items on %s failed", len(batch), work.model.config.id)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(Internal(f"answering the forward pass failed: {error}", reason="INFERENCE_FAILED"))
+
+    def _fan_out(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
         """Fan a finished forward pass out to its items, and tell the model's batch policy how it went."""
         slots.release()
         model = work.model
@@ -480,7 +491,7 @@ class Engine:
             log.error("forward pass of %d items on %s failed", len(batch), model.config.id, exc_info=error)
             for item in batch:
                 if not item.future.done():
-                    item.future.set_exception(_answer_for(error, model))
+                    item.future.set_exception(_answer_for(error, model, len(batch)))
             return
         outputs, started, finished = running.result()
         model.stats.forward_passes += 1
@@ -494,7 +505,7 @@ class Engine:
             if item.future.done():
                 continue
             if isinstance(outputs[row], BaseException):  # the forward pass failed on this item alone
-                item.future.set_exception(_answer_for(outputs[row], model))
+                item.future.set_exception(_answer_for(outputs[row], model, len(batch)))
             else:
                 item.future.set_result(_ItemResult(outputs[row], stats, (started - item.enqueued_at) * 1000, item.cost))
 
@@ -521,8 +532,12 @@ def _forward(work: _DeviceWork, batch: Batch) -> tuple[Sequence[Any], float, flo
     return outputs, started, time.monotonic()
 
 
-def _answer_for(error: BaseException, model: LoadedModel) -> SieError:
-    """What a caller is told when the forward pass failed on its item: a SieError as it is, anything else INTERNAL."""
+def _answer_for(error: BaseException, model: LoadedModel, items: int) -> SieError:
+    """What a caller is told when a forward pass of `items` items failed on every one: a SieError as it is; a lone
+    item on a model that has completed passes is to blame itself (ITEM_FAILED, as when other items of its batch
+    succeed: whether it shared a batch must not change its answer); anything else INTERNAL."""
+    if items == 1 and model.stats.forward_passes > 0:
+        return blame_item(error, because="the model answers other items")
     if isinstance(error, SieError):
         return error
     return Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")

@@ -126,7 +126,7 @@ def run_isolating_failures(
         return outcomes
     if len(failed) == len(outcomes):
         raise failed[0]
-    return [_blame(outcome) if isinstance(outcome, BaseException) else outcome for outcome in outcomes]
+    return [blame_item(outcome) if isinstance(outcome, BaseException) else outcome for outcome in outcomes]
 
 
 def _run_halving(
@@ -155,13 +155,13 @@ def _run_halving(
         return _run_halving(run, items[:middle], is_oom, recover) + _run_halving(run, items[middle:], is_oom, recover)
 
 
-def _blame(error: BaseException) -> BaseException:
-    """An item's own failure: INVALID_ARGUMENT unless it already is a SieError."""
+def blame_item(error: BaseException, *, because: str = "the other items of its batch succeeded") -> SieError:
+    """An item's own failure (`because` says why the model is not to blame): INVALID_ARGUMENT unless it already is
+    a SieError."""
     if isinstance(error, SieError):
         return error
     return InvalidArgument(
-        f"the model failed on this item ({type(error).__name__}: {error}) while the other items of its batch succeeded; "
-        "check the item's input",
+        f"the model failed on this item ({type(error).__name__}: {error}) while {because}; check the item's input",
         reason="ITEM_FAILED",
     )
 
