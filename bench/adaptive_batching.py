@@ -28,7 +28,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -42,6 +41,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from ours import TINY, grpc_sender  # noqa: E402
+from report import replace_docs_section  # noqa: E402
 from workloads import MODEL, Workload, bulk, summary, throughput  # noqa: E402
 from tiny_models import build_tiny_model, write_model_yaml  # noqa: E402
 from worker_process import WorkerProcess  # noqa: E402
@@ -167,11 +167,7 @@ def write_section(result: dict, file_name: str) -> None:
         f"{rows}\n"
         + (f"\n{result['note']}\n" if result["note"] else "")
     )
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text()
-    pattern = re.compile(r"## Adaptive batching\n.*?(?=\n## |\Z)", re.S)
-    text = pattern.sub(lambda _: section.rstrip("\n"), text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
+    replace_docs_section(ROOT / "docs" / "benchmarks.md", "Adaptive batching", section)
 
 
 if __name__ == "__main__":

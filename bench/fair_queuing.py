@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_model, write_model_yaml
 from worker_process import WorkerProcess
+from report import replace_docs_section
 from workloads import SINGLE_TEXT, bulk, percentile, summary
 
 MODEL_A = "bench/tiny-bulk"
@@ -243,11 +244,7 @@ def write_section(result: dict, file_name: str) -> None:
         " running when it arrives: no fairness goes below that.\n"
         + (f"\n{result['note']}\n" if result["note"] else "")
     )
-    path = ROOT / "docs" / "benchmarks.md"
-    text = path.read_text()
-    pattern = re.compile(r"## Small requests beside a bulk neighbour\n.*?(?=\n## |\Z)", re.DOTALL)
-    text = pattern.sub(lambda _: section.rstrip("\n"), text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    path.write_text(text.rstrip("\n") + "\n")
+    replace_docs_section(ROOT / "docs" / "benchmarks.md", "Small requests beside a bulk neighbour", section)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,11 @@ def write_docs(result: dict[str, Any], results_file: Path, docs: Path) -> None:
     else:
         text = text.rstrip("\n") + f"\n\n## {'GPU' if section == 'gpu' else 'CPU'}\n\n{body}\n"
     docs.write_text(text)
+
+
+def replace_docs_section(docs: Path, heading: str, section: str) -> None:
+    """Put `section` in place of the `## heading` section of `docs` (up to the next `## `), or append it."""
+    text = docs.read_text()
+    pattern = re.compile(rf"## {re.escape(heading)}\n.*?(?=\n## |\Z)", re.S)
+    text = pattern.sub(lambda _: section.rstrip("\n") + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    docs.write_text(text.rstrip("\n") + "\n")
