@@ -93,3 +93,8 @@ def stacked(tensors) -> np.ndarray:
     from sie_common.tensors import from_tensor
 
     return np.stack([np.array(from_tensor(tensor)) for tensor in tensors])
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata presenting `token` as a bearer token."""
+    return (("authorization", f"Bearer {token}"),)

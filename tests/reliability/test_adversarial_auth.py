@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -16,11 +15,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
-import psutil
 import pytest
 from google.protobuf import struct_pb2
 
-from grpc_helpers import call_until_loaded, error_details, error_info
+from grpc_helpers import bearer, call_until_loaded, error_details, error_info
+from stack_process import stop_stack
 from local_cluster import Cluster, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
 from sie_common.etcd import Etcd
@@ -34,10 +33,6 @@ INFERENCE_TOKEN = "inference-tok-2d7e"
 WORKER_TOKEN = "worker-tok-55af"
 WRONG_TOKEN = "wrong-tok-0e41"
 SECTION = "adversarial: auth"
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
 
 
 def remote_code_config(model_id: str, weights: Path | None = None) -> dict:
@@ -290,15 +285,7 @@ class RunningStack:
             return error.code, json.loads(error.read() or b"{}")
 
     def stop(self) -> None:
-        children = psutil.Process(self.process.pid).children(recursive=True)
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        for child in children:
-            if child.is_running():
-                child.kill()
+        stop_stack(self.process)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import SIEClient
 from sie_stack.envoy_config import render
 from sie_stack.processes import EnvoyProcess, free_port
+from stack_process import stop_stack
 from test_stack_up import _two_free_ports
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -153,19 +154,7 @@ def stack(tmp_path_factory) -> Iterator[RunningStack]:
         }
         yield running
     finally:
-        children = (
-            psutil.Process(running.process.pid).children(recursive=True)
-            if running.process.poll() is None
-            else []
-        )
-        running.process.send_signal(signal.SIGINT)
-        try:
-            running.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            running.process.kill()
-        for child in children:
-            if child.is_running():
-                child.kill()
+        stop_stack(running.process)
 
 
 def http(

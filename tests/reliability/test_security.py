@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from grpc_helpers import call_until_loaded, error_info, stacked
+from grpc_helpers import bearer, call_until_loaded, error_info, stacked
 from local_cluster import model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_stack.up import wait_for_leader
@@ -27,10 +27,6 @@ MEAN = "test/tiny-mean"
 INFERENCE_TOKEN = "inference-tok-7f3a9c"
 ADMIN_TOKEN = "admin-tok-5e1d44"
 WRONG_TOKEN = "wrong-tok-0b2c88"
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
 
 
 def credentials(pki: Pki, client: CertFiles | None = None) -> grpc.ChannelCredentials:
