@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
+from sie_common.etcd import Etcd
 from sie_stack.up import wait_for_leader
 from worker_process import WorkerProcess
+
+T = TypeVar("T")
 
 
 
@@ -85,3 +90,17 @@ def served_by(call_result: tuple) -> str:
     """The worker id from a `with_call` result's trailers."""
     _, call = call_result
     return dict(call.trailing_metadata())["x-sie-worker"]
+
+
+def etcd_call(endpoint: str, prefix: str, use: Callable[[Etcd], Awaitable[T]]) -> T:
+    """Run `use` with a fresh etcd client of `prefix` at `endpoint`, from synchronous test code."""
+
+    async def run() -> T:
+        etcd = Etcd([endpoint], prefix)
+        await etcd.connect()
+        try:
+            return await use(etcd)
+        finally:
+            await etcd.close()
+
+    return asyncio.run(run())

@@ -7,7 +7,6 @@ an earlier fault left dead and waits until the gateway routes to both workers.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ import grpc
 
 from etcd_process import EtcdProcess
 from reliability.link_cutter import LinkCutter
-from local_cluster import Cluster, gateway_model, model_config, wait_until
+from local_cluster import Cluster, etcd_call, gateway_model, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2_grpc
 from sie_common.etcd import Etcd
 from sie_stack.up import wait_for_leader
@@ -90,16 +89,7 @@ class FaultStack:
 
     def etcd_call(self, use: Callable[[Etcd], Awaitable[T]]) -> T:
         """Run `use` with a fresh client of this stack's etcd (directly, not through the link)."""
-
-        async def run() -> T:
-            etcd = Etcd([self.etcd.endpoint], PREFIX)
-            await etcd.connect()
-            try:
-                return await use(etcd)
-            finally:
-                await etcd.close()
-
-        return asyncio.run(run())
+        return etcd_call(self.etcd.endpoint, PREFIX, use)
 
     def add_model(self, model_id: str, address: str | None = None, timeout_s: float = 10) -> config_pb2.AddModelResponse:
         with grpc.insecure_channel(address or self.leader_and_follower()[0].address) as channel:

@@ -7,7 +7,6 @@ Each case asserts the exact status and reason, and that the stack still answers 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from grpc_helpers import call_until_loaded, error_info, error_reason
-from local_cluster import gateway_model, model_config, served_by, wait_until
+from local_cluster import etcd_call, gateway_model, model_config, served_by, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common import cluster_store, config_store
 from sie_common.etcd import Etcd
@@ -52,18 +51,9 @@ def knows(stub: inference_pb2_grpc.InferenceStub, model: str) -> bool:
         return False
 
 
-def etcd_call(cluster, use):  # type: ignore[no-untyped-def]
+def cluster_etcd_call(cluster, use):  # type: ignore[no-untyped-def]
     """Run `use(etcd)` with a client of the cluster's etcd prefix."""
-
-    async def run():  # type: ignore[no-untyped-def]
-        etcd = Etcd([cluster.etcd_endpoint], cluster.prefix)
-        await etcd.connect()
-        try:
-            return await use(etcd)
-        finally:
-            await etcd.close()
-
-    return asyncio.run(run())
+    return etcd_call(cluster.etcd_endpoint, cluster.prefix, use)
 
 
 def write_models(cluster, weights, model_ids: list[str]) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +67,7 @@ def write_models(cluster, weights, model_ids: list[str]) -> None:  # type: ignor
         for start in range(0, len(values), WRITES_PER_TXN):
             await etcd.txn([], [etcd.ops.put(etcd.key(name), value) for name, value in values[start : start + WRITES_PER_TXN]])
 
-    etcd_call(cluster, write)
+    cluster_etcd_call(cluster, write)
 
 
 def colbert_config(weights) -> dict:  # type: ignore[no-untyped-def]
@@ -183,7 +173,7 @@ def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_repo
         async def stored_pools(etcd: Etcd) -> set[str]:
             return {entry.name.removeprefix(cluster_store.POOLS) for entry in (await etcd.read_prefix(cluster_store.POOLS))[0]}
 
-        created = sorted(name for name in etcd_call(cluster, stored_pools) if name.startswith("race-"))
+        created = sorted(name for name in cluster_etcd_call(cluster, stored_pools) if name.startswith("race-"))
         reliability_report.add("adversarial gateway", "8 concurrent CreatePool against a quota of 3", created=len(created))
         assert 1 <= len(created) <= 3 and outcomes.count(grpc.StatusCode.OK) == len(created)
         assert set(outcomes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
@@ -209,7 +199,7 @@ def test_renew_pool_succeeds_and_saves_a_newly_registered_worker(cluster, reliab
             assert entry is not None
             return cluster_store.decode_pool(entry.value)
 
-        assert sorted(etcd_call(cluster, stored).workers) == ["r1", "r2"]
+        assert sorted(cluster_etcd_call(cluster, stored).workers) == ["r1", "r2"]
         wait_until(
             lambda: sorted(stub.GetPool(inference_pb2.GetPoolRequest(name="grow"), timeout=30).pool.workers) == ["r1", "r2"],
             what="pool in mirror",
