@@ -4,7 +4,9 @@ still serves afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -190,3 +192,68 @@ def test_only_the_token_that_created_a_pool_may_renew_or_delete_it(cluster, reli
         stub.DeletePool(inference_pb2.DeletePoolRequest(name="alices"), metadata=alice, timeout=30)
         answer = stub.Encode(inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text="still served")]), metadata=mallory, timeout=60)
         assert len(answer.results) == 1
+
+
+# --- EncodeStream callers that never read, straight to a worker ----------------------------------------------
+
+HOG_STREAMS = 40
+HOG_SECONDS = 20
+HOG_TEXT = "word " * 6500  # ~32 KB: the tokenizer reads a prefix, the transport carries it all
+# Growth of the worker's resident memory allowed while the callers write: with grpc's BDP probe on (before the
+# fix), HTTP/2 receive windows widened until 0.7-2.6 GB of unread requests sat in the worker.
+HOG_RSS_BOUND_MB = 300
+
+
+def vm_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def test_encode_stream_callers_that_never_read_do_not_grow_the_worker(start_worker, reliability_report) -> None:
+    """40 EncodeStream callers each write 32 KB requests as fast as the transport takes them and read nothing
+    back: HTTP/2 flow control (fixed windows, no BDP probe) holds the writers back, so the worker's memory stays
+    bounded and it keeps answering others."""
+    worker = start_worker(SIE_PRELOAD_MODELS=KNOWN_MODEL)
+    with grpc.insecure_channel(worker.address) as channel:
+        assert known(inference_pb2_grpc.InferenceStub(channel)) == 1
+    baseline = vm_rss_mb(worker.pid)
+    request = inference_pb2.EncodeStreamRequest(request=inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text=HOG_TEXT)]))
+    sent = 0
+
+    async def hog() -> float:
+        nonlocal sent
+        peak = baseline
+        async with grpc.aio.insecure_channel(worker.address) as aio_channel:
+            stub = inference_pb2_grpc.InferenceStub(aio_channel)
+            calls = [stub.EncodeStream() for _ in range(HOG_STREAMS)]
+
+            async def write(call) -> None:  # type: ignore[no-untyped-def]
+                nonlocal sent
+                while True:
+                    await call.write(request)
+                    sent += 1
+
+            writers = [asyncio.create_task(write(call)) for call in calls]
+            deadline = time.monotonic() + HOG_SECONDS
+            while time.monotonic() < deadline:
+                peak = max(peak, vm_rss_mb(worker.pid))
+                await asyncio.sleep(0.25)
+            for writer in writers:
+                writer.cancel()
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*writers, return_exceptions=True)
+        return peak
+
+    peak = asyncio.run(hog())
+    with grpc.insecure_channel(worker.address) as channel:
+        assert known(inference_pb2_grpc.InferenceStub(channel)) == 1
+    reliability_report.add(
+        "adversarial attack",
+        f"{HOG_STREAMS} EncodeStream callers writing 32 KB requests for {HOG_SECONDS} s, never reading",
+        requests_written=sent,
+        rss_growth_mb=round(peak - baseline),
+        bound_mb=HOG_RSS_BOUND_MB,
+    )
+    assert sent > HOG_STREAMS  # the callers did get requests through
+    assert peak - baseline < HOG_RSS_BOUND_MB
