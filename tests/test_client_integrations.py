@@ -367,5 +367,16 @@ def test_lancedb_registered_embedding_function_round_trip(worker, tmp_path, quer
     tiny = get_registry().get("sie").create(target=worker.address, model=MODEL)
     np.testing.assert_allclose(tiny.compute_query_embeddings(QUESTION)[0], query_vectors[0], atol=1e-5)
     np.testing.assert_allclose(tiny.compute_source_embeddings([QUESTION])[0], query_vectors[1], atol=1e-5)
+
+    # LanceDB itself embeds a search string as a query: the distance is the query vector's (squared L2).
+    class TinyPassage(LanceModel):
+        text: str = tiny.SourceField()
+        vector: Vector(32) = tiny.VectorField()  # type: ignore[valid-type]
+
+    queries = db.create_table("query-path", schema=TinyPassage)
+    queries.add([{"text": QUESTION}])
+    distance = queries.search(QUESTION).limit(1).to_list()[0]["_distance"]
+    assert distance == pytest.approx(float(np.sum((query_vectors[0] - query_vectors[1]) ** 2)), abs=1e-4)
+    assert distance > 1e-3
     tiny.close()
     function.close()
