@@ -7,13 +7,7 @@ from collections.abc import Sequence
 from sie_client.sync_client import SIEClient
 
 
-def rerank(
-    client: SIEClient,
-    model: str,
-    query: str,
-    texts: Sequence[str],
-    top_k: int | None = None,
-) -> list[tuple[int, float]]:
+def rerank(client: SIEClient, model: str, query: str, texts: Sequence[str], top_k: int | None = None) -> list[tuple[int, float]]:
     """(index into `texts`, score) pairs, best first; no request for an empty list."""
     if not texts:
         return []

@@ -12,11 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.callbacks import Callbacks
-from langchain_core.documents import (
-    BaseDocumentCompressor,
-    BaseDocumentTransformer,
-    Document,
-)
+from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
 from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
@@ -63,35 +59,15 @@ class SIEReranker(BaseDocumentCompressor):
     top_n: int | None = None
     _client: SIEClient = PrivateAttr()
 
-    def __init__(
-        self,
-        target: str,
-        model: str,
-        *,
-        top_n: int | None = None,
-        **client_options: Any,
-    ) -> None:
+    def __init__(self, target: str, model: str, *, top_n: int | None = None, **client_options: Any) -> None:
         super().__init__(target=target, model=model, top_n=top_n)
         self._client = SIEClient(target, **client_options)
 
-    def compress_documents(
-        self,
-        documents: Sequence[Document],
-        query: str,
-        callbacks: Callbacks | None = None,
-    ) -> Sequence[Document]:
-        ranking = rerank(
-            self._client,
-            self.model,
-            query,
-            [document.page_content for document in documents],
-            self.top_n,
-        )
+    def compress_documents(self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None) -> Sequence[Document]:
+        ranking = rerank(self._client, self.model, query, [document.page_content for document in documents], self.top_n)
         return [
             Document(
-                page_content=documents[index].page_content,
-                metadata={**documents[index].metadata, "relevance_score": score},
-                id=documents[index].id,
+                page_content=documents[index].page_content, metadata={**documents[index].metadata, "relevance_score": score}, id=documents[index].id
             )
             for index, score in ranking
         ]
@@ -104,13 +80,7 @@ class SIEEntityExtractor(BaseDocumentTransformer):
     """Copies of the documents with `metadata["entities"]`: the extractor's spans (text, label, score, start, end)."""
 
     def __init__(
-        self,
-        target: str,
-        model: str,
-        *,
-        labels: Sequence[str] | None = None,
-        threshold: float | None = None,
-        **client_options: Any,
+        self, target: str, model: str, *, labels: Sequence[str] | None = None, threshold: float | None = None, **client_options: Any
     ) -> None:
         self.model = model
         self.labels = list(labels) if labels is not None else None
@@ -122,11 +92,7 @@ class SIEEntityExtractor(BaseDocumentTransformer):
         results = self._client.extract(self.model, texts, labels=self.labels, threshold=self.threshold) if texts else []
         found = [[dict(entity) for entity in result["entities"]] for result in results]
         return [
-            Document(
-                page_content=document.page_content,
-                metadata={**document.metadata, "entities": spans},
-                id=document.id,
-            )
+            Document(page_content=document.page_content, metadata={**document.metadata, "entities": spans}, id=document.id)
             for document, spans in zip(documents, found, strict=True)
         ]
 

@@ -67,14 +67,7 @@ class SIERerank(BaseNodePostprocessor):
     top_n: int | None = None
     _client: SIEClient = PrivateAttr()
 
-    def __init__(
-        self,
-        target: str,
-        model: str,
-        *,
-        top_n: int | None = None,
-        **client_options: Any,
-    ) -> None:
+    def __init__(self, target: str, model: str, *, top_n: int | None = None, **client_options: Any) -> None:
         super().__init__(model=model, top_n=top_n)
         self._client = SIEClient(target, **client_options)
 
@@ -108,20 +101,9 @@ class SIEEntityExtractor(BaseExtractor):
     _client_options: dict[str, Any] = PrivateAttr()
 
     def __init__(
-        self,
-        target: str,
-        model: str,
-        *,
-        labels: Sequence[str] | None = None,
-        threshold: float | None = None,
-        **client_options: Any,
+        self, target: str, model: str, *, labels: Sequence[str] | None = None, threshold: float | None = None, **client_options: Any
     ) -> None:
-        super().__init__(
-            target=target,
-            model=model,
-            labels=list(labels) if labels is not None else None,
-            threshold=threshold,
-        )
+        super().__init__(target=target, model=model, labels=list(labels) if labels is not None else None, threshold=threshold)
         self._client_options = client_options
 
     @classmethod

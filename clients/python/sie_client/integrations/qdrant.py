@@ -56,11 +56,7 @@ class SIEQdrantVectors:
         return [{self.dense_name: d["dense"].tolist(), self.sparse_name: _sparse_vector(s)} for d, s in zip(dense, sparse, strict=True)]
 
     def points(
-        self,
-        texts: Sequence[str],
-        *,
-        ids: Sequence[int | str] | None = None,
-        payloads: Sequence[dict[str, Any]] | None = None,
+        self, texts: Sequence[str], *, ids: Sequence[int | str] | None = None, payloads: Sequence[dict[str, Any]] | None = None
     ) -> list[models.PointStruct]:
         """One point per text (ids default to 0..n-1), encoded as documents."""
         ids = list(range(len(texts))) if ids is None else list(ids)
@@ -75,28 +71,15 @@ class SIEQdrantVectors:
         return self.vectors([text], is_query=True)[0]
 
     def hybrid_query(
-        self,
-        text: str,
-        *,
-        limit: int = 10,
-        prefetch_limit: int | None = None,
-        fusion: models.Fusion = models.Fusion.RRF,
+        self, text: str, *, limit: int = 10, prefetch_limit: int | None = None, fusion: models.Fusion = models.Fusion.RRF
     ) -> dict[str, Any]:
         """Keyword arguments for `query_points`: a dense and a sparse prefetch, fused by Qdrant."""
         vectors = self.query_vectors(text)
         per_prefetch = prefetch_limit if prefetch_limit is not None else limit
         return {
             "prefetch": [
-                models.Prefetch(
-                    query=vectors[self.dense_name],
-                    using=self.dense_name,
-                    limit=per_prefetch,
-                ),
-                models.Prefetch(
-                    query=vectors[self.sparse_name],
-                    using=self.sparse_name,
-                    limit=per_prefetch,
-                ),
+                models.Prefetch(query=vectors[self.dense_name], using=self.dense_name, limit=per_prefetch),
+                models.Prefetch(query=vectors[self.sparse_name], using=self.sparse_name, limit=per_prefetch),
             ],
             "query": models.FusionQuery(fusion=fusion),
             "limit": limit,
