@@ -122,7 +122,11 @@ def test_dict_items_work_like_items(client) -> None:
     ],
 )
 def test_an_unknown_or_unsupported_item_field_is_refused_by_name(client, item: dict, field: str, message: str) -> None:
-    for call in (lambda: client.encode(MEAN, [item]), lambda: client.score("test/tiny-reranker", "q", [item]), lambda: client.extract(NER, item)):
+    for call in (
+        lambda: client.encode(MEAN, [item]),
+        lambda: client.score("test/tiny-reranker", "q", [item]),
+        lambda: client.extract(NER, item),
+    ):
         with pytest.raises(ItemError, match=message) as refused:
             call()
         assert isinstance(refused.value, RequestError) and isinstance(refused.value, ValueError)
@@ -159,6 +163,15 @@ def test_one_item_gives_one_result_with_timing(client) -> None:
     result = client.encode(MEAN, Item(text="Hello"))
     assert {"queue_ms", "inference_ms", "total_ms"} <= set(result["timing"])
     assert result["timing"]["total_ms"] >= result["timing"]["inference_ms"] >= 0
+
+
+def test_options_go_to_the_server_unchanged(client) -> None:
+    by_option = client.encode(LORA_MODEL, "adapted", options={"lora": "alpha"})["dense"]
+    np.testing.assert_allclose(by_option, client.encode(LORA_MODEL, "adapted", lora="alpha")["dense"], atol=1e-6)
+    assert not np.allclose(by_option, client.encode(LORA_MODEL, "adapted")["dense"], atol=1e-4)
+    with pytest.raises(RequestError) as disagreeing:  # the server sees both names, the client picks neither
+        client.encode(LORA_MODEL, "adapted", lora="alpha", options={"lora": "beta"})
+    assert disagreeing.value.reason == "INVALID_OPTIONS"
 
 
 # --- helpers -------------------------------------------------------------------------------------------------

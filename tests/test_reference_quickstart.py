@@ -54,7 +54,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
     tmp = tmp_path_factory.mktemp("quickstart")
     ports = {name: free_port() for name in ("etcd", "config", "worker", "gateway", "http", "admin")}
     command = [sys.executable, "-m", "sie_stack", "up", "--state-dir", str(tmp / "state"), "--workers", "1"]
-    for name, flag in (("etcd", "etcd"), ("config", "config"), ("worker", "worker"), ("gateway", "gateway"), ("http", "http"), ("admin", "envoy-admin")):
+    for name, flag in (
+        ("etcd", "etcd"),
+        ("config", "config"),
+        ("worker", "worker"),
+        ("gateway", "gateway"),
+        ("http", "http"),
+        ("admin", "envoy-admin"),
+    ):
         command += [f"--{flag}-port", str(ports[name])]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -68,7 +75,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
         with grpc.insecure_channel(f"127.0.0.1:{ports['config']}") as channel:
             admin = config_pb2_grpc.ConfigServiceStub(channel)
             for config in models:
-                admin.AddModel(config_pb2.AddModelRequest(config=config), metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=30)
+                admin.AddModel(
+                    config_pb2.AddModelRequest(config=config), metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=30
+                )
         with grpc.insecure_channel(f"127.0.0.1:{ports['gateway']}") as channel:
             gateway = inference_pb2_grpc.InferenceStub(channel)
             known = lambda: {m.id for m in gateway.ListModels(inference_pb2.ListModelsRequest(), timeout=5).models}  # noqa: E731

@@ -183,7 +183,7 @@ class AsyncSIEClient:
             query=query_message,
             items=[messages.item_message(item) for item in items],
             profile=profile or "",
-            lora=messages.lora_of(merged, lora),
+            lora=lora or "",
             debug=debug,
         )
         if top_k is not None:
@@ -228,7 +228,7 @@ class AsyncSIEClient:
             items=[messages.item_message(item) for item in batch],
             labels=list(labels or ()),
             profile=profile or "",
-            lora=messages.lora_of(merged, lora),
+            lora=lora or "",
             debug=debug,
         )
         if threshold is not None:

@@ -54,16 +54,12 @@ def item_message(item: ItemLike) -> types_pb2.Item:
 
 
 def options_struct(options: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
+    """The options as sent: unchanged, so the server sees the reference SDK's keys (`lora`, `is_query`, ...) as given."""
     if not options:
         return None
     struct = struct_pb2.Struct()
-    struct.update({key: value for key, value in options.items() if key != "lora"})
+    struct.update(dict(options))
     return struct
-
-
-def lora_of(options: Mapping[str, Any] | None, lora: str | None) -> str:
-    """The LoRA adapter: the `lora` argument, or `options["lora"]` as the reference SDK passes it."""
-    return lora or str((options or {}).get("lora") or "")
 
 
 def encode_request(
@@ -87,7 +83,7 @@ def encode_request(
         output_dtype=output_dtype or "",
         is_query=is_query,
         profile=profile or "",
-        lora=lora_of(options, lora),
+        lora=lora or "",
         debug=debug,
     )
     if instruction is not None:
