@@ -259,8 +259,9 @@ def test_gpu_per_call_routes_by_machine_profile(edge) -> None:
 
 def test_pools_take_the_reference_spec_and_capacity_lists_them(edge) -> None:
     with SIEClient(f"http://{edge.address}", timeout_s=30) as client:
-        with pytest.raises(ValueError, match="bundle"):
-            client.create_pool("ref-pool", gpus={"default": 1}, bundle="default")
+        with pytest.raises(NotFoundError) as no_bundle:
+            client.create_pool("ref-pool", gpus={"default": 1}, bundle="no-such-bundle")
+        assert no_bundle.value.reason == "BUNDLE_NOT_FOUND" and no_bundle.value.metadata == {"bundle": "no-such-bundle"}
         with pytest.raises(ValueError, match="min_workers"):
             client.create_pool("ref-pool", gpus={"default": 1}, min_workers=2)
         with pytest.raises(PoolError) as too_large:
@@ -270,8 +271,8 @@ def test_pools_take_the_reference_spec_and_capacity_lists_them(edge) -> None:
             client.encode(MEAN, "x", pool="no-such-pool")
         assert isinstance(missing.value, NotFoundError) and missing.value.reason == "POOL_NOT_FOUND"
         try:
-            pool = client.create_pool("ref-pool", gpus={"default": 1}, min_workers=1, ttl_s=30)
-            assert pool["name"] == "ref-pool" and pool["workers"] == ["edge-worker"]
+            pool = client.create_pool("ref-pool", gpus={"default": 1}, bundle="default", min_workers=1, ttl_s=30)
+            assert pool["name"] == "ref-pool" and pool["workers"] == ["edge-worker"] and pool["bundle"] == "default"
             assert client.encode(MEAN, "in the pool", pool="ref-pool")["dense"].shape == (32,)
             capacity = client.get_capacity()
             assert [p["name"] for p in capacity["pools"]] == ["ref-pool"]

@@ -259,17 +259,14 @@ class AsyncSIEClient:
         timeout_s: float = 300.0,
         poll_s: float = 0.5,
     ) -> dict[str, Any]:
-        """Reserve workers (machine profile -> count) for `pool` requests; with `min_workers`, return once that
-        many are assigned (ProvisioningTimeoutError after `timeout_s`).
+        """Reserve workers (machine profile -> count; only of `bundle` when given) for `pool` requests; with
+        `min_workers`, return once that many are assigned (ProvisioningTimeoutError after `timeout_s`).
 
         The lease is renewed in the background every third of `ttl_s` until
-        `delete_pool` or `close`; after that the pool expires by itself. Pools here
-        reserve workers by machine profile, not by bundle: a `bundle` is refused."""
-        if bundle is not None:
-            raise ValueError(f"bundle={bundle!r}: pools here reserve workers by machine profile (gpus=), not by bundle")
+        `delete_pool` or `close`; after that the pool expires by itself."""
         if min_workers > sum(gpus.values()):
             raise ValueError(f"min_workers={min_workers} is more than the {sum(gpus.values())} workers gpus= asks for")
-        request = inference_pb2.CreatePoolRequest(name=name, gpus=dict(gpus), ttl_s=ttl_s)
+        request = inference_pb2.CreatePoolRequest(name=name, gpus=dict(gpus), ttl_s=ttl_s, bundle=bundle or "")
         response = await self._call(self._stub.CreatePool, request, RetryPolicy())
         self._stop_renewing(name)
         self._renewals[name] = asyncio.create_task(self._renew(name, max(ttl_s / 3, 0.2)))
