@@ -63,6 +63,8 @@ def edge(tmp_path_factory, etcd_server, tiny_models):
         ("https://sie.example.com", "sie.example.com:443", "https://sie.example.com:443"),
         ("http://[::1]:9000", "[::1]:9000", "http://[::1]:9000"),
         ("localhost:50051", "localhost:50051", "http://localhost:50051"),
+        ("dns:///localhost:50051", "dns:///localhost:50051", "dns:///localhost:50051"),
+        ("unix:/tmp/sie.sock", "unix:/tmp/sie.sock", "unix:/tmp/sie.sock"),
     ],
 )
 def test_urls_and_host_port(given: str, target: str, base_url: str) -> None:

@@ -2,6 +2,7 @@
 
 gRPC has no URL: a URL names the host and port of a gRPC server (Envoy's HTTP port serves native
 gRPC too), and its scheme says whether to use TLS. A path would be silently ignored, so it is refused.
+gRPC's own target names (`dns:///host:port`, `unix:/path`, ...) are passed to grpc as they are.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Name-resolver schemes grpc itself understands.
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:")
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,9 @@ class Target:
 
 
 def parse_target(target: str, *, tls: bool = False) -> Target:
-    """`host:port`, `http://host[:port]` or `https://host[:port]` (TLS); `tls` applies to `host:port`."""
+    """`host:port`, `http://host[:port]` or `https://host[:port]` (TLS); `tls` applies to the other forms."""
+    if target.startswith(_GRPC_SCHEMES):
+        return Target(target, tls, target)
     if "://" not in target:
         if not target or ":" not in target.strip("[]"):
             raise ValueError(f"target {target!r} is not host:port or an http(s):// URL")
