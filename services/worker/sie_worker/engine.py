@@ -73,6 +73,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Requests of at most this many items are tokenized, finished and answered on the event loop (see `off_loop`).
+INLINE_ITEMS = 8
+
 # Batches handed to the device thread at once: the one running and the next, formed behind it.
 PIPELINE_DEPTH = 2
 # Batching cost of one image: the processor gives every image the same size.
@@ -236,7 +239,7 @@ class Engine:
             )
 
             outputs = await self._postprocess(
-                lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock
+                lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock, len(encoded)
             )
             self._count(model, len(job.items))
         return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
@@ -317,7 +320,7 @@ class Engine:
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         encoder = model.encoder
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
-        tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query))
+        tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts))
         key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
         work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
@@ -344,7 +347,7 @@ class Engine:
         scorer = model.encoder
         query = (job.instruction or "") + (job.query.text or "")
         texts = [item.text or "" for item in job.items]
-        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts))
+        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts), len(texts))
         key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
         work = _DeviceWork(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
@@ -360,7 +363,7 @@ class Engine:
             self._encode_items(model, [job.query], (output,), clock, is_query=True, **common),
             self._encode_items(model, job.items, (output,), clock, is_query=False, **common),
         )
-        scores = await self._postprocess(lambda: [similarity(getattr(query[0], output), getattr(item, output)) for item in items], clock)
+        scores = await self._postprocess(lambda: [similarity(getattr(query[0], output), getattr(item, output)) for item in items], clock, len(items))
         return scores, query_results + item_results
 
     # -- extract --------------------------------------------------------------
@@ -378,7 +381,7 @@ class Engine:
                 results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
                 entities: list[list[Entity]] = [result.output for result in results]
             else:
-                tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""))
+                tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts))
                 work = _DeviceWork(model, job.lora, extractor.classify)
                 results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
                 entities = await self._postprocess(
@@ -387,27 +390,32 @@ class Engine:
                         for text, tokens, result in zip(job.texts, tokenized, results)
                     ],
                     clock,
+                    len(job.texts),
                 )
             self._count(model, len(job.texts))
         return ExtractOutcome(model=job.model, entities=entities, timing=clock.timing(results))
 
     # -- shared stages --------------------------------------------------------
 
-    async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]]) -> list[TokenizedText]:
+    async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]], items: int) -> list[TokenizedText]:
         started = time.perf_counter()
         with span("tokenization"):
-            tokenized = await self.off_loop(tokenize)
+            tokenized = await self.off_loop(tokenize, items)
         clock.tokenization_ms += _ms_since(started)
         return tokenized
 
-    async def off_loop(self, work: Callable[[], T]) -> T:
-        """Run CPU work on the preprocessing threads, so the event loop serves other requests meanwhile."""
+    async def off_loop(self, work: Callable[[], T], items: int) -> T:
+        """Run CPU work for `items` items: on the preprocessing threads, so that the event loop serves other
+        requests meanwhile, unless they are few. For a few, the hop to a thread and back costs more than the
+        work, and beside a bulk neighbour each hop waits for the GIL."""
+        if items <= INLINE_ITEMS:
+            return work()
         return await asyncio.get_running_loop().run_in_executor(self._cpu_pool, work)
 
-    async def _postprocess(self, finish: Callable[[], Any], clock: _Clock) -> Any:
+    async def _postprocess(self, finish: Callable[[], Any], clock: _Clock, items: int) -> Any:
         started = time.perf_counter()
         with span("postprocessing"):
-            result = await self.off_loop(finish)
+            result = await self.off_loop(finish, items)
         clock.postprocessing_ms += _ms_since(started)
         return result
 

@@ -47,9 +47,6 @@ from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
 
-# Answers of more items than this are built off the event loop (a thread hop costs more than building a few).
-INLINE_ANSWER_ITEMS = 64
-
 
 def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
     """Validate an EncodeRequest's own fields, within `limits` (the model checks its part later)."""
@@ -299,11 +296,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         )
 
     async def _answer(self, build: Callable[[], Response], items: int) -> Response:
-        """Build an answer message: one of many items on the preprocessing threads, so that the event loop (and
-        with it every other caller's request) is not held while thousands of results are converted."""
-        if items <= INLINE_ANSWER_ITEMS:
-            return build()
-        return await self._engine.off_loop(build)
+        """Build an answer message; one of many items on the preprocessing threads (`Engine.off_loop`), so that the
+        event loop, and with it every other caller's request, is not held while thousands of results convert."""
+        return await self._engine.off_loop(build, items)
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
