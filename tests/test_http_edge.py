@@ -316,19 +316,25 @@ def test_the_reference_body_shape_answers_as_grpc_does(edge) -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "field"),
+    ("body", "field", "known"),
     [
-        ({"items": [{"text": "x"}], "colour": "red"}, "colour"),
-        ({"items": [{"text": "x"}], "params": {"is_query": True, "query": True}}, "params.query"),
-        ({"items": [{"text": "x"}, {"text": "y", "txt": "z"}]}, "items[1].txt"),
+        ({"items": [{"text": "x"}], "colour": "red"}, "colour", "output_types, output_dtype"),
+        ({"items": [{"text": "x"}], "params": {"is_query": True, "query": True}}, "params.query", "instruction, is_query, dims"),
+        ({"items": [{"text": "x"}, {"text": "y", "txt": "z"}]}, "items[1].txt", "id, text, images"),
     ],
     ids=["top-level", "in-params", "in-an-item"],
 )
-def test_an_unknown_json_field_is_refused_naming_it(edge, body, field) -> None:
+def test_an_unknown_json_field_is_refused_naming_it(edge, body, field, known) -> None:
     status, got = curl(edge, "POST", f"/v1/encode/{MEAN}", body)
     assert status == 400, got
-    assert field in got["message"]
+    assert f"unknown field '{field}'" in got["message"] and known in got["message"], got["message"]
     assert got["details"][0]["reason"] == "UNKNOWN_FIELD" and got["details"][0]["metadata"] == {"field": field}
+
+
+def test_a_profile_in_options_or_params_is_the_profile_through_the_gateway(edge) -> None:
+    for body in ({"options": {"profile": "nope"}}, {"params": {"profile": "nope"}}, {"profile": "nope"}):
+        status, got = curl(edge, "POST", f"/v1/encode/{MEAN}", {"items": [{"text": "x"}], **body})
+        assert status == 404 and got["details"][0]["reason"] == "PROFILE_NOT_FOUND", (body, got)
 
 
 def test_free_form_options_and_known_fields_in_either_spelling_pass(edge) -> None:

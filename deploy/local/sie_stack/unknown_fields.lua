@@ -10,7 +10,8 @@
 -- well-formed JSON is left to the transcoder, which refuses it.
 --
 -- MESSAGES[name] = {fields = {[json name] = false (scalar or free-form), a
---                   message name, or {map = false | a message name}}}
+--                   message name, or {map = false | a message name}},
+--                   known = its fields' proto names, space-separated}
 -- ROUTES = {{method, Lua pattern of the path, message name of the body}, ...}
 
 local MAX_DEPTH = 64
@@ -67,7 +68,7 @@ local function walk_object(s, i, schema, where, depth)
       else
         child = schema.fields[key]
         if child == nil then
-          return nil, path
+          return nil, path, schema.known
         end
       end
     end
@@ -75,10 +76,10 @@ local function walk_object(s, i, schema, where, depth)
     if s:byte(i) ~= 58 then -- ':'
       return nil
     end
-    local unknown
-    i, unknown = walk(s, i + 1, child, path, depth + 1)
+    local unknown, known
+    i, unknown, known = walk(s, i + 1, child, path, depth + 1)
     if not i then
-      return nil, unknown
+      return nil, unknown, known
     end
     i = skip_space(s, i)
     local c = s:byte(i)
@@ -99,10 +100,10 @@ local function walk_array(s, i, schema, where, depth)
   end
   local index = 0
   while true do
-    local unknown
-    i, unknown = walk(s, i, schema, where .. "[" .. index .. "]", depth + 1)
+    local unknown, known
+    i, unknown, known = walk(s, i, schema, where .. "[" .. index .. "]", depth + 1)
     if not i then
-      return nil, unknown
+      return nil, unknown, known
     end
     i = skip_space(s, i)
     local c = s:byte(i)
@@ -149,11 +150,13 @@ local function json_string(text)
 end
 
 -- The JSON error body the transcoder gives gRPC errors: INVALID_ARGUMENT, ErrorInfo UNKNOWN_FIELD.
-local function refusal(path)
+-- `known`: the fields the message at that place has, space-separated.
+local function refusal(path, known)
   if #path > 200 then
     path = path:sub(1, 200) .. "..."
   end
-  local message = "unknown field '" .. path .. "': the request has no such field (docs/http.md lists the body shapes)"
+  local message = "unknown field '" .. path .. "': the request has no such field; there it takes "
+    .. (known:gsub(" ", ", ")) .. " (docs/http.md lists the body shapes)"
   return '{"code": 3, "message": ' .. json_string(message)
     .. ', "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "UNKNOWN_FIELD", "domain": "sie", "metadata": {"field": '
     .. json_string(path) .. '}}]}'
@@ -186,8 +189,8 @@ function envoy_on_request(handle)
   if text:byte(start) ~= 123 then
     return
   end
-  local ended, unknown = walk(text, start, message, "", 0)
+  local ended, unknown, known = walk(text, start, message, "", 0)
   if ended == nil and unknown ~= nil then
-    handle:respond({[":status"] = "400", ["content-type"] = "application/json"}, refusal(unknown))
+    handle:respond({[":status"] = "400", ["content-type"] = "application/json"}, refusal(unknown, known))
   end
 end

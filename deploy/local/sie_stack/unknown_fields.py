@@ -40,7 +40,10 @@ def lua_filter(
         fields = ", ".join(
             f"[{_lua_string(key)}] = {value}" for key, value in _fields(messages, name)
         )
-        lines.append(f"MESSAGES[{_lua_string(name)}] = {{fields = {{{fields}}}}}")
+        known = _lua_string(" ".join(field.name for field in messages[name].field))
+        lines.append(
+            f"MESSAGES[{_lua_string(name)}] = {{fields = {{{fields}}}, known = {known}}}"
+        )
     route_rows = ", ".join(
         f"{{{_lua_string(method)}, {_lua_string(_lua_pattern(template))}, {_lua_string(message)}}}"
         for method, template, message in routes
@@ -138,6 +141,6 @@ def _lua_pattern(template: str) -> str:
 
 
 def _lua_string(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.%^$/+\[\]-]*", text):
+    if not re.fullmatch(r"[A-Za-z0-9_.%^$/+\[\] -]*", text):
         raise ValueError(f"not a plain name or pattern: {text!r}")
     return f'"{text}"'
