@@ -47,9 +47,8 @@ def merged_request(request: Request, bounds: RequestBounds) -> Request:
     merged = type(message)()
     merged.CopyFrom(message)
     merged.ClearField("params")
-    given: dict[
-        str, tuple[Any, str]
-    ] = {}  # field -> (value, where) of what params and options set, explicit `false` too
+    # field -> (value, where) of what params and options set, an explicit `false` too
+    given: dict[str, tuple[Any, str]] = {}
     if params is not None:
         _fold_params(merged, params, given)
     for key in aliases:
