@@ -92,11 +92,12 @@ async def test_equal_lengths_go_oldest_first() -> None:
     assert sorted(item.payload for item in batch) == ["a0", "a1"]
 
 
-async def test_cancelled_items_are_dropped() -> None:
+async def test_discarded_items_are_dropped() -> None:
     former = BatchFormer()
     pending = items("a", [1, 1, 1])
     former.add(pending, BatchLimits(max_items=64, max_tokens=100, max_wait_s=0))
     pending[1].future.cancel()
+    former.discard(pending[1:2])
     batch = await asyncio.wait_for(former.next_batch(), 1)
     assert [item.payload for item in batch] == ["a0", "a2"]
 

@@ -61,7 +61,7 @@ def test_errors_map_to_classes_with_reason_and_are_not_retried(client) -> None:
 def test_list_and_get_models(client) -> None:
     models = {model["id"]: model for model in client.list_models()}
     assert MINILM in models and MODEL in models
-    assert client.get_model(MINILM)["dims"] == 384
+    assert client.get_model(MINILM)["dims"] == {"dense": 384}
 
 
 def test_resource_exhausted_is_retried_with_backoff(start_worker) -> None:

@@ -222,3 +222,34 @@ def test_encode_stream_and_errors_through_the_gateway(cluster) -> None:
         with pytest.raises(grpc.RpcError) as bad:
             stub.Encode(inference_pb2.EncodeRequest(model=MEAN), timeout=10)  # the worker's own validation, passed through
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_reason(bad.value) == "NO_ITEMS"
+
+
+def test_a_pool_for_a_bundle_reserves_only_that_bundles_workers(tmp_path, etcd_server, etcd_prefix, tiny_models, start_config) -> None:
+    from local_cluster import Cluster, model_config
+
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    (bundles / "default.yaml").write_text("id: default\nadapters: [sentence_transformer]\npriority: 0\n")
+    (bundles / "other.yaml").write_text("id: other\nadapters: [sentence_transformer]\npriority: 1\n")
+    models = [model_config(MEAN, tiny_models[MEAN])]
+    cluster = Cluster(tmp_path, etcd_server.endpoint, etcd_prefix, models, lambda: start_config(SIE_BUNDLES_DIR=str(bundles)))
+    try:
+        # Named so that the first in order (what a pool of any bundle takes) is the default-bundle worker.
+        cluster.start_worker("a-default", SIE_BUNDLES_DIR=str(bundles), SIE_PRELOAD_MODELS=MEAN)
+        cluster.start_worker("b-other", SIE_BUNDLES_DIR=str(bundles), SIE_BUNDLE="other", SIE_PRELOAD_MODELS=MEAN)
+        gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            workers_seen(stub, MEAN, 2, loaded_on=("a-default", "b-other"))
+            pool = stub.CreatePool(inference_pb2.CreatePoolRequest(name="other-pool", gpus={"default": 1}, ttl_s=30, bundle="other")).pool
+            assert (list(pool.workers), pool.bundle, pool.ready) == (["b-other"], "other", True)
+            wait_until(lambda: stub.GetPool(inference_pb2.GetPoolRequest(name="other-pool")).pool.bundle == "other", what="pool in mirror")
+            in_pool = (("x-sie-pool", "other-pool"),)
+            assert {served_by(stub.Encode.with_call(request(MEAN, f"in{n}"), metadata=in_pool, timeout=30)) for n in range(4)} == {"b-other"}
+            with pytest.raises(grpc.RpcError) as unknown:
+                stub.CreatePool(inference_pb2.CreatePoolRequest(name="nope-pool", gpus={"default": 1}, bundle="gpu-only"))
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and error_reason(unknown.value) == "BUNDLE_NOT_FOUND"
+            stub.DeletePool(inference_pb2.DeletePoolRequest(name="other-pool"))
+    finally:
+        cluster.stop()
+        cluster.config.stop()

@@ -44,3 +44,12 @@ def test_resource_exhausted_backs_off_with_a_cap_and_gives_up() -> None:
 )
 def test_request_errors_are_never_retried(code: grpc.StatusCode) -> None:
     assert RetryPolicy().delay(status(code, "ANY", 1.0), attempt=1, waited_s=0) is None
+
+
+def test_out_of_device_memory_is_retried_max_oom_retries_times() -> None:
+    oom = status(grpc.StatusCode.RESOURCE_EXHAUSTED, "DEVICE_OUT_OF_MEMORY")
+    policy = RetryPolicy(max_oom_retries=2)
+    assert [policy.delay(oom, attempt=n, waited_s=0) is not None for n in (1, 2, 3)] == [True, True, False]
+    assert RetryPolicy(max_oom_retries=0).delay(oom, attempt=1, waited_s=0) is None
+    # Other RESOURCE_EXHAUSTED answers keep their own budget.
+    assert RetryPolicy(max_oom_retries=0).delay(status(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL"), attempt=1, waited_s=0) is not None

@@ -50,6 +50,8 @@ class PoolRecord:
     expires_at: float = 0.0
     # Whose quota it counts against: a digest of the creator's bearer token ("" without one).
     owner: str = ""
+    # Only workers of this bundle are assigned ("" : any bundle).
+    bundle: str = ""
 
     def ready(self, profile_of: Mapping[str, str]) -> bool:
         """Every requested worker is assigned (profile_of: worker id -> machine profile)."""

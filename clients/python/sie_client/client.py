@@ -1,9 +1,10 @@
-"""AsyncSIEClient: the engine's three verbs, model listing and pools over grpc.aio.
+"""AsyncSIEClient: the engine's three verbs, model listing, pools and capacity over grpc.aio.
 
-Works against a gateway and a standalone worker alike. Retries follow
-RetryPolicy: capacity waits (PROVISIONING, MODEL_LOADING) honour the server's
-RetryInfo delay until `provision_timeout_s`; LORA_LOADING a bounded number of
-times; RESOURCE_EXHAUSTED with capped backoff; request errors never.
+Works against a gateway, a standalone worker and Envoy's HTTP port alike. Retries
+follow RetryPolicy: capacity waits (PROVISIONING, MODEL_LOADING) honour the
+server's RetryInfo delay until `provision_timeout_s`; LORA_LOADING a bounded
+number of times; out of device memory `max_oom_retries` times; RESOURCE_EXHAUSTED
+with capped backoff; request errors never.
 """
 
 from __future__ import annotations
@@ -18,22 +19,26 @@ import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_client import messages
-from sie_client.errors import ProvisioningTimeoutError
-from sie_client.messages import ItemLike
+from sie_client.errors import ProvisioningTimeoutError, SIEError
+from sie_client.messages import ItemLike, is_single
 from sie_client.retry import CAPACITY_REASONS, RetryPolicy
 from sie_client.status import CallStatus, call_status, status_from_proto
+from sie_client.target import parse_target
 from sie_client.types import EncodeResult, ExtractResult, ScoreResult
 
 Response = TypeVar("Response")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MACHINE_PROFILE_HEADER = "x-sie-machine-profile"
+POOL_HEADER = "x-sie-pool"
 
 
 class AsyncSIEClient:
     def __init__(
         self,
-        target: str,
+        target: str | None = None,
         *,
+        base_url: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 60.0,
         gpu: str | None = None,
@@ -46,33 +51,39 @@ class AsyncSIEClient:
         certificate_chain: bytes | None = None,
         private_key: bytes | None = None,
     ) -> None:
-        """`target` is host:port. `gpu` picks a machine profile and `pool` a resource pool on a
-        gateway; `options` are defaults merged under each call's own. Lists longer than
+        """`target` (or `base_url=`) is host:port or an http(s):// URL of a worker, a gateway or Envoy.
+        `gpu` picks a machine profile and `pool` a resource pool on a gateway (defaults for each call's
+        own); `options` are defaults merged under each call's own. Lists longer than
         `stream_batch_size` are sent as several requests, `stream_window` at a time, on one stream.
-        TLS is on with `tls=True` or any of the PEM arguments: `root_certificates` to trust
-        (default: the system's), `certificate_chain` and `private_key` for mutual TLS."""
-        self.target = target
+        TLS is on with an https:// URL, `tls=True` or any of the PEM arguments: `root_certificates` to
+        trust (default: the system's), `certificate_chain` and `private_key` for mutual TLS."""
+        if (target is None) == (base_url is None):
+            raise ValueError("give the server as `target` or as `base_url=`, once")
+        tls = tls or bool(root_certificates or certificate_chain or private_key)
+        parsed = parse_target(target or base_url or "", tls=tls)
+        self.target = parsed.address
+        self.base_url = parsed.base_url
         self.timeout_s = timeout_s
         self.options = dict(options or {})
         self._stream_batch_size = stream_batch_size
         self._stream_window = stream_window
-        self._metadata = tuple(
-            (key, value)
-            for key, value in (
-                ("authorization", f"Bearer {api_key}" if api_key else None),
-                ("x-sie-machine-profile", gpu),
-                ("x-sie-pool", pool),
-            )
-            if value
-        )
+        self._auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._gpu = gpu
+        self._pool = pool
+        self._metadata = self._routing()
         channel_options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        if tls or root_certificates or certificate_chain or private_key:
+        if parsed.tls:
             credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
-            self._channel = grpc.aio.secure_channel(target, credentials, options=channel_options)
+            self._channel = grpc.aio.secure_channel(self.target, credentials, options=channel_options)
         else:
-            self._channel = grpc.aio.insecure_channel(target, options=channel_options)
+            self._channel = grpc.aio.insecure_channel(self.target, options=channel_options)
         self._stub = inference_pb2_grpc.InferenceStub(self._channel)
         self._renewals: dict[str, asyncio.Task[None]] = {}
+
+    def _routing(self, gpu: str | None = None, pool: str | None = None) -> tuple[tuple[str, str], ...]:
+        """Call metadata: credentials, and the machine profile and pool (the call's, else the client's)."""
+        headers = ((MACHINE_PROFILE_HEADER, gpu or self._gpu), (POOL_HEADER, pool or self._pool))
+        return self._auth + tuple((key, value) for key, value in headers if value)
 
     async def __aenter__(self) -> AsyncSIEClient:
         return self
@@ -104,8 +115,11 @@ class AsyncSIEClient:
         profile: str | None = None,
         lora: str | None = None,
         options: Mapping[str, Any] | None = None,
+        gpu: str | None = None,
+        pool: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float = 300.0,
+        max_oom_retries: int = 3,
         progress: bool = False,
         debug: bool = False,
     ) -> EncodeResult | list[EncodeResult]:
@@ -114,10 +128,11 @@ class AsyncSIEClient:
         A result is a dict: `dense` (numpy, zero-copy), `sparse` ({indices, values}),
         `multivector` (2-D numpy), `timing`. Long lists are pipelined over EncodeStream.
         `debug` adds the statistics of the request's batches as `timing["batches"]`.
+        `gpu` / `pool` route this call (machine profile, resource pool) instead of the client's.
         """
-        single = isinstance(items, (str, messages.Item))
+        single = is_single(items)
         batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
-        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s)
+        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
         chunks = [
             messages.encode_request(
                 model,
@@ -134,10 +149,11 @@ class AsyncSIEClient:
             )
             for start in range(0, max(len(batch), 1), self._stream_batch_size)
         ]
+        metadata = self._routing(gpu, pool)
         if len(chunks) == 1:
-            responses = [await self._call(self._stub.Encode, chunks[0], policy)]
+            responses = [await self._call(self._stub.Encode, chunks[0], policy, metadata)]
         else:
-            responses = await self._encode_streamed(chunks, policy, progress)
+            responses = await self._encode_streamed(chunks, policy, progress, metadata)
         results = [result for response in responses for result in messages.encode_results(response)]
         return results[0] if single else results
 
@@ -152,18 +168,22 @@ class AsyncSIEClient:
         profile: str | None = None,
         lora: str | None = None,
         options: Mapping[str, Any] | None = None,
+        gpu: str | None = None,
+        pool: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float = 300.0,
+        max_oom_retries: int = 3,
         debug: bool = False,
     ) -> ScoreResult:
-        """Relevance of each item to `query`, best first: {model, scores: [{item_id, index, score, rank}], timing}."""
+        """Relevance of each item to `query`, best first: {model, query_id, scores: [{item_id, index, score, rank}], timing}."""
         merged = {**self.options, **(options or {})}
+        query_message = messages.item_message(query)
         request = inference_pb2.ScoreRequest(
             model=model,
-            query=messages.item_message(query),
+            query=query_message,
             items=[messages.item_message(item) for item in items],
             profile=profile or "",
-            lora=messages.lora_of(merged, lora),
+            lora=lora or "",
             debug=debug,
         )
         if top_k is not None:
@@ -172,8 +192,9 @@ class AsyncSIEClient:
             request.instruction = instruction
         if (struct := messages.options_struct(merged)) is not None:
             request.options.CopyFrom(struct)
-        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s)
-        return messages.score_result(await self._call(self._stub.Score, request, policy))
+        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
+        response = await self._call(self._stub.Score, request, policy, self._routing(gpu, pool))
+        return messages.score_result(response, query_message.id or None)
 
     @overload
     async def extract(self, model: str, items: ItemLike, **kwargs: Any) -> ExtractResult: ...
@@ -190,12 +211,16 @@ class AsyncSIEClient:
         profile: str | None = None,
         lora: str | None = None,
         options: Mapping[str, Any] | None = None,
+        gpu: str | None = None,
+        pool: str | None = None,
         wait_for_capacity: bool = True,
         provision_timeout_s: float = 300.0,
+        max_oom_retries: int = 3,
         debug: bool = False,
     ) -> ExtractResult | list[ExtractResult]:
-        """Entities per item: {id, entities: [{text, label, score, start, end}], timing}."""
-        single = isinstance(items, (str, messages.Item))
+        """Per item: {id, entities: [{text, label, score, start, end}], relations, classifications, objects, data,
+        timing}; the reference SDK's keys other than `entities` are empty (no adapter here produces them)."""
+        single = is_single(items)
         batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
         merged = {**self.options, **(options or {})}
         request = inference_pb2.ExtractRequest(
@@ -203,35 +228,56 @@ class AsyncSIEClient:
             items=[messages.item_message(item) for item in batch],
             labels=list(labels or ()),
             profile=profile or "",
-            lora=messages.lora_of(merged, lora),
+            lora=lora or "",
             debug=debug,
         )
         if threshold is not None:
             request.threshold = threshold
         if (struct := messages.options_struct(merged)) is not None:
             request.options.CopyFrom(struct)
-        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s)
-        results = messages.extract_results(await self._call(self._stub.Extract, request, policy))
+        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
+        results = messages.extract_results(await self._call(self._stub.Extract, request, policy, self._routing(gpu, pool)))
         return results[0] if single else results
 
     async def list_models(self) -> list[dict[str, Any]]:
+        """Each model: the proto's fields plus `name`, `outputs`, `dims` per output and `loaded`."""
         response = await self._call(self._stub.ListModels, inference_pb2.ListModelsRequest(), RetryPolicy())
-        return [messages.as_dict(model) for model in response.models]
+        return [messages.model_dict(model) for model in response.models]
 
     async def get_model(self, model: str) -> dict[str, Any]:
         response = await self._call(self._stub.GetModel, inference_pb2.GetModelRequest(model=model), RetryPolicy())
-        return messages.as_dict(response.model)
+        return messages.model_dict(response.model)
 
-    async def create_pool(self, name: str, gpus: Mapping[str, int], *, ttl_s: int = 60) -> dict[str, Any]:
-        """Reserve workers (machine profile -> count) for this client's `pool` requests.
+    async def create_pool(
+        self,
+        name: str,
+        gpus: Mapping[str, int],
+        *,
+        bundle: str | None = None,
+        min_workers: int = 0,
+        ttl_s: int = 60,
+        timeout_s: float = 300.0,
+        poll_s: float = 0.5,
+    ) -> dict[str, Any]:
+        """Reserve workers (machine profile -> count; only of `bundle` when given) for `pool` requests; with
+        `min_workers`, return once that many are assigned (ProvisioningTimeoutError after `timeout_s`).
 
         The lease is renewed in the background every third of `ttl_s` until
         `delete_pool` or `close`; after that the pool expires by itself."""
-        request = inference_pb2.CreatePoolRequest(name=name, gpus=dict(gpus), ttl_s=ttl_s)
+        if min_workers > sum(gpus.values()):
+            raise ValueError(f"min_workers={min_workers} is more than the {sum(gpus.values())} workers gpus= asks for")
+        request = inference_pb2.CreatePoolRequest(name=name, gpus=dict(gpus), ttl_s=ttl_s, bundle=bundle or "")
         response = await self._call(self._stub.CreatePool, request, RetryPolicy())
         self._stop_renewing(name)
         self._renewals[name] = asyncio.create_task(self._renew(name, max(ttl_s / 3, 0.2)))
-        return messages.as_dict(response.pool)
+        pool = messages.as_dict(response.pool)
+        deadline = time.monotonic() + timeout_s
+        while len(pool.get("workers", ())) < min_workers:
+            if time.monotonic() > deadline:
+                raise _capacity_timeout(f"pool {name!r} has {len(pool.get('workers', ()))} of min_workers={min_workers} workers after {timeout_s} s")
+            await asyncio.sleep(poll_s)
+            pool = await self.get_pool(name)
+        return pool
 
     async def get_pool(self, name: str) -> dict[str, Any]:
         response = await self._call(self._stub.GetPool, inference_pb2.GetPoolRequest(name=name), RetryPolicy())
@@ -240,6 +286,40 @@ class AsyncSIEClient:
     async def delete_pool(self, name: str) -> None:
         self._stop_renewing(name)
         await self._call(self._stub.DeletePool, inference_pb2.DeletePoolRequest(name=name), RetryPolicy())
+
+    async def get_capacity(self) -> dict[str, Any]:
+        """What serves now, from ListModels (and ListPools on a gateway): {"models": {id: {"loaded", "loaded_on",
+        "state"}}, "workers": ids of the workers with a model in memory, "pools": [...]}. The API reports no idle
+        workers or machine profiles, so a worker with nothing loaded is not listed."""
+        models = await self.list_models()
+        try:
+            pools = (await self._call(self._stub.ListPools, inference_pb2.ListPoolsRequest(), RetryPolicy())).pools
+        except SIEError as error:
+            if error.code != grpc.StatusCode.UNIMPLEMENTED:  # a standalone worker has no pools
+                raise
+            pools = []
+        return {
+            "models": {
+                m["id"]: {"loaded": m["loaded"], "loaded_on": m.get("loaded_on", []), "state": m.get("state", "")} for m in models
+            },
+            "workers": sorted({worker for m in models for worker in m.get("loaded_on", ())}),
+            "pools": [messages.as_dict(pool) for pool in pools],
+        }
+
+    async def wait_for_capacity(self, model: str | None = None, *, timeout_s: float = 300.0, poll_s: float = 0.5) -> dict[str, Any]:
+        """Poll get_capacity until `model` (or, without one, any model) is loaded somewhere, and return it;
+        ProvisioningTimeoutError after `timeout_s`. Loading starts with a model's first request (or preloading)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            capacity = await self.get_capacity()
+            states = capacity["models"]
+            if model is not None and model not in states:
+                await self.get_model(model)  # NotFoundError for a model that is not configured
+            if any(state["loaded"] for name, state in states.items() if model in (None, name)):
+                return capacity
+            if time.monotonic() > deadline:
+                raise _capacity_timeout(f"{model or 'no model'} is loaded nowhere after {timeout_s} s")
+            await asyncio.sleep(poll_s)
 
     async def _renew(self, name: str, every_s: float) -> None:
         while True:
@@ -252,13 +332,15 @@ class AsyncSIEClient:
         if task is not None:
             task.cancel()
 
-    async def _call(self, method: Callable[..., Awaitable[Response]], request: Any, policy: RetryPolicy) -> Response:
+    async def _call(
+        self, method: Callable[..., Awaitable[Response]], request: Any, policy: RetryPolicy, metadata: tuple[tuple[str, str], ...] | None = None
+    ) -> Response:
         started = time.monotonic()
         attempt = 0
         while True:
             attempt += 1
             try:
-                return await method(request, metadata=self._metadata, timeout=self.timeout_s)
+                return await method(request, metadata=self._metadata if metadata is None else metadata, timeout=self.timeout_s)
             except grpc.aio.AioRpcError as error:
                 status = call_status(error)
             await asyncio.sleep(self._delay_or_raise(status, policy, attempt, started))
@@ -279,7 +361,7 @@ class AsyncSIEClient:
         raise status.error()
 
     async def _encode_streamed(
-        self, requests: list[inference_pb2.EncodeRequest], policy: RetryPolicy, progress: bool
+        self, requests: list[inference_pb2.EncodeRequest], policy: RetryPolicy, progress: bool, metadata: tuple[tuple[str, str], ...]
     ) -> list[inference_pb2.EncodeResponse]:
         """Send the requests over one EncodeStream, `stream_window` in flight, and return the answers in order."""
         outgoing: asyncio.Queue[inference_pb2.EncodeRequest | None] = asyncio.Queue()
@@ -300,7 +382,7 @@ class AsyncSIEClient:
                 request.request_id = str(index)
                 outgoing.put_nowait(request)
 
-        call = self._stub.EncodeStream(stream_requests(), metadata=self._metadata)
+        call = self._stub.EncodeStream(stream_requests(), metadata=metadata)
         feeder = asyncio.create_task(feed())
         remaining = len(requests)
         try:
@@ -327,6 +409,10 @@ class AsyncSIEClient:
             if bar is not None:
                 bar.close()
         return [answer for answer in answers if answer is not None]
+
+
+def _capacity_timeout(message: str) -> ProvisioningTimeoutError:
+    return ProvisioningTimeoutError(message, code=grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _progress_bar(total: int) -> Any:

@@ -1,7 +1,10 @@
 """What the client raises: one class per thing a caller handles differently.
 
 Every error carries the gRPC `code`, the server's machine-readable `reason`
-(google.rpc.ErrorInfo) and its `message`.
+(google.rpc.ErrorInfo) and its `message`. The reference SDK's class names
+(ModelLoadingError, LoraLoadingError, ModelLoadFailedError, PoolError,
+SIEConnectionError, RequestError, ServerError) are classes here too, chosen by
+the same code and reason (docs/migration.md).
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ class PreconditionError(SIEError):
 
 
 class ModelLoadError(PreconditionError):
-    """The model's weights or adapter could not be loaded (reason MODEL_LOAD_FAILED)."""
+    """The model's weights or adapter could not be loaded (reason MODEL_LOAD_FAILED or LORA_LOAD_FAILED)."""
+
+
+ModelLoadFailedError = ModelLoadError
 
 
 class ResourceExhaustedError(SIEError):
@@ -48,12 +54,31 @@ class UnavailableError(SIEError):
     """The server cannot serve now (UNAVAILABLE), e.g. a model still loading when waits are off."""
 
 
+class SIEConnectionError(UnavailableError):
+    """The server could not be reached (UNAVAILABLE without a server reason: refused, reset, no route)."""
+
+
+class ModelLoadingError(UnavailableError):
+    """The model is still loading (reason MODEL_LOADING) and the client did not wait for it."""
+
+
+class LoraLoadingError(UnavailableError):
+    """The LoRA adapter was still loading (reason LORA_LOADING) after the client's tries."""
+
+
 class ProvisioningError(UnavailableError):
     """No capacity for the request's machine profile yet (reason PROVISIONING)."""
 
 
 class ProvisioningTimeoutError(ProvisioningError):
     """Capacity did not arrive within `provision_timeout_s`."""
+
+
+class ItemError(RequestError, ValueError):
+    """An item the client cannot send (an unknown or unsupported field); raised before any call."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message, code=grpc.StatusCode.INVALID_ARGUMENT, reason="INVALID_ITEM_FIELD", metadata={"field": field})
 
 
 class AuthError(SIEError):
@@ -75,9 +100,30 @@ _BY_CODE: dict[grpc.StatusCode, type[SIEError]] = {
 }
 _BY_REASON: dict[str, type[SIEError]] = {
     "MODEL_LOAD_FAILED": ModelLoadError,
+    "LORA_LOAD_FAILED": ModelLoadError,
+    "MODEL_LOADING": ModelLoadingError,
+    "LORA_LOADING": LoraLoadingError,
     "PROVISIONING": ProvisioningError,
 }
 
 
+class PoolError(SIEError):
+    """A pool call was refused (a reason naming pools: POOL_NOT_FOUND, POOLS_DISABLED, POOL_TOO_LARGE, ...).
+
+    Each is also the class of its code: a missing pool is a PoolError and a NotFoundError."""
+
+
+# PoolError combined with each code's class, e.g. PoolNotFoundError(PoolError, NotFoundError).
+_POOL_BY_CLASS: dict[type[SIEError], type[PoolError]] = {
+    cls: type(f"Pool{cls.__name__}", (PoolError, cls), {"__doc__": f"{PoolError.__doc__.splitlines()[0]} ({cls.__name__})"})
+    for cls in {*_BY_CODE.values(), ServerError}
+}
+
+
 def error_class(code: grpc.StatusCode, reason: str) -> type[SIEError]:
-    return _BY_REASON.get(reason) or _BY_CODE.get(code, ServerError)
+    if code == grpc.StatusCode.UNAVAILABLE and not reason:
+        return SIEConnectionError
+    by_code = _BY_CODE.get(code, ServerError)
+    if "POOL" in reason:
+        return _POOL_BY_CLASS[by_code]
+    return _BY_REASON.get(reason) or by_code

@@ -9,16 +9,41 @@ import numpy as np
 from google.protobuf import json_format, struct_pb2
 
 from sie.v1 import inference_pb2, types_pb2
+from sie_client.errors import ItemError
 from sie_client.images import image_message
 from sie_client.types import EncodeResult, Entity, ExtractResult, Item, ScoreResult, Timing
 from sie_common.tensors import from_tensor
 
-ItemLike = Item | str
+ItemLike = Item | str | Mapping[str, Any]
+
+ITEM_FIELDS = ("id", "text", "images", "metadata")
+# Item fields of the reference SDK that this engine has no input for.
+UNSUPPORTED_ITEM_FIELDS = ("audio", "video")
+
+
+def is_single(items: object) -> bool:
+    """One item (a str, an Item or a dict), as opposed to a list of them."""
+    return isinstance(items, (str, Item, Mapping))
+
+
+def as_item(item: ItemLike) -> Item:
+    """An Item from an Item, a str (its text) or a dict of the reference SDK's item fields (ItemError otherwise)."""
+    if isinstance(item, Item):
+        return item
+    if isinstance(item, str):
+        return Item(text=item)
+    if not isinstance(item, Mapping):
+        raise TypeError(f"an item is an Item, a str or a dict, not {type(item).__name__}")
+    for field in item:
+        if field in UNSUPPORTED_ITEM_FIELDS and item[field] is not None:
+            raise ItemError(f"item field {field!r} is not supported: this engine takes text and images", field=field)
+        if field not in ITEM_FIELDS and field not in UNSUPPORTED_ITEM_FIELDS:
+            raise ItemError(f"unknown item field {field!r}; an item has {', '.join(ITEM_FIELDS)}", field=str(field))
+    return Item(**{field: item[field] for field in ITEM_FIELDS if field in item})
 
 
 def item_message(item: ItemLike) -> types_pb2.Item:
-    if isinstance(item, str):
-        return types_pb2.Item(text=item)
+    item = as_item(item)
     message = types_pb2.Item(id=item.id or "")
     if item.text is not None:
         message.text = item.text
@@ -29,16 +54,12 @@ def item_message(item: ItemLike) -> types_pb2.Item:
 
 
 def options_struct(options: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
+    """The options as sent: unchanged, so the server sees the reference SDK's keys (`lora`, `is_query`, ...) as given."""
     if not options:
         return None
     struct = struct_pb2.Struct()
-    struct.update({key: value for key, value in options.items() if key != "lora"})
+    struct.update(dict(options))
     return struct
-
-
-def lora_of(options: Mapping[str, Any] | None, lora: str | None) -> str:
-    """The LoRA adapter: the `lora` argument, or `options["lora"]` as the reference SDK passes it."""
-    return lora or str((options or {}).get("lora") or "")
 
 
 def encode_request(
@@ -62,7 +83,7 @@ def encode_request(
         output_dtype=output_dtype or "",
         is_query=is_query,
         profile=profile or "",
-        lora=lora_of(options, lora),
+        lora=lora or "",
         debug=debug,
     )
     if instruction is not None:
@@ -117,15 +138,21 @@ def _add_decode_parameters(result: EncodeResult, output: str, tensor: types_pb2.
         result[f"{output}_offset"] = np.asarray(tensor.offset, dtype=np.float32)  # type: ignore[literal-required]
 
 
-def score_result(response: inference_pb2.ScoreResponse) -> ScoreResult:
+def score_result(response: inference_pb2.ScoreResponse, query_id: str | None) -> ScoreResult:
+    """`item_id` is the item's id, or `item-<index>` for an item sent without one (as the reference SDK names it)."""
     return ScoreResult(
         model=response.model,
-        scores=[{"item_id": s.item_id, "index": s.index, "score": s.score, "rank": s.rank} for s in response.scores],
+        query_id=query_id,
+        scores=[
+            {"item_id": s.item_id or f"item-{s.index}", "index": s.index, "score": s.score, "rank": s.rank}
+            for s in response.scores
+        ],
         timing=timing(response.timing),
     )
 
 
 def extract_results(response: inference_pb2.ExtractResponse) -> list[ExtractResult]:
+    """Entities per item; the reference SDK's other extraction keys are there, empty: no adapter here produces them."""
     shared_timing = timing(response.timing)
     return [
         ExtractResult(
@@ -133,10 +160,28 @@ def extract_results(response: inference_pb2.ExtractResponse) -> list[ExtractResu
             entities=[
                 Entity(text=e.text, label=e.label, score=e.score, start=e.start, end=e.end) for e in result.entities
             ],
+            relations=[],
+            classifications=[],
+            objects=[],
+            data={},
             timing=shared_timing,
         )
         for result in response.results
     ]
+
+
+def model_dict(model: inference_pb2.Model) -> dict[str, Any]:
+    """A model with the proto's field names plus the reference SDK's keys: `name`, `outputs`, `dims` per output
+    (the dense width; None where the server does not report one) and `loaded` (in memory here; on a gateway, on a
+    worker)."""
+    described = as_dict(model)
+    described.update(
+        name=model.id,
+        outputs=list(model.output_types),
+        dims={output: (model.dims or None) if output == "dense" else None for output in model.output_types},
+        loaded=model.state == inference_pb2.MODEL_STATE_LOADED or bool(model.loaded_on),
+    )
+    return described
 
 
 def as_dict(message: Any) -> dict[str, Any]:

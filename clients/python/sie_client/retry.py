@@ -11,6 +11,8 @@ from sie_client.status import CallStatus
 
 # UNAVAILABLE reasons that mean "capacity is on its way": waited out with wait_for_capacity.
 CAPACITY_REASONS = frozenset({"PROVISIONING", "MODEL_LOADING"})
+# RESOURCE_EXHAUSTED reason of an item that did not fit in device memory even alone (the worker already split its batch).
+OOM_REASON = "DEVICE_OUT_OF_MEMORY"
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,9 @@ class RetryPolicy:
     provision_timeout_s: float = 300.0
     # Tries while a LoRA adapter loads.
     lora_loading_attempts: int = 10
+    # Retries (after the first try) of an answer out of device memory, backing off: the memory others held
+    # may be free by then. The reference SDK's max_oom_retries.
+    max_oom_retries: int = 3
     # Tries on RESOURCE_EXHAUSTED (and UNAVAILABLE without a retry delay), backing off.
     busy_attempts: int = 8
     backoff_initial_s: float = 0.1
@@ -40,6 +45,8 @@ class RetryPolicy:
                 return hinted if attempt < self.busy_attempts else None
             return self._backoff(attempt)
         if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            if status.reason == OOM_REASON and attempt > self.max_oom_retries:
+                return None
             backoff = self._backoff(attempt)
             return None if backoff is None else max(backoff, hinted or 0.0)
         return None

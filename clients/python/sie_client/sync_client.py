@@ -27,16 +27,30 @@ def _blocking(method: Callable[Concatenate[AsyncSIEClient, P], Awaitable[R]]) ->
 
 
 class SIEClient:
-    def __init__(self, target: str, **kwargs: Any) -> None:
+    def __init__(self, target: str | None = None, **kwargs: Any) -> None:
         """Same arguments as AsyncSIEClient."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sie-client", daemon=True)
         self._thread.start()
-        self._client: AsyncSIEClient = self._run(self._create(target, kwargs))
+        try:
+            self._client: AsyncSIEClient = self._run(self._create(target, kwargs))
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            raise
 
     @staticmethod
-    async def _create(target: str, kwargs: dict[str, Any]) -> AsyncSIEClient:
+    async def _create(target: str | None, kwargs: dict[str, Any]) -> AsyncSIEClient:
         return AsyncSIEClient(target, **kwargs)
+
+    @property
+    def base_url(self) -> str:
+        return self._client.base_url
+
+    @property
+    def target(self) -> str:
+        return self._client.target
 
     def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
@@ -63,3 +77,5 @@ class SIEClient:
     create_pool = _blocking(AsyncSIEClient.create_pool)
     get_pool = _blocking(AsyncSIEClient.get_pool)
     delete_pool = _blocking(AsyncSIEClient.delete_pool)
+    get_capacity = _blocking(AsyncSIEClient.get_capacity)
+    wait_for_capacity = _blocking(AsyncSIEClient.wait_for_capacity)

@@ -13,7 +13,8 @@ from sie_common.tensors import dequantize_rows
 
 @dataclass
 class Item:
-    """One input. `id` is echoed back on its result.
+    """One input. `id` is echoed back on its result. A dict with these keys works wherever an Item does
+    (the reference SDK's items are dicts); any other key is an ItemError naming it.
 
     `images` (for image models) are encoded bytes (JPEG, PNG, WebP), file paths, PIL images or
     uint8 numpy arrays; the client sends each as encoded bytes (see sie_client.images)."""
@@ -70,6 +71,8 @@ class ScoreEntry(TypedDict):
 
 class ScoreResult(TypedDict):
     model: str
+    # The query item's id (None when it had none).
+    query_id: str | None
     scores: list[ScoreEntry]
     timing: Timing
 
@@ -85,4 +88,9 @@ class Entity(TypedDict):
 class ExtractResult(TypedDict):
     id: str
     entities: list[Entity]
+    # The reference SDK's other extraction outputs; empty, as no adapter here produces them.
+    relations: list[dict[str, Any]]
+    classifications: list[dict[str, Any]]
+    objects: list[dict[str, Any]]
+    data: dict[str, Any]
     timing: Timing

@@ -110,7 +110,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
 
     async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
         token = bearer_token(context.invocation_metadata())
-        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s, token))
+        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s, token, request.bundle))
         return inference_pb2.CreatePoolResponse(pool=pool)
 
     async def GetPool(self, request: inference_pb2.GetPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetPoolResponse:

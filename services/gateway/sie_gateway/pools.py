@@ -55,8 +55,11 @@ class PoolManager:
         self._settings = settings
         self._quotas = {pool_owner(token): workers for token, workers in settings.token_pool_quotas().items()}
 
-    async def create(self, name: str, gpus: Mapping[str, int], ttl_s: int, token: str | None = None) -> inference_pb2.Pool:
-        """Reserve workers for a new pool, within the operator's bounds; `token` is the caller's bearer token."""
+    async def create(
+        self, name: str, gpus: Mapping[str, int], ttl_s: int, token: str | None = None, bundle: str = ""
+    ) -> inference_pb2.Pool:
+        """Reserve workers for a new pool (only of `bundle` when given), within the operator's bounds; `token` is the
+        caller's bearer token."""
         settings = self._settings
         if not settings.pools_enabled:
             raise FailedPrecondition(
@@ -69,6 +72,12 @@ class PoolManager:
             )
         if not gpus or any(count <= 0 for count in gpus.values()):
             raise InvalidArgument("gpus: give at least one machine profile with a positive worker count", reason="INVALID_POOL_GPUS")
+        if bundle and bundle not in self._view.bundles:
+            raise NotFound(
+                f"bundle {bundle!r} does not exist; bundles: {', '.join(sorted(self._view.bundles)) or 'none'}",
+                reason="BUNDLE_NOT_FOUND",
+                metadata={"bundle": bundle},
+            )
         requested = sum(gpus.values())
         if requested > settings.pool_max_workers:
             raise InvalidArgument(
@@ -88,7 +97,8 @@ class PoolManager:
         for _ in range(_WRITE_ATTEMPTS):
             read_at = await self._check_quota(owner, requested)
             lease = await self._etcd.grant_lease(ttl_s)
-            record = PoolRecord(name, dict(gpus), ttl_s, lease, self._assign(name, gpus, ()), time.time() + ttl_s, owner)
+            workers = self._assign(name, gpus, (), bundle)
+            record = PoolRecord(name, dict(gpus), ttl_s, lease, workers, time.time() + ttl_s, owner, bundle)
             # Written only if no pool changed since the quota was counted: concurrent creations cannot overshoot it.
             created, _ = await self._etcd.txn(
                 [self._etcd.ops.version(key) == 0, self._etcd.unchanged_since(POOLS, read_at)],
@@ -128,7 +138,7 @@ class PoolManager:
             if await self._etcd.keep_alive(record.lease) <= 0:
                 raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
             renewed = dataclasses.replace(
-                record, workers=self._assign(name, record.gpus, record.workers), expires_at=time.time() + record.ttl_s
+                record, workers=self._assign(name, record.gpus, record.workers, record.bundle), expires_at=time.time() + record.ttl_s
             )
             saved, _ = await self._etcd.txn(
                 [self._etcd.ops.mod(key) == entry.mod_revision],
@@ -162,10 +172,12 @@ class PoolManager:
             expires_at=timestamp_pb2.Timestamp(seconds=int(record.expires_at)),
             workers=list(record.workers),
             ready=record.ready(profile_of),
+            bundle=record.bundle,
         )
 
-    def _assign(self, name: str, gpus: Mapping[str, int], current: tuple[str, ...]) -> tuple[str, ...]:
-        """Keep the live workers already assigned, and add free shared ones up to each profile's count."""
+    def _assign(self, name: str, gpus: Mapping[str, int], current: tuple[str, ...], bundle: str) -> tuple[str, ...]:
+        """Keep the live workers already assigned, and add free shared ones (of `bundle`, when set) up to each
+        profile's count."""
         workers = self._view.workers
         taken = {worker for pool in self._view.pools.values() if pool.name != name for worker in pool.workers}
         kept = [worker_id for worker_id in current if worker_id in workers]
@@ -176,6 +188,7 @@ class PoolManager:
                 for worker in workers.values()
                 if worker.machine_profile == profile
                 and worker.ready
+                and (not bundle or worker.bundle == bundle)
                 and worker.pool in ("", name)
                 and worker.worker_id not in taken
                 and worker.worker_id not in kept

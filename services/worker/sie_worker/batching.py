@@ -57,15 +57,16 @@ class LimitSource(Protocol):
         """The limits to apply now."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PendingItem:
-    """One item waiting for the device. `cost` is its token count; `tag` its virtual start (set by `add`)."""
+    """One item waiting for the device. `cost` is its token count; `tag` its virtual start and `enqueued_at` its
+    arrival (both set by `add`)."""
 
     key: Hashable
     cost: int
     payload: Any
     future: asyncio.Future
-    enqueued_at: float = field(default_factory=time.monotonic)
+    enqueued_at: float = 0.0
     tag: float = 0.0
     flow: int = 0  # which `add` it came in: breaks ties between equal tags, earliest first
     displaced: bool = False  # its batch was given back once (see `may_displace`)
@@ -75,6 +76,7 @@ class PendingItem:
 _ARRIVAL = operator.attrgetter("flow", "tag")
 _START = operator.attrgetter("tag", "flow")
 _COST = operator.attrgetter("cost")
+_FLOW = operator.attrgetter("flow")
 
 
 class Batch(list[PendingItem]):
@@ -136,13 +138,24 @@ class BatchFormer:
     def pending(self) -> int:
         return sum(len(group.items) for group in self._groups.values())
 
+    def discard(self, items: Sequence[PendingItem]) -> None:
+        """Forget items whose caller went away (their futures are cancelled), so no batch carries them."""
+        gone = set(map(id, items))
+        for key in {item.key for item in items}:
+            group = self._groups.get(key)
+            if group is None:
+                continue
+            group.items = [item for item in group.items if id(item) not in gone]
+            group.cost = sum(item.cost for item in group.items)
+            if not group.items:
+                del self._groups[key]
+
     async def next_batch(self, newer_than: int | None = None) -> Batch:
         """Wait until a group is ready and take one batch from it, sorted by cost.
 
         With `newer_than` (a batch's `flows`), only a batch led by an item of a flow added after that batch was
         formed: what may replace it on the device while it has not started (see `give_back`)."""
         while True:
-            self._drop_abandoned()
             now = time.monotonic()
             ready, wake_at = self._ready(now, newer_than)
             if ready is not None:
@@ -180,7 +193,8 @@ class BatchFormer:
         ready: tuple[tuple[float, int], Hashable, PendingItem, BatchLimits, bool] | None = None
         wake_at: float | None = None
         for key, group in self._groups.items():
-            candidates = group.items if newer_than is None else [item for item in group.items if item.flow > newer_than]
+            # Items are kept in arrival order, so those of flows after `newer_than` are a tail.
+            candidates = group.items if newer_than is None else group.items[bisect.bisect_right(group.items, newer_than, key=_FLOW) :]
             if not candidates:
                 continue
             limits = group.source.current()
@@ -220,17 +234,6 @@ class BatchFormer:
         if not group.items:
             del self._groups[key]
         return Batch(sorted(batch, key=_COST), limits=limits, full=full, formed_at=now, flows=self._flows)
-
-    def _drop_abandoned(self) -> None:
-        """Forget items whose caller went away (cancelled futures)."""
-        for key in list(self._groups):
-            group = self._groups[key]
-            live = [item for item in group.items if not item.future.done()]
-            if len(live) != len(group.items):
-                group.items = live
-                group.cost = sum(item.cost for item in live)
-                if not live:
-                    del self._groups[key]
 
 
 def _lead(items: list[PendingItem]) -> PendingItem:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 
 from sie_common.answer_size import MAX_SEND_SETTING, check_dense_estimate
@@ -70,6 +70,8 @@ from sie_worker.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Batches handed to the device thread at once: the one running and the next, formed behind it.
 PIPELINE_DEPTH = 2
@@ -394,14 +396,18 @@ class Engine:
     async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]]) -> list[TokenizedText]:
         started = time.perf_counter()
         with span("tokenization"):
-            tokenized = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, tokenize)
+            tokenized = await self.off_loop(tokenize)
         clock.tokenization_ms += _ms_since(started)
         return tokenized
+
+    async def off_loop(self, work: Callable[[], T]) -> T:
+        """Run CPU work on the preprocessing threads, so the event loop serves other requests meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu_pool, work)
 
     async def _postprocess(self, finish: Callable[[], Any], clock: _Clock) -> Any:
         started = time.perf_counter()
         with span("postprocessing"):
-            result = await asyncio.get_running_loop().run_in_executor(self._cpu_pool, finish)
+            result = await self.off_loop(finish)
         clock.postprocessing_ms += _ms_since(started)
         return result
 
@@ -420,6 +426,7 @@ class Engine:
         except BaseException:
             for item in pending:
                 item.future.cancel()
+            self._former.discard(pending)
             raise
         if recording():
             _record_device_spans(pending, results)

@@ -48,6 +48,9 @@ from sie_worker.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
 
+# Answers of more items than this are built off the event loop (a thread hop costs more than building a few).
+INLINE_ANSWER_ITEMS = 64
+
 
 def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
     """Validate an EncodeRequest's own fields, within `limits` (the model checks its part later)."""
@@ -269,12 +272,20 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def run_encode(self, request: inference_pb2.EncodeRequest) -> inference_pb2.EncodeResponse:
         return await _guarded(
-            "encode", request, lambda: self._engine.encode(encode_job(request, self._limits)), lambda o: encode_response(request, o), self._max_answer_bytes
+            "encode",
+            request,
+            lambda: self._engine.encode(encode_job(request, self._limits)),
+            lambda o: self._answer(lambda: encode_response(request, o), len(request.items)),
+            self._max_answer_bytes,
         )
 
     async def run_score(self, request: inference_pb2.ScoreRequest) -> inference_pb2.ScoreResponse:
         return await _guarded(
-            "score", request, lambda: self._engine.score(score_job(request, self._limits)), lambda o: score_response(request, o), self._max_answer_bytes
+            "score",
+            request,
+            lambda: self._engine.score(score_job(request, self._limits)),
+            lambda o: self._answer(lambda: score_response(request, o), len(request.items)),
+            self._max_answer_bytes,
         )
 
     async def run_extract(self, request: inference_pb2.ExtractRequest) -> inference_pb2.ExtractResponse:
@@ -282,9 +293,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             "extract",
             request,
             lambda: self._engine.extract(extract_job(request, self._limits)),
-            lambda o: extract_response(request, o),
+            lambda o: self._answer(lambda: extract_response(request, o), len(request.items)),
             self._max_answer_bytes,
         )
+
+    async def _answer(self, build: Callable[[], Response], items: int) -> Response:
+        """Build an answer message: one of many items on the preprocessing threads, so that the event loop (and
+        with it every other caller's request) is not held while thousands of results are converted."""
+        if items <= INLINE_ANSWER_ITEMS:
+            return build()
+        return await self._engine.off_loop(build)
 
     async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
         try:
@@ -349,7 +367,7 @@ async def _guarded(
     operation: str,
     request: Any,
     run: Callable[[], Awaitable[Outcome]],
-    respond: Callable[[Outcome], Response],
+    respond: Callable[[Outcome], Awaitable[Response]],
     max_answer_bytes: int,
 ) -> Response:
     """Run one request; anything that is not a SieError becomes INTERNAL (logged), and the server keeps serving.
@@ -358,7 +376,7 @@ async def _guarded(
     while it runs carry its model and request_id. An answer over `max_answer_bytes` is RESOURCE_EXHAUSTED."""
     with REQUESTS.observe(operation, request.model, request.request_id):
         try:
-            response = respond(await run())
+            response = await respond(await run())
         except (SieError, asyncio.CancelledError):
             raise
         except Exception as error:

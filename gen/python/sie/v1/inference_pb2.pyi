@@ -408,7 +408,7 @@ class ModelStats(_message.Message):
     def __init__(self, requests: _Optional[int] = ..., items: _Optional[int] = ..., forward_passes: _Optional[int] = ...) -> None: ...
 
 class Pool(_message.Message):
-    __slots__ = ("name", "gpus", "ttl_s", "expires_at", "workers", "ready")
+    __slots__ = ("name", "gpus", "ttl_s", "expires_at", "workers", "ready", "bundle")
     class GpusEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -422,16 +422,18 @@ class Pool(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpus: _containers.ScalarMap[str, int]
     ttl_s: int
     expires_at: _timestamp_pb2.Timestamp
     workers: _containers.RepeatedScalarFieldContainer[str]
     ready: bool
-    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[_Mapping[str, int]] = ..., ttl_s: _Optional[int] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workers: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ...) -> None: ...
+    bundle: str
+    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[_Mapping[str, int]] = ..., ttl_s: _Optional[int] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workers: _Optional[_Iterable[str]] = ..., ready: _Optional[bool] = ..., bundle: _Optional[str] = ...) -> None: ...
 
 class CreatePoolRequest(_message.Message):
-    __slots__ = ("name", "gpus", "ttl_s")
+    __slots__ = ("name", "gpus", "ttl_s", "bundle")
     class GpusEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -442,10 +444,12 @@ class CreatePoolRequest(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TTL_S_FIELD_NUMBER: _ClassVar[int]
+    BUNDLE_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpus: _containers.ScalarMap[str, int]
     ttl_s: int
-    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[_Mapping[str, int]] = ..., ttl_s: _Optional[int] = ...) -> None: ...
+    bundle: str
+    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[_Mapping[str, int]] = ..., ttl_s: _Optional[int] = ..., bundle: _Optional[str] = ...) -> None: ...
 
 class CreatePoolResponse(_message.Message):
     __slots__ = ("pool",)

@@ -1,0 +1,63 @@
+"""A LanceDB embedding function backed by the engine (`pip install sie[lancedb]`).
+
+Registered as "sie" in LanceDB's embedding-function registry:
+
+    func = get_registry().get("sie").create(target="localhost:8080", model="sentence-transformers/all-MiniLM-L6-v2")
+
+Source rows are encoded as documents, search strings with `is_query=True`. `api_key` is a
+sensitive key: LanceDB only accepts it as a registry variable (`"$var:name"`), so it is never
+stored in a table's schema metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from lancedb.embeddings import TextEmbeddingFunction, register
+from pydantic import PrivateAttr
+
+from sie_client.sync_client import SIEClient
+
+
+@register("sie")
+class SIEEmbeddingFunction(TextEmbeddingFunction):
+    target: str
+    model: str
+    dims: int | None = None
+    api_key: str | None = None
+    _client: SIEClient | None = PrivateAttr(default=None)
+    _dims: int | None = PrivateAttr(default=None)
+
+    @staticmethod
+    def sensitive_keys() -> list[str]:
+        return ["api_key"]
+
+    @property
+    def client(self) -> SIEClient:
+        if self._client is None:
+            self._client = SIEClient(self.target, api_key=self.api_key)
+        return self._client
+
+    def ndims(self) -> int:
+        """The requested dims, else the model's width (probed once)."""
+        if self._dims is None:
+            self._dims = self.dims or len(self.generate_embeddings(["dimension probe"])[0])
+        return self._dims
+
+    def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        return self._encode(self.sanitize_input(query), is_query=True)
+
+    def generate_embeddings(self, texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+        return self._encode(texts, is_query=False)
+
+    def _encode(self, texts: Any, *, is_query: bool) -> list[np.ndarray]:
+        texts = [str(text) for text in texts]
+        if not texts:
+            return []
+        return [result["dense"] for result in self.client.encode(self.model, texts, is_query=is_query, dims=self.dims)]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
