@@ -6,8 +6,13 @@
 -- unknown field (`params.colour`, `items[2].txt`). What the body's message
 -- holds comes from the contract's descriptor set (sie_stack.unknown_fields
 -- prepends ROUTES and MESSAGES to this file). Free-form values (Struct,
--- Value: `options`, `input`) and map keys are not checked. A body that is not
--- well-formed JSON is left to the transcoder, which refuses it.
+-- Value: `options`, `input`) and map keys are not checked.
+--
+-- A body this walk cannot read as strict JSON (RFC 8259) is refused too
+-- (400 INVALID_JSON): the transcoder's parser also takes trailing commas,
+-- single quotes, unquoted keys and more whitespace, so a field written that
+-- way would otherwise pass unseen and be dropped. The walk is linear in the
+-- body: a field's path is only spelled out for the refusal.
 --
 -- MESSAGES[name] = {fields = {[json name] = false (scalar or free-form), a
 --                   message name, or {map = false | a message name}},
@@ -15,71 +20,103 @@
 -- ROUTES = {{method, Lua pattern of the path, message name of the body}, ...}
 
 local MAX_DEPTH = 64
+-- the longest key a refusal quotes (the whole path is cut at 200 too)
+local MAX_KEY = 200
 
 local function skip_space(s, i)
   return s:find("[^ \t\r\n]", i) or #s + 1
 end
 
--- The string starting at s[i] == '"': the index after it, and its text (simple escapes decoded).
-local function read_string(s, i)
+-- JSON's one-character escapes.
+local ESCAPES = {['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t"}
+
+-- The string starting at s[i] == '"': the index after it (nil when it is not well-formed) and,
+-- with `decode`, its text. A \u escape beyond ASCII stays as written: no field name has one.
+local function read_string(s, i, decode)
   local j = i + 1
-  local escaped = false
+  local parts = decode and {} or nil
   while true do
     local k = s:find('["\\]', j)
     if not k then
       return nil
     end
-    if s:byte(k) == 34 then -- '"'
-      local text = s:sub(i + 1, k - 1)
-      if escaped then
-        text = text:gsub("\\u00(%x%x)", function(hex) return string.char(tonumber(hex, 16)) end)
-        text = text:gsub("\\(.)", "%1")
-      end
-      return k + 1, text
+    if parts then
+      parts[#parts + 1] = s:sub(j, k - 1)
     end
-    escaped = true
-    j = k + 2
+    if s:byte(k) == 34 then -- '"'
+      return k + 1, parts and table.concat(parts)
+    end
+    local c = s:sub(k + 1, k + 1)
+    if c == "u" then
+      local hex = s:match("^%x%x%x%x", k + 2)
+      if not hex then
+        return nil
+      end
+      if parts then
+        local code = tonumber(hex, 16)
+        parts[#parts + 1] = code < 128 and string.char(code) or s:sub(k, k + 5)
+      end
+      j = k + 6
+    elseif ESCAPES[c] then
+      if parts then
+        parts[#parts + 1] = ESCAPES[c]
+      end
+      j = k + 2
+    else
+      return nil
+    end
   end
+end
+
+-- A failure is the byte index where the JSON stops being strict JSON, {deep = index}, or an
+-- unknown field: {segments = its path, innermost first, known = the fields taken there}.
+local function key_segment(key)
+  if #key > MAX_KEY then
+    key = key:sub(1, MAX_KEY) .. "..."
+  end
+  return "." .. key
 end
 
 local walk
 
--- An object at s[i]; `schema` nil means any keys. Returns the index after it,
--- or nil and (for an unknown field) its path.
-local function walk_object(s, i, schema, where, depth)
+-- An object at s[i]; `schema` nil means any keys. Returns the index after it, or nil and a failure.
+local function walk_object(s, i, schema, depth)
   i = skip_space(s, i + 1)
   if s:byte(i) == 125 then -- '}'
     return i + 1
   end
+  local checked = schema ~= nil and schema.fields ~= nil
   while true do
     if s:byte(i) ~= 34 then
-      return nil
+      return nil, i
     end
+    local start = i
     local key
-    i, key = read_string(s, i)
+    i, key = read_string(s, i, checked)
     if not i then
-      return nil
+      return nil, start
     end
-    local path = where == "" and key or (where .. "." .. key)
     local child = nil
-    if schema ~= nil then
-      if schema.fields == nil then
-        child = schema.map
-      else
-        child = schema.fields[key]
-        if child == nil then
-          return nil, path, schema.known
-        end
+    if checked then
+      child = schema.fields[key]
+      if child == nil then
+        return nil, {segments = {key_segment(key)}, known = schema.known}
       end
+    elseif schema ~= nil then
+      child = schema.map
     end
     i = skip_space(s, i)
     if s:byte(i) ~= 58 then -- ':'
-      return nil
+      return nil, i
     end
-    local unknown, known
-    i, unknown, known = walk(s, i + 1, child, path, depth + 1)
+    local failure
+    i, failure = walk(s, i + 1, child, depth + 1)
     if not i then
-      return nil, unknown, known
+      if type(failure) == "table" and failure.segments then
+        local _, text = read_string(s, start, true)
+        failure.segments[#failure.segments + 1] = key_segment(text)
+      end
+      return nil, failure
     end
     i = skip_space(s, i)
     local c = s:byte(i)
@@ -88,22 +125,25 @@ local function walk_object(s, i, schema, where, depth)
     elseif c == 125 then
       return i + 1
     else
-      return nil
+      return nil, i
     end
   end
 end
 
-local function walk_array(s, i, schema, where, depth)
+local function walk_array(s, i, schema, depth)
   i = skip_space(s, i + 1)
   if s:byte(i) == 93 then -- ']'
     return i + 1
   end
   local index = 0
   while true do
-    local unknown, known
-    i, unknown, known = walk(s, i, schema, where .. "[" .. index .. "]", depth + 1)
+    local failure
+    i, failure = walk(s, i, schema, depth + 1)
     if not i then
-      return nil, unknown, known
+      if type(failure) == "table" and failure.segments then
+        failure.segments[#failure.segments + 1] = "[" .. index .. "]"
+      end
+      return nil, failure
     end
     i = skip_space(s, i)
     local c = s:byte(i)
@@ -113,35 +153,40 @@ local function walk_array(s, i, schema, where, depth)
     elseif c == 93 then
       return i + 1
     else
-      return nil
+      return nil, i
     end
   end
 end
 
 -- The value at s[i] (after spaces); `schema` is false/nil (anything), a message name, or a map.
-walk = function(s, i, schema, where, depth)
+walk = function(s, i, schema, depth)
+  i = skip_space(s, i)
   if depth > MAX_DEPTH then
-    return nil
+    return nil, {deep = i}
   end
   if type(schema) == "string" then
     schema = MESSAGES[schema]
   elseif schema == false then
     schema = nil
   end
-  i = skip_space(s, i)
   local c = s:byte(i)
   if c == 123 then -- '{'
-    return walk_object(s, i, schema, where, depth)
+    return walk_object(s, i, schema, depth)
   elseif c == 91 then -- '['
-    return walk_array(s, i, schema, where, depth)
+    return walk_array(s, i, schema, depth)
   elseif c == 34 then
-    return read_string(s, i)
+    local j = read_string(s, i, false)
+    if j then
+      return j
+    end
+    return nil, i
   end
-  local j = s:find("[,}%] \t\r\n]", i) or #s + 1
-  if j == i then
-    return nil
+  local j = s:find("[^%w%.%+%-]", i) or #s + 1
+  local token = s:sub(i, j - 1)
+  if token == "true" or token == "false" or token == "null" or token:find("^%-?%d+%.?%d*[eE]?[%+%-]?%d*$") then
+    return j
   end
-  return j
+  return nil, i
 end
 
 -- `text` as a JSON string (control characters, quotes and backslashes escaped).
@@ -149,25 +194,51 @@ local function json_string(text)
   return '"' .. (text:gsub('[%c"\\]', function(c) return string.format("\\u%04x", c:byte()) end)) .. '"'
 end
 
--- The JSON error body the transcoder gives gRPC errors: INVALID_ARGUMENT, ErrorInfo UNKNOWN_FIELD.
--- `known`: the fields the message at that place has, space-separated.
-local function refusal(path, known)
-  if #path > 200 then
-    path = path:sub(1, 200) .. "..."
+-- Up to 20 bytes of `text` from byte `i`, quoted, as a hint of where it went wrong.
+local function json_excerpt(text, i)
+  local excerpt = text:sub(i, i + 19):gsub("[^ -~]", "?")
+  if excerpt == "" then
+    return "the body ends early"
   end
-  local message = "unknown field '" .. path .. "': the request has no such field; there it takes "
-    .. (known:gsub(" ", ", ")) .. " (docs/http.md lists the body shapes)"
+  return "'" .. excerpt .. "'"
+end
+
+-- The JSON error body the transcoder gives gRPC errors: INVALID_ARGUMENT with an ErrorInfo.
+local function error_body(message, reason, key, value)
   return '{"code": 3, "message": ' .. json_string(message)
-    .. ', "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "UNKNOWN_FIELD", "domain": "sie", "metadata": {"field": '
-    .. json_string(path) .. '}}]}'
+    .. ', "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "' .. reason
+    .. '", "domain": "sie", "metadata": {"' .. key .. '": ' .. json_string(value) .. '}}]}'
+end
+
+local function refusal(text, failure)
+  if type(failure) == "table" and failure.segments then
+    local outward = {}
+    for k = #failure.segments, 1, -1 do
+      outward[#outward + 1] = failure.segments[k]
+    end
+    local path = table.concat(outward):gsub("^%.", "")
+    if #path > 200 then
+      path = path:sub(1, 200) .. "..."
+    end
+    local message = "unknown field '" .. path .. "': the request has no such field; there it takes "
+      .. (failure.known:gsub(" ", ", ")) .. " (docs/http.md lists the body shapes)"
+    return error_body(message, "UNKNOWN_FIELD", "field", path)
+  end
+  local message
+  local offset
+  if type(failure) == "table" then
+    offset = failure.deep - 1
+    message = "the body nests deeper than " .. MAX_DEPTH .. " levels at byte " .. offset
+  else
+    offset = failure - 1
+    message = "the body is not strict JSON (RFC 8259) at byte " .. offset .. ": "
+      .. json_excerpt(text, failure)
+  end
+  return error_body(message .. " (docs/http.md)", "INVALID_JSON", "offset", tostring(offset))
 end
 
 function envoy_on_request(handle)
   local headers = handle:headers()
-  local content_type = headers:get("content-type") or ""
-  if content_type:find("^application/grpc") then
-    return
-  end
   local method = headers:get(":method")
   local path = (headers:get(":path") or ""):gsub("%?.*$", "")
   local message = nil
@@ -186,11 +257,19 @@ function envoy_on_request(handle)
   end
   local text = body:getBytes(0, body:length())
   local start = skip_space(text, 1)
-  if text:byte(start) ~= 123 then
-    return
+  local ended, failure
+  if text:byte(start) ~= 123 then -- the body is one object
+    failure = start
+  else
+    ended, failure = walk(text, start, message, 0)
+    if ended ~= nil then
+      ended = skip_space(text, ended)
+      if ended <= #text then
+        failure = ended
+      end
+    end
   end
-  local ended, unknown, known = walk(text, start, message, "", 0)
-  if ended == nil and unknown ~= nil then
-    handle:respond({[":status"] = "400", ["content-type"] = "application/json"}, refusal(unknown, known))
+  if failure ~= nil then
+    handle:respond({[":status"] = "400", ["content-type"] = "application/json"}, refusal(text, failure))
   end
 end

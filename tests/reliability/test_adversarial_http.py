@@ -1,0 +1,157 @@
+"""Attacks on the HTTP/JSON edge's unknown-field check (the Lua filter in front of Envoy's transcoder).
+
+The transcoder's JSON parser is more lenient than JSON, and it transcodes
+content types the filter used to skip as gRPC: each case below used to answer
+200 with a field silently dropped. A long key over a long list used to cost
+Envoy time quadratic in the body, for a caller without a token.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from test_http_edge import MEAN, Edge, running_edge
+from reliability.test_http_hostile import AUTH, TOKEN, reason
+
+ITEMS = '"items": [{"text": "a query over http"}]'
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory, etcd_server, tiny_models):
+    with running_edge(
+        tmp_path_factory.mktemp("adversarial-edge"),
+        etcd_server.endpoint,
+        tiny_models,
+        SIE_AUTH_MODE="static",
+        SIE_AUTH_TOKENS=TOKEN,
+    ) as running:
+        yield running
+
+
+def post(
+    edge: Edge,
+    body: bytes,
+    content_type: str = "application/json",
+    token: bool = True,
+    timeout_s: int = 60,
+) -> tuple[int, dict]:
+    """POST raw bytes to the encode route; with no answer within `timeout_s` the status is 0 (or 100 after `expect: 100-continue`)."""
+    command = [
+        "curl",
+        "-s",
+        "-m",
+        str(timeout_s),
+        "-X",
+        "POST",
+        "-w",
+        "\n%{http_code}",
+        "-H",
+        f"content-type: {content_type}",
+    ]
+    if token:
+        command += ["-H", f"authorization: {AUTH['authorization']}"]
+    command += ["--data-binary", "@-", f"{edge.base}/v1/encode/{MEAN}"]
+    output = subprocess.run(
+        command, input=body, capture_output=True, timeout=timeout_s + 30
+    ).stdout.decode()
+    text, _, status = output.rpartition("\n")
+    try:
+        return int(status), json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError:
+        return int(status), {"text": text}
+
+
+LENIENT = [
+    ("trailing comma in a list", "{" + ITEMS[:-1] + ',], "colour": 1}', "INVALID_JSON"),
+    (
+        "trailing comma in an object",
+        '{"items": [{"text": "x",}], "colour": 1}',
+        "INVALID_JSON",
+    ),
+    ("single quotes", "{'items': [{'text': 'x'}], 'colour': 1}", "INVALID_JSON"),
+    ("unquoted keys", '{items: [{"text": "x"}], colour: 1}', "INVALID_JSON"),
+    ("vertical tab between fields", "{" + ITEMS + ',\v"colour": 1}', "INVALID_JSON"),
+    ("vertical tab before the body", "\v{" + ITEMS + ', "colour": 1}', "INVALID_JSON"),
+    (
+        "an escaped backslash before u0069",
+        "{" + ITEMS + ', "\\\\u0069s_query": true}',
+        "UNKNOWN_FIELD",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "expected"), LENIENT, ids=[case[0] for case in LENIENT]
+)
+def test_json_the_transcoder_reads_leniently_cannot_hide_a_field(
+    edge, name, body, expected
+) -> None:
+    status, got = post(edge, body.encode())
+    assert status == 400, (name, got)
+    assert reason(got) == expected, got
+    if expected == "UNKNOWN_FIELD":
+        assert got["details"][0]["metadata"] == {"field": "\\u0069s_query"}, got
+    else:
+        offset = int(got["details"][0]["metadata"]["offset"])
+        assert 0 <= offset < len(body) and "not strict JSON" in got["message"], got
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/grpc-web", "application/grpcx", "application/grpc; charset=utf-8"],
+)
+def test_a_grpc_looking_content_type_does_not_skip_the_check(
+    edge, content_type
+) -> None:
+    """Envoy transcodes these as JSON (only application/grpc and application/grpc+... are gRPC to it)."""
+    status, got = post(edge, ("{" + ITEMS + ', "colour": 1}').encode(), content_type)
+    assert status == 400 and reason(got) == "UNKNOWN_FIELD", got
+    assert got["details"][0]["metadata"] == {"field": "colour"}
+
+
+def test_strict_json_with_escapes_passes_and_an_escaped_key_is_its_field(edge) -> None:
+    plain = post(edge, ("{" + ITEMS + ', "is_query": true}').encode())
+    escaped = post(
+        edge,
+        (
+            "{\r\n\t"
+            + ITEMS
+            + ' , "\\u0069s_\\u0071uery" : true, "options": {"s": "\\"\\\\\\u00e9\\/", "n": [-1.5e-3, 0, true, null, {}, []]}}'
+        ).encode(),
+    )
+    assert plain[0] == 200 and escaped[0] == 200, (plain, escaped)
+    np.testing.assert_array_equal(
+        escaped[1]["results"][0]["dense"]["values"],
+        plain[1]["results"][0]["dense"]["values"],
+    )
+
+
+def test_a_long_key_over_a_long_list_does_not_stall_envoy(edge) -> None:
+    """4 MB key, 100,000 list items under it, no token: the check used to copy the key's path for each
+    item (400 GB of copying, Envoy's worker busy for many minutes); it is linear now and the caller
+    gets its 401 at once."""
+    body = (
+        '{"options": {"'
+        + "k" * (4 * 2**20)
+        + '": ['
+        + ",".join(["1"] * 100_000)
+        + "]}}"
+    )
+    status, got = post(edge, body.encode(), token=False)
+    assert status == 401 and reason(got) == "MISSING_TOKEN", (status, str(got)[:300])
+
+
+def test_a_body_nested_past_the_checks_depth_is_refused_before_the_transcoder(
+    edge,
+) -> None:
+    body = "{" + ITEMS + ', "options": {"a": ' + "[" * 70 + "]" * 70 + '}, "colour": 1}'
+    status, got = post(edge, body.encode())
+    assert (
+        status == 400
+        and reason(got) == "INVALID_JSON"
+        and "deeper than 64" in got["message"]
+    ), got
