@@ -38,6 +38,7 @@ def post(
     content_type: str = "application/json",
     token: bool = True,
     timeout_s: int = 60,
+    query: str = "",
 ) -> tuple[int, dict]:
     """POST raw bytes to the encode route; with no answer within `timeout_s` the status is 0 (or 100 after `expect: 100-continue`)."""
     command = [
@@ -54,7 +55,7 @@ def post(
     ]
     if token:
         command += ["-H", f"authorization: {AUTH['authorization']}"]
-    command += ["--data-binary", "@-", f"{edge.base}/v1/encode/{MEAN}"]
+    command += ["--data-binary", "@-", f"{edge.base}/v1/encode/{MEAN}{query}"]
     output = subprocess.run(
         command, input=body, capture_output=True, timeout=timeout_s + 30
     ).stdout.decode()
@@ -155,3 +156,21 @@ def test_a_body_nested_past_the_checks_depth_is_refused_before_the_transcoder(
         and reason(got) == "INVALID_JSON"
         and "deeper than 64" in got["message"]
     ), got
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ("?dims=8", "dims"),
+        ("?model=test/tiny-splade", "model"),
+        ("?is_query=false&x=1", "is_query"),
+    ],
+)
+def test_a_query_string_on_a_body_route_is_refused_naming_it(
+    edge, query, parameter
+) -> None:
+    """The transcoder also reads fields from the query string: `?dims=8` was dropped under the body's
+    `dims`, and `?model=` replaced the path's model."""
+    status, got = post(edge, ("{" + ITEMS + ', "dims": 16}').encode(), query=query)
+    assert status == 400 and reason(got) == "QUERY_NOT_ALLOWED", got
+    assert got["details"][0]["metadata"] == {"parameter": parameter}

@@ -18,6 +18,10 @@
 --                   message name, or {map = false | a message name}},
 --                   known = its fields' proto names, space-separated}
 -- ROUTES = {{method, Lua pattern of the path, message name of the body}, ...}
+--
+-- A query string on those routes is refused as well (400 QUERY_NOT_ALLOWED):
+-- the transcoder would read fields from it too, the path's model overridden by
+-- `?model=` and a `?dims=` dropped under the body's `dims`.
 
 local MAX_DEPTH = 64
 -- the longest key a refusal quotes (the whole path is cut at 200 too)
@@ -240,7 +244,7 @@ end
 function envoy_on_request(handle)
   local headers = handle:headers()
   local method = headers:get(":method")
-  local path = (headers:get(":path") or ""):gsub("%?.*$", "")
+  local path, query = (headers:get(":path") or ""):match("^([^?]*)%??(.*)$")
   local message = nil
   for _, route in ipairs(ROUTES) do
     if route[1] == method and path:find(route[2]) then
@@ -249,6 +253,14 @@ function envoy_on_request(handle)
     end
   end
   if message == nil then
+    return
+  end
+  if query ~= "" then
+    -- The transcoder would set fields from it too, over the path's model or under the body's value.
+    local name = query:match("^[^&=]*"):sub(1, 200)
+    local refused = "query parameter '" .. name .. "': on this route every field travels in the JSON body (docs/http.md)"
+    handle:respond({[":status"] = "400", ["content-type"] = "application/json"},
+      error_body(refused, "QUERY_NOT_ALLOWED", "parameter", name))
     return
   end
   local body = handle:body()
