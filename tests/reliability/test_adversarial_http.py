@@ -39,8 +39,9 @@ def post(
     token: bool = True,
     timeout_s: int = 60,
     query: str = "",
+    path: str = f"/v1/encode/{MEAN}",
 ) -> tuple[int, dict]:
-    """POST raw bytes to the encode route; with no answer within `timeout_s` the status is 0 (or 100 after `expect: 100-continue`)."""
+    """POST raw bytes (to the encode route unless `path` says otherwise); with no answer within `timeout_s` the status is 0 (or 100 after `expect: 100-continue`)."""
     command = [
         "curl",
         "-s",
@@ -55,7 +56,7 @@ def post(
     ]
     if token:
         command += ["-H", f"authorization: {AUTH['authorization']}"]
-    command += ["--data-binary", "@-", f"{edge.base}/v1/encode/{MEAN}{query}"]
+    command += ["--data-binary", "@-", f"{edge.base}{path}{query}"]
     output = subprocess.run(
         command, input=body, capture_output=True, timeout=timeout_s + 30
     ).stdout.decode()
@@ -174,3 +175,26 @@ def test_a_query_string_on_a_body_route_is_refused_naming_it(
     status, got = post(edge, ("{" + ITEMS + ', "dims": 16}').encode(), query=query)
     assert status == 400 and reason(got) == "QUERY_NOT_ALLOWED", got
     assert got["details"][0]["metadata"] == {"parameter": parameter}
+
+
+def test_a_percent_encoded_slash_in_a_model_id_is_the_slash(edge) -> None:
+    """`encodeURIComponent(model)` writes `test%2Ftiny-mean`: the transcoder kept `%2F` as it came."""
+    described = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "-H",
+            f"authorization: {AUTH['authorization']}",
+            f"{edge.base}/v1/models/{MEAN.replace('/', '%2F')}",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert json.loads(described)["id"] == MEAN, described[:300]
+    status, got = post(
+        edge,
+        ("{" + ITEMS + "}").encode(),
+        path=f"/v1/encode/{MEAN.replace('/', '%2F')}",
+    )
+    assert status == 200 and got["model"] == MEAN, got

@@ -67,6 +67,8 @@ def render(
         **source,
         "services": list(SERVICES),
         "convert_grpc_status": True,
+        # A model id's slash may come percent-encoded (`test%2Ftiny-mean`, as encodeURIComponent writes it).
+        "url_unescape_spec": "ALL_CHARACTERS",
         "print_options": {"preserve_proto_field_names": True, "always_print_primitive_fields": True},
         "max_request_body_size": max_request_bytes,
         "max_response_body_size": max_response_bytes,
