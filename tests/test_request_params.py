@@ -259,3 +259,16 @@ def test_score_keeps_an_is_query_option_it_has_no_field_for() -> None:
             ),
             BOUNDS,
         )
+
+
+def test_an_option_key_set_to_null_is_not_given(stub) -> None:
+    """`options={"lora": None, "is_query": None}` (an integration passing its defaults on) is the plain
+    request, as `"lora": null` in the body is; it used to be INVALID_OPTIONS."""
+    nulls = struct(
+        {key: None for key in ("is_query", "lora", "instruction", "profile")}
+    )
+    np.testing.assert_array_equal(encode(stub, options=nulls), encode(stub))
+    merged = merged_request(
+        inference_pb2.EncodeRequest(model=MEAN, is_query=True, options=nulls), BOUNDS
+    )
+    assert merged.is_query and not merged.options.fields

@@ -7,7 +7,9 @@ own fields, so everything after it (bounds, routing, the batch key) reads one
 place: equal requests compare equal however they were written. A parameter
 given in two places with different values is INVALID_ARGUMENT
 (`CONFLICTING_OPTIONS`) naming both; a field left at its default counts as not
-given (proto3 cannot tell `false` from unset on a plain field).
+given (proto3 cannot tell `false` from unset on a plain field), and so does
+such an option key set to null (`options={"lora": None}`), as null does
+for the field.
 
 The gateway and the worker both apply it; a merged request has no `params` and
 none of those option keys, so applying it twice changes nothing.
@@ -82,6 +84,9 @@ def _fold_option(request: Any, key: str, given: dict[str, tuple[Any, str]]) -> N
     value: Any = request.options.fields[key]
     expected = OPTION_FIELDS[key]
     kind = value.WhichOneof("kind")
+    if kind == "null_value":  # not given, as JSON null is for the field itself
+        del request.options.fields[key]
+        return
     if expected is bool and kind == "bool_value":
         value = value.bool_value
     elif expected is str and kind == "string_value":
