@@ -11,8 +11,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import grpc
 import numpy as np
 import pytest
+
+from grpc_helpers import error_reason
+from sie.v1 import inference_pb2, inference_pb2_grpc
 
 from test_http_edge import MEAN, Edge, running_edge
 from reliability.test_http_hostile import AUTH, TOKEN, reason
@@ -198,3 +202,42 @@ def test_a_percent_encoded_slash_in_a_model_id_is_the_slash(edge) -> None:
         path=f"/v1/encode/{MEAN.replace('/', '%2F')}",
     )
     assert status == 200 and got["model"] == MEAN, got
+
+
+def test_a_model_name_over_its_bound_is_refused_before_an_error_quotes_it(edge) -> None:
+    """DescribeModel and GetModel quoted any name back, twice: 100 kB of name broke the answer's
+    trailers (the client read RESOURCE_EXHAUSTED "received metadata size exceeds hard limit")."""
+    described = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            f"authorization: {AUTH['authorization']}",
+            f"{edge.base}/v1/models/{'a' * 300}",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout.decode()
+    text, _, status = described.rpartition("\n")
+    assert status == "400" and reason(json.loads(text)) == "NAME_TOO_LONG", described[
+        :300
+    ]
+    metadata = (("authorization", AUTH["authorization"]),)
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for call, request in [
+            (
+                stub.DescribeModel,
+                inference_pb2.DescribeModelRequest(model="a" * 100_000),
+            ),
+            (stub.GetModel, inference_pb2.GetModelRequest(model="a" * 100_000)),
+        ]:
+            with pytest.raises(grpc.RpcError) as raised:
+                call(request, metadata=metadata, timeout=30)
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (
+                raised.value.details()
+            )
+            assert error_reason(raised.value) == "NAME_TOO_LONG"

@@ -21,7 +21,7 @@ from sie_common.auth import bearer_token
 from sie_common import openai_embeddings
 from sie_common.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
-from sie_common.request_bounds import RequestBounds, check_request
+from sie_common.request_bounds import RequestBounds, check_name, check_request
 from sie_common.request_params import merged_request
 from sie_common.request_metrics import status_code
 from sie_common.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
@@ -103,10 +103,10 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.ListModelsResponse(models=models)
 
     async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
-        return inference_pb2.GetModelResponse(model=await self._guarded(context, lambda: self._describe(request.model)))
+        return inference_pb2.GetModelResponse(model=await self._guarded(context, lambda: self._describe_named(request.model)))
 
     async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
-        return await self._guarded(context, lambda: self._describe(request.model))
+        return await self._guarded(context, lambda: self._describe_named(request.model))
 
     async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
         token = bearer_token(context.invocation_metadata())
@@ -239,6 +239,11 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                 metadata={"model": model},
             )
         return config
+
+    def _describe_named(self, model_id: str) -> inference_pb2.Model:
+        """The model a caller named: the name within SIE_MAX_NAME_BYTES before an error quotes it."""
+        check_name("model", model_id, self._bounds)
+        return self._describe(model_id)
 
     def _describe(self, model_id: str) -> inference_pb2.Model:
         config = self._config(model_id)

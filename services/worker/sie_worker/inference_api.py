@@ -349,6 +349,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
         try:
+            _require_model(request.model, self._limits)
             return self._engine.registry.describe(request.model)
         except SieError as error:
             await abort(context, error)
