@@ -241,3 +241,22 @@ def test_a_model_name_over_its_bound_is_refused_before_an_error_quotes_it(edge) 
                 raised.value.details()
             )
             assert error_reason(raised.value) == "NAME_TOO_LONG"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (f"/v1/encode/{MEAN}", '{"model": "test/tiny-splade", ' + ITEMS + "}", "model"),
+        ("/v1/pools/p/renew", '{"name": "someone-elses"}', "name"),
+    ],
+    ids=["encode model", "renewed pool"],
+)
+def test_a_body_field_the_path_binds_is_refused(edge, path, body, field) -> None:
+    """The transcoder let the body override the path: POST /v1/encode/a with {"model": "b"} encoded with
+    b, and POST /v1/pools/p/renew with {"name": "q"} renewed q."""
+    status, got = post(edge, body.encode(), path=path)
+    assert status == 400 and reason(got) == "FIELD_IN_PATH", got
+    assert (
+        got["details"][0]["metadata"] == {"field": field}
+        and "given by the path" in got["message"]
+    )

@@ -33,7 +33,7 @@ from google.protobuf import descriptor_pb2
 
 from sie_common.errors import ERROR_DOMAIN
 from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
-from sie_stack.unknown_fields import lua_filter, template_parts
+from sie_stack.unknown_fields import lua_filter, template_fields, template_parts
 
 SERVICES = ("sie.v1.Inference", "sie.v1.ConfigService")
 LIVENESS_PATHS = ("/health", "/healthz")
@@ -193,17 +193,19 @@ def _http_bindings(files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str,
     return bindings
 
 
-def _body_routes(files: list[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str]]:
-    """(HTTP method, path template, the body's message) of each rule that takes a body."""
+def _body_routes(files: list[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str, list[str]]]:
+    """(HTTP method, path template, the body's message, the fields of it the path binds) of each rule that takes a body."""
     messages = {f"{file.package}.{message.name}": message for file in files for message in file.message_type}
     routes = []
     for method, verb, template, body in _http_rules(files):
         if not body:
             continue
         message = method.input_type.lstrip(".")
+        in_path = template_fields(template)
         if body != "*":
             message = next(f for f in messages[message].field if f.name == body).type_name.lstrip(".")
-        routes.append((verb, template, message))
+            in_path = []
+        routes.append((verb, template, message, in_path))
     return routes
 
 

@@ -16,7 +16,9 @@
 --
 -- MESSAGES[name] = {fields = {[json name] = false (scalar or free-form), a
 --                   message name, or {map = false | a message name}},
---                   known = its fields' proto names, space-separated}
+--                   known = its fields' proto names, space-separated,
+--                   in_path = the keys the route's path binds (a body's root only:
+--                   the transcoder would let the body override the path)}
 -- ROUTES = {{method, Lua pattern of the path, message name of the body}, ...}
 --
 -- A query string on those routes is refused as well (400 QUERY_NOT_ALLOWED):
@@ -104,7 +106,7 @@ local function walk_object(s, i, schema, depth)
     if checked then
       child = schema.fields[key]
       if child == nil then
-        return nil, {segments = {key_segment(key)}, known = schema.known}
+        return nil, {segments = {key_segment(key)}, known = schema.known, in_path = schema.in_path ~= nil and schema.in_path[key]}
       end
     elseif schema ~= nil then
       child = schema.map
@@ -224,8 +226,13 @@ local function refusal(text, failure)
     if #path > 200 then
       path = path:sub(1, 200) .. "..."
     end
-    local message = "unknown field '" .. path .. "': the request has no such field; there it takes "
-      .. (failure.known:gsub(" ", ", ")) .. " (docs/http.md lists the body shapes)"
+    local fields = failure.known == "" and "no fields" or failure.known:gsub(" ", ", ")
+    local takes = fields .. " (docs/http.md lists the body shapes)"
+    if failure.in_path then
+      return error_body("field '" .. path .. "' is given by the path; leave it out of the body, which takes "
+        .. takes, "FIELD_IN_PATH", "field", path)
+    end
+    local message = "unknown field '" .. path .. "': the request has no such field; there it takes " .. takes
     return error_body(message, "UNKNOWN_FIELD", "field", path)
   end
   local message

@@ -9,7 +9,7 @@ written into the Lua source as two tables, so the check follows `proto/`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -27,27 +27,34 @@ def template_parts(template: str) -> list[str]:
     return [part for part in re.split(r"(\*\*|\*)", template) if part]
 
 
+def template_fields(template: str) -> list[str]:
+    """The fields a google.api.http path template binds (`{model=**}` binds `model`)."""
+    return re.findall(r"\{([^}=]+)", template)
+
+
 def lua_filter(
     files: Iterable[descriptor_pb2.FileDescriptorProto],
-    routes: Iterable[tuple[str, str, str]],
+    routes: Iterable[tuple[str, str, str, list[str]]],
 ) -> dict[str, Any]:
-    """The Lua HTTP filter for `routes`: (HTTP method, path template, full name of the body's message)."""
+    """The Lua HTTP filter for `routes`: (HTTP method, path template, full name of the body's message,
+    the fields of that message its path binds, which the body must then leave out)."""
     routes = list(routes)
     messages = _messages(files)
-    reachable = _reachable(messages, [message for _, _, message in routes])
+    reachable = _reachable(messages, [message for _, _, message, _ in routes])
     lines = ["MESSAGES = {}"]
     for name in sorted(reachable):
-        fields = ", ".join(
-            f"[{_lua_string(key)}] = {value}" for key, value in _fields(messages, name)
+        lines.append(_lua_message(messages, name, name))
+    route_rows = []
+    for method, template, message, in_path in routes:
+        root = message
+        if in_path:
+            # The transcoder lets a body field override the path's (`model`, a pool's `name`).
+            root = f"{message} without {' '.join(in_path)}"
+            lines.append(_lua_message(messages, message, root, in_path))
+        route_rows.append(
+            f"{{{_lua_string(method)}, {_lua_string(_lua_pattern(template))}, {_lua_string(root)}}}"
         )
-        known = _lua_string(" ".join(field.name for field in messages[name].field))
-        lines.append(
-            f"MESSAGES[{_lua_string(name)}] = {{fields = {{{fields}}}, known = {known}}}"
-        )
-    route_rows = ", ".join(
-        f"{{{_lua_string(method)}, {_lua_string(_lua_pattern(template))}, {_lua_string(message)}}}"
-        for method, template, message in routes
-    )
+    route_rows = ", ".join(route_rows)
     lines.append(f"ROUTES = {{{route_rows}}}")
     source = (
         "\n".join(lines)
@@ -61,6 +68,39 @@ def lua_filter(
             "default_source_code": {"inline_string": source},
         },
     }
+
+
+def _lua_message(
+    messages: dict[str, descriptor_pb2.DescriptorProto],
+    name: str,
+    entry: str,
+    in_path: Sequence[str] = (),
+) -> str:
+    """`MESSAGES[entry] = ...` for message `name`, its fields in `in_path` set apart as given by the path."""
+    path_keys = {
+        key
+        for field in messages[name].field
+        if field.name in in_path
+        for key in (field.name, field.json_name or field.name)
+    }
+    fields = ", ".join(
+        f"[{_lua_string(key)}] = {value}"
+        for key, value in _fields(messages, name)
+        if key not in path_keys
+    )
+    known = _lua_string(
+        " ".join(
+            field.name for field in messages[name].field if field.name not in in_path
+        )
+    )
+    row = f"MESSAGES[{_lua_string(entry)}] = {{fields = {{{fields}}}, known = {known}"
+    if path_keys:
+        row += (
+            ", in_path = {"
+            + ", ".join(f"[{_lua_string(key)}] = true" for key in sorted(path_keys))
+            + "}"
+        )
+    return row + "}"
 
 
 def _messages(
