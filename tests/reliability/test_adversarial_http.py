@@ -260,3 +260,37 @@ def test_a_body_field_the_path_binds_is_refused(edge, path, body, field) -> None
         got["details"][0]["metadata"] == {"field": field}
         and "given by the path" in got["message"]
     )
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "parameter"),
+    [
+        ("DELETE", "/v1/pools/p?name=q", "name"),
+        ("GET", f"/v1/models/{MEAN}?model=test/tiny-ner", "model"),
+        ("GET", "/v1/models?page=2", "page"),
+    ],
+)
+def test_a_query_string_on_a_route_without_a_body_is_refused_naming_it(
+    edge, method, path, parameter
+) -> None:
+    """DELETE /v1/pools/p?name=q deleted pool q; an unknown parameter was a misleading 404 ROUTE_NOT_FOUND."""
+    output = subprocess.run(
+        [
+            "curl",
+            "-s",
+            "-X",
+            method,
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            f"authorization: {AUTH['authorization']}",
+            edge.base + path,
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    ).stdout.decode()
+    text, _, status = output.rpartition("\n")
+    got = json.loads(text)
+    assert status == "400" and reason(got) == "QUERY_NOT_ALLOWED", output[:300]
+    assert got["details"][0]["metadata"] == {"parameter": parameter}

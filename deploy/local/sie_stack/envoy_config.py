@@ -115,7 +115,7 @@ def _http_connection_manager(transcoder: dict[str, Any], files: list[descriptor_
             },
             "http_filters": [
                 _readiness(),
-                lua_filter(files, _body_routes(files)),
+                lua_filter(files, _checked_routes(files)),
                 {
                     "name": "envoy.filters.http.grpc_json_transcoder",
                     "typed_config": {
@@ -193,12 +193,13 @@ def _http_bindings(files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str,
     return bindings
 
 
-def _body_routes(files: list[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str, list[str]]]:
-    """(HTTP method, path template, the body's message, the fields of it the path binds) of each rule that takes a body."""
+def _checked_routes(files: list[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str, list[str]]]:
+    """(HTTP method, path template, the body's message or "" for none, the fields of it the path binds) of each rule."""
     messages = {f"{file.package}.{message.name}": message for file in files for message in file.message_type}
     routes = []
     for method, verb, template, body in _http_rules(files):
         if not body:
+            routes.append((verb, template, "", []))
             continue
         message = method.input_type.lstrip(".")
         in_path = template_fields(template)

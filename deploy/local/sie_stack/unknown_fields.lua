@@ -19,11 +19,13 @@
 --                   known = its fields' proto names, space-separated,
 --                   in_path = the keys the route's path binds (a body's root only:
 --                   the transcoder would let the body override the path)}
--- ROUTES = {{method, Lua pattern of the path, message name of the body}, ...}
+-- ROUTES = {{method, Lua pattern of the path, message name of the body or ""}, ...}
 --
--- A query string on those routes is refused as well (400 QUERY_NOT_ALLOWED):
--- the transcoder would read fields from it too, the path's model overridden by
--- `?model=` and a `?dims=` dropped under the body's `dims`.
+-- A query string on any contract route is refused as well (400
+-- QUERY_NOT_ALLOWED): the transcoder would read fields from it too, the path's
+-- model or pool overridden by `?model=` / `?name=` (DELETE /v1/pools/p?name=q
+-- deleted q) and a `?dims=` dropped under the body's `dims`. ROUTES then lists
+-- every route, a body's message "" where it has none.
 
 local MAX_DEPTH = 64
 -- the longest key a refusal quotes (the whole path is cut at 200 too)
@@ -265,9 +267,13 @@ function envoy_on_request(handle)
   if query ~= "" then
     -- The transcoder would set fields from it too, over the path's model or under the body's value.
     local name = query:match("^[^&=]*"):sub(1, 200)
-    local refused = "query parameter '" .. name .. "': on this route every field travels in the JSON body (docs/http.md)"
+    local refused = "query parameter '" .. name
+      .. "': no route takes one; fields travel in the path or the JSON body (docs/http.md)"
     handle:respond({[":status"] = "400", ["content-type"] = "application/json"},
       error_body(refused, "QUERY_NOT_ALLOWED", "parameter", name))
+    return
+  end
+  if message == "" then
     return
   end
   local body = handle:body()

@@ -36,11 +36,14 @@ def lua_filter(
     files: Iterable[descriptor_pb2.FileDescriptorProto],
     routes: Iterable[tuple[str, str, str, list[str]]],
 ) -> dict[str, Any]:
-    """The Lua HTTP filter for `routes`: (HTTP method, path template, full name of the body's message,
-    the fields of that message its path binds, which the body must then leave out)."""
+    """The Lua HTTP filter for `routes`: (HTTP method, path template, full name of the body's message or
+    "" for a route without a body, the fields of that message its path binds, which the body must then
+    leave out). No route takes a query string."""
     routes = list(routes)
     messages = _messages(files)
-    reachable = _reachable(messages, [message for _, _, message, _ in routes])
+    reachable = _reachable(
+        messages, [message for _, _, message, _ in routes if message]
+    )
     lines = ["MESSAGES = {}"]
     for name in sorted(reachable):
         lines.append(_lua_message(messages, name, name))
