@@ -294,3 +294,23 @@ def test_a_query_string_on_a_route_without_a_body_is_refused_naming_it(
     got = json.loads(text)
     assert status == "400" and reason(got) == "QUERY_NOT_ALLOWED", output[:300]
     assert got["details"][0]["metadata"] == {"parameter": parameter}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ("{" + ITEMS + ', "is_query": true, "isQuery": false}', "isQuery"),
+        (
+            "{" + ITEMS + ', "params": {"dims": 8}, "params": {"is_query": true}}',
+            "params",
+        ),
+        ('{"items": [{"text": "x", "text": "y"}]}', "items[0].text"),
+    ],
+    ids=["both spellings", "params twice", "in an item"],
+)
+def test_a_field_given_twice_is_refused_naming_it(edge, body, field) -> None:
+    """The transcoder kept one of the values without a word (`is_query: true, isQuery: false`
+    embedded a document)."""
+    status, got = post(edge, body.encode())
+    assert status == 400 and reason(got) == "DUPLICATE_FIELD", got
+    assert got["details"][0]["metadata"] == {"field": field}

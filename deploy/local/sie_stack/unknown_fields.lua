@@ -17,6 +17,9 @@
 -- MESSAGES[name] = {fields = {[json name] = false (scalar or free-form), a
 --                   message name, or {map = false | a message name}},
 --                   known = its fields' proto names, space-separated,
+--                   proto = {[JSON name] = proto name} where they differ (a
+--                   field given twice, under either name, is refused: the
+--                   transcoder keeps one value without a word),
 --                   in_path = the keys the route's path binds (a body's root only:
 --                   the transcoder would let the body override the path)}
 -- ROUTES = {{method, Lua pattern of the path, message name of the body or ""}, ...}
@@ -94,6 +97,7 @@ local function walk_object(s, i, schema, depth)
     return i + 1
   end
   local checked = schema ~= nil and schema.fields ~= nil
+  local seen = checked and {} or nil -- proto names given so far
   while true do
     if s:byte(i) ~= 34 then
       return nil, i
@@ -110,6 +114,11 @@ local function walk_object(s, i, schema, depth)
       if child == nil then
         return nil, {segments = {key_segment(key)}, known = schema.known, in_path = schema.in_path ~= nil and schema.in_path[key]}
       end
+      local name = schema.proto[key] or key
+      if seen[name] then
+        return nil, {segments = {key_segment(key)}, known = schema.known, duplicate = true}
+      end
+      seen[name] = true
     elseif schema ~= nil then
       child = schema.map
     end
@@ -230,6 +239,10 @@ local function refusal(text, failure)
     end
     local fields = failure.known == "" and "no fields" or failure.known:gsub(" ", ", ")
     local takes = fields .. " (docs/http.md lists the body shapes)"
+    if failure.duplicate then
+      return error_body("field '" .. path .. "' is given twice (under its proto or its JSON name); give it once",
+        "DUPLICATE_FIELD", "field", path)
+    end
     if failure.in_path then
       return error_body("field '" .. path .. "' is given by the path; leave it out of the body, which takes "
         .. takes, "FIELD_IN_PATH", "field", path)

@@ -96,7 +96,13 @@ def _lua_message(
             field.name for field in messages[name].field if field.name not in in_path
         )
     )
-    row = f"MESSAGES[{_lua_string(entry)}] = {{fields = {{{fields}}}, known = {known}"
+    # a JSON name -> the proto name, so a field given under both counts twice
+    proto = ", ".join(
+        f"[{_lua_string(field.json_name)}] = {_lua_string(field.name)}"
+        for field in messages[name].field
+        if field.json_name and field.json_name != field.name
+    )
+    row = f"MESSAGES[{_lua_string(entry)}] = {{fields = {{{fields}}}, known = {known}, proto = {{{proto}}}"
     if path_keys:
         row += (
             ", in_path = {"
