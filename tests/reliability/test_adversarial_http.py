@@ -314,3 +314,27 @@ def test_a_field_given_twice_is_refused_naming_it(edge, body, field) -> None:
     status, got = post(edge, body.encode())
     assert status == 400 and reason(got) == "DUPLICATE_FIELD", got
     assert got["details"][0]["metadata"] == {"field": field}
+
+
+def test_a_pool_name_no_pool_can_have_is_refused_without_quoting_it_whole(edge) -> None:
+    """GetPool, DeletePool and RenewPool quoted any name back twice in their NOT_FOUND: 100 kB of name
+    made trailers the client refuses (it read RESOURCE_EXHAUSTED, a retryable status), and etcd was asked
+    for the key first."""
+    metadata = (("authorization", AUTH["authorization"]),)
+    name = "a" * 100_000
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for call, request in [
+            (stub.GetPool, inference_pb2.GetPoolRequest(name=name)),
+            (stub.DeletePool, inference_pb2.DeletePoolRequest(name=name)),
+            (stub.RenewPool, inference_pb2.RenewPoolRequest(name=name)),
+        ]:
+            with pytest.raises(grpc.RpcError) as raised:
+                call(request, metadata=metadata, timeout=30)
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (
+                raised.value.details()
+            )
+            assert (
+                error_reason(raised.value) == "INVALID_POOL_NAME"
+                and len(raised.value.details()) < 300
+            )

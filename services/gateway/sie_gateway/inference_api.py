@@ -40,7 +40,7 @@ from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher, NoWorker
 from sie_gateway.metrics import REQUESTS
-from sie_gateway.pools import PoolManager
+from sie_gateway.pools import PoolManager, check_pool_name
 from sie_gateway.routing import eligible_workers
 from sie_gateway.settings import GatewaySettings
 
@@ -193,6 +193,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             )
         profile = headers.get(MACHINE_PROFILE_HEADER, "")
         pool = headers.get(POOL_HEADER, "")
+        if pool:
+            check_pool_name(pool)
         if pool and pool not in self._view.pools and not any(w.pool == pool for w in self._view.workers.values()):
             raise NotFound(f"pool {pool!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": pool})
 

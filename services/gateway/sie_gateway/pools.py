@@ -28,7 +28,7 @@ from sie_common.etcd import Etcd
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.settings import GatewaySettings
 
-_POOL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_POOL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 # A creation or renewal that lost a race with another write to the pools reads them again, this many times.
 _WRITE_ATTEMPTS = 3
 
@@ -45,6 +45,16 @@ def _check_owner(record: PoolRecord, token: str | None, action: str) -> None:
             f"pool {record.name!r} was created with another token; only that token may {action} it",
             reason="POOL_NOT_OWNED",
             metadata={"pool": record.name},
+        )
+
+
+def check_pool_name(name: str) -> None:
+    """INVALID_POOL_NAME unless `name` is 1-63 of [a-z0-9._-]: before etcd is asked, and quoting at most 80
+    characters of it (an error quoting a whole 50 kB name is trailers no client reads)."""
+    if not _POOL_NAME.fullmatch(name):
+        shown = name if len(name) <= 80 else name[:80] + "..."
+        raise InvalidArgument(
+            f"pool name {shown!r} must be 1-63 lowercase letters, digits, '.', '_' or '-'", reason="INVALID_POOL_NAME"
         )
 
 
@@ -66,10 +76,7 @@ class PoolManager:
                 "creating resource pools is turned off on this gateway (the operator sets SIE_POOLS_ENABLED=true)",
                 reason="POOLS_DISABLED",
             )
-        if not _POOL_NAME.match(name):
-            raise InvalidArgument(
-                f"pool name {name!r} must be 1-63 lowercase letters, digits, '.', '_' or '-'", reason="INVALID_POOL_NAME"
-            )
+        check_pool_name(name)
         if not gpus or any(count <= 0 for count in gpus.values()):
             raise InvalidArgument("gpus: give at least one machine profile with a positive worker count", reason="INVALID_POOL_GPUS")
         if bundle and bundle not in self._view.bundles:
@@ -128,6 +135,7 @@ class PoolManager:
 
     async def renew(self, name: str, token: str | None = None) -> inference_pb2.Pool:
         """Refresh the lease and top up missing workers (saved in etcd); only the pool's owner may."""
+        check_pool_name(name)
         key = self._etcd.key(POOLS + name)
         for _ in range(_WRITE_ATTEMPTS):
             entry = await self._etcd.get(POOLS + name)
@@ -150,6 +158,7 @@ class PoolManager:
 
     async def delete(self, name: str, token: str | None = None) -> None:
         """Release the pool's workers; only its owner may."""
+        check_pool_name(name)
         entry = await self._etcd.get(POOLS + name)
         if entry is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})
@@ -158,6 +167,7 @@ class PoolManager:
         await self._etcd.revoke_lease(record.lease)
 
     def get(self, name: str) -> inference_pb2.Pool:
+        check_pool_name(name)
         record = self._view.pools.get(name)
         if record is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})
