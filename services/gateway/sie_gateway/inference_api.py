@@ -21,7 +21,7 @@ from sie_common.auth import bearer_token
 from sie_common import openai_embeddings
 from sie_common.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
-from sie_common.request_bounds import RequestBounds, check_request
+from sie_common.request_bounds import RequestBounds, check_name, check_request
 from sie_common.request_metrics import status_code
 from sie_common.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
 from sie_common.errors import (
@@ -187,6 +187,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             )
         profile = headers.get(MACHINE_PROFILE_HEADER, "")
         pool = headers.get(POOL_HEADER, "")
+        check_name(MACHINE_PROFILE_HEADER, profile, self._bounds)
+        check_name(POOL_HEADER, pool, self._bounds)
         if pool and pool not in self._view.pools and not any(w.pool == pool for w in self._view.workers.values()):
             raise NotFound(f"pool {pool!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": pool})
 

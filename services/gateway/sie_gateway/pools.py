@@ -25,6 +25,7 @@ from sie.v1 import inference_pb2
 from sie_common.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
 from sie_common.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from sie_common.etcd import Etcd
+from sie_common.request_bounds import RequestBounds, check_name
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.settings import GatewaySettings
 
@@ -54,6 +55,7 @@ class PoolManager:
         self._view = view
         self._settings = settings
         self._quotas = {pool_owner(token): workers for token, workers in settings.token_pool_quotas().items()}
+        self._bounds = RequestBounds(**RequestBounds.fields_from(settings))
 
     async def create(
         self, name: str, gpus: Mapping[str, int], ttl_s: int, token: str | None = None, bundle: str = ""
@@ -66,6 +68,11 @@ class PoolManager:
                 "creating resource pools is turned off on this gateway (the operator sets SIE_POOLS_ENABLED=true)",
                 reason="POOLS_DISABLED",
             )
+        # Before anything echoes them: a name too long for an error's trailers would lose the error.
+        check_name("name", name, self._bounds)
+        check_name("bundle", bundle, self._bounds)
+        for profile in gpus:
+            check_name("gpus", profile, self._bounds)
         if not _POOL_NAME.match(name):
             raise InvalidArgument(
                 f"pool name {name!r} must be 1-63 lowercase letters, digits, '.', '_' or '-'", reason="INVALID_POOL_NAME"
@@ -128,6 +135,7 @@ class PoolManager:
 
     async def renew(self, name: str, token: str | None = None) -> inference_pb2.Pool:
         """Refresh the lease and top up missing workers (saved in etcd); only the pool's owner may."""
+        check_name("name", name, self._bounds)
         key = self._etcd.key(POOLS + name)
         for _ in range(_WRITE_ATTEMPTS):
             entry = await self._etcd.get(POOLS + name)
@@ -150,6 +158,7 @@ class PoolManager:
 
     async def delete(self, name: str, token: str | None = None) -> None:
         """Release the pool's workers; only its owner may."""
+        check_name("name", name, self._bounds)
         entry = await self._etcd.get(POOLS + name)
         if entry is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})
@@ -158,6 +167,7 @@ class PoolManager:
         await self._etcd.revoke_lease(record.lease)
 
     def get(self, name: str) -> inference_pb2.Pool:
+        check_name("name", name, self._bounds)
         record = self._view.pools.get(name)
         if record is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})

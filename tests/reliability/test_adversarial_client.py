@@ -1,0 +1,66 @@
+"""Adversarial use of the client's surface (issue 22) against real processes on loopback: pools with a bundle,
+routing headers and names long enough that an error echoing them would not fit in its trailers.
+
+Each case asserts the exact status and reason, and that the stack still answers a known request after it.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from grpc_helpers import error_info, error_reason
+from local_cluster import gateway_model, wait_until
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+
+MEAN = "test/tiny-mean"
+# Longer than the 16 KiB of trailers a grpc client takes: an error that echoed it would reach the caller as
+# RESOURCE_EXHAUSTED "Stream removed", its status and reason lost.
+LONG = 20_000
+
+
+def encode_request(text: str) -> inference_pb2.EncodeRequest:
+    return inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text=text)])
+
+
+def refusal(call) -> grpc.RpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(grpc.RpcError) as refused:
+        call()
+    return refused.value
+
+
+def test_pool_names_bundles_profiles_and_routing_headers_are_bounded_before_they_are_echoed(cluster, reliability_report) -> None:
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", SIE_POOL_MAX_WORKERS="3", SIE_POOL_QUOTA_WORKERS="3")
+    long = "b" * LONG
+    cases = {
+        "CreatePool, a long bundle": lambda stub: stub.CreatePool(
+            inference_pb2.CreatePoolRequest(name="p", gpus={"default": 1}, bundle=long), timeout=30
+        ),
+        "CreatePool, a long name": lambda stub: stub.CreatePool(inference_pb2.CreatePoolRequest(name=long, gpus={"default": 1}), timeout=30),
+        # 2 MB: more than etcd takes in one request (it was written there, and failed as UNKNOWN).
+        "CreatePool, a 2 MB machine profile": lambda stub: stub.CreatePool(
+            inference_pb2.CreatePoolRequest(name="p", gpus={"g" * 2_000_000: 1}), timeout=30
+        ),
+        "CreatePool, a 1 KB machine profile": lambda stub: stub.CreatePool(
+            inference_pb2.CreatePoolRequest(name="p", gpus={"g" * 1000: 1}), timeout=30
+        ),
+        "GetPool, a long name": lambda stub: stub.GetPool(inference_pb2.GetPoolRequest(name=long), timeout=30),
+        "RenewPool, a long name": lambda stub: stub.RenewPool(inference_pb2.RenewPoolRequest(name=long), timeout=30),
+        "DeletePool, a long name": lambda stub: stub.DeletePool(inference_pb2.DeletePoolRequest(name=long), timeout=30),
+        "Encode, a long x-sie-pool": lambda stub: stub.Encode(encode_request("x"), metadata=(("x-sie-pool", "p" * 7000),), timeout=30),
+        "Encode, a long x-sie-machine-profile": lambda stub: stub.Encode(
+            encode_request("x"), metadata=(("x-sie-machine-profile", "p" * 7000),), timeout=30
+        ),
+    }
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["w1"], what="worker registered")
+        for name, call in cases.items():
+            refused = refusal(lambda call=call: call(stub))
+            reliability_report.add("adversarial client", name, status=refused.code().name, reason=error_reason(refused))
+            assert (refused.code(), error_reason(refused)) == (grpc.StatusCode.INVALID_ARGUMENT, "NAME_TOO_LONG"), name
+            assert error_info(refused).metadata["setting"] == "SIE_MAX_NAME_BYTES"
+        # Nothing was reserved on the way, and the stack still serves.
+        assert not stub.ListPools(inference_pb2.ListPoolsRequest(), timeout=30).pools
+        assert list(stub.Encode(encode_request("a known request"), timeout=60).results[0].dense.shape) == [32]
