@@ -12,6 +12,7 @@ import pytest
 from grpc_helpers import error_info, error_reason
 from local_cluster import gateway_model, wait_until
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_client import ProvisioningTimeoutError, SIEClient
 
 MEAN = "test/tiny-mean"
 # Longer than the 16 KiB of trailers a grpc client takes: an error that echoed it would reach the caller as
@@ -64,3 +65,19 @@ def test_pool_names_bundles_profiles_and_routing_headers_are_bounded_before_they
         # Nothing was reserved on the way, and the stack still serves.
         assert not stub.ListPools(inference_pb2.ListPoolsRequest(), timeout=30).pools
         assert list(stub.Encode(encode_request("a known request"), timeout=60).results[0].dense.shape) == [32]
+
+
+def test_a_pool_whose_min_workers_never_come_is_deleted_when_create_pool_gives_up(cluster, reliability_report) -> None:
+    """A bundle that exists, with no worker of the profile asked for: the wait times out, and the pool it created
+    is not left renewing in the background, holding the caller's quota until the client closes."""
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", SIE_POOL_QUOTA_WORKERS="1", SIE_GATEWAY_CONFIGURED_GPUS="l4")
+    with SIEClient(gateway.address, timeout_s=30) as client:
+        with pytest.raises(ProvisioningTimeoutError):
+            client.create_pool("lonely", {"l4": 1}, bundle="default", min_workers=1, timeout_s=0.5, poll_s=0.1)
+        reliability_report.add("adversarial client", "create_pool whose min_workers never come", pools_left=len(client.get_capacity()["pools"]))
+        assert client.get_capacity()["pools"] == []
+        # The quota of one worker is free again: the same pool can be created (and is, without waiting).
+        pool = client.create_pool("lonely", {"l4": 1}, bundle="default")
+        assert (pool["name"], pool.get("workers", []), pool["bundle"]) == ("lonely", [], "default")
+        client.delete_pool("lonely")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
@@ -260,10 +261,12 @@ class AsyncSIEClient:
         poll_s: float = 0.5,
     ) -> dict[str, Any]:
         """Reserve workers (machine profile -> count; only of `bundle` when given) for `pool` requests; with
-        `min_workers`, return once that many are assigned (ProvisioningTimeoutError after `timeout_s`).
+        `min_workers`, return once that many are assigned (ProvisioningTimeoutError after `timeout_s`; the pool
+        is deleted when that wait fails, so it holds no workers or quota the caller does not know of).
 
         The lease is renewed in the background every third of `ttl_s` until
         `delete_pool` or `close`; after that the pool expires by itself."""
+        _check_wait(timeout_s, poll_s)
         if min_workers > sum(gpus.values()):
             raise ValueError(f"min_workers={min_workers} is more than the {sum(gpus.values())} workers gpus= asks for")
         request = inference_pb2.CreatePoolRequest(name=name, gpus=dict(gpus), ttl_s=ttl_s, bundle=bundle or "")
@@ -272,11 +275,16 @@ class AsyncSIEClient:
         self._renewals[name] = asyncio.create_task(self._renew(name, max(ttl_s / 3, 0.2)))
         pool = messages.as_dict(response.pool)
         deadline = time.monotonic() + timeout_s
-        while len(pool.get("workers", ())) < min_workers:
-            if time.monotonic() > deadline:
-                raise _capacity_timeout(f"pool {name!r} has {len(pool.get('workers', ()))} of min_workers={min_workers} workers after {timeout_s} s")
-            await asyncio.sleep(poll_s)
-            pool = await self.get_pool(name)
+        try:
+            while len(pool.get("workers", ())) < min_workers:
+                if time.monotonic() > deadline:
+                    raise _capacity_timeout(f"pool {name!r} has {len(pool.get('workers', ()))} of min_workers={min_workers} workers after {timeout_s} s")
+                await asyncio.sleep(poll_s)
+                pool = await self.get_pool(name)
+        except BaseException:
+            with contextlib.suppress(SIEError):
+                await self.delete_pool(name)
+            raise
         return pool
 
     async def get_pool(self, name: str) -> dict[str, Any]:
@@ -309,6 +317,7 @@ class AsyncSIEClient:
     async def wait_for_capacity(self, model: str | None = None, *, timeout_s: float = 300.0, poll_s: float = 0.5) -> dict[str, Any]:
         """Poll get_capacity until `model` (or, without one, any model) is loaded somewhere, and return it;
         ProvisioningTimeoutError after `timeout_s`. Loading starts with a model's first request (or preloading)."""
+        _check_wait(timeout_s, poll_s)
         deadline = time.monotonic() + timeout_s
         while True:
             capacity = await self.get_capacity()
@@ -409,6 +418,14 @@ class AsyncSIEClient:
             if bar is not None:
                 bar.close()
         return [answer for answer in answers if answer is not None]
+
+
+def _check_wait(timeout_s: float, poll_s: float) -> None:
+    """A wait that ends: NaN never compares past a deadline, and polling without a pause floods the server."""
+    if not timeout_s >= 0:
+        raise ValueError(f"timeout_s must be a number of seconds >= 0, not {timeout_s}")
+    if not 0 < poll_s < math.inf:
+        raise ValueError(f"poll_s must be a positive, finite number of seconds, not {poll_s}")
 
 
 def _capacity_timeout(message: str) -> ProvisioningTimeoutError:

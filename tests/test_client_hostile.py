@@ -1,0 +1,41 @@
+"""Hostile arguments to the client that need no server: waits that would never end or would flood it,
+credentials in a URL that would be dropped, ports that would silently change, items that would be misread."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sie_client import SIEClient
+
+
+@pytest.fixture
+def unreachable():
+    """A client of a port nothing listens on: these arguments must be refused before any call."""
+    with SIEClient("localhost:1", timeout_s=1) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"timeout_s": math.nan}, "timeout_s"),
+        ({"timeout_s": -1.0}, "timeout_s"),
+        ({"poll_s": 0.0}, "poll_s"),
+        ({"poll_s": -0.5}, "poll_s"),
+        ({"poll_s": math.nan}, "poll_s"),
+        ({"poll_s": math.inf}, "poll_s"),
+    ],
+)
+def test_waits_that_would_never_end_or_never_pause_are_value_errors(unreachable, kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        unreachable.wait_for_capacity("any/model", **kwargs)
+    with pytest.raises(ValueError, match=message):
+        unreachable.create_pool("p", {"default": 1}, min_workers=1, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"provision_timeout_s": math.nan}, {"provision_timeout_s": -1.0}, {"max_oom_retries": -1}])
+def test_a_nan_or_negative_retry_budget_is_refused_per_call(unreachable, kwargs: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        unreachable.encode("any/model", "x", **kwargs)
