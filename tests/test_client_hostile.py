@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sie_client import SIEClient
+from sie_client import ItemError, SIEClient
 
 
 @pytest.fixture
@@ -39,3 +39,35 @@ def test_waits_that_would_never_end_or_never_pause_are_value_errors(unreachable,
 def test_a_nan_or_negative_retry_budget_is_refused_per_call(unreachable, kwargs: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         unreachable.encode("any/model", "x", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://user:secret@localhost:8080",  # the credentials would be dropped: the caller believes it authenticates
+        "http://token@localhost:8080",
+        "http://localhost:0",  # was port 80
+        "localhost:0",
+        "localhost:99999",
+        "localhost:",
+        "http://localhost:65536",
+    ],
+)
+def test_credentials_in_a_url_and_ports_that_are_not_ports_are_value_errors(target: str) -> None:
+    with pytest.raises(ValueError, match="credentials|port"):
+        SIEClient(target)
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [
+        ({"text": "x", "images": "photo.jpg"}, "images"),  # was read as files 'p', 'h', 'o', ...
+        ({"text": "x", "images": b"\\x89PNG"}, "images"),  # was one image per byte
+        ({"id": 7, "text": "x"}, "id"),
+        ({"text": 3.5}, "text"),
+    ],
+)
+def test_item_fields_of_the_wrong_type_are_item_errors_naming_the_field(unreachable, item: dict, field: str) -> None:
+    with pytest.raises(ItemError) as refused:
+        unreachable.encode("any/model", item)
+    assert refused.value.metadata == {"field": field}
