@@ -71,3 +71,24 @@ def test_item_fields_of_the_wrong_type_are_item_errors_naming_the_field(unreacha
     with pytest.raises(ItemError) as refused:
         unreachable.encode("any/model", item)
     assert refused.value.metadata == {"field": field}
+
+
+async def test_empty_lists_give_empty_lists_without_a_request(worker) -> None:
+    """A list in, a list out: the server refuses a request without items (NO_ITEMS), so the client sends none,
+    and the embedding integrations that pass their list through (LangChain, LlamaIndex) return [] as their
+    frameworks expect."""
+    from sie_client.integrations.langchain import SIEEmbeddings
+    from sie_client.integrations.llamaindex import SIEEmbedding
+
+    with SIEClient(worker.address) as client:
+        assert client.encode("test/tiny-mean", []) == []
+        assert client.extract("test/tiny-ner", []) == []
+    embeddings = SIEEmbeddings(worker.address, "test/tiny-mean")
+    embedding = SIEEmbedding(worker.address, "test/tiny-mean")
+    try:
+        assert embeddings.embed_documents([]) == []
+        assert await embeddings.aembed_documents([]) == []
+        assert embedding.get_text_embedding_batch([]) == []
+    finally:
+        embeddings.close()
+        embedding.close()

@@ -134,6 +134,8 @@ class AsyncSIEClient:
         single = is_single(items)
         batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
         policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
+        if not batch:
+            return []  # a list in, a list out: no request (the server refuses one without items)
         chunks = [
             messages.encode_request(
                 model,
@@ -148,7 +150,7 @@ class AsyncSIEClient:
                 options={**self.options, **(options or {})},
                 debug=debug,
             )
-            for start in range(0, max(len(batch), 1), self._stream_batch_size)
+            for start in range(0, len(batch), self._stream_batch_size)
         ]
         metadata = self._routing(gpu, pool)
         if len(chunks) == 1:
@@ -223,6 +225,8 @@ class AsyncSIEClient:
         timing}; the reference SDK's keys other than `entities` are empty (no adapter here produces them)."""
         single = is_single(items)
         batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
+        if not batch:
+            return []
         merged = {**self.options, **(options or {})}
         request = inference_pb2.ExtractRequest(
             model=model,
