@@ -6,13 +6,17 @@ Each case asserts the exact status and reason, and that the stack still answers 
 
 from __future__ import annotations
 
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 import pytest
 
 from grpc_helpers import error_info, error_reason
 from local_cluster import gateway_model, wait_until
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_client import ProvisioningTimeoutError, SIEClient
+from sie_client import ProvisioningTimeoutError, ServerError, SIEClient
 
 MEAN = "test/tiny-mean"
 # Longer than the 16 KiB of trailers a grpc client takes: an error that echoed it would reach the caller as
@@ -81,3 +85,22 @@ def test_a_pool_whose_min_workers_never_come_is_deleted_when_create_pool_gives_u
         pool = client.create_pool("lonely", {"l4": 1}, bundle="default")
         assert (pool["name"], pool.get("workers", []), pool["bundle"]) == ("lonely", [], "default")
         client.delete_pool("lonely")
+
+
+def test_a_long_list_sent_to_a_worker_that_stops_answering_ends_with_deadline_exceeded(start_worker, reliability_report) -> None:
+    """A list longer than stream_batch_size goes over EncodeStream, which has no deadline of its own. A worker that
+    stops answering (SIGSTOP: its connection stays open) must not hold the caller for ever: each answer is due within
+    timeout_s. The guard below only keeps a regression from hanging the suite."""
+    worker = start_worker(SIE_PRELOAD_MODELS=MEAN)
+    with SIEClient(worker.address, timeout_s=2, stream_batch_size=4) as client, ThreadPoolExecutor(1) as pool:
+        assert len(client.encode(MEAN, [f"warm {n}" for n in range(8)])) == 8
+        os.kill(worker.process.pid, signal.SIGSTOP)
+        try:
+            outcome = pool.submit(client.encode, MEAN, [f"stalled {n}" for n in range(8)])
+            with pytest.raises(ServerError) as stalled:
+                outcome.result(timeout=120)
+        finally:
+            os.kill(worker.process.pid, signal.SIGCONT)
+        reliability_report.add("adversarial client", "EncodeStream to a stopped worker", status=stalled.value.code.name)
+        assert stalled.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert len(client.encode(MEAN, [f"after {n}" for n in range(8)])) == 8

@@ -20,7 +20,7 @@ import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_client import messages
-from sie_client.errors import ProvisioningTimeoutError, SIEError
+from sie_client.errors import ProvisioningTimeoutError, ServerError, SIEError
 from sie_client.messages import ItemLike, is_single
 from sie_client.retry import CAPACITY_REASONS, RetryPolicy
 from sie_client.status import CallStatus, call_status, status_from_proto
@@ -398,14 +398,28 @@ class AsyncSIEClient:
         call = self._stub.EncodeStream(stream_requests(), metadata=metadata)
         feeder = asyncio.create_task(feed())
         remaining = len(requests)
+        # The stream has no deadline (a long list takes as long as it takes), but each answer does: `timeout_s`
+        # after the previous one, or after the last retry is due; a server that stops answering is not waited on for ever.
+        retries_due = loop.time()
         try:
-            async for answer in call:
+            while True:
+                wait_s = self.timeout_s + max(0.0, retries_due - loop.time())
+                try:
+                    answer = await asyncio.wait_for(call.read(), wait_s)
+                except TimeoutError:
+                    raise ServerError(
+                        f"EncodeStream: no answer in {wait_s:.1f} s (timeout_s={self.timeout_s}) with {remaining} requests outstanding",
+                        code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                    ) from None
+                if answer is grpc.aio.EOF:
+                    break
                 index = int(answer.request_id)
                 if answer.WhichOneof("outcome") == "error":
                     attempts[index] += 1
                     status = status_from_proto(answer.error)
                     delay = self._delay_or_raise(status, policy, attempts[index], started)
                     loop.call_later(delay, outgoing.put_nowait, requests[index])
+                    retries_due = max(retries_due, loop.time() + delay)
                     continue
                 answers[index] = answer.response
                 slots.release()
