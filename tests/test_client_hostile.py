@@ -42,6 +42,21 @@ def test_a_nan_or_negative_retry_budget_is_refused_per_call(unreachable, kwargs:
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"timeout_s": math.nan}, "timeout_s"),  # every call failed at once as DEADLINE_EXCEEDED
+        ({"timeout_s": -1.0}, "timeout_s"),
+        ({"timeout_s": 0.0}, "timeout_s"),
+        ({"stream_window": 0}, "stream_window"),  # a long list was never sent
+        ({"stream_batch_size": 0}, "stream_batch_size"),  # range() arg 3 must not be zero
+    ],
+)
+def test_client_settings_that_would_fail_every_call_are_value_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SIEClient("localhost:1", **kwargs)
+
+
+@pytest.mark.parametrize(
     "target",
     [
         "http://user:secret@localhost:8080",  # the credentials would be dropped: the caller believes it authenticates

@@ -60,6 +60,10 @@ class AsyncSIEClient:
         trust (default: the system's), `certificate_chain` and `private_key` for mutual TLS."""
         if (target is None) == (base_url is None):
             raise ValueError("give the server as `target` or as `base_url=`, once")
+        if not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be a positive, finite number of seconds, not {timeout_s}")
+        if stream_batch_size < 1 or stream_window < 1:  # a window of 0 would never send a request
+            raise ValueError(f"stream_batch_size and stream_window must be >= 1, not {stream_batch_size} and {stream_window}")
         tls = tls or bool(root_certificates or certificate_chain or private_key)
         parsed = parse_target(target or base_url or "", tls=tls)
         self.target = parsed.address
