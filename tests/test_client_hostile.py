@@ -107,3 +107,21 @@ async def test_empty_lists_give_empty_lists_without_a_request(worker) -> None:
     finally:
         embeddings.close()
         embedding.close()
+
+
+def test_lancedb_gives_a_null_row_a_null_vector_not_the_vector_of_the_text_none(worker) -> None:
+    import numpy as np
+    from lancedb.embeddings import get_registry
+
+    import sie_client.integrations.lancedb  # noqa: F401  (registers "sie")
+
+    function = get_registry().get("sie").create(target=worker.address, model="test/tiny-mean")
+    with SIEClient(worker.address) as client:
+        expected = client.encode("test/tiny-mean", "a row")["dense"]
+    try:
+        vectors = function.compute_source_embeddings(["a row", None])
+        assert vectors[1] is None
+        np.testing.assert_allclose(vectors[0], expected, atol=1e-6)
+        assert function.compute_source_embeddings([None]) == [None]
+    finally:
+        function.close()
