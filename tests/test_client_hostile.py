@@ -125,3 +125,15 @@ def test_lancedb_gives_a_null_row_a_null_vector_not_the_vector_of_the_text_none(
         assert function.compute_source_embeddings([None]) == [None]
     finally:
         function.close()
+
+
+def test_a_long_extract_list_goes_as_several_requests_in_order(worker) -> None:
+    """9,000 items is over the server's SIE_MAX_ITEMS_PER_REQUEST (8,192): refused as TOO_MANY_ITEMS in one request.
+    Like encode's, extract's long lists go in stream_batch_size chunks, and the results keep the input order."""
+    texts = [f"item {n} in Paris" for n in range(9000)]
+    with SIEClient(worker.address, stream_batch_size=1000) as client:
+        results = client.extract("test/tiny-ner", [{"id": str(n), "text": text} for n, text in enumerate(texts)])
+        assert [result["id"] for result in results] == [str(n) for n in range(9000)]
+        assert results[1234]["entities"] == client.extract("test/tiny-ner", {"id": "1234", "text": texts[1234]})["entities"]
+        with pytest.raises(ItemError):  # a bad item in a later chunk fails the call, before anything is sent
+            client.extract("test/tiny-ner", texts[:1500] + [{"text": "x", "colour": "red"}])

@@ -18,7 +18,7 @@ from typing import Any, TypeVar, overload
 
 import grpc
 
-from sie.v1 import inference_pb2, inference_pb2_grpc
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import messages
 from sie_client.errors import ProvisioningTimeoutError, ServerError, SIEError
 from sie_client.messages import ItemLike, is_single
@@ -232,20 +232,33 @@ class AsyncSIEClient:
         if not batch:
             return []
         merged = {**self.options, **(options or {})}
-        request = inference_pb2.ExtractRequest(
-            model=model,
-            items=[messages.item_message(item) for item in batch],
-            labels=list(labels or ()),
-            profile=profile or "",
-            lora=lora or "",
-            debug=debug,
-        )
+        shared = inference_pb2.ExtractRequest(model=model, labels=list(labels or ()), profile=profile or "", lora=lora or "", debug=debug)
         if threshold is not None:
-            request.threshold = threshold
+            shared.threshold = threshold
         if (struct := messages.options_struct(merged)) is not None:
-            request.options.CopyFrom(struct)
+            shared.options.CopyFrom(struct)
         policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
-        results = messages.extract_results(await self._call(self._stub.Extract, request, policy, self._routing(gpu, pool)))
+        metadata = self._routing(gpu, pool)
+        window = asyncio.Semaphore(self._stream_window)
+
+        async def extract_chunk(chunk: Sequence[types_pb2.Item]) -> list[ExtractResult]:
+            request = inference_pb2.ExtractRequest()
+            request.CopyFrom(shared)
+            request.items.extend(chunk)
+            async with window:
+                return messages.extract_results(await self._call(self._stub.Extract, request, policy, metadata))
+
+        # Lists longer than stream_batch_size go as several requests (as encode's do), stream_window at a time.
+        items_sent = [messages.item_message(item) for item in batch]  # every item checked before any is sent
+        size = self._stream_batch_size
+        tasks = [asyncio.ensure_future(extract_chunk(items_sent[start : start + size])) for start in range(0, len(items_sent), size)]
+        try:
+            parts = await asyncio.gather(*tasks)
+        except BaseException:  # the first failure is the call's; the other chunks are not left running
+            for task in tasks:
+                task.cancel()
+            raise
+        results = [result for part in parts for result in part]
         return results[0] if single else results
 
     async def list_models(self) -> list[dict[str, Any]]:
