@@ -16,7 +16,7 @@ import pytest
 from grpc_helpers import error_info, error_reason
 from local_cluster import gateway_model, wait_until
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_client import ProvisioningTimeoutError, ServerError, SIEClient
+from sie_client import PoolError, ProvisioningTimeoutError, ServerError, SIEClient
 
 MEAN = "test/tiny-mean"
 # Longer than the 16 KiB of trailers a grpc client takes: an error that echoed it would reach the caller as
@@ -104,3 +104,32 @@ def test_a_long_list_sent_to_a_worker_that_stops_answering_ends_with_deadline_ex
         reliability_report.add("adversarial client", "EncodeStream to a stopped worker", status=stalled.value.code.name)
         assert stalled.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert len(client.encode(MEAN, [f"after {n}" for n in range(8)])) == 8
+
+
+def test_requests_may_name_only_a_pool_their_token_created(cluster, reliability_report) -> None:
+    """A pool isolates its creator's capacity: on main any token could send requests to another's pool (x-sie-pool)
+    and take the workers it reserved, though only the creator may renew or delete it."""
+    tokens = {"SIE_AUTH_MODE": "static", "SIE_AUTH_TOKENS": "alice-token,mallory-token", "SIE_WORKER_TOKEN": "work"}
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN, **tokens)
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", **tokens)
+    alice, mallory = (("authorization", "Bearer alice-token"),), (("authorization", "Bearer mallory-token"),)
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: gateway_model(stub, MEAN, alice).loaded_on == ["w1"], what="worker registered")
+        pool = stub.CreatePool(
+            inference_pb2.CreatePoolRequest(name="alices", gpus={"default": 1}, ttl_s=60, bundle="default"), metadata=alice, timeout=30
+        )
+        assert list(pool.pool.workers) == ["w1"]
+        wait_until(
+            lambda: [p.name for p in stub.ListPools(inference_pb2.ListPoolsRequest(), metadata=alice, timeout=30).pools] == ["alices"],
+            what="pool in mirror",
+        )
+        in_pool = (("x-sie-pool", "alices"),)
+        refused = refusal(lambda: stub.Encode(encode_request("mallory's"), metadata=mallory + in_pool, timeout=30))
+        reliability_report.add("adversarial client", "Encode into another token's pool", status=refused.code().name, reason=error_reason(refused))
+        assert (refused.code(), error_reason(refused)) == (grpc.StatusCode.PERMISSION_DENIED, "POOL_NOT_OWNED")
+        with SIEClient(gateway.address, api_key="mallory-token", timeout_s=30) as client, pytest.raises(PoolError) as denied:
+            client.encode(MEAN, "mallory's", pool="alices")
+        assert denied.value.reason == "POOL_NOT_OWNED"
+        assert list(stub.Encode(encode_request("alice's"), metadata=alice + in_pool, timeout=60).results[0].dense.shape) == [32]
+        stub.DeletePool(inference_pb2.DeletePoolRequest(name="alices"), metadata=alice, timeout=30)

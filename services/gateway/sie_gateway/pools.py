@@ -166,6 +166,13 @@ class PoolManager:
         _check_owner(record, token, "delete")
         await self._etcd.revoke_lease(record.lease)
 
+    def check_use(self, name: str, token: str | None) -> None:
+        """PERMISSION_DENIED when requests name a pool created through the API with another token (a pool isolates
+        its creator's capacity); an operator's pool (set on its workers) has no record here and serves anyone."""
+        record = self._view.pools.get(name)
+        if record is not None:
+            _check_owner(record, token, "send requests to")
+
     def get(self, name: str) -> inference_pb2.Pool:
         check_name("name", name, self._bounds)
         record = self._view.pools.get(name)
