@@ -80,6 +80,8 @@ def test_credentials_in_a_url_and_ports_that_are_not_ports_are_value_errors(targ
         ({"text": "x", "images": b"\\x89PNG"}, "images"),  # was one image per byte
         ({"id": 7, "text": "x"}, "id"),
         ({"text": 3.5}, "text"),
+        ({"text": "x", "metadata": "tag"}, "metadata"),
+        ({"text": "x", "metadata": {1: "one"}}, "metadata"),
     ],
 )
 def test_item_fields_of_the_wrong_type_are_item_errors_naming_the_field(unreachable, item: dict, field: str) -> None:
@@ -137,3 +139,10 @@ def test_a_long_extract_list_goes_as_several_requests_in_order(worker) -> None:
         assert results[1234]["entities"] == client.extract("test/tiny-ner", {"id": "1234", "text": texts[1234]})["entities"]
         with pytest.raises(ItemError):  # a bad item in a later chunk fails the call, before anything is sent
             client.extract("test/tiny-ner", texts[:1500] + [{"text": "x", "colour": "red"}])
+
+
+def test_normalize_sparse_keeps_the_direction_of_huge_weights() -> None:
+    from sie_client import encoding
+
+    assert encoding.normalize_sparse({1: 3e200, 2: 4e200}) == pytest.approx({1: 0.6, 2: 0.8})
+    assert encoding.normalize_sparse({1: 3e-200, 2: 4e-200}) == pytest.approx({1: 0.6, 2: 0.8})
