@@ -146,3 +146,27 @@ def test_normalize_sparse_keeps_the_direction_of_huge_weights() -> None:
 
     assert encoding.normalize_sparse({1: 3e200, 2: 4e200}) == pytest.approx({1: 0.6, 2: 0.8})
     assert encoding.normalize_sparse({1: 3e-200, 2: 4e-200}) == pytest.approx({1: 0.6, 2: 0.8})
+
+
+def test_clients_dropped_without_close_do_not_keep_their_threads() -> None:
+    """LangChain's and LlamaIndex's protocols have no close(): an integration object (and the SIEClient it holds)
+    dropped without one kept a thread, an event loop and a channel for the life of the process (70 of them here)."""
+    import gc
+    import threading
+
+    from sie_client.integrations.langchain import SIEEmbeddings
+
+    def client_threads() -> int:
+        return sum(thread.name == "sie-client" for thread in threading.enumerate())
+
+    before = client_threads()
+    for _ in range(50):
+        SIEClient("localhost:1")
+    for _ in range(20):
+        SIEEmbeddings("localhost:1", "any/model")
+    gc.collect()
+    assert client_threads() == before
+    closed = SIEClient("localhost:1")
+    closed.close()
+    closed.close()  # a second close does nothing
+    assert client_threads() == before
