@@ -173,7 +173,7 @@ def test_options_go_to_the_server_unchanged(client) -> None:
     assert not np.allclose(by_option, client.encode(LORA_MODEL, "adapted")["dense"], atol=1e-4)
     with pytest.raises(RequestError) as disagreeing:  # the server sees both names, the client picks neither
         client.encode(LORA_MODEL, "adapted", lora="alpha", options={"lora": "beta"})
-    assert disagreeing.value.reason == "INVALID_OPTIONS"
+    assert disagreeing.value.reason == "CONFLICTING_OPTIONS"
 
 
 # --- helpers -------------------------------------------------------------------------------------------------

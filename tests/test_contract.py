@@ -52,7 +52,7 @@ def test_every_rpc_of_the_contract_is_present() -> None:
 
     inference = inference_pb2.DESCRIPTOR.services_by_name["Inference"].methods_by_name
     assert set(inference) == {
-        "Encode", "Score", "Extract", "EncodeStream", "CreateEmbeddings", "ListModels", "GetModel",
+        "Encode", "Score", "Extract", "EncodeStream", "CreateEmbeddings", "ListModels", "GetModel", "DescribeModel",
         "CreatePool", "GetPool", "ListPools", "RenewPool", "DeletePool",
     }
     stream = inference["EncodeStream"]

@@ -13,6 +13,9 @@ import grpc
 import numpy as np
 import pytest
 
+from google.protobuf import struct_pb2
+
+from grpc_helpers import error_reason
 from local_cluster import Cluster, gateway_model, model_config, wait_until
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.tensors import from_tensor
@@ -24,6 +27,7 @@ MEAN = "test/tiny-mean"
 RERANKER = "test/tiny-reranker"
 NER = "test/tiny-ner"
 CLIP = "test/tiny-clip"
+SPLADE = "test/tiny-splade"
 ADMIN_TOKEN = "admin-s3cret"
 
 
@@ -52,11 +56,12 @@ def running_edge(tmp: Path, etcd_endpoint: str, tiny_models: dict[str, Path], **
         model_config(RERANKER, tiny_models[RERANKER], adapter="cross_encoder", tasks=["score"]),
         model_config(NER, tiny_models[NER], adapter="token_classifier", tasks=["extract"]),
         model_config(CLIP, tiny_models[CLIP], adapter="clip", tasks=["encode", "score"], inputs=["text", "image"]),
+        model_config(SPLADE, tiny_models[SPLADE], adapter="splade", output_types=["sparse"]),
     ]
     cluster = Cluster(tmp, etcd_endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
     envoy = None
     try:
-        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP]))
+        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP, SPLADE]))
         gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4", **gateway_env)
         port, admin_port = free_port(), free_port()
         config_path = tmp / "envoy.json"
@@ -166,7 +171,8 @@ def test_models_over_http(edge) -> None:
     status, body = curl(edge, "GET", "/v1/models")
     assert status == 200 and {MEAN, RERANKER, NER} <= {m["id"] for m in body["models"]}
     status, body = curl(edge, "GET", f"/v1/models/{MEAN}")
-    assert status == 200 and body["model"]["id"] == MEAN and body["model"]["loaded_on"] == ["edge-worker"]
+    # The model object itself, as the reference API answers (gRPC's GetModelResponse wraps it).
+    assert status == 200 and body["id"] == MEAN and body["loaded_on"] == ["edge-worker"] and "model" not in body
 
 
 def test_config_write_needs_the_admin_token(edge, tiny_models) -> None:
@@ -253,3 +259,123 @@ def test_a_model_added_with_grpcurl_is_served_without_a_restart(edge, tiny_model
         lambda: curl(edge, "POST", "/v1/encode/test/added-with-grpcurl", {"items": [{"text": "hi"}]})[0] == 200,
         timeout_s=60, what="the added model served through the gateway",
     )
+
+
+# --- the reference API's request shapes ---------------------------------------------------------
+
+
+def grpc_encode(edge: Edge, **fields) -> inference_pb2.EncodeResponse:
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        return inference_pb2_grpc.InferenceStub(channel).Encode(inference_pb2.EncodeRequest(model=MEAN, **fields), timeout=30)
+
+
+def test_a_query_is_embedded_as_a_query_three_ways(edge) -> None:
+    """gRPC `is_query`, gRPC `options.is_query` and the HTTP `params` shape: the query vector, not the document's."""
+    texts = [types_pb2.Item(id="q", text="what is a vector database")]
+    options = struct_pb2.Struct()
+    options.update({"is_query": True})
+    document = from_tensor(grpc_encode(edge, items=texts).results[0].dense)
+    by_field = from_tensor(grpc_encode(edge, items=texts, is_query=True).results[0].dense)
+    by_option = from_tensor(grpc_encode(edge, items=texts, options=options).results[0].dense)
+    status, body = curl(edge, "POST", f"/v1/encode/{MEAN}", {"items": [{"id": "q", "text": "what is a vector database"}], "params": {"is_query": True}})
+    assert status == 200, body
+    by_params = np.array(body["results"][0]["dense"]["values"], dtype=np.float32)
+    assert np.abs(by_field - document).max() > 1e-3, "the tiny model's query prompt should change the vector"
+    np.testing.assert_array_equal(by_option, by_field)
+    np.testing.assert_allclose(by_params, by_field, atol=1e-6)
+
+
+def test_the_reference_body_shape_answers_as_grpc_does(edge) -> None:
+    status, body = curl(edge, "POST", f"/v1/encode/{SPLADE}", {"items": [{"text": "sparse words"}], "params": {"output_types": ["sparse"]}})
+    assert status == 200, body
+    sparse = body["results"][0]["sparse"]
+    assert sparse["indices"] and not body["results"][0].get("dense")
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        expected = stub.Encode(inference_pb2.EncodeRequest(model=SPLADE, items=[types_pb2.Item(text="sparse words")], output_types=["sparse"]), timeout=30)
+        assert [int(i) for i in sparse["indices"]] == list(expected.results[0].sparse.indices)
+        np.testing.assert_allclose(sparse["values"], expected.results[0].sparse.values, atol=1e-6)
+
+        query, docs = "what is a vector database", ["a database for vectors", "bananas are yellow", "vectors in a store"]
+        status, body = curl(edge, "POST", f"/v1/score/{RERANKER}", {
+            "query": {"text": query}, "items": [{"id": f"d{i}", "text": d} for i, d in enumerate(docs)], "params": {"top_k": 2},
+        })
+        assert status == 200, body
+        scored = stub.Score(inference_pb2.ScoreRequest(
+            model=RERANKER, query=types_pb2.Item(text=query), items=[types_pb2.Item(id=f"d{i}", text=d) for i, d in enumerate(docs)], top_k=2,
+        ), timeout=30)
+        assert [(e["item_id"], e["rank"]) for e in body["scores"]] == [(e.item_id, e.rank) for e in scored.scores] and len(scored.scores) == 2
+        np.testing.assert_allclose([e["score"] for e in body["scores"]], [e.score for e in scored.scores], atol=1e-6)
+
+        text = "Ada Lovelace lived in London"
+        status, body = curl(edge, "POST", f"/v1/extract/{NER}", {"items": [{"id": "d", "text": text}], "params": {"threshold": 0.0}})
+        assert status == 200, body
+        extracted = stub.Extract(inference_pb2.ExtractRequest(model=NER, items=[types_pb2.Item(id="d", text=text)], threshold=0.0), timeout=30)
+        entities = [(e["text"], e["label"], e["start"], e["end"]) for e in body["results"][0]["entities"]]
+        assert entities and entities == [(e.text, e.label, e.start, e.end) for e in extracted.results[0].entities]
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "known"),
+    [
+        ({"items": [{"text": "x"}], "colour": "red"}, "colour", "output_types, output_dtype"),
+        ({"items": [{"text": "x"}], "params": {"is_query": True, "query": True}}, "params.query", "instruction, is_query, dims"),
+        ({"items": [{"text": "x"}, {"text": "y", "txt": "z"}]}, "items[1].txt", "id, text, images"),
+    ],
+    ids=["top-level", "in-params", "in-an-item"],
+)
+def test_an_unknown_json_field_is_refused_naming_it(edge, body, field, known) -> None:
+    status, got = curl(edge, "POST", f"/v1/encode/{MEAN}", body)
+    assert status == 400, got
+    assert f"unknown field '{field}'" in got["message"] and known in got["message"], got["message"]
+    assert got["details"][0]["reason"] == "UNKNOWN_FIELD" and got["details"][0]["metadata"] == {"field": field}
+
+
+def test_a_profile_in_options_or_params_is_the_profile_through_the_gateway(edge) -> None:
+    for body in ({"options": {"profile": "nope"}}, {"params": {"profile": "nope"}}, {"profile": "nope"}):
+        status, got = curl(edge, "POST", f"/v1/encode/{MEAN}", {"items": [{"text": "x"}], **body})
+        assert status == 404 and got["details"][0]["reason"] == "PROFILE_NOT_FOUND", (body, got)
+
+
+def test_free_form_options_and_known_fields_in_either_spelling_pass(edge) -> None:
+    body = {"items": [{"text": "x"}], "outputTypes": ["dense"], "options": {"any": {"nested": [1, {"k": "v"}]}}, "params": {"options": {"more": 1}}}
+    status, got = curl(edge, "POST", f"/v1/encode/{MEAN}", body)
+    assert status == 200, got
+
+
+def test_a_parameter_given_twice_differently_is_a_400_naming_both(edge) -> None:
+    status, got = curl(edge, "POST", f"/v1/encode/{MEAN}", {"items": [{"text": "x"}], "is_query": True, "params": {"is_query": False}})
+    assert status == 400 and got["details"][0]["reason"] == "CONFLICTING_OPTIONS"
+    assert "is_query" in got["message"] and "params.is_query" in got["message"]
+
+
+def test_the_gateway_bounds_a_name_given_as_an_option_before_routing(edge) -> None:
+    options = struct_pb2.Struct()
+    options.update({"lora": "x" * 300})
+    with grpc.insecure_channel(edge.gateway.address) as channel:
+        call = inference_pb2_grpc.InferenceStub(channel).Encode.with_call
+        with pytest.raises(grpc.RpcError) as raised:
+            call(inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text="x")], options=options), timeout=30)
+    assert error_reason(raised.value) == "NAME_TOO_LONG"
+    assert "x-sie-worker" not in dict(raised.value.trailing_metadata() or ()), "refused by the gateway, before any worker"
+
+
+def test_health_routes_on_the_http_port(edge) -> None:
+    for path in ("/health", "/healthz"):
+        assert curl(edge, "GET", path) == (200, {"status": "ok"})
+    wait_until(lambda: curl(edge, "GET", "/readyz")[0] == 200, timeout_s=30, what="Envoy's health check of the gateway")
+
+
+def test_readyz_is_503_while_the_gateway_is_unreachable(tmp_path) -> None:
+    port, admin_port = free_port(), free_port()
+    config_path = tmp_path / "envoy.json"
+    nowhere = f"127.0.0.1:{free_port()}"
+    config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=nowhere, config=nowhere)))
+    envoy = EnvoyProcess(config_path, tmp_path / "envoy.log", admin_port)
+    try:
+        envoy.wait_ready()
+        lonely = Edge(None, None, envoy, port)  # type: ignore[arg-type]
+        assert curl(lonely, "GET", "/healthz") == (200, {"status": "ok"}), "liveness is Envoy's own"
+        assert curl(lonely, "GET", "/readyz")[0] == 503
+    finally:
+        envoy.stop()

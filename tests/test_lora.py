@@ -99,7 +99,8 @@ def test_disagreeing_lora_and_options_lora_is_invalid(batching_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         batching_stub.Encode(request, timeout=60)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error_details(raised.value)[0].reason == "INVALID_OPTIONS"
+    assert error_details(raised.value)[0].reason == "CONFLICTING_OPTIONS"
+    assert "lora" in raised.value.details() and "options.lora" in raised.value.details()
 
 
 @pytest.mark.parametrize("number", [float("inf"), float("nan")])
@@ -111,5 +112,5 @@ def test_options_that_are_not_plain_json_are_invalid(batching_stub, number: floa
         batching_stub.Encode(request, timeout=60)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_details(raised.value)[0].reason == "INVALID_OPTIONS"
-    assert "plain JSON" in raised.value.details()
+    assert "options.lora must be a string" in raised.value.details()
     assert len(batching_stub.Encode(inference_pb2.EncodeRequest(model=LORA_MODEL, items=items(TEXTS)), timeout=60).results) == len(TEXTS)

@@ -29,7 +29,8 @@ PROTECTED = [
     ("GET", "/v1/pools/p", None),
     ("POST", "/v1/pools/p/renew", {}),
     ("DELETE", "/v1/pools/p", None),
-    ("POST", "/v1/configs/models", {"config": {"id": "x/never", "hf_id": "x/y", "profiles": {"default": {"adapter": "sentence_transformer"}}}}),
+    # The body of POST /v1/configs/models is the ModelConfig itself (body: "config").
+    ("POST", "/v1/configs/models", {"id": "x/never", "hf_id": "x/y", "profiles": {"default": {"adapter": "sentence_transformer"}}}),
     ("GET", "/v1/configs/export", None),
 ]
 
@@ -95,6 +96,9 @@ HOSTILE = [
     ("model id with path traversal", "/v1/encode/../../etc/passwd", json.dumps(ITEMS).encode(), 404),
     ("model id with encoded path traversal", "/v1/encode/..%2F..%2Fetc%2Fpasswd", json.dumps(ITEMS).encode(), 404),
     ("absolute path as model id", "/v1/encode//etc/passwd", json.dumps(ITEMS).encode(), 404),
+    ("unknown field", f"/v1/encode/{MEAN}", json.dumps({**ITEMS, "params": {"colour": 1}}).encode(), 400),
+    ("unknown field after deep options", f"/v1/encode/{MEAN}", json.dumps({**ITEMS, "options": {"a": [[[[1]]]]}, "colour": 1}).encode(), 400),
+    ("a parameter given twice differently", f"/v1/encode/{MEAN}", json.dumps({**ITEMS, "is_query": True, "options": {"is_query": False}}).encode(), 400),
     ("megabyte text", f"/v1/encode/{MEAN}", json.dumps({"items": [{"text": "word " * 200_000}]}).encode(), 200),
     # Refused either by Envoy's transcoder, when flow control leaves it buffering more than its limit
     # (413), or by the gateway's SIE_MAX_RECEIVE_MESSAGE_BYTES (RESOURCE_EXHAUSTED: 429); which one

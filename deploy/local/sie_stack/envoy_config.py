@@ -6,7 +6,12 @@ ConfigService calls go to the config service, every other gRPC call to the
 gateway. gRPC errors come back as HTTP statuses with a JSON body; field names
 are the protos' own. What the transcoder did not turn into a gRPC call gets
 the same kind of JSON body from Envoy itself: 405 on a contract path with a
-method it does not take (with an `allow` header), 404 anywhere else.
+method it does not take (with an `allow` header), 404 anywhere else. A JSON
+body with a field its message lacks is refused with 400 naming it, by a Lua
+filter in front of the transcoder (sie_stack.unknown_fields), since the
+transcoder would drop it. `/health` and `/healthz` answer 200 while Envoy runs
+(liveness); `/readyz` answers 200 only while the gateway's grpc.health.v1 says
+SERVING (readiness, from Envoy's active health check of the gateway).
 
 The transcoder buffers a whole message each way; its limits match the gRPC
 message limits of the services behind it (lib/sie_common/transport.py), so an
@@ -28,8 +33,11 @@ from google.protobuf import descriptor_pb2
 
 from sie_common.errors import ERROR_DOMAIN
 from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_stack.unknown_fields import lua_filter, template_parts
 
 SERVICES = ("sie.v1.Inference", "sie.v1.ConfigService")
+LIVENESS_PATHS = ("/health", "/healthz")
+READINESS_PATH = "/readyz"
 # google.rpc.Code of the JSON bodies Envoy answers with itself.
 _NOT_FOUND = 5
 _UNIMPLEMENTED = 12
@@ -54,6 +62,7 @@ def render(
     descriptor = descriptor or descriptor_path()
     descriptor_bytes = descriptor.read_bytes()
     source = {"proto_descriptor_bin": base64.b64encode(descriptor_bytes).decode()} if inline_descriptor else {"proto_descriptor": str(descriptor)}
+    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_bytes).file
     transcoder = {
         **source,
         "services": list(SERVICES),
@@ -70,14 +79,18 @@ def render(
                 "address": _address(host, listen_port),
                 # A second Envoy (another stack, an orphan) must fail to bind, not share the port.
                 "enable_reuse_port": False,
-                "filter_chains": [{"filters": [_http_connection_manager(transcoder, _http_bindings(descriptor_bytes))]}],
+                # The unknown-field check reads a whole JSON body before the transcoder does: the
+                # same limit as the transcoder's (the default, 1 MiB, would refuse larger bodies).
+                "per_connection_buffer_limit_bytes": max_request_bytes,
+                "filter_chains": [{"filters": [_http_connection_manager(transcoder, files)]}],
             }],
-            "clusters": [_cluster("gateway", gateway), _cluster("config", config)],
+            "clusters": [_cluster("gateway", gateway, health_checked=True), _cluster("config", config)],
         },
     }
 
 
-def _http_connection_manager(transcoder: dict[str, Any], bindings: dict[str, list[str]]) -> dict[str, Any]:
+def _http_connection_manager(transcoder: dict[str, Any], files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str, Any]:
+    bindings = _http_bindings(files)
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -92,12 +105,15 @@ def _http_connection_manager(transcoder: dict[str, Any], bindings: dict[str, lis
                         # Matched after transcoding, on the gRPC path: only gRPC calls reach the services.
                         {"match": {"prefix": "/sie.v1.ConfigService/", "grpc": {}}, "route": {"cluster": "config", "timeout": "0s"}},
                         {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
+                        *(_alive(path) for path in LIVENESS_PATHS),
                         *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
                         _refusal({"prefix": "/"}, 404, _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"),
                     ],
                 }],
             },
             "http_filters": [
+                _readiness(),
+                lua_filter(files, _body_routes(files)),
                 {
                     "name": "envoy.filters.http.grpc_json_transcoder",
                     "typed_config": {
@@ -139,47 +155,87 @@ def _refusal(
     }
 
 
+def _alive(path: str) -> dict[str, Any]:
+    """Liveness: 200 while Envoy runs."""
+    return {
+        "match": {"path": path},
+        "direct_response": {"status": 200, "body": {"inline_string": '{"status": "ok"}'}},
+        "response_headers_to_add": [_header("content-type", "application/json")],
+    }
+
+
+def _readiness() -> dict[str, Any]:
+    """Readiness on GET /readyz: 200 while the gateway passes Envoy's gRPC health check, else 503."""
+    return {
+        "name": "envoy.filters.http.health_check",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck",
+            "pass_through_mode": False,
+            "headers": [{"name": ":path", "string_match": {"exact": READINESS_PATH}}],
+            "cluster_min_healthy_percentages": {"gateway": {"value": 100}},
+        },
+    }
+
+
 def _header(key: str, value: str) -> dict[str, Any]:
     return {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
 
-def _http_bindings(descriptor_set: bytes) -> dict[str, list[str]]:
+def _http_bindings(files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str, list[str]]:
     """Path regex -> the HTTP methods the transcoder maps on it, from the services' google.api.http rules."""
-    files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file
     bindings: dict[str, list[str]] = {}
+    for _, verb, template, _ in _http_rules(files):
+        methods = bindings.setdefault(_path_regex(template), [])
+        if verb not in methods:
+            methods.append(verb)
+    return bindings
+
+
+def _body_routes(files: list[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str]]:
+    """(HTTP method, path template, the body's message) of each rule that takes a body."""
+    messages = {f"{file.package}.{message.name}": message for file in files for message in file.message_type}
+    routes = []
+    for method, verb, template, body in _http_rules(files):
+        if not body:
+            continue
+        message = method.input_type.lstrip(".")
+        if body != "*":
+            message = next(f for f in messages[message].field if f.name == body).type_name.lstrip(".")
+        routes.append((verb, template, message))
+    return routes
+
+
+def _http_rules(files: list[descriptor_pb2.FileDescriptorProto]) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, str, str, str]]:
+    """(RPC, HTTP method, path template, body) of every google.api.http rule of the transcoded services."""
     for file in files:
         for service in file.service:
             if f"{file.package}.{service.name}" not in SERVICES:
                 continue
             for method in service.method:
-                for verb, template in _rules(method.options.Extensions[annotations_pb2.http]):
-                    methods = bindings.setdefault(_path_regex(template), [])
-                    if verb not in methods:
-                        methods.append(verb)
-    return bindings
+                for verb, template, body in _rules(method.options.Extensions[annotations_pb2.http]):
+                    yield method, verb, template, body
 
 
-def _rules(rule: Any) -> Iterator[tuple[str, str]]:
+def _rules(rule: Any) -> Iterator[tuple[str, str, str]]:
     pattern = rule.WhichOneof("pattern")
     if pattern == "custom":
-        yield rule.custom.kind.upper(), rule.custom.path
+        yield rule.custom.kind.upper(), rule.custom.path, rule.body
     elif pattern is not None:
-        yield pattern.upper(), getattr(rule, pattern)
+        yield pattern.upper(), getattr(rule, pattern), rule.body
     for extra in rule.additional_bindings:
         yield from _rules(extra)
 
 
 def _path_regex(template: str) -> str:
     """A google.api.http path template as a regex over the whole path: `*` one segment, `**` the rest."""
-    template = re.sub(r"\{[^}=]+\}", "*", template)  # {name} is {name=*}
-    template = re.sub(r"\{[^}=]+=([^}]*)\}", r"\1", template)
-    parts = re.split(r"(\*\*|\*)", template)
-    return "".join(".+" if part == "**" else "[^/]+" if part == "*" else re.escape(part) for part in parts)
+    return "".join(".+" if part == "**" else "[^/]+" if part == "*" else re.escape(part) for part in template_parts(template))
 
 
-def _cluster(name: str, address: str) -> dict[str, Any]:
+def _cluster(name: str, address: str, health_checked: bool = False) -> dict[str, Any]:
     host, _, port = address.rpartition(":")
+    checks = [{"timeout": "1s", "interval": "2s", "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {}}]
     return {
+        **({"health_checks": checks} if health_checked else {}),
         "name": name,
         "type": "STRICT_DNS",
         "typed_extension_protocol_options": {

@@ -22,6 +22,7 @@ from sie_common import openai_embeddings
 from sie_common.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.request_bounds import RequestBounds, check_name, check_request
+from sie_common.request_params import merged_request
 from sie_common.request_metrics import status_code
 from sie_common.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
 from sie_common.errors import (
@@ -104,6 +105,9 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
     async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
         return inference_pb2.GetModelResponse(model=await self._guarded(context, lambda: self._describe(request.model)))
 
+    async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
+        return await self._guarded(context, lambda: self._describe(request.model))
+
     async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
         token = bearer_token(context.invocation_metadata())
         pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s, token, request.bundle))
@@ -166,7 +170,9 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
     ) -> worker_pb2.WorkResponse:
         """The worker's answer: INVALID_ARGUMENT for a field over its bound before anything else, and
         RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE, never retried, for an answer this gateway may not send
-        (`value_bytes` a number when it will be spelled out)."""
+        (`value_bytes` a number when it will be spelled out). `params` and the field-like `options` keys are
+        folded into the fields first, so routing, the estimate and the worker's batch key see one shape."""
+        request = merged_request(request, self._bounds)
         check_request(request, self._bounds)
         config = self._config(request.model)
         limit = self._settings.max_send_message_bytes

@@ -24,6 +24,7 @@ from sie_common.request_bounds import (
     check_threshold,
 )
 from sie_common.encode_stream import serve_encode_stream
+from sie_common.request_params import merged_request
 from sie_common.errors import Internal, InvalidArgument, SieError, abort
 from sie_common.model_config import OUTPUT_TYPES
 from sie_common.tensors import to_tensor
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
     """Validate an EncodeRequest's own fields, within `limits` (the model checks its part later)."""
+    request = merged_request(request, limits)
     _require_model(request.model, limits)
     items = _items(request.items, limits)
     output_types = tuple(dict.fromkeys(request.output_types)) or ("dense",)
@@ -88,6 +90,7 @@ def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJo
 
 
 def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
+    request = merged_request(request, limits)
     _require_model(request.model, limits)
     if not request.query.HasField("text") and not request.query.images:
         raise InvalidArgument("query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY")
@@ -110,6 +113,7 @@ def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
 
 
 def extract_job(request: inference_pb2.ExtractRequest, limits: Limits) -> ExtractJob:
+    request = merged_request(request, limits)
     _require_model(request.model, limits)
     lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
     labels = tuple(dict.fromkeys(request.labels))
@@ -169,21 +173,16 @@ def _texts(items: Sequence[types_pb2.Item], limits: Limits) -> list[str]:
 
 
 def _lora_and_options(lora: str, options: struct_pb2.Struct, profile: str, limits: Limits) -> tuple[str, dict[str, Any]]:
-    """The request's LoRA (`lora`, or its alias `options.lora`) and the remaining run-time options, within `limits`
-    (with the profile name, the other short name every request has)."""
+    """The request's LoRA and run-time options, within `limits` (with the profile name, the other short
+    name every request has). `options.lora` was folded into `lora` before (sie_common.request_params)."""
     check_name("profile", profile, limits)
+    check_name("lora", lora, limits)
     check_options(options, limits)
     try:
         values = json_format.MessageToDict(options)
     except (json_format.SerializeToJsonError, ValueError) as error:  # NaN or Infinity in a number value (a bare Struct raises ValueError)
         raise InvalidArgument(f"options must be plain JSON values: {error}", reason="INVALID_OPTIONS") from None
-    alias = values.pop("lora", "")
-    if not isinstance(alias, str):
-        raise InvalidArgument("options.lora must be a LoRA adapter name", reason="INVALID_OPTIONS")
-    if lora and alias and lora != alias:
-        raise InvalidArgument(f"lora {lora!r} and options.lora {alias!r} disagree; set one", reason="INVALID_OPTIONS")
-    check_name("lora", lora or alias, limits)
-    return lora or alias, values
+    return lora, values
 
 
 def encode_response(request: inference_pb2.EncodeRequest, outcome: EncodeOutcome) -> inference_pb2.EncodeResponse:
@@ -346,8 +345,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         )
 
     async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
+        return inference_pb2.GetModelResponse(model=await self.DescribeModel(inference_pb2.DescribeModelRequest(model=request.model), context))
+
+    async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
         try:
-            return inference_pb2.GetModelResponse(model=self._engine.registry.describe(request.model))
+            return self._engine.registry.describe(request.model)
         except SieError as error:
             await abort(context, error)
 

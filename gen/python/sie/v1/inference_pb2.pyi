@@ -30,7 +30,7 @@ MODEL_STATE_FAILED: ModelState
 MODEL_STATE_UNLOADING: ModelState
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("model", "items", "output_types", "output_dtype", "instruction", "is_query", "dims", "profile", "lora", "options", "request_id", "debug")
+    __slots__ = ("model", "items", "output_types", "output_dtype", "instruction", "is_query", "dims", "profile", "lora", "options", "request_id", "debug", "params")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class EncodeRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DEBUG_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     model: str
     items: _containers.RepeatedCompositeFieldContainer[_types_pb2.Item]
     output_types: _containers.RepeatedScalarFieldContainer[str]
@@ -55,7 +56,28 @@ class EncodeRequest(_message.Message):
     options: _struct_pb2.Struct
     request_id: str
     debug: bool
-    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., output_types: _Optional[_Iterable[str]] = ..., output_dtype: _Optional[str] = ..., instruction: _Optional[str] = ..., is_query: _Optional[bool] = ..., dims: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., debug: _Optional[bool] = ...) -> None: ...
+    params: EncodeParams
+    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., output_types: _Optional[_Iterable[str]] = ..., output_dtype: _Optional[str] = ..., instruction: _Optional[str] = ..., is_query: _Optional[bool] = ..., dims: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., debug: _Optional[bool] = ..., params: _Optional[_Union[EncodeParams, _Mapping]] = ...) -> None: ...
+
+class EncodeParams(_message.Message):
+    __slots__ = ("output_types", "output_dtype", "instruction", "is_query", "dims", "profile", "lora", "options")
+    OUTPUT_TYPES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    IS_QUERY_FIELD_NUMBER: _ClassVar[int]
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    output_types: _containers.RepeatedScalarFieldContainer[str]
+    output_dtype: str
+    instruction: str
+    is_query: bool
+    dims: int
+    profile: str
+    lora: str
+    options: _struct_pb2.Struct
+    def __init__(self, output_types: _Optional[_Iterable[str]] = ..., output_dtype: _Optional[str] = ..., instruction: _Optional[str] = ..., is_query: _Optional[bool] = ..., dims: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("request_id", "model", "results", "timing", "tokens")
@@ -100,7 +122,7 @@ class EncodeStreamResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., response: _Optional[_Union[EncodeResponse, _Mapping]] = ..., error: _Optional[_Union[_status_pb2.Status, _Mapping]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("model", "query", "items", "top_k", "profile", "lora", "options", "request_id", "instruction", "debug")
+    __slots__ = ("model", "query", "items", "top_k", "profile", "lora", "options", "request_id", "instruction", "debug", "params")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +133,7 @@ class ScoreRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
     DEBUG_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     model: str
     query: _types_pb2.Item
     items: _containers.RepeatedCompositeFieldContainer[_types_pb2.Item]
@@ -121,7 +144,22 @@ class ScoreRequest(_message.Message):
     request_id: str
     instruction: str
     debug: bool
-    def __init__(self, model: _Optional[str] = ..., query: _Optional[_Union[_types_pb2.Item, _Mapping]] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., top_k: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., instruction: _Optional[str] = ..., debug: _Optional[bool] = ...) -> None: ...
+    params: ScoreParams
+    def __init__(self, model: _Optional[str] = ..., query: _Optional[_Union[_types_pb2.Item, _Mapping]] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., top_k: _Optional[int] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., instruction: _Optional[str] = ..., debug: _Optional[bool] = ..., params: _Optional[_Union[ScoreParams, _Mapping]] = ...) -> None: ...
+
+class ScoreParams(_message.Message):
+    __slots__ = ("top_k", "instruction", "profile", "lora", "options")
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTION_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    top_k: int
+    instruction: str
+    profile: str
+    lora: str
+    options: _struct_pb2.Struct
+    def __init__(self, top_k: _Optional[int] = ..., instruction: _Optional[str] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("request_id", "model", "scores", "timing")
@@ -148,7 +186,7 @@ class ScoreEntry(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., index: _Optional[int] = ..., score: _Optional[float] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class ExtractRequest(_message.Message):
-    __slots__ = ("model", "items", "labels", "threshold", "profile", "lora", "options", "request_id", "debug")
+    __slots__ = ("model", "items", "labels", "threshold", "profile", "lora", "options", "request_id", "debug", "params")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +196,7 @@ class ExtractRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     DEBUG_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     model: str
     items: _containers.RepeatedCompositeFieldContainer[_types_pb2.Item]
     labels: _containers.RepeatedScalarFieldContainer[str]
@@ -167,7 +206,22 @@ class ExtractRequest(_message.Message):
     options: _struct_pb2.Struct
     request_id: str
     debug: bool
-    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., debug: _Optional[bool] = ...) -> None: ...
+    params: ExtractParams
+    def __init__(self, model: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_types_pb2.Item, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., debug: _Optional[bool] = ..., params: _Optional[_Union[ExtractParams, _Mapping]] = ...) -> None: ...
+
+class ExtractParams(_message.Message):
+    __slots__ = ("labels", "threshold", "profile", "lora", "options")
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    threshold: float
+    profile: str
+    lora: str
+    options: _struct_pb2.Struct
+    def __init__(self, labels: _Optional[_Iterable[str]] = ..., threshold: _Optional[float] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ExtractResponse(_message.Message):
     __slots__ = ("request_id", "model", "results", "timing")
@@ -268,6 +322,12 @@ class ConfigProblem(_message.Message):
     def __init__(self, source: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class DescribeModelRequest(_message.Message):
     __slots__ = ("model",)
     MODEL_FIELD_NUMBER: _ClassVar[int]
     model: str

@@ -70,6 +70,11 @@ class InferenceStub:
                 request_serializer=sie_dot_v1_dot_inference__pb2.GetModelRequest.SerializeToString,
                 response_deserializer=sie_dot_v1_dot_inference__pb2.GetModelResponse.FromString,
                 _registered_method=True)
+        self.DescribeModel = channel.unary_unary(
+                '/sie.v1.Inference/DescribeModel',
+                request_serializer=sie_dot_v1_dot_inference__pb2.DescribeModelRequest.SerializeToString,
+                response_deserializer=sie_dot_v1_dot_inference__pb2.Model.FromString,
+                _registered_method=True)
         self.CreatePool = channel.unary_unary(
                 '/sie.v1.Inference/CreatePool',
                 request_serializer=sie_dot_v1_dot_inference__pb2.CreatePoolRequest.SerializeToString,
@@ -149,6 +154,16 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeModel(self, request, context):
+        """GetModel's answer unwrapped: the Model itself, as the reference HTTP API
+        answers GET /v1/models/{model} (Envoy's transcoder cannot unwrap a
+        message field with response_body, so this RPC carries the HTTP route).
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreatePool(self, request, context):
         """Resource pools: capacity reserved for one tenant, held by a lease.
         """
@@ -217,6 +232,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.GetModel,
                     request_deserializer=sie_dot_v1_dot_inference__pb2.GetModelRequest.FromString,
                     response_serializer=sie_dot_v1_dot_inference__pb2.GetModelResponse.SerializeToString,
+            ),
+            'DescribeModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeModel,
+                    request_deserializer=sie_dot_v1_dot_inference__pb2.DescribeModelRequest.FromString,
+                    response_serializer=sie_dot_v1_dot_inference__pb2.Model.SerializeToString,
             ),
             'CreatePool': grpc.unary_unary_rpc_method_handler(
                     servicer.CreatePool,
@@ -434,6 +454,33 @@ class Inference:
             '/sie.v1.Inference/GetModel',
             sie_dot_v1_dot_inference__pb2.GetModelRequest.SerializeToString,
             sie_dot_v1_dot_inference__pb2.GetModelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sie.v1.Inference/DescribeModel',
+            sie_dot_v1_dot_inference__pb2.DescribeModelRequest.SerializeToString,
+            sie_dot_v1_dot_inference__pb2.Model.FromString,
             options,
             channel_credentials,
             insecure,
