@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -133,3 +134,22 @@ def test_requests_may_name_only_a_pool_their_token_created(cluster, reliability_
         assert denied.value.reason == "POOL_NOT_OWNED"
         assert list(stub.Encode(encode_request("alice's"), metadata=alice + in_pool, timeout=60).results[0].dense.shape) == [32]
         stub.DeletePool(inference_pb2.DeletePoolRequest(name="alices"), metadata=alice, timeout=30)
+
+
+def test_a_pool_deleted_behind_the_clients_back_is_no_longer_renewed(cluster, reliability_report) -> None:
+    """The client renews its pools in the background. Once a pool is gone (deleted elsewhere, or expired) the
+    renewer stops: on main it went on, so a pool created later under the same name never expired."""
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+    with SIEClient(gateway.address, timeout_s=30) as client, gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        client.create_pool("reused", {"default": 1}, ttl_s=3)  # renewed every second
+        stub.DeletePool(inference_pb2.DeletePoolRequest(name="reused"), timeout=30)
+        time.sleep(3)  # a few renewal periods: the renewer meets POOL_NOT_FOUND
+        stub.CreatePool(inference_pb2.CreatePoolRequest(name="reused", gpus={"default": 1}, ttl_s=2), timeout=30)
+
+        def expired() -> bool:
+            return "reused" not in [pool.name for pool in stub.ListPools(inference_pb2.ListPoolsRequest(), timeout=30).pools]
+
+        wait_until(expired, what="the new pool's lease to expire", timeout_s=30)
+        reliability_report.add("adversarial client", "pool re-created after the client's was deleted", expired=True)

@@ -352,10 +352,17 @@ class AsyncSIEClient:
             await asyncio.sleep(poll_s)
 
     async def _renew(self, name: str, every_s: float) -> None:
+        """Until stopped, or until the pool is gone (expired, deleted) or not this caller's: a renewer left running
+        would keep alive a pool created later under the same name."""
         while True:
             await asyncio.sleep(every_s)
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            try:
                 await self._stub.RenewPool(inference_pb2.RenewPoolRequest(name=name), metadata=self._metadata, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as error:
+                if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                    if self._renewals.get(name) is asyncio.current_task():
+                        del self._renewals[name]
+                    return
 
     def _stop_renewing(self, name: str) -> None:
         task = self._renewals.pop(name, None)
