@@ -53,3 +53,31 @@ def test_out_of_device_memory_is_retried_max_oom_retries_times() -> None:
     assert RetryPolicy(max_oom_retries=0).delay(oom, attempt=1, waited_s=0) is None
     # Other RESOURCE_EXHAUSTED answers keep their own budget.
     assert RetryPolicy(max_oom_retries=0).delay(status(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL"), attempt=1, waited_s=0) is not None
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("RESPONSE_TOO_LARGE", "the answer takes 20000000 bytes"),
+        ("POOL_QUOTA_EXCEEDED", "pool quota: this caller's pools hold 3 workers"),
+        ("", "Received message larger than max (20000047 vs. 16777216)"),
+        ("", "Sent message larger than max (70000000 vs. 67108864)"),
+        ("", "Stream removed (received metadata size exceeds hard limit (21402 vs. 16384))"),
+    ],
+)
+def test_resource_exhausted_that_the_same_call_would_get_again_is_not_retried(reason: str, message: str) -> None:
+    refused = CallStatus(grpc.StatusCode.RESOURCE_EXHAUSTED, message, reason)
+    assert RetryPolicy().delay(refused, attempt=1, waited_s=0) is None
+
+
+def test_max_oom_retries_is_not_capped_by_the_busy_budget_and_never_overflows() -> None:
+    oom = status(grpc.StatusCode.RESOURCE_EXHAUSTED, "DEVICE_OUT_OF_MEMORY")
+    policy = RetryPolicy(max_oom_retries=10**6, busy_attempts=8, backoff_max_s=2.0)
+    assert all(0 < policy.delay(oom, attempt=n, waited_s=0) <= 2.0 for n in (8, 9, 2000, 10**6))
+    assert policy.delay(oom, attempt=10**6 + 1, waited_s=0) is None
+
+
+@pytest.mark.parametrize("kwargs", [{"provision_timeout_s": float("nan")}, {"provision_timeout_s": -1.0}, {"max_oom_retries": -1}])
+def test_a_nan_or_negative_retry_budget_is_a_value_error(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        RetryPolicy(**kwargs)

@@ -30,7 +30,7 @@ class RequestBoundSettings:
     max_items_per_request: int = setting(8192, env="SIE_MAX_ITEMS_PER_REQUEST", help="most items in one encode, score or extract request")
     max_text_bytes: int = setting(2 * 2**20, env="SIE_MAX_TEXT_BYTES", help="longest item text (and score query) accepted, in UTF-8 bytes; the model truncates what it reads to its token limit")
     max_instruction_bytes: int = setting(16384, env="SIE_MAX_INSTRUCTION_BYTES", help="longest instruction accepted, in UTF-8 bytes (it is prepended to every item)")
-    max_name_bytes: int = setting(256, env="SIE_MAX_NAME_BYTES", help="longest model id, profile name, LoRA name and extract label accepted, in UTF-8 bytes")
+    max_name_bytes: int = setting(256, env="SIE_MAX_NAME_BYTES", help="longest model id, profile name, LoRA name and extract label accepted (on a gateway also pool names, bundles, machine profiles and routing headers), in UTF-8 bytes")
     max_labels: int = setting(128, env="SIE_MAX_LABELS", help="most labels in one extract request")
     max_options_bytes: int = setting(16384, env="SIE_MAX_OPTIONS_BYTES", help="largest options struct accepted, in serialized protobuf bytes")
     max_options_depth: int = setting(8, env="SIE_MAX_OPTIONS_DEPTH", help="deepest nesting of objects and lists accepted in options")

@@ -335,6 +335,6 @@ def test_a_pool_name_no_pool_can_have_is_refused_without_quoting_it_whole(edge) 
                 raised.value.details()
             )
             assert (
-                error_reason(raised.value) == "INVALID_POOL_NAME"
+                error_reason(raised.value) == "NAME_TOO_LONG"
                 and len(raised.value.details()) < 300
             )

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 import grpc
 
-from sie.v1 import inference_pb2, inference_pb2_grpc
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import messages
-from sie_client.errors import ProvisioningTimeoutError, SIEError
+from sie_client.errors import ProvisioningTimeoutError, ServerError, SIEError
 from sie_client.messages import ItemLike, is_single
 from sie_client.retry import CAPACITY_REASONS, RetryPolicy
 from sie_client.status import CallStatus, call_status, status_from_proto
@@ -59,6 +60,10 @@ class AsyncSIEClient:
         trust (default: the system's), `certificate_chain` and `private_key` for mutual TLS."""
         if (target is None) == (base_url is None):
             raise ValueError("give the server as `target` or as `base_url=`, once")
+        if not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s must be a positive, finite number of seconds, not {timeout_s}")
+        if stream_batch_size < 1 or stream_window < 1:  # a window of 0 would never send a request
+            raise ValueError(f"stream_batch_size and stream_window must be >= 1, not {stream_batch_size} and {stream_window}")
         tls = tls or bool(root_certificates or certificate_chain or private_key)
         parsed = parse_target(target or base_url or "", tls=tls)
         self.target = parsed.address
@@ -133,6 +138,8 @@ class AsyncSIEClient:
         single = is_single(items)
         batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
         policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
+        if not batch:
+            return []  # a list in, a list out: no request (the server refuses one without items)
         chunks = [
             messages.encode_request(
                 model,
@@ -147,7 +154,7 @@ class AsyncSIEClient:
                 options={**self.options, **(options or {})},
                 debug=debug,
             )
-            for start in range(0, max(len(batch), 1), self._stream_batch_size)
+            for start in range(0, len(batch), self._stream_batch_size)
         ]
         metadata = self._routing(gpu, pool)
         if len(chunks) == 1:
@@ -222,21 +229,36 @@ class AsyncSIEClient:
         timing}; the reference SDK's keys other than `entities` are empty (no adapter here produces them)."""
         single = is_single(items)
         batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
+        if not batch:
+            return []
         merged = {**self.options, **(options or {})}
-        request = inference_pb2.ExtractRequest(
-            model=model,
-            items=[messages.item_message(item) for item in batch],
-            labels=list(labels or ()),
-            profile=profile or "",
-            lora=lora or "",
-            debug=debug,
-        )
+        shared = inference_pb2.ExtractRequest(model=model, labels=list(labels or ()), profile=profile or "", lora=lora or "", debug=debug)
         if threshold is not None:
-            request.threshold = threshold
+            shared.threshold = threshold
         if (struct := messages.options_struct(merged)) is not None:
-            request.options.CopyFrom(struct)
+            shared.options.CopyFrom(struct)
         policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
-        results = messages.extract_results(await self._call(self._stub.Extract, request, policy, self._routing(gpu, pool)))
+        metadata = self._routing(gpu, pool)
+        window = asyncio.Semaphore(self._stream_window)
+
+        async def extract_chunk(chunk: Sequence[types_pb2.Item]) -> list[ExtractResult]:
+            request = inference_pb2.ExtractRequest()
+            request.CopyFrom(shared)
+            request.items.extend(chunk)
+            async with window:
+                return messages.extract_results(await self._call(self._stub.Extract, request, policy, metadata))
+
+        # Lists longer than stream_batch_size go as several requests (as encode's do), stream_window at a time.
+        items_sent = [messages.item_message(item) for item in batch]  # every item checked before any is sent
+        size = self._stream_batch_size
+        tasks = [asyncio.ensure_future(extract_chunk(items_sent[start : start + size])) for start in range(0, len(items_sent), size)]
+        try:
+            parts = await asyncio.gather(*tasks)
+        except BaseException:  # the first failure is the call's; the other chunks are not left running
+            for task in tasks:
+                task.cancel()
+            raise
+        results = [result for part in parts for result in part]
         return results[0] if single else results
 
     async def list_models(self) -> list[dict[str, Any]]:
@@ -260,10 +282,12 @@ class AsyncSIEClient:
         poll_s: float = 0.5,
     ) -> dict[str, Any]:
         """Reserve workers (machine profile -> count; only of `bundle` when given) for `pool` requests; with
-        `min_workers`, return once that many are assigned (ProvisioningTimeoutError after `timeout_s`).
+        `min_workers`, return once that many are assigned (ProvisioningTimeoutError after `timeout_s`; the pool
+        is deleted when that wait fails, so it holds no workers or quota the caller does not know of).
 
         The lease is renewed in the background every third of `ttl_s` until
         `delete_pool` or `close`; after that the pool expires by itself."""
+        _check_wait(timeout_s, poll_s)
         if min_workers > sum(gpus.values()):
             raise ValueError(f"min_workers={min_workers} is more than the {sum(gpus.values())} workers gpus= asks for")
         request = inference_pb2.CreatePoolRequest(name=name, gpus=dict(gpus), ttl_s=ttl_s, bundle=bundle or "")
@@ -272,11 +296,16 @@ class AsyncSIEClient:
         self._renewals[name] = asyncio.create_task(self._renew(name, max(ttl_s / 3, 0.2)))
         pool = messages.as_dict(response.pool)
         deadline = time.monotonic() + timeout_s
-        while len(pool.get("workers", ())) < min_workers:
-            if time.monotonic() > deadline:
-                raise _capacity_timeout(f"pool {name!r} has {len(pool.get('workers', ()))} of min_workers={min_workers} workers after {timeout_s} s")
-            await asyncio.sleep(poll_s)
-            pool = await self.get_pool(name)
+        try:
+            while len(pool.get("workers", ())) < min_workers:
+                if time.monotonic() > deadline:
+                    raise _capacity_timeout(f"pool {name!r} has {len(pool.get('workers', ()))} of min_workers={min_workers} workers after {timeout_s} s")
+                await asyncio.sleep(poll_s)
+                pool = await self.get_pool(name)
+        except BaseException:
+            with contextlib.suppress(SIEError):
+                await self.delete_pool(name)
+            raise
         return pool
 
     async def get_pool(self, name: str) -> dict[str, Any]:
@@ -309,6 +338,7 @@ class AsyncSIEClient:
     async def wait_for_capacity(self, model: str | None = None, *, timeout_s: float = 300.0, poll_s: float = 0.5) -> dict[str, Any]:
         """Poll get_capacity until `model` (or, without one, any model) is loaded somewhere, and return it;
         ProvisioningTimeoutError after `timeout_s`. Loading starts with a model's first request (or preloading)."""
+        _check_wait(timeout_s, poll_s)
         deadline = time.monotonic() + timeout_s
         while True:
             capacity = await self.get_capacity()
@@ -322,10 +352,17 @@ class AsyncSIEClient:
             await asyncio.sleep(poll_s)
 
     async def _renew(self, name: str, every_s: float) -> None:
+        """Until stopped, or until the pool is gone (expired, deleted) or not this caller's: a renewer left running
+        would keep alive a pool created later under the same name."""
         while True:
             await asyncio.sleep(every_s)
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            try:
                 await self._stub.RenewPool(inference_pb2.RenewPoolRequest(name=name), metadata=self._metadata, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as error:
+                if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
+                    if self._renewals.get(name) is asyncio.current_task():
+                        del self._renewals[name]
+                    return
 
     def _stop_renewing(self, name: str) -> None:
         task = self._renewals.pop(name, None)
@@ -385,14 +422,28 @@ class AsyncSIEClient:
         call = self._stub.EncodeStream(stream_requests(), metadata=metadata)
         feeder = asyncio.create_task(feed())
         remaining = len(requests)
+        # The stream has no deadline (a long list takes as long as it takes), but each answer does: `timeout_s`
+        # after the previous one, or after the last retry is due; a server that stops answering is not waited on for ever.
+        retries_due = loop.time()
         try:
-            async for answer in call:
+            while True:
+                wait_s = self.timeout_s + max(0.0, retries_due - loop.time())
+                try:
+                    answer = await asyncio.wait_for(call.read(), wait_s)
+                except TimeoutError:
+                    raise ServerError(
+                        f"EncodeStream: no answer in {wait_s:.1f} s (timeout_s={self.timeout_s}) with {remaining} requests outstanding",
+                        code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                    ) from None
+                if answer is grpc.aio.EOF:
+                    break
                 index = int(answer.request_id)
                 if answer.WhichOneof("outcome") == "error":
                     attempts[index] += 1
                     status = status_from_proto(answer.error)
                     delay = self._delay_or_raise(status, policy, attempts[index], started)
                     loop.call_later(delay, outgoing.put_nowait, requests[index])
+                    retries_due = max(retries_due, loop.time() + delay)
                     continue
                 answers[index] = answer.response
                 slots.release()
@@ -409,6 +460,14 @@ class AsyncSIEClient:
             if bar is not None:
                 bar.close()
         return [answer for answer in answers if answer is not None]
+
+
+def _check_wait(timeout_s: float, poll_s: float) -> None:
+    """A wait that ends: NaN never compares past a deadline, and polling without a pause floods the server."""
+    if not timeout_s >= 0:
+        raise ValueError(f"timeout_s must be a number of seconds >= 0, not {timeout_s}")
+    if not 0 < poll_s < math.inf:
+        raise ValueError(f"poll_s must be a positive, finite number of seconds, not {poll_s}")
 
 
 def _capacity_timeout(message: str) -> ProvisioningTimeoutError:

@@ -7,6 +7,7 @@ shape vector stores such as Qdrant and the reference SDK's helpers take.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -38,7 +39,7 @@ def sparse(result: EncodeResult | SparseVector) -> dict[int, float]:
 
 def normalize_sparse(vector: Mapping[int, float]) -> dict[int, float]:
     """The sparse vector scaled to unit L2 norm (an all-zero vector is returned as it is)."""
-    norm = float(np.sqrt(sum(weight * weight for weight in vector.values())))
+    norm = math.hypot(*vector.values())  # no overflow of the squares: weights of 1e200 keep their direction
     if norm == 0.0:
         return dict(vector)
     return {index: weight / norm for index, weight in vector.items()}

@@ -75,7 +75,7 @@ class ProvisioningTimeoutError(ProvisioningError):
 
 
 class ItemError(RequestError, ValueError):
-    """An item the client cannot send (an unknown or unsupported field); raised before any call."""
+    """An item the client cannot send (an unknown or unsupported field, or one of the wrong type); raised before any call."""
 
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message, code=grpc.StatusCode.INVALID_ARGUMENT, reason="INVALID_ITEM_FIELD", metadata={"field": field})

@@ -44,6 +44,14 @@ def as_item(item: ItemLike) -> Item:
 
 def item_message(item: ItemLike) -> types_pb2.Item:
     item = as_item(item)
+    for field, value in (("id", item.id), ("text", item.text)):
+        if value is not None and not isinstance(value, str):
+            raise ItemError(f"item field {field!r} is a str, not {type(value).__name__}", field=field)
+    if item.images is not None and not isinstance(item.images, (list, tuple)):
+        # A str would be read as one file per character, bytes as one image per byte.
+        raise ItemError(f"item field 'images' is a list of images, not {type(item.images).__name__}", field="images")
+    if item.metadata is not None and not (isinstance(item.metadata, Mapping) and all(isinstance(key, str) for key in item.metadata)):
+        raise ItemError("item field 'metadata' is a dict with str keys", field="metadata")
     message = types_pb2.Item(id=item.id or "")
     if item.text is not None:
         message.text = item.text

@@ -13,6 +13,10 @@ from sie_client.status import CallStatus
 CAPACITY_REASONS = frozenset({"PROVISIONING", "MODEL_LOADING"})
 # RESOURCE_EXHAUSTED reason of an item that did not fit in device memory even alone (the worker already split its batch).
 OOM_REASON = "DEVICE_OUT_OF_MEMORY"
+# RESOURCE_EXHAUSTED reasons the same call would get again (the answer is too large, the caller's pool quota is held).
+FINAL_EXHAUSTED_REASONS = frozenset({"RESPONSE_TOO_LARGE", "POOL_QUOTA_EXCEEDED"})
+# grpc's own RESOURCE_EXHAUSTED (no reason) for a message or trailers over a size limit: final too.
+_SIZE_REFUSALS = ("message larger than max", "metadata size exceeds")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,12 @@ class RetryPolicy:
     backoff_initial_s: float = 0.1
     backoff_max_s: float = 2.0
 
+    def __post_init__(self) -> None:
+        if not (self.provision_timeout_s >= 0):  # NaN too
+            raise ValueError(f"provision_timeout_s must be a number of seconds >= 0, not {self.provision_timeout_s}")
+        if self.max_oom_retries < 0:
+            raise ValueError(f"max_oom_retries must be >= 0, not {self.max_oom_retries}")
+
     def delay(self, status: CallStatus, attempt: int, waited_s: float) -> float | None:
         """Seconds to wait before try `attempt + 1`, or None to give up. `attempt` counts from 1."""
         hinted = status.retry_after_s
@@ -45,14 +55,17 @@ class RetryPolicy:
                 return hinted if attempt < self.busy_attempts else None
             return self._backoff(attempt)
         if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            if status.reason == OOM_REASON and attempt > self.max_oom_retries:
+            if status.reason in FINAL_EXHAUSTED_REASONS or (not status.reason and any(s in status.message for s in _SIZE_REFUSALS)):
                 return None
+            if status.reason == OOM_REASON:
+                return None if attempt > self.max_oom_retries else max(self._jittered(attempt), hinted or 0.0)
             backoff = self._backoff(attempt)
             return None if backoff is None else max(backoff, hinted or 0.0)
         return None
 
     def _backoff(self, attempt: int) -> float | None:
-        if attempt >= self.busy_attempts:
-            return None
-        ceiling = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1))
+        return None if attempt >= self.busy_attempts else self._jittered(attempt)
+
+    def _jittered(self, attempt: int) -> float:
+        ceiling = min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(attempt - 1, 32))
         return ceiling * random.uniform(0.5, 1.0)  # jitter: callers that failed together retry apart

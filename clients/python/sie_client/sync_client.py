@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -26,6 +27,21 @@ def _blocking(method: Callable[Concatenate[AsyncSIEClient, P], Awaitable[R]]) ->
     return call
 
 
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: AsyncSIEClient) -> None:
+    """Close the client and end its thread: on close(), or when the SIEClient is dropped without it."""
+    if threading.current_thread() is thread:  # dropped on its own loop: it cannot wait for itself
+        loop.call_soon(loop.stop)
+        return
+    asyncio.run_coroutine_threadsafe(client.close(), loop).result()
+    _stop(loop, thread)
+
+
 class SIEClient:
     def __init__(self, target: str | None = None, **kwargs: Any) -> None:
         """Same arguments as AsyncSIEClient."""
@@ -35,10 +51,11 @@ class SIEClient:
         try:
             self._client: AsyncSIEClient = self._run(self._create(target, kwargs))
         except BaseException:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            _stop(self._loop, self._thread)
             raise
+        # Framework integrations hold a client and have no close() in their protocols: one dropped without close()
+        # must not keep its thread, event loop and channel (and renew its pools) for the life of the process.
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self._client)
 
     @staticmethod
     async def _create(target: str | None, kwargs: dict[str, Any]) -> AsyncSIEClient:
@@ -62,12 +79,7 @@ class SIEClient:
         self.close()
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._run(self._client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._finalizer()  # once: later calls do nothing
 
     encode = _blocking(AsyncSIEClient.encode)
     score = _blocking(AsyncSIEClient.score)

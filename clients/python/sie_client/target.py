@@ -29,18 +29,24 @@ def parse_target(target: str, *, tls: bool = False) -> Target:
     """`host:port`, `http://host[:port]` or `https://host[:port]` (TLS); `tls` applies to the other forms."""
     if target.startswith(_GRPC_SCHEMES):
         return Target(target, tls, target)
-    if "://" not in target:
-        if not target or ":" not in target.strip("[]"):
-            raise ValueError(f"target {target!r} is not host:port or an http(s):// URL")
-        return Target(target, tls, f"{'https' if tls else 'http'}://{target}")
-    parts = urlsplit(target)
+    bare = "://" not in target
+    if bare and (not target or ":" not in target.strip("[]")):
+        raise ValueError(f"target {target!r} is not host:port or an http(s):// URL")
+    parts = urlsplit(f"{'https' if tls else 'http'}://{target}" if bare else target)
     if parts.scheme not in _DEFAULT_PORTS:
         raise ValueError(f"target {target!r}: the scheme must be http:// or https://, not {parts.scheme}://")
     if not parts.hostname:
         raise ValueError(f"target {target!r} names no host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"target {target!r}: credentials in the URL would not be sent; give the key as api_key=")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError(f"target {target!r}: gRPC takes no path or query; give scheme://host:port only")
+    try:
+        port = parts.port if parts.port is not None or bare else _DEFAULT_PORTS[parts.scheme]
+    except ValueError:
+        port = None
+    if not port:  # none after host: (or out of range, or 0, which would silently be another port)
+        raise ValueError(f"target {target!r}: the port must be a number from 1 to 65535")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    address = f"{host}:{parts.port or _DEFAULT_PORTS[parts.scheme]}"
-    secure = parts.scheme == "https"
-    return Target(address, secure, f"{parts.scheme}://{address}")
+    address = f"{host}:{port}"
+    return Target(address, parts.scheme == "https", f"{parts.scheme}://{address}")

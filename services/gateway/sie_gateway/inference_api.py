@@ -193,10 +193,13 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             )
         profile = headers.get(MACHINE_PROFILE_HEADER, "")
         pool = headers.get(POOL_HEADER, "")
+        check_name(MACHINE_PROFILE_HEADER, profile, self._bounds)
         if pool:
-            check_pool_name(pool)
+            check_pool_name(pool, self._bounds, POOL_HEADER)
         if pool and pool not in self._view.pools and not any(w.pool == pool for w in self._view.workers.values()):
             raise NotFound(f"pool {pool!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": pool})
+        if pool:
+            self._pools.check_use(pool, bearer_token(headers.items()))
 
         def candidates(tried: Any) -> list:
             return eligible_workers(list(self._view.workers.values()), bundles=bundles, machine_profile=profile, pool=pool, exclude=tried)

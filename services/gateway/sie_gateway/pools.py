@@ -25,6 +25,7 @@ from sie.v1 import inference_pb2
 from sie_common.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
 from sie_common.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from sie_common.etcd import Etcd
+from sie_common.request_bounds import RequestBounds, check_name
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.settings import GatewaySettings
 
@@ -48,9 +49,11 @@ def _check_owner(record: PoolRecord, token: str | None, action: str) -> None:
         )
 
 
-def check_pool_name(name: str) -> None:
-    """INVALID_POOL_NAME unless `name` is 1-63 of [a-z0-9._-]: before etcd is asked, and quoting at most 80
-    characters of it (an error quoting a whole 50 kB name is trailers no client reads)."""
+def check_pool_name(name: str, bounds: RequestBounds, field: str = "name") -> None:
+    """NAME_TOO_LONG over SIE_MAX_NAME_BYTES, else INVALID_POOL_NAME unless `name` is 1-63 of [a-z0-9._-]: before
+    etcd is asked, and quoting at most 80 characters of it (an error quoting a whole 50 kB name is trailers no
+    client reads)."""
+    check_name(field, name, bounds)
     if not _POOL_NAME.fullmatch(name):
         shown = name if len(name) <= 80 else name[:80] + "..."
         raise InvalidArgument(
@@ -64,6 +67,7 @@ class PoolManager:
         self._view = view
         self._settings = settings
         self._quotas = {pool_owner(token): workers for token, workers in settings.token_pool_quotas().items()}
+        self._bounds = RequestBounds(**RequestBounds.fields_from(settings))
 
     async def create(
         self, name: str, gpus: Mapping[str, int], ttl_s: int, token: str | None = None, bundle: str = ""
@@ -76,7 +80,11 @@ class PoolManager:
                 "creating resource pools is turned off on this gateway (the operator sets SIE_POOLS_ENABLED=true)",
                 reason="POOLS_DISABLED",
             )
-        check_pool_name(name)
+        # Before anything echoes them: a name too long for an error's trailers would lose the error.
+        check_pool_name(name, self._bounds)
+        check_name("bundle", bundle, self._bounds)
+        for profile in gpus:
+            check_name("gpus", profile, self._bounds)
         if not gpus or any(count <= 0 for count in gpus.values()):
             raise InvalidArgument("gpus: give at least one machine profile with a positive worker count", reason="INVALID_POOL_GPUS")
         if bundle and bundle not in self._view.bundles:
@@ -135,7 +143,7 @@ class PoolManager:
 
     async def renew(self, name: str, token: str | None = None) -> inference_pb2.Pool:
         """Refresh the lease and top up missing workers (saved in etcd); only the pool's owner may."""
-        check_pool_name(name)
+        check_pool_name(name, self._bounds)
         key = self._etcd.key(POOLS + name)
         for _ in range(_WRITE_ATTEMPTS):
             entry = await self._etcd.get(POOLS + name)
@@ -158,7 +166,7 @@ class PoolManager:
 
     async def delete(self, name: str, token: str | None = None) -> None:
         """Release the pool's workers; only its owner may."""
-        check_pool_name(name)
+        check_pool_name(name, self._bounds)
         entry = await self._etcd.get(POOLS + name)
         if entry is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})
@@ -166,8 +174,15 @@ class PoolManager:
         _check_owner(record, token, "delete")
         await self._etcd.revoke_lease(record.lease)
 
+    def check_use(self, name: str, token: str | None) -> None:
+        """PERMISSION_DENIED when requests name a pool created through the API with another token (a pool isolates
+        its creator's capacity); an operator's pool (set on its workers) has no record here and serves anyone."""
+        record = self._view.pools.get(name)
+        if record is not None:
+            _check_owner(record, token, "send requests to")
+
     def get(self, name: str) -> inference_pb2.Pool:
-        check_pool_name(name)
+        check_pool_name(name, self._bounds)
         record = self._view.pools.get(name)
         if record is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})

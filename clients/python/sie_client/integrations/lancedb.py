@@ -45,17 +45,21 @@ class SIEEmbeddingFunction(TextEmbeddingFunction):
             self._dims = self.dims or len(self.generate_embeddings(["dimension probe"])[0])
         return self._dims
 
-    def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+    def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray | None]:
         return self._encode(self.sanitize_input(query), is_query=True)
 
-    def generate_embeddings(self, texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+    def generate_embeddings(self, texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray | None]:
         return self._encode(texts, is_query=False)
 
-    def _encode(self, texts: Any, *, is_query: bool) -> list[np.ndarray]:
-        texts = [str(text) for text in texts]
-        if not texts:
-            return []
-        return [result["dense"] for result in self.client.encode(self.model, texts, is_query=is_query, dims=self.dims)]
+    def _encode(self, texts: Any, *, is_query: bool) -> list[np.ndarray | None]:
+        """A null row (None) gets a null vector, as LanceDB's own functions give it, not the vector of the text "None"."""
+        texts = list(texts)
+        present = [index for index, text in enumerate(texts) if text is not None]
+        vectors: list[np.ndarray | None] = [None] * len(texts)
+        results = self.client.encode(self.model, [str(texts[index]) for index in present], is_query=is_query, dims=self.dims)
+        for index, result in zip(present, results, strict=True):
+            vectors[index] = result["dense"]
+        return vectors
 
     def close(self) -> None:
         if self._client is not None:
