@@ -75,6 +75,9 @@ T = TypeVar("T")
 
 # Requests of at most this many items are tokenized, finished and answered on the event loop (see `off_loop`).
 INLINE_ITEMS = 8
+# ... and of at most this many characters of text: the tokenizer may read a text whole (one long word, or long
+# whitespace before its first word), about 0.5 s per 2 MiB text, which must not hold the event loop.
+INLINE_TEXT_CHARS = 32 * 1024
 
 # Batches handed to the device thread at once: the one running and the next, formed behind it.
 PIPELINE_DEPTH = 2
@@ -320,7 +323,7 @@ class Engine:
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         encoder = model.encoder
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
-        tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts))
+        tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts), sum(map(len, texts)) + len(prompt) * len(texts))
         key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
         work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
@@ -347,7 +350,7 @@ class Engine:
         scorer = model.encoder
         query = (job.instruction or "") + (job.query.text or "")
         texts = [item.text or "" for item in job.items]
-        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts), len(texts))
+        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts), len(texts), len(query) + sum(map(len, texts)))
         key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
         work = _DeviceWork(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
@@ -381,7 +384,7 @@ class Engine:
                 results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
                 entities: list[list[Entity]] = [result.output for result in results]
             else:
-                tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts))
+                tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts)))
                 work = _DeviceWork(model, job.lora, extractor.classify)
                 results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
                 entities = await self._postprocess(
@@ -397,18 +400,18 @@ class Engine:
 
     # -- shared stages --------------------------------------------------------
 
-    async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]], items: int) -> list[TokenizedText]:
+    async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]], items: int, chars: int) -> list[TokenizedText]:
         started = time.perf_counter()
         with span("tokenization"):
-            tokenized = await self.off_loop(tokenize, items)
+            tokenized = await self.off_loop(tokenize, items, chars)
         clock.tokenization_ms += _ms_since(started)
         return tokenized
 
-    async def off_loop(self, work: Callable[[], T], items: int) -> T:
+    async def off_loop(self, work: Callable[[], T], items: int, chars: int = 0) -> T:
         """Run CPU work for `items` items: on the preprocessing threads, so that the event loop serves other
         requests meanwhile, unless they are few. For a few, the hop to a thread and back costs more than the
-        work, and beside a bulk neighbour each hop waits for the GIL."""
-        if items <= INLINE_ITEMS:
+        work, and beside a bulk neighbour each hop waits for the GIL. `chars`: the text the work reads, if any."""
+        if items <= INLINE_ITEMS and chars <= INLINE_TEXT_CHARS:
             return work()
         return await asyncio.get_running_loop().run_in_executor(self._cpu_pool, work)
 
