@@ -10,6 +10,7 @@ is tokenized runs first."""
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -18,6 +19,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
 MODEL = "test/tiny-mean"
 HEAVY_ITEMS = 8  # at most engine.INLINE_ITEMS: counted by items alone, they were tokenized on the event loop
+BULK_ITEMS = 4096
 HEAVY_TEXT = (
     " " * (3 * 2**19 - 4) + "word"
 )  # 1.5 MiB; 8 of them stay under the 16 MiB message limit
@@ -65,3 +67,58 @@ def test_a_small_request_is_not_held_behind_eight_huge_texts_tokenized(
     assert small_pass < heavy_passes[0], (
         f"the small request ran in pass {small_pass}, after the heavy one's {heavy_passes}: it waited for its tokenization"
     )
+
+
+def queue_depth(metrics_port: int) -> float:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{metrics_port}/metrics", timeout=5
+    ) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith("sie_worker_queue_depth "):
+                return float(line.split()[1])
+    raise AssertionError("the worker exports no sie_worker_queue_depth")
+
+
+def test_a_request_cancelled_while_queued_leaves_no_items_in_the_queue_depth(
+    worker, reliability_report
+) -> None:
+    """A caller that goes away mid-way through a bulk request: its queued items leave the batch former, and the
+    queue depth the worker exports (what an autoscaler reads) says so, with nothing else arriving to refresh it."""
+    bulk_request = inference_pb2.EncodeRequest(
+        model=MODEL,
+        items=[
+            types_pb2.Item(text=f"bulk item {index} " + "word " * 20)
+            for index in range(BULK_ITEMS)
+        ],
+    )
+    with grpc.insecure_channel(worker.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        encode_when_loaded(stub, MODEL, ["warm up"])
+        bulk = stub.Encode.future(bulk_request, timeout=300)
+        deadline = time.monotonic() + 120
+        while (queued := queue_depth(worker.metrics_port)) < BULK_ITEMS // 2:
+            assert not bulk.done() and time.monotonic() < deadline, (
+                "the bulk request never queued half its items"
+            )
+            time.sleep(0.005)
+        bulk.cancel()
+        settle = time.monotonic() + 10
+        while (left := queue_depth(worker.metrics_port)) and time.monotonic() < settle:
+            time.sleep(0.05)
+        later = stub.Encode(
+            inference_pb2.EncodeRequest(
+                model=MODEL, items=[types_pb2.Item(text="still answered")]
+            ),
+            timeout=60,
+        )
+    reliability_report.add(
+        "worker event loop",
+        f"{BULK_ITEMS}-item request cancelled with {int(queued)} items queued",
+        queue_depth_after=int(left),
+        later_request_answered=len(later.results) == 1,
+    )
+    assert bulk.cancelled()
+    assert left == 0, (
+        f"the worker reports {left} items queued after their request was cancelled, with none waiting"
+    )
+    assert len(later.results) == 1

@@ -438,6 +438,7 @@ class Engine:
             for item in pending:
                 item.future.cancel()
             self._former.discard(pending)
+            QUEUE_DEPTH.set(self._former.pending)  # else it stays at what was queued until the next batch forms
             raise
         if recording():
             _record_device_spans(pending, results)
