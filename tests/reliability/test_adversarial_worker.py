@@ -9,6 +9,7 @@ is tokenized runs first."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 
@@ -16,6 +17,7 @@ import grpc
 import pytest
 from grpc_helpers import encode_when_loaded
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_worker.batching import BatchFormer, BatchLimits, PendingItem
 
 MODEL = "test/tiny-mean"
 HEAVY_ITEMS = 8  # at most engine.INLINE_ITEMS: counted by items alone, they were tokenized on the event loop
@@ -122,3 +124,27 @@ def test_a_request_cancelled_while_queued_leaves_no_items_in_the_queue_depth(
         f"the worker reports {left} items queued after their request was cancelled, with none waiting"
     )
     assert len(later.results) == 1
+
+
+async def test_a_batch_given_back_after_its_request_was_cancelled_is_not_queued_again() -> (
+    None
+):
+    """The engine checks `may_displace`, then awaits the newer batch; a caller whose items sit in the staged batch
+    may go away meanwhile (its queued items are discarded). Giving that batch back must not queue its items
+    again: they would run a forward pass for nobody and count in the queue depth."""
+    former = BatchFormer()
+    limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
+    loop = asyncio.get_running_loop()
+    bulk = [
+        PendingItem("bulk", 10, f"bulk{index}", loop.create_future())
+        for index in range(12)
+    ]
+    former.add(bulk, limits)
+    await asyncio.wait_for(former.next_batch(), 1)  # running
+    staged = await asyncio.wait_for(former.next_batch(), 1)
+    assert former.may_displace(staged)
+    for item in bulk:  # the caller goes away: Engine._run_on_device cancels its futures and discards them
+        item.future.cancel()
+    former.discard(bulk)
+    former.give_back(staged, limits)
+    assert former.pending == 0

@@ -168,8 +168,11 @@ class BatchFormer:
                 pass
 
     def give_back(self, batch: Batch, limits: LimitSource) -> None:
-        """Queue again, as they were, the items of a batch that did not run (another was run in its place)."""
+        """Queue again, as they were, the items of a batch that did not run (another was run in its place), but for
+        those whose caller went away while it waited (their futures are done: `discard` could not reach them)."""
         for item in batch:
+            if item.future.done():
+                continue
             item.displaced = True
             group = self._groups.setdefault(item.key, _Group(limits))
             bisect.insort(group.items, item, key=_ARRIVAL)  # a group's items stay in arrival order
