@@ -107,6 +107,17 @@ def some_of(names: Iterable[str], limit: int = LISTED_NAMES) -> str:
     return shown if len(ordered) <= limit else f"{shown} and {len(ordered) - limit} more ({len(ordered)} in all)"
 
 
+# Characters of a caller's own string an error message or ErrorInfo value repeats at most (the rest is counted).
+SHOWN_CHARS = 64
+
+
+def clipped(value: str, limit: int = SHOWN_CHARS) -> str:
+    """`value` as an error may repeat it: whole when short, else its start and its length.
+
+    Errors travel in gRPC trailers, which a caller refuses past 8-16 KiB (RESOURCE_EXHAUSTED, not the error)."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
+
+
 def status_reason(status: status_pb2.Status) -> str:
     """The ErrorInfo reason a status carries ("" when it has none)."""
     info = error_details_pb2.ErrorInfo()

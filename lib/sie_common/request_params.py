@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from google.protobuf import descriptor, struct_pb2
 
-from sie_common.errors import InvalidArgument
+from sie_common.errors import InvalidArgument, clipped
 from sie_common.request_bounds import RequestBounds, check_options
 
 # options keys that stand for a request field of the same name, and the JSON type they must have.
@@ -76,7 +76,7 @@ def _fold_params(request: Any, params: Any, given: dict[str, tuple[Any, str]]) -
 def _merge_options(options: struct_pb2.Struct, extra: struct_pb2.Struct) -> None:
     for key, value in extra.fields.items():
         if key in options.fields and options.fields[key] != value:
-            raise _conflict(f"options.{key}", f"params.options.{key}")
+            raise _conflict(f"options.{clipped(key)}", f"params.options.{clipped(key)}")
         options.fields[key].CopyFrom(value)
 
 

@@ -25,7 +25,7 @@ from sie_common.request_bounds import (
 )
 from sie_common.encode_stream import serve_encode_stream
 from sie_common.request_params import merged_request
-from sie_common.errors import Internal, InvalidArgument, SieError, abort
+from sie_common.errors import Internal, InvalidArgument, SieError, abort, clipped
 from sie_common.model_config import OUTPUT_TYPES
 from sie_common.tensors import to_tensor
 from sie_worker.batch_stats import BatchStats
@@ -58,16 +58,16 @@ def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJo
     for output in output_types:
         if output not in OUTPUT_TYPES:
             raise InvalidArgument(
-                f"output_types: unknown output type {output!r}; known: {', '.join(OUTPUT_TYPES)}",
+                f"output_types: unknown output type {clipped(output)!r}; known: {', '.join(OUTPUT_TYPES)}",
                 reason="UNKNOWN_OUTPUT_TYPE",
-                metadata={"output_type": output},
+                metadata={"output_type": clipped(output)},
             )
     dtype = request.output_dtype or "float32"
     if dtype not in OUTPUT_DTYPES:
         raise InvalidArgument(
-            f"output_dtype: {dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}",
+            f"output_dtype: {clipped(dtype)!r} is not one of {', '.join(OUTPUT_DTYPES)}",
             reason="UNKNOWN_OUTPUT_DTYPE",
-            metadata={"output_dtype": dtype},
+            metadata={"output_dtype": clipped(dtype)},
         )
     if request.HasField("dims") and request.dims <= 0:
         raise InvalidArgument(f"dims must be positive, got {request.dims}", reason="INVALID_DIMS")
