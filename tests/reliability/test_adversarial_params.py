@@ -96,6 +96,11 @@ CASES = {
         E(model=KNOWN_MODEL, items=ITEMS, params=EP(dims=-5)),
         "INVALID_DIMS",
     ),
+    "params.dims 2**31-1 (answered RESOURCE_EXHAUSTED, an 8 GB answer)": (
+        "Encode",
+        E(model=KNOWN_MODEL, items=ITEMS, params=EP(dims=2**31 - 1)),
+        "DIMS_TOO_LARGE",
+    ),
     "params.output_types one unknown of 1 MB": (
         "Encode",
         E(model=KNOWN_MODEL, items=ITEMS, params=EP(output_types=["d" * 2**20])),
@@ -165,3 +170,4 @@ def test_params_are_refused_precisely(stub, reference, case) -> None:
     assert error_info(error).reason == reason, error.details()[:300]
     assert len(error.details()) < 2048
     np.testing.assert_array_equal(known(stub), reference)
+

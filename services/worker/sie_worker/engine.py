@@ -250,7 +250,9 @@ class Engine:
     def _check_answer_estimate(self, job: EncodeJob, model_dims: int | None) -> None:
         """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent."""
         if "dense" in job.output_types:
-            dims = min((dims for dims in (job.dims, model_dims) if dims), default=0)
+            # a lower bound: job.dims alone says nothing where the model's own dims are not known yet
+            # (dims 2**31-1 read as an 8 GB answer, RESOURCE_EXHAUSTED, where DIMS_TOO_LARGE is the answer)
+            dims = min(job.dims or model_dims, model_dims) if model_dims else 0
             check_dense_estimate(len(job.items), dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
 
     async def _encode_items(
