@@ -17,6 +17,7 @@ none of those option keys, so applying it twice changes nothing.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any, TypeVar
 
@@ -108,9 +109,9 @@ def _set(
     """Set field `name` to `value` (from `source`) unless it holds, or was given, another value already."""
     field = request.DESCRIPTOR.fields_by_name[name]
     if name in given:
-        if given[name][0] != _value_of(field, value):
+        if not _same(given[name][0], _value_of(field, value)):
             raise _conflict(given[name][1], source)
-    elif _is_set(request, field) and _value(request, field) != _value_of(field, value):
+    elif _is_set(request, field) and not _same(_value(request, field), _value_of(field, value)):
         raise _conflict(name, source)
     given[name] = (_value_of(field, value), source)
     if field.is_repeated:
@@ -139,6 +140,11 @@ def _value_of(field: descriptor.FieldDescriptor, value: Any) -> Any:
     if field.type == descriptor.FieldDescriptor.TYPE_FLOAT:
         return struct.unpack("<f", struct.pack("<f", value))[0]
     return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, NaN to NaN too: the same NaN in two places is the bound's to refuse (INVALID_THRESHOLD), not a conflict."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def _conflict(field: str, other: str) -> InvalidArgument:

@@ -150,6 +150,11 @@ CASES = {
         X(model=EXTRACT_MODEL, items=ITEMS, params=XP(labels=["l" * 2**20])),
         "NAME_TOO_LONG",
     ),
+    "threshold NaN in both places (answered CONFLICTING_OPTIONS: NaN != NaN)": (
+        "Extract",
+        X(model=EXTRACT_MODEL, items=ITEMS, threshold=float("nan"), params=XP(threshold=float("nan"))),
+        "INVALID_THRESHOLD",
+    ),
     "params.threshold NaN": (
         "Extract",
         X(model=EXTRACT_MODEL, items=ITEMS, params=XP(threshold=float("nan"))),
