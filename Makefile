@@ -6,6 +6,8 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+# The slowest tests are listed after every run: the whole suite has a 20-minute budget on 2 cores.
+PYTEST_ARGS ?= --durations=30
 
 .PHONY: up serve test protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
