@@ -23,6 +23,11 @@ from worker_process import WorkerProcess
 MODELS = {"test/gliner-uni": False, "test/gliner-bi": True}
 REMOTE_CODE = "test/gliner-remote-code"
 EXTRACT = "tasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n"
+# Profiles with run_options: a default threshold of the model's own, and merged adjacent entities.
+PROFILES = (
+    "  strict:\n    extends: default\n    run_options: {threshold: 0.75}\n"
+    "  merged:\n    extends: default\n    run_options: {merge_adjacent_entities: true}\n"
+)
 TEXTS = [
     "Ada Lovelace worked with Charles Babbage in London on the Analytical Engine.",
     "Marie Curie was born in Warsaw and moved to Paris.",
@@ -48,7 +53,7 @@ def _start(directories: dict[str, Path], root: Path, **env: str) -> WorkerProces
     configs = root / "configs"
     configs.mkdir()
     for model_id, directory in directories.items():
-        write_config(configs, model_id, f"path: {directory}\n{EXTRACT}")
+        write_config(configs, model_id, f"path: {directory}\n{EXTRACT}{PROFILES}")
     worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": "", **env}, root / "worker.log")
     worker.wait_serving()
     return worker
@@ -64,9 +69,9 @@ def stub(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
         worker.stop()
 
 
-def _extract(stub: inference_pb2_grpc.InferenceStub, model_id: str, threshold: float | None) -> inference_pb2.ExtractResponse:
+def _extract(stub: inference_pb2_grpc.InferenceStub, model_id: str, threshold: float | None, profile: str = "") -> inference_pb2.ExtractResponse:
     items = [types_pb2.Item(id=str(index), text=text) for index, text in enumerate(TEXTS)]
-    request = inference_pb2.ExtractRequest(model=model_id, items=items, labels=LABELS)
+    request = inference_pb2.ExtractRequest(model=model_id, items=items, labels=LABELS, profile=profile)
     if threshold is not None:
         request.threshold = threshold
     response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=60))
@@ -86,6 +91,33 @@ def test_spans_equal_gliner_inference(stub, directories: dict[str, Path], model_
         assert [e.text for e in result.entities] == [text[e["start"] : e["end"]] for e in expected]
         for served, wanted in zip(result.entities, expected):
             assert abs(served.score - wanted["score"]) <= 1e-4
+
+
+def test_a_profile_threshold_is_the_default(stub, directories: dict[str, Path]) -> None:
+    reference = GLiNER.from_pretrained(str(directories["test/gliner-uni"]), local_files_only=True).inference(TEXTS, LABELS, threshold=0.75)
+    response = _extract(stub, "test/gliner-uni", None, profile="strict")
+    assert [[(e.start, e.end, e.label) for e in result.entities] for result in response.results] == [
+        [(e["start"], e["end"], e["label"]) for e in entities] for entities in reference
+    ]
+
+
+def test_adjacent_entities_of_one_label_merge(stub, directories: dict[str, Path]) -> None:
+    reference = GLiNER.from_pretrained(str(directories["test/gliner-uni"]), local_files_only=True).inference(TEXTS, LABELS, threshold=0.5)
+    response = _extract(stub, "test/gliner-uni", None, profile="merged")
+    merges = 0
+    for text, entities, result in zip(TEXTS, reference, response.results):
+        # Runs of one label separated by whitespace only become one entity scored by the mean of its parts.
+        expected: list[tuple[int, int, str, list[float]]] = []
+        for e in sorted(entities, key=lambda e: e["start"]):
+            if expected and expected[-1][2] == e["label"] and not text[expected[-1][1] : e["start"]].strip():
+                expected[-1] = (expected[-1][0], e["end"], e["label"], [*expected[-1][3], e["score"]])
+                merges += 1
+            else:
+                expected.append((e["start"], e["end"], e["label"], [e["score"]]))
+        assert [(e.start, e.end, e.label) for e in result.entities] == [(start, end, label) for start, end, label, _ in expected]
+        for served, (_, _, _, scores) in zip(result.entities, expected):
+            assert abs(served.score - sum(scores) / len(scores)) <= 1e-4
+    assert merges >= 2
 
 
 def test_a_backbone_that_names_shipped_code_is_refused_without_trust_remote_code(stub) -> None:

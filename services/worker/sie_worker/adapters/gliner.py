@@ -4,6 +4,9 @@ The model loads from its resolved local directory only (`local_files_only`): the
 (else the backbone's, from the local Hugging Face cache) and the backbone built from the saved
 `encoder_config`. GLiNER builds backbones with `trust_remote_code=True`; a checkpoint whose backbone
 config names code to run (`auto_map`) is refused unless the profile sets `trust_remote_code`.
+
+run_options: `threshold` (the default when a request sets none) and `merge_adjacent_entities` (join
+entities of one label that only whitespace separates, as token-level checkpoints such as NuNER Zero need).
 """
 
 from __future__ import annotations
@@ -67,12 +70,43 @@ class GlinerExtractor(ZeroShotExtractor):
         self.extractor.to(context.device).eval()
         self.model = self.extractor.model
         self.max_sequence_length = int(self.extractor.config.max_len)
+        run_options = context.profile.run_options
+        self.threshold = run_options.get("threshold", DEFAULT_THRESHOLD)
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
+            raise ValueError(f"run_options.threshold: must be a number from 0 to 1, got {self.threshold!r}")
+        self.merge_adjacent = run_options.get("merge_adjacent_entities", False)
+        if not isinstance(self.merge_adjacent, bool):
+            raise ValueError(f"run_options.merge_adjacent_entities: must be true or false, got {self.merge_adjacent!r}")
 
     def extract(self, texts: Sequence[str], labels: Sequence[str], threshold: float | None) -> list[list[Entity]]:
         found = self.extractor.inference(
-            list(texts), list(labels), threshold=DEFAULT_THRESHOLD if threshold is None else threshold, batch_size=max(1, len(texts))
+            list(texts), list(labels), threshold=self.threshold if threshold is None else threshold, batch_size=max(1, len(texts))
         )
-        return [
-            [Entity(text=text[e["start"] : e["end"]], label=e["label"], score=float(e["score"]), start=e["start"], end=e["end"]) for e in entities]
-            for text, entities in zip(texts, found)
-        ]
+        results = []
+        for text, entities in zip(texts, found):
+            spans = [(e["start"], e["end"], e["label"], [float(e["score"])]) for e in entities]
+            if self.merge_adjacent:
+                spans = merge_adjacent(text, spans)
+            results.append(
+                [
+                    Entity(text=text[start:end], label=label, score=sum(scores) / len(scores), start=start, end=end)
+                    for start, end, label, scores in spans
+                ]
+            )
+        return results
+
+
+Span = tuple[int, int, str, list[float]]
+
+
+def merge_adjacent(text: str, spans: list[Span]) -> list[Span]:
+    """Join consecutive spans (by start) of one label with only whitespace between them; the score is their mean."""
+    merged: list[Span] = []
+    for start, end, label, scores in sorted(spans, key=lambda span: span[0]):
+        if merged:
+            last_start, last_end, last_label, last_scores = merged[-1]
+            if label == last_label and last_end <= start and not text[last_end:start].strip():
+                merged[-1] = (last_start, end, label, last_scores + scores)
+                continue
+        merged.append((start, end, label, scores))
+    return merged
