@@ -51,8 +51,6 @@ OPERATION_MODELS = {
     ),
     "test/tiny-siglip": "inputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n",
 }
-# Served but never preloaded: loading it needs the optional gliner package.
-GLINER_MODEL = "test/tiny-gliner"
 # Served but never preloaded: its config asks its adapter for a task it lacks.
 MISCONFIGURED_MODEL = "test/splade-as-reranker"
 
@@ -103,7 +101,6 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, 
     write_config(
         directory, MISCONFIGURED_MODEL, f"path: {tiny_models['test/tiny-splade']}\ntasks: [score]\nprofiles:\n  default:\n    adapter: splade\n"
     )
-    write_config(directory, GLINER_MODEL, f"path: {tiny_models['test/tiny-ner']}\ntasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n")
     return directory
 
 

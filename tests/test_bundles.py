@@ -35,6 +35,16 @@ def test_a_bundle_serves_models_by_adapter_and_optional_list() -> None:
     assert listed.can_serve(model("x/one")) and not listed.can_serve(model("x/two"))
 
 
+def test_excluded_models_are_left_to_another_bundle() -> None:
+    bundle = parse_bundle({"id": "a", "adapters": ["sentence_transformer"], "exclude_models": ["x/large"]}, source="a.yaml")
+    assert bundle.can_serve(model("x/small")) and not bundle.can_serve(model("x/large"))
+    # Round trip through the etcd form; a bundle without exclusions keeps its former form (and hashes).
+    assert parse_bundle(bundle.to_dict(), source="etcd") == bundle
+    assert "exclude_models" not in Bundle("b", ("sentence_transformer",)).to_dict()
+    with pytest.raises(ModelConfigError, match="a.yaml: exclude_models: must be a list of model ids"):
+        parse_bundle({"id": "a", "adapters": ["x"], "exclude_models": "x/large"}, source="a.yaml")
+
+
 def test_config_hash_follows_the_served_configs_only() -> None:
     bundle = Bundle("a", ("sentence_transformer",))
     base = bundle_config_hash(bundle, [model("x/one")])

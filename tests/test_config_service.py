@@ -80,7 +80,7 @@ async def test_grpcurl_add_model_moves_epoch_to_the_write_and_export_contains_it
     assert export.epoch == stored.mod_revision
     assert [c.id for c in export.configs] == [MODEL]
     assert export.configs[0].profiles["default"].adapter == "sentence_transformer"
-    assert [b.id for b in export.bundles] == ["default"] and export.bundles[0].config_hash
+    assert [b.id for b in export.bundles] == sorted(load_bundles(Path(__file__).parents[1] / "bundles")) and export.bundles[0].config_hash
     assert export.bundle_set_hash == epoch.bundle_set_hash
 
 
@@ -137,7 +137,10 @@ def test_bad_configs_are_refused_with_reasons(stub) -> None:
 
 def test_bundles_are_published_and_served(stub) -> None:
     bundles = stub.ListBundles(config_pb2.ListBundlesRequest()).bundles
-    assert [(b.id, list(b.adapters)) for b in bundles] == [("default", list(load_bundles(Path(__file__).parents[1] / "bundles")["default"].adapters))]
+    repository = load_bundles(Path(__file__).parents[1] / "bundles")
+    assert [(b.id, list(b.adapters), list(b.exclude_models)) for b in bundles] == [
+        (bundle.id, list(bundle.adapters), list(bundle.exclude_models)) for bundle in sorted(repository.values(), key=lambda b: b.id)
+    ]
     empty_hash = bundles[0].config_hash
     stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
     bundle = stub.GetBundle(config_pb2.GetBundleRequest(bundle_id="default")).bundle

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer, pipeline
 
-from conftest import GLINER_MODEL, MISCONFIGURED_MODEL
+from conftest import MISCONFIGURED_MODEL
 from grpc_helpers import call_until_loaded, error_details, items
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.tensors import from_tensor
@@ -93,17 +93,6 @@ def test_token_classification_spans_equal_the_transformers_pipeline(stub, tiny_m
     kept = stub.Extract(inference_pb2.ExtractRequest(model="test/tiny-ner", items=items(TEXTS), threshold=cut), timeout=60)
     assert all(e.score >= cut for result in kept.results for e in result.entities)
     assert sum(len(result.entities) for result in kept.results) == sum(score >= cut for score in scores)
-
-
-def test_gliner_without_the_package_is_failed_precondition(stub) -> None:
-    # The first request starts the load (UNAVAILABLE, MODEL_LOADING); the failed load answers the next ones.
-    with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(
-            lambda: stub.Extract(inference_pb2.ExtractRequest(model=GLINER_MODEL, items=items(TEXTS), labels=["person"]), timeout=60)
-        )
-    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "pip install gliner" in raised.value.details()
-    assert error_details(raised.value)[0].reason == "ADAPTER_DEPENDENCY_MISSING"
 
 
 def test_config_asking_an_adapter_for_a_task_it_lacks_fails_to_load(stub) -> None:

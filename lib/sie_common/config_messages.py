@@ -24,5 +24,10 @@ def config_from_message(message: config_pb2.ModelConfig, *, source: str) -> Mode
 
 def bundle_to_message(bundle: Bundle, config_hash: str) -> config_pb2.Bundle:
     return config_pb2.Bundle(
-        id=bundle.id, adapters=bundle.adapters, models=bundle.models, config_hash=config_hash, priority=bundle.priority
+        id=bundle.id,
+        adapters=bundle.adapters,
+        models=bundle.models,
+        config_hash=config_hash,
+        priority=bundle.priority,
+        exclude_models=bundle.exclude_models,
     )

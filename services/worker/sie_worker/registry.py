@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import gc
 import logging
 import time
@@ -24,6 +25,7 @@ from typing import NoReturn
 from dataclasses import dataclass, field
 
 import torch
+from safetensors import SafetensorError
 
 from sie.v1 import inference_pb2
 from sie_common.config_store import is_from_etcd
@@ -96,11 +98,59 @@ class LoadedModel:
     active: int = 0
 
 
+# Failures that another attempt can fix: memory that may be freed, a source that may come back.
+_RETRYABLE = (torch.OutOfMemoryError, MemoryError, ConnectionError, TimeoutError)
+# OS errors of a moment (a full disk, an I/O fault, too many open files) rather than of the model directory.
+_TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ESTALE, errno.EINTR})
+# Failures that only a change to the worker's packages, the model config or the model directory fixes:
+# a missing Python dependency, an unsupported architecture or layout (ValueError, KeyError,
+# NotImplementedError), a missing or unreadable file in the resolved (local) directory (OSError).
+_PERMANENT = (FailedPrecondition, ModelConfigError, ImportError, ValueError, KeyError, NotImplementedError, OSError, SafetensorError)
+# RuntimeErrors transformers and torch raise for weights that do not fit the architecture.
+_BAD_WEIGHTS_MESSAGES = ("ignore_mismatched_sizes", "Error(s) in loading state_dict", "size mismatch")
+
+
 def is_permanent(error: BaseException) -> bool:
-    """Failures that another attempt cannot fix: missing weights, bad config or model files, unknown adapter."""
+    """Whether a load failure stays until the worker's packages, the config or the model files change.
+
+    Permanent: missing weights (every source missed), a missing Python dependency anywhere in loading (an
+    ImportError in the error or its causes), an unsupported architecture or layout, a bad or missing file in
+    the model directory, weights that do not fit the architecture, an adapter the worker lacks. Retryable:
+    out of memory, a cache or the Hub unreachable, transient OS errors, and anything not known to be permanent.
+    """
     if isinstance(error, WeightsNotFound):
         return not error.retryable
-    return isinstance(error, (FailedPrecondition, ModelConfigError, ValueError, KeyError, FileNotFoundError))
+    if isinstance(error, _RETRYABLE) or (isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS):
+        return False
+    if _import_error_in(error) is not None:
+        return True
+    if isinstance(error, RuntimeError):
+        return any(message in str(error) for message in _BAD_WEIGHTS_MESSAGES) and "out of memory" not in str(error)
+    return isinstance(error, _PERMANENT)
+
+
+def _import_error_in(error: BaseException) -> ImportError | None:
+    """The ImportError in an error's chain of causes, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ImportError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def describe_failure(error: BaseException) -> str:
+    """The cause of a load failure for callers: our own errors as they are, others with their type (and a
+    missing dependency behind them)."""
+    if isinstance(error, (FailedPrecondition, ModelConfigError, WeightsNotFound)):
+        return str(error)
+    described = f"{type(error).__name__}: {error}"
+    missing = _import_error_in(error)
+    if missing is not None and missing is not error:
+        described += f" (caused by {type(missing).__name__}: {missing})"
+    return described
 
 
 class ModelRegistry:
@@ -297,10 +347,10 @@ class ModelRegistry:
         permanent = is_permanent(error)
         cooldown = min(MAX_COOLDOWN_S, self._settings.load_retry_cooldown_s * 2 ** (attempts - 1))
         refusal = error if isinstance(error, FailedPrecondition) else None
-        self._failures[key] = LoadFailure(str(error), attempts, permanent, time.monotonic() + cooldown, refusal)
+        self._failures[key] = LoadFailure(describe_failure(error), attempts, permanent, time.monotonic() + cooldown, refusal)
         log.error(
             "loading %s (profile %s) failed (attempt %d, %s): %s",
-            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", error,
+            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", self._failures[key].error,
         )
 
     @property

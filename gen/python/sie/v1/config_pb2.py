@@ -26,7 +26,7 @@ from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sie/v1/config.proto\x12\x06sie.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x9a\x03\n\x0bModelConfig\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05hf_id\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\r\n\x05tasks\x18\x05 \x03(\t\x12\x14\n\x0coutput_types\x18\x06 \x03(\t\x12\x0c\n\x04\x64ims\x18\x07 \x01(\r\x12\x1b\n\x13max_sequence_length\x18\x08 \x01(\r\x12\x33\n\x08profiles\x18\t \x03(\x0b\x32!.sie.v1.ModelConfig.ProfilesEntry\x12\x0e\n\x06inputs\x18\n \x03(\t\x12\x17\n\x0f\x62undled_weights\x18\x0b \x01(\t\x12-\n\x05loras\x18\x0c \x03(\x0b\x32\x1e.sie.v1.ModelConfig.LorasEntry\x1a\x45\n\rProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.sie.v1.ModelProfile:\x02\x38\x01\x1a,\n\nLorasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf8\x01\n\x0cModelProfile\x12\x0f\n\x07\x65xtends\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x02 \x01(\t\x12-\n\x0cload_options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12,\n\x0brun_options\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x10max_batch_tokens\x18\x05 \x01(\r\x12\x19\n\x11\x63ompute_precision\x18\x06 \x01(\t\x12\x1e\n\x11\x61\x64\x61ptive_batching\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_adaptive_batching\"]\n\x06\x42undle\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x64\x61pters\x18\x02 \x03(\t\x12\x13\n\x0b\x63onfig_hash\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06models\x18\x05 \x03(\t\"6\n\x0f\x41\x64\x64ModelRequest\x12#\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x13.sie.v1.ModelConfig\"s\n\x10\x41\x64\x64ModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x16\n\x0e\x61\x64\x64\x65\x64_profiles\x18\x03 \x03(\t\x12\x18\n\x10skipped_profiles\x18\x04 \x03(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"&\n\x15GetModelConfigRequest\x12\r\n\x05model\x18\x01 \x01(\t\"=\n\x16GetModelConfigResponse\x12#\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x13.sie.v1.ModelConfig\"\x19\n\x17ListModelConfigsRequest\"@\n\x18ListModelConfigsResponse\x12$\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x13.sie.v1.ModelConfig\"\x16\n\x14\x45xportConfigsRequest\"\x86\x01\n\x15\x45xportConfigsResponse\x12$\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x13.sie.v1.ModelConfig\x12\x1f\n\x07\x62undles\x18\x02 \x03(\x0b\x32\x0e.sie.v1.Bundle\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x17\n\x0f\x62undle_set_hash\x18\x04 \x01(\t\"\x11\n\x0fGetEpochRequest\":\n\x10GetEpochResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0f\x62undle_set_hash\x18\x02 \x01(\t\"\x14\n\x12ListBundlesRequest\"6\n\x13ListBundlesResponse\x12\x1f\n\x07\x62undles\x18\x01 \x03(\x0b\x32\x0e.sie.v1.Bundle\"%\n\x10GetBundleRequest\x12\x11\n\tbundle_id\x18\x01 \x01(\t\"3\n\x11GetBundleResponse\x12\x1e\n\x06\x62undle\x18\x01 \x01(\x0b\x32\x0e.sie.v1.Bundle2\xf1\x05\n\rConfigService\x12\x61\n\x08\x41\x64\x64Model\x12\x17.sie.v1.AddModelRequest\x1a\x18.sie.v1.AddModelResponse\"\"\x82\xd3\xe4\x93\x02\x1c\"\x12/v1/configs/models:\x06\x63onfig\x12v\n\x0eGetModelConfig\x12\x1d.sie.v1.GetModelConfigRequest\x1a\x1e.sie.v1.GetModelConfigResponse\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/configs/models/{model=**}\x12q\n\x10ListModelConfigs\x12\x1f.sie.v1.ListModelConfigsRequest\x1a .sie.v1.ListModelConfigsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/configs/models\x12h\n\rExportConfigs\x12\x1c.sie.v1.ExportConfigsRequest\x1a\x1d.sie.v1.ExportConfigsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/configs/export\x12X\n\x08GetEpoch\x12\x17.sie.v1.GetEpochRequest\x1a\x18.sie.v1.GetEpochResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/configs/epoch\x12\x63\n\x0bListBundles\x12\x1a.sie.v1.ListBundlesRequest\x1a\x1b.sie.v1.ListBundlesResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/configs/bundles\x12i\n\tGetBundle\x12\x18.sie.v1.GetBundleRequest\x1a\x19.sie.v1.GetBundleResponse\"\'\x82\xd3\xe4\x93\x02!\x12\x1f/v1/configs/bundles/{bundle_id}b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sie/v1/config.proto\x12\x06sie.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x9a\x03\n\x0bModelConfig\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05hf_id\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\r\n\x05tasks\x18\x05 \x03(\t\x12\x14\n\x0coutput_types\x18\x06 \x03(\t\x12\x0c\n\x04\x64ims\x18\x07 \x01(\r\x12\x1b\n\x13max_sequence_length\x18\x08 \x01(\r\x12\x33\n\x08profiles\x18\t \x03(\x0b\x32!.sie.v1.ModelConfig.ProfilesEntry\x12\x0e\n\x06inputs\x18\n \x03(\t\x12\x17\n\x0f\x62undled_weights\x18\x0b \x01(\t\x12-\n\x05loras\x18\x0c \x03(\x0b\x32\x1e.sie.v1.ModelConfig.LorasEntry\x1a\x45\n\rProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12#\n\x05value\x18\x02 \x01(\x0b\x32\x14.sie.v1.ModelProfile:\x02\x38\x01\x1a,\n\nLorasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf8\x01\n\x0cModelProfile\x12\x0f\n\x07\x65xtends\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x02 \x01(\t\x12-\n\x0cload_options\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12,\n\x0brun_options\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x10max_batch_tokens\x18\x05 \x01(\r\x12\x19\n\x11\x63ompute_precision\x18\x06 \x01(\t\x12\x1e\n\x11\x61\x64\x61ptive_batching\x18\x07 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_adaptive_batching\"u\n\x06\x42undle\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x64\x61pters\x18\x02 \x03(\t\x12\x13\n\x0b\x63onfig_hash\x18\x03 \x01(\t\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x0e\n\x06models\x18\x05 \x03(\t\x12\x16\n\x0e\x65xclude_models\x18\x06 \x03(\t\"6\n\x0f\x41\x64\x64ModelRequest\x12#\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x13.sie.v1.ModelConfig\"s\n\x10\x41\x64\x64ModelResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x16\n\x0e\x61\x64\x64\x65\x64_profiles\x18\x03 \x03(\t\x12\x18\n\x10skipped_profiles\x18\x04 \x03(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\"&\n\x15GetModelConfigRequest\x12\r\n\x05model\x18\x01 \x01(\t\"=\n\x16GetModelConfigResponse\x12#\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x13.sie.v1.ModelConfig\"\x19\n\x17ListModelConfigsRequest\"@\n\x18ListModelConfigsResponse\x12$\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x13.sie.v1.ModelConfig\"\x16\n\x14\x45xportConfigsRequest\"\x86\x01\n\x15\x45xportConfigsResponse\x12$\n\x07\x63onfigs\x18\x01 \x03(\x0b\x32\x13.sie.v1.ModelConfig\x12\x1f\n\x07\x62undles\x18\x02 \x03(\x0b\x32\x0e.sie.v1.Bundle\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x17\n\x0f\x62undle_set_hash\x18\x04 \x01(\t\"\x11\n\x0fGetEpochRequest\":\n\x10GetEpochResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x17\n\x0f\x62undle_set_hash\x18\x02 \x01(\t\"\x14\n\x12ListBundlesRequest\"6\n\x13ListBundlesResponse\x12\x1f\n\x07\x62undles\x18\x01 \x03(\x0b\x32\x0e.sie.v1.Bundle\"%\n\x10GetBundleRequest\x12\x11\n\tbundle_id\x18\x01 \x01(\t\"3\n\x11GetBundleResponse\x12\x1e\n\x06\x62undle\x18\x01 \x01(\x0b\x32\x0e.sie.v1.Bundle2\xf1\x05\n\rConfigService\x12\x61\n\x08\x41\x64\x64Model\x12\x17.sie.v1.AddModelRequest\x1a\x18.sie.v1.AddModelResponse\"\"\x82\xd3\xe4\x93\x02\x1c\"\x12/v1/configs/models:\x06\x63onfig\x12v\n\x0eGetModelConfig\x12\x1d.sie.v1.GetModelConfigRequest\x1a\x1e.sie.v1.GetModelConfigResponse\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/configs/models/{model=**}\x12q\n\x10ListModelConfigs\x12\x1f.sie.v1.ListModelConfigsRequest\x1a .sie.v1.ListModelConfigsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/configs/models\x12h\n\rExportConfigs\x12\x1c.sie.v1.ExportConfigsRequest\x1a\x1d.sie.v1.ExportConfigsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/configs/export\x12X\n\x08GetEpoch\x12\x17.sie.v1.GetEpochRequest\x1a\x18.sie.v1.GetEpochResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/configs/epoch\x12\x63\n\x0bListBundles\x12\x1a.sie.v1.ListBundlesRequest\x1a\x1b.sie.v1.ListBundlesResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/configs/bundles\x12i\n\tGetBundle\x12\x18.sie.v1.GetBundleRequest\x1a\x19.sie.v1.GetBundleResponse\"\'\x82\xd3\xe4\x93\x02!\x12\x1f/v1/configs/bundles/{bundle_id}b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -60,35 +60,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELPROFILE']._serialized_start=505
   _globals['_MODELPROFILE']._serialized_end=753
   _globals['_BUNDLE']._serialized_start=755
-  _globals['_BUNDLE']._serialized_end=848
-  _globals['_ADDMODELREQUEST']._serialized_start=850
-  _globals['_ADDMODELREQUEST']._serialized_end=904
-  _globals['_ADDMODELRESPONSE']._serialized_start=906
-  _globals['_ADDMODELRESPONSE']._serialized_end=1021
-  _globals['_GETMODELCONFIGREQUEST']._serialized_start=1023
-  _globals['_GETMODELCONFIGREQUEST']._serialized_end=1061
-  _globals['_GETMODELCONFIGRESPONSE']._serialized_start=1063
-  _globals['_GETMODELCONFIGRESPONSE']._serialized_end=1124
-  _globals['_LISTMODELCONFIGSREQUEST']._serialized_start=1126
-  _globals['_LISTMODELCONFIGSREQUEST']._serialized_end=1151
-  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_start=1153
-  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_end=1217
-  _globals['_EXPORTCONFIGSREQUEST']._serialized_start=1219
-  _globals['_EXPORTCONFIGSREQUEST']._serialized_end=1241
-  _globals['_EXPORTCONFIGSRESPONSE']._serialized_start=1244
-  _globals['_EXPORTCONFIGSRESPONSE']._serialized_end=1378
-  _globals['_GETEPOCHREQUEST']._serialized_start=1380
-  _globals['_GETEPOCHREQUEST']._serialized_end=1397
-  _globals['_GETEPOCHRESPONSE']._serialized_start=1399
-  _globals['_GETEPOCHRESPONSE']._serialized_end=1457
-  _globals['_LISTBUNDLESREQUEST']._serialized_start=1459
-  _globals['_LISTBUNDLESREQUEST']._serialized_end=1479
-  _globals['_LISTBUNDLESRESPONSE']._serialized_start=1481
-  _globals['_LISTBUNDLESRESPONSE']._serialized_end=1535
-  _globals['_GETBUNDLEREQUEST']._serialized_start=1537
-  _globals['_GETBUNDLEREQUEST']._serialized_end=1574
-  _globals['_GETBUNDLERESPONSE']._serialized_start=1576
-  _globals['_GETBUNDLERESPONSE']._serialized_end=1627
-  _globals['_CONFIGSERVICE']._serialized_start=1630
-  _globals['_CONFIGSERVICE']._serialized_end=2383
+  _globals['_BUNDLE']._serialized_end=872
+  _globals['_ADDMODELREQUEST']._serialized_start=874
+  _globals['_ADDMODELREQUEST']._serialized_end=928
+  _globals['_ADDMODELRESPONSE']._serialized_start=930
+  _globals['_ADDMODELRESPONSE']._serialized_end=1045
+  _globals['_GETMODELCONFIGREQUEST']._serialized_start=1047
+  _globals['_GETMODELCONFIGREQUEST']._serialized_end=1085
+  _globals['_GETMODELCONFIGRESPONSE']._serialized_start=1087
+  _globals['_GETMODELCONFIGRESPONSE']._serialized_end=1148
+  _globals['_LISTMODELCONFIGSREQUEST']._serialized_start=1150
+  _globals['_LISTMODELCONFIGSREQUEST']._serialized_end=1175
+  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_start=1177
+  _globals['_LISTMODELCONFIGSRESPONSE']._serialized_end=1241
+  _globals['_EXPORTCONFIGSREQUEST']._serialized_start=1243
+  _globals['_EXPORTCONFIGSREQUEST']._serialized_end=1265
+  _globals['_EXPORTCONFIGSRESPONSE']._serialized_start=1268
+  _globals['_EXPORTCONFIGSRESPONSE']._serialized_end=1402
+  _globals['_GETEPOCHREQUEST']._serialized_start=1404
+  _globals['_GETEPOCHREQUEST']._serialized_end=1421
+  _globals['_GETEPOCHRESPONSE']._serialized_start=1423
+  _globals['_GETEPOCHRESPONSE']._serialized_end=1481
+  _globals['_LISTBUNDLESREQUEST']._serialized_start=1483
+  _globals['_LISTBUNDLESREQUEST']._serialized_end=1503
+  _globals['_LISTBUNDLESRESPONSE']._serialized_start=1505
+  _globals['_LISTBUNDLESRESPONSE']._serialized_end=1559
+  _globals['_GETBUNDLEREQUEST']._serialized_start=1561
+  _globals['_GETBUNDLEREQUEST']._serialized_end=1598
+  _globals['_GETBUNDLERESPONSE']._serialized_start=1600
+  _globals['_GETBUNDLERESPONSE']._serialized_end=1651
+  _globals['_CONFIGSERVICE']._serialized_start=1654
+  _globals['_CONFIGSERVICE']._serialized_end=2407
 # @@protoc_insertion_point(module_scope)

@@ -69,18 +69,20 @@ class ModelProfile(_message.Message):
     def __init__(self, extends: _Optional[str] = ..., adapter: _Optional[str] = ..., load_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., run_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., max_batch_tokens: _Optional[int] = ..., compute_precision: _Optional[str] = ..., adaptive_batching: _Optional[bool] = ...) -> None: ...
 
 class Bundle(_message.Message):
-    __slots__ = ("id", "adapters", "config_hash", "priority", "models")
+    __slots__ = ("id", "adapters", "config_hash", "priority", "models", "exclude_models")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_MODELS_FIELD_NUMBER: _ClassVar[int]
     id: str
     adapters: _containers.RepeatedScalarFieldContainer[str]
     config_hash: str
     priority: int
     models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ..., config_hash: _Optional[str] = ..., priority: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+    exclude_models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., adapters: _Optional[_Iterable[str]] = ..., config_hash: _Optional[str] = ..., priority: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ..., exclude_models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AddModelRequest(_message.Message):
     __slots__ = ("config",)

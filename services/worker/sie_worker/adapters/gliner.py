@@ -1,29 +1,57 @@
-"""Zero-shot entity extraction with labels given per request, through the optional `gliner` package."""
+"""Zero-shot entity extraction with labels given per request, through the optional `gliner` package.
+
+The model loads from its resolved local directory only (`local_files_only`): the tokenizer saved with it
+(else the backbone's, from the local Hugging Face cache) and the backbone built from the saved
+`encoder_config`. GLiNER builds backbones with `trust_remote_code=True`; a checkpoint whose backbone
+config names code to run (`auto_map`) is refused unless the profile sets `trust_remote_code`.
+
+run_options: `threshold` (the default when a request sets none) and `merge_adjacent_entities` (join
+entities of one label that only whitespace separates, as token-level checkpoints such as NuNER Zero need).
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from sie_common.errors import FailedPrecondition
 from sie_worker.adapters.base import Entity, LoadContext, ZeroShotExtractor
 
 DEFAULT_THRESHOLD = 0.5
-
-
-def gliner_installed() -> bool:
-    return importlib.util.find_spec("gliner") is not None
+# Backbone configs in gliner_config.json that GLiNER builds models from.
+_BACKBONE_CONFIGS = ("encoder_config", "labels_encoder_config", "labels_decoder_config", "span_encoder_config")
 
 
 def require_gliner(model_id: str) -> None:
-    """FAILED_PRECONDITION, saying what to install, when the gliner package is missing."""
-    if not gliner_installed():
+    """FAILED_PRECONDITION, saying what to install, when the gliner package or one it imports is missing."""
+    try:
+        importlib.import_module("gliner")
+    except ModuleNotFoundError as missing:
+        package = missing.name or "gliner"
         raise FailedPrecondition(
-            f"model {model_id} needs the 'gliner' package, which is not installed in this worker; "
-            "install it (pip install gliner) or serve the model from a worker image that has it",
+            f"model {model_id} needs the 'gliner' package, which cannot be imported in this worker (missing module {package!r}); "
+            "install the engine's gliner extra (pip install gliner --no-deps && pip install '.[gliner]', see docs/models.md) "
+            "or serve the model from a worker image that has it",
             reason="ADAPTER_DEPENDENCY_MISSING",
-            metadata={"model": model_id, "package": "gliner"},
-        )
+            metadata={"model": model_id, "package": package},
+        ) from None
+
+
+def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
+    """A ValueError (a permanent load failure) when a backbone config asks for shipped code the profile does not trust."""
+    if trust_remote_code:
+        return
+    config: dict[str, Any] = json.loads((directory / "gliner_config.json").read_text(encoding="utf-8"))
+    for key in _BACKBONE_CONFIGS:
+        backbone = config.get(key)
+        if isinstance(backbone, dict) and backbone.get("auto_map"):
+            raise ValueError(
+                f"{directory / 'gliner_config.json'}: {key} names code shipped with the weights (auto_map); "
+                "set load_options.trust_remote_code: true to run it"
+            )
 
 
 class GlinerExtractor(ZeroShotExtractor):
@@ -35,13 +63,50 @@ class GlinerExtractor(ZeroShotExtractor):
         require_gliner(context.config.id)
         from gliner import GLiNER
 
-        self.extractor = GLiNER.from_pretrained(str(context.weights), local_files_only=True).to(context.device).eval()
+        refuse_remote_code(context.weights, context.profile.trust_remote_code)
+        self.extractor = GLiNER.from_pretrained(
+            str(context.weights), local_files_only=True, map_location=str(context.device), max_length=context.config.max_sequence_length
+        )
+        self.extractor.to(context.device).eval()
         self.model = self.extractor.model
-        self.max_sequence_length = int(context.config.max_sequence_length or 384)
+        self.max_sequence_length = int(self.extractor.config.max_len)
+        run_options = context.profile.run_options
+        self.threshold = run_options.get("threshold", DEFAULT_THRESHOLD)
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
+            raise ValueError(f"run_options.threshold: must be a number from 0 to 1, got {self.threshold!r}")
+        self.merge_adjacent = run_options.get("merge_adjacent_entities", False)
+        if not isinstance(self.merge_adjacent, bool):
+            raise ValueError(f"run_options.merge_adjacent_entities: must be true or false, got {self.merge_adjacent!r}")
 
     def extract(self, texts: Sequence[str], labels: Sequence[str], threshold: float | None) -> list[list[Entity]]:
-        found = self.extractor.batch_predict_entities(list(texts), list(labels), threshold=threshold or DEFAULT_THRESHOLD)
-        return [
-            [Entity(text=text[e["start"] : e["end"]], label=e["label"], score=float(e["score"]), start=e["start"], end=e["end"]) for e in entities]
-            for text, entities in zip(texts, found)
-        ]
+        found = self.extractor.inference(
+            list(texts), list(labels), threshold=self.threshold if threshold is None else threshold, batch_size=max(1, len(texts))
+        )
+        results = []
+        for text, entities in zip(texts, found):
+            spans = [(e["start"], e["end"], e["label"], [float(e["score"])]) for e in entities]
+            if self.merge_adjacent:
+                spans = merge_adjacent(text, spans)
+            results.append(
+                [
+                    Entity(text=text[start:end], label=label, score=sum(scores) / len(scores), start=start, end=end)
+                    for start, end, label, scores in spans
+                ]
+            )
+        return results
+
+
+Span = tuple[int, int, str, list[float]]
+
+
+def merge_adjacent(text: str, spans: list[Span]) -> list[Span]:
+    """Join consecutive spans (by start) of one label with only whitespace between them; the score is their mean."""
+    merged: list[Span] = []
+    for start, end, label, scores in sorted(spans, key=lambda span: span[0]):
+        if merged:
+            last_start, last_end, last_label, last_scores = merged[-1]
+            if label == last_label and last_end <= start and not text[last_end:start].strip():
+                merged[-1] = (last_start, end, label, last_scores + scores)
+                continue
+        merged.append((start, end, label, scores))
+    return merged
