@@ -45,6 +45,7 @@ TEXTS = [
     " ".join(["search engines rank documents"] * 30),  # truncated at MAX_LENGTH tokens
 ]
 QUERY = "which engines rank documents by relevance"
+PROMPT = "represent this query: "
 WORDS = (
     "the quick brown fox jumps over lazy dog search engines rank documents by relevance embeddings map text to vectors "
     "similar meanings land close together sparse dense multivector retrieval query passage model word three times gets "
@@ -116,6 +117,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory, weights: dict[str, Path]) -
         f"max_sequence_length: {MAX_LENGTH}\nloras:\n  {LORA}: {weights['lora']}\n"
         "profiles:\n  default:\n    adapter: bge_m3\n"
         "  lexical:\n    extends: default\n    run_options: {score_mode: sparse}\n"
+        f"  prompted:\n    extends: default\n    run_options: {{query_prompt: '{PROMPT}'}}\n"
     )
     (configs / "no-heads.yaml").write_text(
         f"id: {NO_HEADS}\npath: {weights['without_heads']}\ntasks: [encode, score]\noutput_types: [dense, sparse, multivector]\n"
@@ -136,8 +138,8 @@ def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
         yield inference_pb2_grpc.InferenceStub(channel)
 
 
-def flag_model(directory: Path):
-    return BGEM3FlagModel(str(directory), use_fp16=False, devices="cpu", query_max_length=MAX_LENGTH, passage_max_length=MAX_LENGTH)
+def flag_model(directory: Path, **options):
+    return BGEM3FlagModel(str(directory), use_fp16=False, devices="cpu", query_max_length=MAX_LENGTH, passage_max_length=MAX_LENGTH, **options)
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +214,15 @@ def test_every_combination_of_outputs_matches_flagembedding(stub, reference, is_
     assert wanted["colbert_vecs"][5].shape == (MAX_LENGTH - 1, HIDDEN)  # ... and the long text is truncated
     for outputs in COMBINATIONS:
         assert_matches(encode(stub, TEXTS, outputs, is_query=is_query), wanted, outputs)
+
+
+def test_query_prompts_match_flagembedding_query_instructions(stub, weights: dict[str, Path]) -> None:
+    """A profile's query_prompt, or a request's instruction, is the reference's query_instruction_for_retrieval."""
+    wanted = expected(flag_model(weights["model"], query_instruction_for_retrieval=PROMPT), TEXTS, is_query=True)
+    assert_matches(encode(stub, TEXTS, OUTPUTS, is_query=True, profile="prompted"), wanted, OUTPUTS)
+    assert_matches(encode(stub, TEXTS, OUTPUTS, is_query=True, instruction=PROMPT), wanted, OUTPUTS)
+    plain = from_tensor(encode(stub, TEXTS[:1], ("multivector",), is_query=True).results[0].multivector)
+    assert len(plain) < len(wanted["colbert_vecs"][0])  # the prompt's tokens came first
 
 
 def test_special_and_repeated_tokens_in_the_sparse_output(stub, reference) -> None:
