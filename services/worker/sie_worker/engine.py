@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from sie_common.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
 from sie_common.tracing import record_span, recording, span
-from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, PairScorer, TokenizedText, ZeroShotExtractor
+from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, OptionScorer, PairScorer, TokenizedText, ZeroShotExtractor
 from sie_worker.batch_stats import BatchStats, describe, publish_setting, record
 from sie_worker.batching import Batch, BatchFormer, PendingItem
 from sie_worker.capabilities import (
@@ -340,9 +340,17 @@ class Engine:
             if isinstance(model.encoder, PairScorer):
                 scores, results = await self._score_pairs(model, job, clock)
             elif isinstance(model.encoder, ImageEncoder):
-                scores, results = await self._score_encoded(model, job, clock, "dense", cosine)
+                scores, results = await self._score_encoded(model, job, clock, ("dense",), lambda query, item: cosine(query.dense, item.dense))
+            elif isinstance(model.encoder, OptionScorer):
+                try:
+                    outputs, similarity = model.encoder.scoring(job.options)
+                except ValueError as error:
+                    raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
+                scores, results = await self._score_encoded(model, job, clock, outputs, similarity)
             else:
-                scores, results = await self._score_encoded(model, job, clock, "multivector", maxsim)
+                scores, results = await self._score_encoded(
+                    model, job, clock, ("multivector",), lambda query, item: maxsim(query.multivector, item.multivector)
+                )
             order = sorted(range(len(scores)), key=lambda index: -scores[index])
             ranked = [ScoredItem(index, float(scores[index])) for index in order[: job.top_k or None]]
             self._count(model, len(job.items))
@@ -359,16 +367,17 @@ class Engine:
         return [float(result.output) for result in results], results
 
     async def _score_encoded(
-        self, model: LoadedModel, job: ScoreJob, clock: _Clock, output: str, similarity: Callable[[Any, Any], float]
+        self, model: LoadedModel, job: ScoreJob, clock: _Clock, outputs: tuple[str, ...], similarity: Callable[[EncodedItem, EncodedItem], float]
     ) -> tuple[list[float], list[_ItemResult]]:
-        """Encode the query (as a query) and the items, then score each item's `output` against the query's:
-        MaxSim of multivectors (late interaction), or cosine of dense embeddings (dual encoders, text or image)."""
+        """Encode the query (as a query) and the items with `outputs`, then score each item against the query:
+        MaxSim of multivectors (late interaction), cosine of dense embeddings (dual encoders, text or image), or
+        what the model's options pick (BGE-M3)."""
         common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
         (query, query_results), (items, item_results) = await _all_or_none(
-            self._encode_items(model, [job.query], (output,), clock, is_query=True, **common),
-            self._encode_items(model, job.items, (output,), clock, is_query=False, **common),
+            self._encode_items(model, [job.query], outputs, clock, is_query=True, **common),
+            self._encode_items(model, job.items, outputs, clock, is_query=False, **common),
         )
-        scores = await self._postprocess(lambda: [similarity(getattr(query[0], output), getattr(item, output)) for item in items], clock, len(items))
+        scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
         return scores, query_results + item_results
 
     # -- extract --------------------------------------------------------------

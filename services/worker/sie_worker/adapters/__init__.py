@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sie_worker.adapters.base import LoadContext, ModelAdapter
+from sie_worker.adapters.bge_m3 import BgeM3Encoder
 from sie_worker.adapters.clip import DualEncoder
 from sie_worker.adapters.colbert import ColbertEncoder
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
@@ -21,4 +22,5 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "token_classifier": TokenClassificationExtractor,
     "gliner": GlinerExtractor,
     "clip": DualEncoder,
+    "bge_m3": BgeM3Encoder,
 }

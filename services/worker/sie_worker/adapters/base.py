@@ -8,10 +8,10 @@ output type of a batch from one forward pass.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -101,6 +101,14 @@ class TextEncoder(ModelAdapter, Protocol):
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         """Every requested output of every item, from one forward pass. Device thread only."""
+
+
+@runtime_checkable
+class OptionScorer(TextEncoder, Protocol):
+    """An encoder whose score request picks, by its options, which outputs are compared and how (BGE-M3)."""
+
+    def scoring(self, options: Mapping[str, Any]) -> tuple[tuple[str, ...], Callable[[EncodedItem, EncodedItem], float]]:
+        """The outputs to encode and the similarity of the query's to an item's; ValueError for options that do not parse."""
 
 
 @runtime_checkable

@@ -1,0 +1,182 @@
+"""BGE-M3: dense, sparse and multivector embeddings from one forward pass of an XLM-RoBERTa encoder.
+
+Directory (as BAAI/bge-m3 ships): a `transformers` encoder with its tokenizer, plus
+`sparse_linear.pt` (state dict of Linear(hidden, 1)) and `colbert_linear.pt`
+(state dict of Linear(hidden, colbert dims)) at the root. For the last hidden states H:
+
+- dense: H[CLS], L2-normalized;
+- sparse: relu(sparse_linear(H)) per token, the maximum per token id, the cls, eos, pad and
+  unk tokens dropped; the vocabulary size is its dims;
+- multivector: colbert_linear(H) of every token after CLS (the final </s> included), each L2-normalized.
+
+Only the requested outputs are computed, all from the same hidden states. Score compares a query
+(encoded as a query) with each item by `score_mode` (request options, else the profile's run_options):
+`dense` (dot product of the normalized vectors, the default), `sparse` (dot product over shared
+token ids), `multivector` (MaxSim averaged over the query's vectors) or `hybrid` (their mean weighted
+by `score_weights`), as FlagEmbedding's BGEM3FlagModel scores them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModel
+
+from sie_worker.adapters.base import EncodedItem, LoadContext, SparseWeights, TextEncoder, TokenizedText
+from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
+
+SCORE_MODES = ("dense", "sparse", "multivector", "hybrid")
+# The BGE-M3 paper's weights for hybrid scores (dense, sparse, multivector).
+DEFAULT_SCORE_WEIGHTS = {"dense": 0.4, "sparse": 0.2, "multivector": 0.4}
+# The reference system's name for the multivector score.
+_ALIASES = {"colbert": "multivector"}
+
+Similarity = Callable[[EncodedItem, EncodedItem], float]
+
+
+class BgeM3Encoder(TextEncoder):
+    tasks = ("encode", "score")
+    output_types = ("dense", "sparse", "multivector")
+    normalized = True
+
+    def __init__(self, context: LoadContext) -> None:
+        directory = context.weights
+        self.model = load_model(AutoModel, context, reads_padding=False)
+        self.device = context.device
+        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        self.max_sequence_length = self.tokenizer.max_length
+        hidden = int(self.model.config.hidden_size)
+        self.sparse_linear = _linear(directory / "sparse_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
+        self.colbert_linear = _linear(directory / "colbert_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
+        if self.sparse_linear.out_features != 1:
+            raise ValueError(f"{directory / 'sparse_linear.pt'}: a Linear to 1 output, got {self.sparse_linear.out_features}")
+        self.dims = context.config.dims or hidden
+        if self.dims != hidden:
+            raise ValueError(f"config says dims {self.dims}, but the model's CLS vectors have {hidden}")
+        self.vocab_size = int(self.model.config.vocab_size)
+        hf = self.tokenizer.hf
+        dropped = {hf.cls_token_id, hf.eos_token_id, hf.pad_token_id, hf.unk_token_id}
+        self.dropped_ids = np.array(sorted(token for token in dropped if token is not None), dtype=np.int64)
+        run_options = context.profile.run_options
+        self.query_prompt: str = run_options.get("query_prompt", "")
+        self.document_prompt: str = run_options.get("document_prompt", "")
+        self.instruction_prompt: str = run_options.get("instruction_prompt", "{instruction}")
+        self.default_score = score_settings(run_options)
+
+    def prompt(self, *, is_query: bool, instruction: str | None) -> str:
+        if instruction is not None:
+            return self.instruction_prompt.replace("{instruction}", instruction)
+        return self.query_prompt if is_query else self.document_prompt
+
+    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
+        return self.tokenizer.encode([prompt + text for text in texts])
+
+    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+        inputs = padded(batch, self.tokenizer.pad_id, self.device)
+        dense = sparse = multivector = None
+        with torch.inference_mode():
+            hidden = self.model(**model_inputs(self.model, inputs)).last_hidden_state
+            if "dense" in output_types:
+                dense = torch.nn.functional.normalize(hidden[:, 0].float(), p=2, dim=-1).cpu().numpy()
+            if "sparse" in output_types:
+                sparse = torch.relu(self.sparse_linear(hidden)).squeeze(-1).float().cpu().numpy()
+            if "multivector" in output_types:
+                multivector = torch.nn.functional.normalize(self.colbert_linear(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
+        items = []
+        for row, item in enumerate(batch):
+            length = len(item.ids)
+            items.append(
+                EncodedItem(
+                    dense=None if dense is None else dense[row],
+                    sparse=None if sparse is None else self._lexical_weights(item.ids, sparse[row, :length]),
+                    multivector=None if multivector is None else multivector[row, : length - 1],
+                )
+            )
+        return items
+
+    def _lexical_weights(self, ids: Sequence[int], weights: np.ndarray) -> SparseWeights:
+        """The largest positive weight of each token id, special tokens left out."""
+        token_ids = np.asarray(ids, dtype=np.int64)
+        keep = (weights > 0) & ~np.isin(token_ids, self.dropped_ids)
+        token_ids, weights = token_ids[keep], weights[keep]
+        order = np.argsort(token_ids, kind="stable")
+        token_ids, weights = token_ids[order], weights[order]
+        indices, starts = np.unique(token_ids, return_index=True)
+        values = np.maximum.reduceat(weights, starts) if len(starts) else weights
+        return SparseWeights(indices.astype(np.uint32), values.astype(np.float32), self.vocab_size)
+
+    def scoring(self, options: Mapping[str, Any]) -> tuple[tuple[str, ...], Similarity]:
+        """The outputs a score request encodes and the similarity of the query's to an item's, by the request's
+        `score_mode` / `score_weights` options over the profile's. ValueError for options that do not parse."""
+        mode, weights = score_settings(options, self.default_score)
+        if mode != "hybrid":
+            return (mode,), _SIMILARITIES[mode]
+        used = {output: weight for output, weight in weights.items() if weight > 0}
+        total = sum(used.values())
+
+        def hybrid(query: EncodedItem, item: EncodedItem) -> float:
+            return sum(weight * _SIMILARITIES[output](query, item) for output, weight in used.items()) / total
+
+        return tuple(used), hybrid
+
+
+def score_settings(
+    options: Mapping[str, Any], defaults: tuple[str, dict[str, float]] = ("dense", DEFAULT_SCORE_WEIGHTS)
+) -> tuple[str, dict[str, float]]:
+    """`score_mode` and `score_weights` of a mapping (run_options or request options), over `defaults`."""
+    mode = options.get("score_mode", defaults[0])
+    mode = _ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if mode not in SCORE_MODES:
+        raise ValueError(f"score_mode must be one of {', '.join(SCORE_MODES)}; got {str(mode)[:64]!r}")
+    weights = dict(defaults[1])
+    given = options.get("score_weights", {})
+    if not isinstance(given, Mapping):
+        raise ValueError("score_weights must be a mapping of dense, sparse, multivector to weights")
+    for key, weight in given.items():
+        output = _ALIASES.get(key, key)
+        if output not in DEFAULT_SCORE_WEIGHTS:
+            raise ValueError(f"score_weights.{str(key)[:64]}: unknown; known: {', '.join(DEFAULT_SCORE_WEIGHTS)}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"score_weights.{output}: must be a finite number >= 0, got {str(weight)[:64]}")
+        weights[output] = float(weight)
+    if mode == "hybrid" and sum(weights.values()) <= 0:
+        raise ValueError("score_weights: hybrid scores need a weight above 0")
+    return mode, weights
+
+
+def _dense_score(query: EncodedItem, item: EncodedItem) -> float:
+    return float(np.dot(query.dense, item.dense))
+
+
+def _sparse_score(query: EncodedItem, item: EncodedItem) -> float:
+    """Sum of weight products over the token ids both have (indices are ascending and unique)."""
+    _, in_query, in_item = np.intersect1d(query.sparse.indices, item.sparse.indices, assume_unique=True, return_indices=True)
+    return float(np.dot(query.sparse.values[in_query].astype(np.float64), item.sparse.values[in_item]))
+
+
+def _multivector_score(query: EncodedItem, item: EncodedItem) -> float:
+    """MaxSim divided by the number of query vectors."""
+    if len(query.multivector) == 0 or len(item.multivector) == 0:
+        return 0.0
+    return float((query.multivector @ item.multivector.T).max(axis=1).mean())
+
+
+_SIMILARITIES: dict[str, Similarity] = {"dense": _dense_score, "sparse": _sparse_score, "multivector": _multivector_score}
+
+
+def _linear(path: Path, hidden: int) -> torch.nn.Linear:
+    """A Linear layer from its saved state dict (`weight` [out, hidden], optional `bias`)."""
+    if not path.exists():
+        raise ValueError(f"{path.name} is missing from {path.parent}: a BGE-M3 model needs sparse_linear.pt and colbert_linear.pt")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    weight = state.get("weight") if isinstance(state, Mapping) else None
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden:
+        raise ValueError(f"{path}: expected the state dict of a Linear layer from {hidden} inputs (a 'weight' of [out, {hidden}])")
+    layer = torch.nn.Linear(hidden, weight.shape[0], bias="bias" in state)
+    layer.load_state_dict(state)
+    return layer.eval()
