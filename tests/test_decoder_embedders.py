@@ -125,7 +125,10 @@ def stub(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> I
             "  causal:\n    extends: default\n    load_options: {bidirectional: false}\n",
         ),
     )
-    grit = f"{default}    load_options: {{bidirectional: true}}\n    run_options:\n      instruction_prompt: {json.dumps(GRIT_TEMPLATE)}\n"
+    grit = (
+        f"{default}    load_options: {{bidirectional: true}}\n    run_options:\n      instruction_prompt: {json.dumps(GRIT_TEMPLATE)}\n"
+        "  text-only:\n    extends: default\n    load_options: {bidirectional: true, include_prompt: false}\n"
+    )
     write_config(configs, GRIT, _yaml(models[GRIT], grit))
     write_config(configs, GEMMA, _yaml(models[GEMMA], default))
     write_config(configs, STELLA, _yaml(models[STELLA], default))
@@ -153,17 +156,19 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def bidirectional_reference(directory: Path, texts: list[str], prompt: str, pooling: str) -> np.ndarray:
-    """Normalized embeddings from transformers with a 4D all-zero additive mask: each token attends to all."""
+def bidirectional_reference(directory: Path, texts: list[str], prompt: str, pooling: str, *, include_prompt: bool = True) -> np.ndarray:
+    """Normalized embeddings from transformers with a 4D all-zero additive mask: each token attends to all.
+    Without include_prompt, mean pooling starts after the prompt's tokens (with the BOS before them)."""
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModel.from_pretrained(directory, attn_implementation="eager").eval()
+    skip = 0 if include_prompt else len(tokenizer(prompt)["input_ids"])
     rows = []
     with torch.inference_mode():
         for text in texts:
             ids = tokenizer(prompt + text, truncation=True, max_length=DECODER_MAX_LENGTH, return_tensors="pt")["input_ids"]
             every_token = torch.zeros(1, 1, ids.shape[1], ids.shape[1])
             hidden = model(input_ids=ids, attention_mask=every_token).last_hidden_state[0]
-            rows.append(hidden[-1] if pooling == "lasttoken" else hidden.mean(dim=0))
+            rows.append(hidden[-1] if pooling == "lasttoken" else hidden[skip:].mean(dim=0))
     return torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
 
 
@@ -227,6 +232,15 @@ def test_bidirectional_matches_a_non_causal_run(stub, models: dict[str, Path], m
     expected = bidirectional_reference(models[model_id], TEXTS, prompt, pooling)
     served = encode(stub, model_id, **fields)
     assert cosines(served, expected).min() >= 0.9999
+
+
+def test_gritlm_pools_over_the_text_only(stub, models: dict[str, Path]) -> None:
+    """include_prompt: false leaves the instruction template (and the BOS before it) out of mean pooling."""
+    prompt = GRIT_TEMPLATE.replace("{instruction}", INSTRUCTION)
+    expected = bidirectional_reference(models[GRIT], TEXTS[:4], prompt, "mean", include_prompt=False)
+    served = encode(stub, GRIT, TEXTS[:4], instruction=INSTRUCTION, is_query=True, profile="text-only")
+    assert cosines(served, expected).min() >= 0.9999
+    assert cosines(served, encode(stub, GRIT, TEXTS[:4], instruction=INSTRUCTION, is_query=True)).min() < 0.9999
 
 
 def test_bidirectional_model_served_causally_differs(stub, models: dict[str, Path]) -> None:

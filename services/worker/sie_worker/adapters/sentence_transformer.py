@@ -3,7 +3,7 @@
 Reads the directory's own modules.json, pooling config, Dense modules,
 normalization, maximum length and prompts, and runs the transformer through
 `transformers`. A profile can override them: load_options `pooling` (a mode
-or list of modes), `normalize`, `padding_side`, `bidirectional` (decoders
+or list of modes), `include_prompt`, `normalize`, `padding_side`, `bidirectional` (decoders
 trained with bidirectional attention); run_options `query_prompt`,
 `document_prompt`, `instruction_prompt` (with an `{instruction}` placeholder).
 """
@@ -55,11 +55,9 @@ class SentenceTransformerEncoder(TextEncoder):
         unknown = [mode for mode in self.pooling_modes if mode not in POOLING_MODES]
         if unknown:
             raise ValueError(f"unknown pooling mode {unknown[0]!r}; known: {', '.join(POOLING_MODES)}")
-        self.include_prompt: bool = bool(pooling.get("include_prompt", True))
+        self.include_prompt: bool = _flag(load_options, "include_prompt", bool(pooling.get("include_prompt", True)))
         self.normalized: bool = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
-        bidirectional = load_options.get("bidirectional", False)
-        if not isinstance(bidirectional, bool):
-            raise ValueError(f"load option bidirectional must be true or false, got {bidirectional!r}")
+        bidirectional = _flag(load_options, "bidirectional", False)
 
         self.model = load_model(AutoModel, context, reads_padding=False)
         if getattr(self.model.config, "use_cache", None):
@@ -166,6 +164,13 @@ def pool(hidden: torch.Tensor, attention: torch.Tensor, pool_mask: torch.Tensor,
             last = attention.shape[1] - 1 - attention.flip(1).argmax(dim=1)
             vectors.append(hidden[torch.arange(hidden.shape[0]), last])
     return torch.cat(vectors, dim=-1)
+
+
+def _flag(options: dict[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"load option {name} must be true or false, got {value!r}")
+    return value
 
 
 def _read_modules(directory: Path) -> list[str]:
