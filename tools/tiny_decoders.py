@@ -53,10 +53,10 @@ def train_tokenizer(directory: Path, *, template: str, padding_side: str, seed: 
 
 
 def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra):
-    """A 2-layer, HIDDEN-wide config of `arch` (qwen2, qwen3, mistral, llama, gemma3_text)."""
+    """A 2-layer, HIDDEN-wide config of `arch` (qwen2, qwen3, mistral, llama, gemma3_text); `extra` overrides any setting."""
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    common = dict(
+    settings = dict(
         vocab_size=len(tokenizer),
         hidden_size=HIDDEN,
         intermediate_size=64,
@@ -71,10 +71,10 @@ def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra):
     )
     if arch == "gemma3_text":
         # Local (sliding-window) then global attention, as Gemma 3 alternates them; a window shorter than the texts.
-        window = extra.pop("sliding_window", 6)
-        return Gemma3TextConfig(**common, sliding_window=window, layer_types=["sliding_attention", "full_attention"], **extra)
-    classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig, "llama": LlamaConfig}
-    return classes[arch](**common, **extra)
+        settings.update(sliding_window=6, layer_types=["sliding_attention", "full_attention"])
+    settings.update(extra)
+    classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig, "llama": LlamaConfig, "gemma3_text": Gemma3TextConfig}
+    return classes[arch](**settings)
 
 
 def build_decoder_embedder(
@@ -89,6 +89,7 @@ def build_decoder_embedder(
     prompts: dict[str, str] | None = None,
     dense_folder: str | None = None,
     dense_bin: bool = False,
+    max_length: int = DECODER_MAX_LENGTH,
     seed: int = 0,
     **config_extra,
 ) -> Path:
@@ -96,7 +97,7 @@ def build_decoder_embedder(
 
     dense: (out_features, activation class path, bias) per Dense module, in order. dense_folder renames the
     single Dense module's folder (the stella layout, `2_Dense_<dims>`); dense_bin saves its weights as
-    pytorch_model.bin instead of safetensors."""
+    pytorch_model.bin instead of safetensors. config_extra overrides the model config (decoder_config)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Dense, Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
@@ -105,9 +106,10 @@ def build_decoder_embedder(
     raw = directory / "raw"
     tokenizer = train_tokenizer(raw, template=template, padding_side=padding_side)
     torch.manual_seed(seed)
-    AutoModel.from_config(decoder_config(arch, tokenizer, **config_extra)).save_pretrained(raw)
-    modules: list[torch.nn.Module] = [Transformer(str(raw), max_seq_length=DECODER_MAX_LENGTH), Pooling(HIDDEN, pooling_mode=pooling)]
-    width = HIDDEN
+    config = decoder_config(arch, tokenizer, **config_extra)
+    AutoModel.from_config(config).save_pretrained(raw)
+    width = config.hidden_size
+    modules: list[torch.nn.Module] = [Transformer(str(raw), max_seq_length=max_length), Pooling(width, pooling_mode=pooling)]
     for out_features, activation, bias in dense:
         activation_class = {"identity": torch.nn.Identity, "tanh": torch.nn.Tanh}[activation]
         modules.append(Dense(width, out_features, bias=bias, activation_function=activation_class()))
