@@ -92,6 +92,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
         BERT: build_tiny_model(root / "bert", pooling="mean", normalize=True, include_prompt=True),
     }
+    # gte-Qwen2 ships its own modeling code (auto_map) beside weights transformers' Qwen2 reads: without
+    # trust_remote_code the native class loads and the code is never imported (this file does not exist).
+    config_file = built[GTE_QWEN2] / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "auto_map": {"AutoModel": "modeling_qwen.Qwen2Model"}}))
     mamba = root / "mamba"
     tokenizer = train_tokenizer(mamba, template="eos", padding_side="right")
     from transformers import MambaConfig
