@@ -49,8 +49,12 @@ class DenseModule(torch.nn.Module):
         return out
 
 
-def load_dense(folder: Path, device: torch.device) -> DenseModule:
-    """The Dense module saved in `folder`, in float32 on `device`; ValueError naming the folder when it is not one."""
+def load_dense(directory: Path, path: str, device: torch.device) -> DenseModule:
+    """The Dense module saved in the model directory's folder `path` (as modules.json names it), in float32 on
+    `device`; ValueError naming the folder when it is not one, or lies outside the model directory."""
+    folder = directory / path
+    if not folder.resolve().is_relative_to(directory.resolve()):
+        raise ValueError(f"{directory}: modules.json names Dense folder {path!r}, outside the model directory")
     config = read_json(folder / "config.json")
     if not config:
         raise ValueError(f"{folder}: a Dense module needs config.json")

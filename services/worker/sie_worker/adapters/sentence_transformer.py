@@ -75,7 +75,7 @@ class SentenceTransformerEncoder(TextEncoder):
             use_bidirectional(self.model, self._hidden, self.device)
 
         width = self.model.config.hidden_size * len(self.pooling_modes)
-        self.dense: list[DenseModule] = [load_dense(directory / path, self.device) for path in _dense_paths(directory, modules)]
+        self.dense: list[DenseModule] = [load_dense(directory, path, self.device) for path in _dense_paths(directory, modules)]
         for dense in self.dense:
             if dense.in_features != width:
                 raise ValueError(f"a Dense module takes {dense.in_features} features, but what comes before it gives {width}")
