@@ -128,17 +128,19 @@ def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = T
     return model
 
 
-def padded(batch: Sequence[TokenizedText], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """input_ids, attention_mask and token_type_ids of a batch, right-padded to its longest item."""
+def padded(batch: Sequence[TokenizedText], pad_id: int, device: torch.device, *, left: bool = False) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and token_type_ids of a batch, padded to its longest item on the right
+    (on the left with `left`: each item then ends at the last position)."""
     longest = max(len(item.ids) for item in batch)
     ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
     mask = np.zeros((len(batch), longest), dtype=np.int64)
     types = np.zeros((len(batch), longest), dtype=np.int64)
     for row, item in enumerate(batch):
-        ids[row, : len(item.ids)] = item.ids
-        mask[row, : len(item.ids)] = 1
+        start = longest - len(item.ids) if left else 0
+        ids[row, start : start + len(item.ids)] = item.ids
+        mask[row, start : start + len(item.ids)] = 1
         if item.type_ids:
-            types[row, : len(item.type_ids)] = item.type_ids
+            types[row, start : start + len(item.type_ids)] = item.type_ids
     return {
         "input_ids": torch.from_numpy(ids).to(device),
         "attention_mask": torch.from_numpy(mask).to(device),

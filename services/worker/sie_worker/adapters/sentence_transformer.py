@@ -1,14 +1,16 @@
 """Dense encoders in the sentence-transformers directory layout.
 
-Reads the directory's own modules.json, pooling config, normalization,
-maximum length and prompts, and runs the transformer through `transformers`.
-A profile can override them: load_options `pooling` (a mode or list of
-modes), `normalize`; run_options `query_prompt`, `document_prompt`,
-`instruction_prompt` (with an `{instruction}` placeholder).
+Reads the directory's own modules.json, pooling config, Dense modules,
+normalization, maximum length and prompts, and runs the transformer through
+`transformers`. A profile can override them: load_options `pooling` (a mode
+or list of modes), `include_prompt`, `normalize`, `padding_side`, `bidirectional` (decoders
+trained with bidirectional attention); run_options `query_prompt`,
+`document_prompt`, `instruction_prompt` (with an `{instruction}` placeholder).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,8 @@ import torch
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
+from sie_worker.adapters.bidirectional import use_bidirectional
+from sie_worker.adapters.dense_modules import DenseModule, load_dense
 from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, padded, read_json
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -32,6 +36,7 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 _DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+PADDING_SIDES = ("left", "right")
 
 
 class SentenceTransformerEncoder(TextEncoder):
@@ -50,18 +55,34 @@ class SentenceTransformerEncoder(TextEncoder):
         unknown = [mode for mode in self.pooling_modes if mode not in POOLING_MODES]
         if unknown:
             raise ValueError(f"unknown pooling mode {unknown[0]!r}; known: {', '.join(POOLING_MODES)}")
-        self.include_prompt: bool = bool(pooling.get("include_prompt", True))
+        self.include_prompt: bool = _flag(load_options, "include_prompt", bool(pooling.get("include_prompt", True)))
         self.normalized: bool = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
+        bidirectional = _flag(load_options, "bidirectional", False)
 
         self.model = load_model(AutoModel, context, reads_padding=False)
+        if getattr(self.model.config, "use_cache", None):
+            self.model.config.use_cache = False  # one forward pass per batch: a key/value cache is only memory
         self.device = context.device
         self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
+        padding_side = load_options.get("padding_side", self.tokenizer.hf.padding_side)
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"load option padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
+        self.pad_left: bool = padding_side == "left"
+        # Left-padded items get their positions counted from their first real token, as right-padded ones do.
+        self._takes_positions = "position_ids" in inspect.signature(self.model.forward).parameters
+        if bidirectional:
+            use_bidirectional(self.model, self._hidden, self.device)
 
-        hidden = self.model.config.hidden_size
-        self.dims = context.config.dims or hidden * len(self.pooling_modes)
-        if self.dims != hidden * len(self.pooling_modes):
-            raise ValueError(f"config says dims {self.dims}, but the model pools to {hidden * len(self.pooling_modes)}")
+        width = self.model.config.hidden_size * len(self.pooling_modes)
+        self.dense: list[DenseModule] = [load_dense(directory, path, self.device) for path in _dense_paths(directory, modules)]
+        for dense in self.dense:
+            if dense.in_features != width:
+                raise ValueError(f"a Dense module takes {dense.in_features} features, but what comes before it gives {width}")
+            width = dense.out_features
+        self.dims = context.config.dims or width
+        if self.dims != width:
+            raise ValueError(f"config says dims {self.dims}, but the model gives {width}")
         prompts = read_json(directory / "config_sentence_transformers.json").get("prompts") or {}
         self.query_prompt: str = run_options.get("query_prompt", prompts.get("query", ""))
         document = next((prompts[name] for name in _DOCUMENT_PROMPT_NAMES if name in prompts), "")
@@ -90,24 +111,36 @@ class SentenceTransformerEncoder(TextEncoder):
 
     def embed(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         """Dense float32 vectors, one row per item, from one forward pass."""
-        inputs = padded(batch, self.tokenizer.pad_id, self.device)
-        pool_mask = np.zeros(tuple(inputs["input_ids"].shape), dtype=np.int64)
+        inputs = padded(batch, self.tokenizer.pad_id, self.device, left=self.pad_left)
+        longest = inputs["input_ids"].shape[1]
+        pool_mask = np.zeros((len(batch), longest), dtype=np.int64)
         for row, item in enumerate(batch):
-            pool_mask[row, item.prompt_tokens : len(item.ids)] = 1
+            start = longest - len(item.ids) if self.pad_left else 0
+            pool_mask[row, start + item.prompt_tokens : start + len(item.ids)] = 1
         with torch.inference_mode():
             attention = inputs["attention_mask"]
-            hidden = self.model(input_ids=inputs["input_ids"], attention_mask=attention).last_hidden_state
+            hidden = self._hidden(inputs["input_ids"], attention)
             pooled = pool(hidden, attention, torch.from_numpy(pool_mask).to(self.device), self.pooling_modes)
+            for dense in self.dense:
+                pooled = dense(pooled)
             if self.normalized:
                 pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
             return pooled.float().cpu().numpy()
+
+    def _hidden(self, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """The transformer's last hidden state [batch, tokens, hidden]."""
+        extra = {}
+        if self.pad_left and self._takes_positions:
+            extra["position_ids"] = (attention.cumsum(dim=1) - 1).clamp(min=0)
+        return self.model(input_ids=input_ids, attention_mask=attention, **extra).last_hidden_state
 
 
 def pool(hidden: torch.Tensor, attention: torch.Tensor, pool_mask: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:
     """Pool token vectors [batch, tokens, hidden] into one vector per row; several modes concatenate.
 
     `attention` marks real tokens; `pool_mask` marks the tokens that count for
-    pooling (it differs when prompt tokens are excluded). Padding is on the right.
+    pooling (it differs when prompt tokens are excluded). Padding may be on
+    either side: the last token is the last real one, weights count from the first.
     """
     hidden = hidden.float()
     weights = pool_mask.unsqueeze(-1).float()
@@ -124,26 +157,51 @@ def pool(hidden: torch.Tensor, attention: torch.Tensor, pool_mask: torch.Tensor,
         elif mode == "mean_sqrt_len_tokens":
             vectors.append((hidden * weights).sum(dim=1) / counts.sqrt())
         elif mode == "weightedmean":
-            positions = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype).view(1, -1, 1)
+            positions = attention.cumsum(dim=1).to(hidden.dtype).unsqueeze(-1)
             weighted = weights * positions
             vectors.append((hidden * weighted).sum(dim=1) / weighted.sum(dim=1).clamp(min=1e-9))
         elif mode == "lasttoken":
-            last = attention.sum(dim=1) - 1
+            last = attention.shape[1] - 1 - attention.flip(1).argmax(dim=1)
             vectors.append(hidden[torch.arange(hidden.shape[0]), last])
     return torch.cat(vectors, dim=-1)
 
 
+def _flag(options: dict[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"load option {name} must be true or false, got {value!r}")
+    return value
+
+
 def _read_modules(directory: Path) -> list[str]:
-    """Module types from modules.json; a bare transformers directory means transformer + mean pooling."""
+    """Module types from modules.json; a bare transformers directory means transformer + mean pooling.
+
+    Dense modules (sentence-transformers' own) go after Pooling and before Normalize."""
     modules_file = directory / "modules.json"
     if not modules_file.exists():
         return ["Transformer", "Pooling"]
     entries = json.loads(modules_file.read_text())
-    types = [entry["type"].rsplit(".", 1)[-1] for entry in entries]
-    unsupported = [name for name in types if name not in ("Transformer", "Pooling", "Normalize")]
+    types = [_module_type(entry["type"]) for entry in entries]
+    unsupported = [name for name in types if name not in ("Transformer", "Pooling", "Dense", "Normalize")]
     if unsupported:
         raise ValueError(f"{modules_file}: module {unsupported[0]!r} is not supported by the sentence_transformer adapter")
+    dense = [index for index, name in enumerate(types) if name == "Dense"]
+    if dense and ("Pooling" not in types or dense[0] < types.index("Pooling") or ("Normalize" in types and dense[-1] > types.index("Normalize"))):
+        raise ValueError(f"{modules_file}: Dense modules must come after Pooling and before Normalize")
     return types
+
+
+def _module_type(name: str) -> str:
+    """The class name of a module type; a Dense from another library (PyLate's works per token) keeps its full name."""
+    short = name.rsplit(".", 1)[-1]
+    return short if short != "Dense" or name.startswith("sentence_transformers.") else name
+
+
+def _dense_paths(directory: Path, modules: list[str]) -> list[str]:
+    if "Dense" not in modules:
+        return []
+    entries = json.loads((directory / "modules.json").read_text())
+    return [entry["path"] for entry in entries if _module_type(entry["type"]) == "Dense"]
 
 
 def _pooling_config(directory: Path, modules: list[str]) -> dict[str, Any]:

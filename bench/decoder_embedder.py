@@ -1,0 +1,136 @@
+"""A decoder-LLM embedder replica through a standalone worker against sentence-transformers in-process.
+
+    python bench/decoder_embedder.py [--rounds 3] [--texts 300]
+
+The replica is Qwen3-Embedding's layout (tools/tiny_decoders.py): a random
+Qwen3 decoder, 4 layers 256 wide, last-token pooling, left padding, a
+byte-level BPE of 1,000 entries trained on the spot, texts cut at 128 tokens.
+Both paths get the same texts (the first --texts of the harness's bulk
+workload, 100 a request from 4 clients for the worker) as documents, and
+take turns pass by pass: the in-process `SentenceTransformer.encode` at its
+best batch size (16, 32, 64, 128 tried once), then the worker, each round.
+Single-item p50 comes from one-item requests, the two paths alternating.
+
+Writes bench/results/<date>-<machine>-decoder-embedder.json and prints the
+row docs/benchmarks.md carries ("Decoder-LLM embedder").
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ours import InProcess, grpc_sender  # noqa: E402
+from tiny_decoders import build_decoder_embedder  # noqa: E402
+from tiny_models import write_config  # noqa: E402
+from worker_process import WorkerProcess  # noqa: E402
+from workloads import Workload, alternating_latencies_ms, bulk, percentile, summary, throughput  # noqa: E402
+
+MODEL = "bench/qwen3-embedding-replica"
+SHAPE = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+MAX_LENGTH = 128
+SINGLE_REQUESTS = 100
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--texts", type=int, default=300)
+    args = parser.parse_args()
+    started = time.monotonic()
+    base = bulk()
+    workload = Workload("bulk", base.texts[: args.texts], base.per_request, f"{args.texts} sentences of 10-30 words (fixed seed), 100 a request")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        weights = build_decoder_embedder(
+            root / "replica",
+            "qwen3",
+            pooling="lasttoken",
+            template="eos",
+            padding_side="left",
+            prompts={"query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:", "document": ""},
+            max_length=MAX_LENGTH,
+            **SHAPE,
+        )
+        configs = root / "configs"
+        configs.mkdir()
+        write_config(configs, MODEL, f"path: {weights}\nprofiles:\n  default:\n    adapter: sentence_transformer\n")
+        worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": MODEL, "SIE_WEIGHT_ROOTS": tmp}, root / "worker.log")
+        inprocess = InProcess(weights)
+        try:
+            worker.wait_serving()
+            served = grpc_sender(worker.address, MODEL)
+            served(workload.texts[:100])  # warm-up
+            batch = inprocess.best_batch_size(workload)
+            rounds = []
+            for _ in range(args.rounds):
+                rounds.append({"in_process": inprocess.throughput(workload), "worker": throughput(served, workload)})
+                print("decoder embedder: in-process %.1f items/s, worker %.1f items/s" % (rounds[-1]["in_process"], rounds[-1]["worker"]), flush=True)
+            local, remote = alternating_latencies_ms([inprocess.send, served], SINGLE_REQUESTS)
+        finally:
+            worker.stop()
+            inprocess.close()
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "transformers": transformers.__version__,
+            "shared": "yes: other sessions' tests ran on the same 2 cores during this run",
+        },
+        "model": {"layout": "Qwen3-Embedding (last token, left padding)", **SHAPE, "max_length": MAX_LENGTH, "vocab": 1000},
+        "workload": workload.description,
+        "in_process_batch_size": batch,
+        "rounds": rounds,
+        "bulk_items_per_s": {path: summary([r[path] for r in rounds]) for path in ("in_process", "worker")},
+        "single_p50_ms": {"in_process": percentile(local, 0.5), "worker": percentile(remote, 0.5)},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    result["worker_over_in_process"] = result["bulk_items_per_s"]["worker"]["median"] / result["bulk_items_per_s"]["in_process"]["median"]
+    out = ROOT / "bench" / "results" / f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores-decoder-embedder.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    bulk_figures = result["bulk_items_per_s"]
+    print(
+        "| %s | %.0f (%.0f-%.0f) | %.0f (%.0f-%.0f) | %.2fx | %.1f | %.1f |"
+        % (
+            result["date"],
+            bulk_figures["in_process"]["median"],
+            bulk_figures["in_process"]["min"],
+            bulk_figures["in_process"]["max"],
+            bulk_figures["worker"]["median"],
+            bulk_figures["worker"]["min"],
+            bulk_figures["worker"]["max"],
+            result["worker_over_in_process"],
+            result["single_p50_ms"]["in_process"],
+            result["single_p50_ms"]["worker"],
+        )
+    )
+    print("wrote %s in %.0f s" % (out.relative_to(ROOT), result["seconds"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""sentence-transformers `Dense` modules: linear maps with an activation, applied to the pooled vector.
+
+A module's folder holds `config.json` (in_features, out_features, bias,
+activation_function, use_residual) and its weights (`model.safetensors`, else
+`pytorch_model.bin`: `linear.weight`, `linear.bias`, `residual.weight`). The
+embeddinggemma layout chains two after pooling; stella's names its folder
+after the output width (`2_Dense_1024`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from sie_worker.adapters.hf_text import read_json
+
+# Activation functions by the name sentence-transformers saves (only torch.nn's, never code from the directory).
+ACTIVATIONS: dict[str, type[torch.nn.Module]] = {
+    "torch.nn.modules.linear.Identity": torch.nn.Identity,
+    "torch.nn.modules.activation.Tanh": torch.nn.Tanh,
+    "torch.nn.modules.activation.ReLU": torch.nn.ReLU,
+    "torch.nn.modules.activation.GELU": torch.nn.GELU,
+    "torch.nn.modules.activation.Sigmoid": torch.nn.Sigmoid,
+    "torch.nn.modules.activation.SiLU": torch.nn.SiLU,
+}
+# What sentence-transformers uses when the config names none.
+_DEFAULT_ACTIVATION = "torch.nn.modules.activation.Tanh"
+_POOLED = "sentence_embedding"
+
+
+class DenseModule(torch.nn.Module):
+    """activation(linear(x)), plus x (or its projection) when the module has a residual connection."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, activation: torch.nn.Module, residual: bool) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.linear = torch.nn.Linear(in_features, out_features, bias=bias)
+        self.activation = activation
+        self.use_residual = residual
+        if residual and in_features != out_features:
+            self.residual = torch.nn.Linear(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.activation(self.linear(x))
+        if self.use_residual:
+            out = out + (self.residual(x) if hasattr(self, "residual") else x)
+        return out
+
+
+def load_dense(directory: Path, path: str, device: torch.device) -> DenseModule:
+    """The Dense module saved in the model directory's folder `path` (as modules.json names it), in float32 on
+    `device`; ValueError naming the folder when it is not one, or lies outside the model directory."""
+    folder = directory / path
+    if not folder.resolve().is_relative_to(directory.resolve()):
+        raise ValueError(f"{directory}: modules.json names Dense folder {path!r}, outside the model directory")
+    config = read_json(folder / "config.json")
+    if not config:
+        raise ValueError(f"{folder}: a Dense module needs config.json")
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key, _POOLED) not in (_POOLED, None):
+            raise ValueError(f"{folder}: Dense {key} {config[key]!r} is not supported (only the pooled {_POOLED!r})")
+    name = config.get("activation_function") or _DEFAULT_ACTIVATION
+    if name not in ACTIVATIONS:
+        raise ValueError(f"{folder}: Dense activation function {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    try:
+        in_features, out_features = int(config["in_features"]), int(config["out_features"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{folder}: Dense config.json needs integer in_features and out_features") from None
+    module = DenseModule(
+        in_features,
+        out_features,
+        bias=bool(config.get("bias", True)),
+        activation=ACTIVATIONS[name](),
+        residual=bool(config.get("use_residual", False)),
+    )
+    state = _read_weights(folder)
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        raise ValueError(f"{folder}: Dense weights do not fit its config.json: {error}") from None
+    return module.to(device=device, dtype=torch.float32).eval()
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if (folder / "model.safetensors").exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").exists():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(f"{folder}: Dense module has no model.safetensors or pytorch_model.bin")
