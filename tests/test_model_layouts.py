@@ -1,0 +1,87 @@
+"""Checkpoints in the layouts real models ship in, each a tiny random replica served by one real worker and
+compared with the reference library run in-process: ColBERT as PyLate, sentence-transformers'
+MultiVectorEncoder and Stanford ColBERT save it (against MultiVectorEncoder, which reads all three)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.tensors import from_tensor
+from tiny_layouts import build_multi_vector_encoder, build_pylate_colbert, build_stanford_colbert
+from tiny_models import write_config
+from worker_process import WorkerProcess
+
+TEXTS = [
+    "What is late interaction?",
+    "ColBERT keeps one vector per token, and scores with MaxSim: the sum, over query tokens, of the best match.",
+    "a",
+    " ".join(["overlong"] * 300) + ", with punctuation!",  # far past every length limit: truncated, not rejected
+]
+# ColBERT model id -> (query length, document length) its directory states.
+COLBERT = {"test/colbert-pylate": (12, 20), "test/colbert-st": (10, 24), "test/colbert-stanford": (11, 22)}
+COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Model id -> directory, built once for the module."""
+    root = tmp_path_factory.mktemp("layouts")
+    lengths = {model_id: dict(zip(("query_length", "document_length"), pair)) for model_id, pair in COLBERT.items()}
+    pylate = build_pylate_colbert(root / "colbert-pylate", **lengths["test/colbert-pylate"])
+    return {
+        "test/colbert-pylate": pylate,
+        "test/colbert-st": build_multi_vector_encoder(pylate, root / "colbert-st", **lengths["test/colbert-st"]),
+        "test/colbert-stanford": build_stanford_colbert(root / "colbert-stanford", **lengths["test/colbert-stanford"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    configs = tmp_path_factory.mktemp("layout-configs")
+    for model_id in COLBERT:
+        write_config(configs, model_id, f"path: {models[model_id]}\n{COLBERT_BODY}")
+    log = tmp_path_factory.mktemp("layout-worker") / "worker.log"
+    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(models)}, log)
+    try:
+        worker.wait_serving()
+        with grpc.insecure_channel(worker.address) as channel:
+            yield inference_pb2_grpc.InferenceStub(channel)
+    finally:
+        worker.stop()
+
+
+def encode(stub, model: str, texts: list[str], **fields) -> list[types_pb2.EncodeResult]:
+    request = inference_pb2.EncodeRequest(model=model, items=[types_pb2.Item(id=str(i), text=text) for i, text in enumerate(texts)], **fields)
+    return list(stub.Encode(request, timeout=120).results)
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+# --- ColBERT ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_id", list(COLBERT))
+@pytest.mark.parametrize("is_query", [False, True], ids=["documents", "queries"])
+def test_colbert_layouts_match_multi_vector_encoder(stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
+    from sentence_transformers import MultiVectorEncoder
+
+    reference = MultiVectorEncoder(str(models[model_id]), device="cpu")
+    expected = (reference.encode_query if is_query else reference.encode_document)(TEXTS, convert_to_numpy=True)
+    results = encode(stub, model_id, TEXTS, output_types=["multivector"], is_query=is_query)
+    for result, vectors in zip(results, expected, strict=True):
+        served = from_tensor(result.multivector)
+        assert served.shape == vectors.shape, result.id
+        assert row_cosines(served, vectors).min() >= 0.9999, result.id
+    # The overlong text is cut to the checkpoint's own length: all its tokens but punctuation for documents.
+    longest = from_tensor(results[-1].multivector).shape[0]
+    query_length, document_length = COLBERT[model_id]
+    assert longest == (query_length if is_query else document_length)
