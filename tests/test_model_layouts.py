@@ -1,19 +1,23 @@
 """Checkpoints in the layouts real models ship in, each a tiny random replica served by one real worker and
 compared with the reference library run in-process: ColBERT as PyLate, sentence-transformers'
-MultiVectorEncoder and Stanford ColBERT save it (against MultiVectorEncoder, which reads all three)."""
+MultiVectorEncoder and Stanford ColBERT save it (against MultiVectorEncoder, which reads all three); SigLIP
+with its SentencePiece tokenizer (against transformers' SiglipModel)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+import torch
+from PIL import Image
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.tensors import from_tensor
-from tiny_layouts import build_multi_vector_encoder, build_pylate_colbert, build_stanford_colbert
+from tiny_layouts import build_multi_vector_encoder, build_pylate_colbert, build_sentencepiece_siglip, build_stanford_colbert
 from tiny_models import write_config
 from worker_process import WorkerProcess
 
@@ -25,6 +29,7 @@ TEXTS = [
 ]
 # ColBERT model id -> (query length, document length) its directory states.
 COLBERT = {"test/colbert-pylate": (12, 20), "test/colbert-st": (10, 24), "test/colbert-stanford": (11, 22)}
+SIGLIP = "test/siglip-sentencepiece"
 COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
 
 
@@ -38,6 +43,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "test/colbert-pylate": pylate,
         "test/colbert-st": build_multi_vector_encoder(pylate, root / "colbert-st", **lengths["test/colbert-st"]),
         "test/colbert-stanford": build_stanford_colbert(root / "colbert-stanford", **lengths["test/colbert-stanford"]),
+        SIGLIP: build_sentencepiece_siglip(root / "siglip"),
     }
 
 
@@ -46,6 +52,9 @@ def stub(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> I
     configs = tmp_path_factory.mktemp("layout-configs")
     for model_id in COLBERT:
         write_config(configs, model_id, f"path: {models[model_id]}\n{COLBERT_BODY}")
+    write_config(
+        configs, SIGLIP, f"path: {models[SIGLIP]}\ninputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n"
+    )
     log = tmp_path_factory.mktemp("layout-worker") / "worker.log"
     worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(models)}, log)
     try:
@@ -85,3 +94,37 @@ def test_colbert_layouts_match_multi_vector_encoder(stub, models: dict[str, Path
     longest = from_tensor(results[-1].multivector).shape[0]
     query_length, document_length = COLBERT[model_id]
     assert longest == (query_length if is_query else document_length)
+
+
+# --- SigLIP with its SentencePiece tokenizer ----------------------------------------------------------
+
+
+def png(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(40, 56, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_siglip_with_sentencepiece_tokenizer_matches_siglip_model(stub, models: dict[str, Path]) -> None:
+    from transformers import AutoImageProcessor, AutoTokenizer, SiglipModel
+
+    directory = models[SIGLIP]
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert type(tokenizer).__name__ == "SiglipTokenizer" and not tokenizer.is_fast
+    model = SiglipModel.from_pretrained(directory).eval()
+    processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
+    images = [png(seed) for seed in range(2)]
+    with torch.inference_mode():
+        text_inputs = tokenizer(TEXTS, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
+        texts = model.get_text_features(input_ids=text_inputs["input_ids"]).pooler_output.numpy()
+        pixels = processor(images=[Image.open(io.BytesIO(data)) for data in images], return_tensors="pt")["pixel_values"]
+        pictures = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+    items = [types_pb2.Item(id=f"t{i}", text=text) for i, text in enumerate(TEXTS)]
+    items += [types_pb2.Item(id=f"i{i}", images=[types_pb2.Image(data=data)]) for i, data in enumerate(images)]
+    response = stub.Encode(inference_pb2.EncodeRequest(model=SIGLIP, items=items), timeout=120)
+    served = np.stack([from_tensor(result.dense) for result in response.results])
+    assert row_cosines(served, np.concatenate([texts, pictures])).min() >= 0.9999
+    # Punctuation and case are normalized away by SigLIP's tokenizer, as by the reference.
+    again = encode(stub, SIGLIP, ["WHAT is late interaction"])
+    np.testing.assert_allclose(from_tensor(again[0].dense), served[0], atol=1e-6)

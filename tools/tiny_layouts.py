@@ -117,3 +117,52 @@ def build_stanford_colbert(directory: Path, *, query_length: int, document_lengt
 
 def _write_json(path: Path, value) -> None:
     path.write_text(json.dumps(value, indent=2))
+
+
+SIGLIP_MAX_LENGTH = 64
+SIGLIP_IMAGE_SIZE = 32
+
+
+def build_sentencepiece_siglip(directory: Path, *, seed: int = 0) -> Path:
+    """A random SiglipModel with SigLIP's own tokenizer class: a SentencePiece `spiece.model` trained here on a
+    few hundred lines of words (unigram, no dummy prefix, `</s>` as end and padding token as google/siglip's),
+    text padded to 64 positions, and its image processor."""
+    import random
+
+    import sentencepiece
+    from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTokenizer
+
+    words = [word for word in minilm_tokenizer().get_vocab() if word.isalpha()]
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choices(words, k=12)) for _ in range(400)]
+    directory.mkdir(parents=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(directory / "spiece"),
+        vocab_size=1000,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        add_dummy_prefix=False,
+        minloglevel=2,
+    )
+    (directory / "spiece.vocab").unlink()
+    tokenizer = SiglipTokenizer(str(directory / "spiece.model"), model_max_length=SIGLIP_MAX_LENGTH)
+    tower = {"hidden_size": HIDDEN, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    config = SiglipConfig(
+        text_config={
+            **tower,
+            "vocab_size": tokenizer.vocab_size,
+            "max_position_embeddings": SIGLIP_MAX_LENGTH,
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        vision_config={**tower, "image_size": SIGLIP_IMAGE_SIZE, "patch_size": 8},
+    )
+    torch.manual_seed(seed)
+    SiglipModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    SiglipImageProcessorPil(size={"height": SIGLIP_IMAGE_SIZE, "width": SIGLIP_IMAGE_SIZE}).save_pretrained(directory)
+    return directory
