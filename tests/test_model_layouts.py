@@ -1,7 +1,8 @@
 """Checkpoints in the layouts real models ship in, each a tiny random replica served by one real worker and
 compared with the reference library run in-process: ColBERT as PyLate, sentence-transformers'
 MultiVectorEncoder and Stanford ColBERT save it (against MultiVectorEncoder, which reads all three); SigLIP
-with its SentencePiece tokenizer (against transformers' SiglipModel)."""
+with its SentencePiece tokenizer (against transformers' SiglipModel); doc-only sparse models as OpenSearch and
+sentence-transformers save them (against SparseEncoder with its SparseStaticEmbedding query side)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ from PIL import Image
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.tensors import from_tensor
-from tiny_layouts import build_multi_vector_encoder, build_pylate_colbert, build_sentencepiece_siglip, build_stanford_colbert
+from tiny_layouts import (
+    build_multi_vector_encoder,
+    build_opensearch_sparse,
+    build_pylate_colbert,
+    build_router_sparse,
+    build_sentencepiece_siglip,
+    build_stanford_colbert,
+    opensearch_sparse_encoder,
+)
 from tiny_models import write_config
 from worker_process import WorkerProcess
 
@@ -30,6 +39,9 @@ TEXTS = [
 # ColBERT model id -> (query length, document length) its directory states.
 COLBERT = {"test/colbert-pylate": (12, 20), "test/colbert-st": (10, 24), "test/colbert-stanford": (11, 22)}
 SIGLIP = "test/siglip-sentencepiece"
+OPENSEARCH = "test/sparse-opensearch"
+SPARSE_ROUTER = "test/sparse-router"
+SPARSE_BODY = "tasks: [encode]\noutput_types: [sparse]\nprofiles:\n  default:\n    adapter: splade\n"
 COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
 
 
@@ -44,6 +56,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "test/colbert-st": build_multi_vector_encoder(pylate, root / "colbert-st", **lengths["test/colbert-st"]),
         "test/colbert-stanford": build_stanford_colbert(root / "colbert-stanford", **lengths["test/colbert-stanford"]),
         SIGLIP: build_sentencepiece_siglip(root / "siglip"),
+        OPENSEARCH: (opensearch := build_opensearch_sparse(root / "sparse-opensearch")),
+        SPARSE_ROUTER: build_router_sparse(opensearch, root / "sparse-router"),
     }
 
 
@@ -55,6 +69,8 @@ def stub(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> I
     write_config(
         configs, SIGLIP, f"path: {models[SIGLIP]}\ninputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n"
     )
+    for model_id in (OPENSEARCH, SPARSE_ROUTER):
+        write_config(configs, model_id, f"path: {models[model_id]}\n{SPARSE_BODY}")
     log = tmp_path_factory.mktemp("layout-worker") / "worker.log"
     worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(models)}, log)
     try:
@@ -128,3 +144,28 @@ def test_siglip_with_sentencepiece_tokenizer_matches_siglip_model(stub, models: 
     # Punctuation and case are normalized away by SigLIP's tokenizer, as by the reference.
     again = encode(stub, SIGLIP, ["WHAT is late interaction"])
     np.testing.assert_allclose(from_tensor(again[0].dense), served[0], atol=1e-6)
+
+
+# --- doc-only sparse models ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_id", [OPENSEARCH, SPARSE_ROUTER])
+@pytest.mark.parametrize("is_query", [False, True], ids=["documents", "queries"])
+def test_doc_only_sparse_matches_sparse_encoder(stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
+    from sentence_transformers import SparseEncoder
+
+    if model_id == OPENSEARCH:  # no sentence-transformers files: the reference is built from its modules (v2: relu)
+        reference = opensearch_sparse_encoder(models[model_id], activation="relu")
+    else:
+        reference = SparseEncoder(str(models[model_id]), device="cpu")
+    expected = (reference.encode_query if is_query else reference.encode_document)(TEXTS).to_dense().numpy()
+    results = encode(stub, model_id, TEXTS, output_types=["sparse"], is_query=is_query)
+    for result, row in zip(results, expected, strict=True):
+        sparse = result.sparse
+        assert sparse.dims == row.shape[0]
+        assert list(sparse.indices) == list(np.flatnonzero(row)), result.id
+        np.testing.assert_allclose(list(sparse.values), row[list(sparse.indices)], atol=1e-4)
+    if is_query:  # static weights: a query's weights are its tokens' idf, whatever their context
+        word = encode(stub, model_id, ["interaction"], output_types=["sparse"], is_query=True)[0].sparse
+        assert set(word.indices) <= set(results[0].sparse.indices)
+        assert dict(zip(word.indices, word.values)).items() <= dict(zip(results[0].sparse.indices, results[0].sparse.values)).items()

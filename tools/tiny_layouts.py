@@ -166,3 +166,40 @@ def build_sentencepiece_siglip(directory: Path, *, seed: int = 0) -> Path:
     tokenizer.save_pretrained(directory)
     SiglipImageProcessorPil(size={"height": SIGLIP_IMAGE_SIZE, "width": SIGLIP_IMAGE_SIZE}).save_pretrained(directory)
     return directory
+
+
+def build_opensearch_sparse(directory: Path, *, seed: int = 0) -> Path:
+    """A doc-only sparse model as OpenSearch first shipped them: a masked-LM at the root (its tokenizer limited
+    to the model's 128 positions) and `idf.json`, token -> query weight, for most of the vocabulary."""
+    import random
+
+    from transformers import BertForMaskedLM
+
+    tokenizer = minilm_tokenizer()
+    tokenizer.model_max_length = 128
+    torch.manual_seed(seed)
+    BertForMaskedLM(tiny_bert_config(tokenizer.vocab_size)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    rng = random.Random(seed)
+    idf = {token: round(rng.uniform(0.1, 8.0), 4) for token in tokenizer.get_vocab() if rng.random() < 0.9}
+    _write_json(directory / "idf.json", idf)
+    return directory
+
+
+def opensearch_sparse_encoder(directory: Path, *, activation: str):
+    """sentence-transformers' SparseEncoder over an OpenSearch directory, built from its own modules: a Router
+    sending queries to a SparseStaticEmbedding of `idf.json` and documents through the masked-LM and SpladePooling."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import Router, SparseStaticEmbedding, SpladePooling, Transformer
+
+    document = Transformer(str(directory), transformer_task="fill-mask")
+    query = SparseStaticEmbedding.from_json(str(directory / "idf.json"), tokenizer=document.tokenizer, frozen=True)
+    router = Router.for_query_document(query_modules=[query], document_modules=[document, SpladePooling("max", activation_function=activation)])
+    return SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu")
+
+
+def build_router_sparse(opensearch: Path, directory: Path) -> Path:
+    """The OpenSearch model as sentence-transformers saves it: Router, query_0_SparseStaticEmbedding (the idf
+    weights as a tensor), document_0_Transformer, document_1_SpladePooling, with OpenSearch v3's log1p_relu."""
+    opensearch_sparse_encoder(opensearch, activation="log1p_relu").save(str(directory))
+    return directory
