@@ -2,10 +2,12 @@
 compared with the reference library run in-process: ColBERT as PyLate, sentence-transformers'
 MultiVectorEncoder and Stanford ColBERT save it (against MultiVectorEncoder, which reads all three); SigLIP
 with its SentencePiece tokenizer (against transformers' SiglipModel); doc-only sparse models as OpenSearch and
-sentence-transformers save them (against SparseEncoder with its SparseStaticEmbedding query side)."""
+sentence-transformers save them (against SparseEncoder with its SparseStaticEmbedding query side). And what an
+encode that names no output types gets from a sparse-only or multivector-only model."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +64,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Iterator[WorkerProcess]:
     configs = tmp_path_factory.mktemp("layout-configs")
     for model_id in COLBERT:
         write_config(configs, model_id, f"path: {models[model_id]}\n{COLBERT_BODY}")
@@ -75,10 +77,15 @@ def stub(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> I
     worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(models)}, log)
     try:
         worker.wait_serving()
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
+        yield worker
     finally:
         worker.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with grpc.insecure_channel(worker.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
 
 
 def encode(stub, model: str, texts: list[str], **fields) -> list[types_pb2.EncodeResult]:
@@ -169,3 +176,38 @@ def test_doc_only_sparse_matches_sparse_encoder(stub, models: dict[str, Path], m
         word = encode(stub, model_id, ["interaction"], output_types=["sparse"], is_query=True)[0].sparse
         assert set(word.indices) <= set(results[0].sparse.indices)
         assert dict(zip(word.indices, word.values)).items() <= dict(zip(results[0].sparse.indices, results[0].sparse.values)).items()
+
+
+# --- the default output of an encode that names none ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("model_id", "output"), [(OPENSEARCH, "sparse"), ("test/colbert-pylate", "multivector"), (SIGLIP, "dense")])
+def test_encode_without_output_types_returns_the_models_own_output(worker, stub, model_id: str, output: str) -> None:
+    from sie_client import AsyncSIEClient, Item, SIEClient
+
+    explicit = encode(stub, model_id, TEXTS[:2], output_types=[output])
+    assert all(result.HasField(output) for result in explicit)
+    default = encode(stub, model_id, TEXTS[:2])  # gRPC (and grpcurl / HTTP) callers: no output_types
+    assert default == explicit
+    for other in {"dense", "sparse", "multivector"} - {output}:
+        assert not any(result.HasField(other) for result in default)
+
+    def fields(result) -> object:
+        value = result[output]
+        return (list(value["indices"]), list(value["values"])) if output == "sparse" else value.tolist()
+
+    with SIEClient(worker.address) as client:
+        synchronous = client.encode(model_id, [Item(text=text) for text in TEXTS[:2]])
+
+    async def asynchronous() -> list:
+        client = AsyncSIEClient(worker.address)
+        try:
+            return await client.encode(model_id, [Item(text=text) for text in TEXTS[:2]])
+        finally:
+            await client.close()
+
+    for results in (synchronous, asyncio.run(asynchronous())):
+        assert [fields(result) for result in results] == [fields(result) for result in synchronous]
+        assert all(set(result) & {"dense", "sparse", "multivector"} == {output} for result in results)
+    if output == "sparse":
+        assert fields(synchronous[0]) == (list(explicit[0].sparse.indices), list(explicit[0].sparse.values))
