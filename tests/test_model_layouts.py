@@ -68,13 +68,17 @@ def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) ->
     configs = tmp_path_factory.mktemp("layout-configs")
     for model_id in COLBERT:
         write_config(configs, model_id, f"path: {models[model_id]}\n{COLBERT_BODY}")
+    # Listed after multivector, the MUVERA dense output is there when asked for, not the default.
+    write_config(
+        configs, "test/colbert-muvera", f"path: {models['test/colbert-pylate']}\n{COLBERT_BODY.replace('[multivector]', '[multivector, dense]')}"
+    )
     write_config(
         configs, SIGLIP, f"path: {models[SIGLIP]}\ninputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n"
     )
     for model_id in (OPENSEARCH, SPARSE_ROUTER):
         write_config(configs, model_id, f"path: {models[model_id]}\n{SPARSE_BODY}")
     log = tmp_path_factory.mktemp("layout-worker") / "worker.log"
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(models)}, log)
+    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join([*models, "test/colbert-muvera"])}, log)
     try:
         worker.wait_serving()
         yield worker
@@ -181,7 +185,10 @@ def test_doc_only_sparse_matches_sparse_encoder(stub, models: dict[str, Path], m
 # --- the default output of an encode that names none ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("model_id", "output"), [(OPENSEARCH, "sparse"), ("test/colbert-pylate", "multivector"), (SIGLIP, "dense")])
+@pytest.mark.parametrize(
+    ("model_id", "output"),
+    [(OPENSEARCH, "sparse"), ("test/colbert-pylate", "multivector"), ("test/colbert-muvera", "multivector"), (SIGLIP, "dense")],
+)
 def test_encode_without_output_types_returns_the_models_own_output(worker, stub, model_id: str, output: str) -> None:
     from sie_client import AsyncSIEClient, Item, SIEClient
 

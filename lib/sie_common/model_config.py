@@ -79,9 +79,9 @@ class ModelConfig:
 
     @property
     def default_output_types(self) -> tuple[str, ...]:
-        """What an encode that names no output types gets: dense where the model has it, else its first output
-        (a SPLADE model's sparse, a ColBERT model's multivector)."""
-        return ("dense",) if "dense" in self.output_types else self.output_types[:1]
+        """What an encode that names no output types gets: the first the config lists (a SPLADE model's sparse, a
+        ColBERT model's multivector where it lists that before its MUVERA dense)."""
+        return self.output_types[:1]
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data, unset fields left out: the canonical form for hashing and export."""

@@ -62,7 +62,7 @@ class ItemInput(NamedTuple):
 class EncodeJob:
     model: str
     items: list[ItemInput]
-    # Empty: the model's default output types (ModelConfig.default_output_types).
+    # Empty: the model's default output type (ModelConfig.default_output_types).
     output_types: tuple[str, ...] = ()
     output_dtype: str = "float32"
     instruction: str | None = None
