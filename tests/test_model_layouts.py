@@ -27,16 +27,20 @@ from tiny_layouts import (
     build_router_sparse,
     build_sentencepiece_siglip,
     build_stanford_colbert,
+    minilm_tokenizer,
     opensearch_sparse_encoder,
 )
 from tiny_models import write_config
 from worker_process import WorkerProcess
 
+# 300 different words: where a length limit cuts shows in which tokens are left.
+DIFFERENT_WORDS = " ".join(sorted(word for word in minilm_tokenizer().get_vocab() if word.isalpha() and len(word) > 4)[1000:1300])
 TEXTS = [
     "What is late interaction?",
     "ColBERT keeps one vector per token, and scores with MaxSim: the sum, over query tokens, of the best match.",
     "a",
-    " ".join(["overlong"] * 300) + ", with punctuation!",  # far past every length limit: truncated, not rejected
+    DIFFERENT_WORDS,  # far past every length limit: truncated, not rejected
+    " ".join(["overlong"] * 300) + ", with punctuation!",
 ]
 # ColBERT model id -> (query length, document length) its directory states.
 COLBERT = {"test/colbert-pylate": (12, 20), "test/colbert-st": (10, 24), "test/colbert-stanford": (11, 22)}
@@ -117,10 +121,9 @@ def test_colbert_layouts_match_multi_vector_encoder(stub, models: dict[str, Path
         served = from_tensor(result.multivector)
         assert served.shape == vectors.shape, result.id
         assert row_cosines(served, vectors).min() >= 0.9999, result.id
-    # The overlong text is cut to the checkpoint's own length: all its tokens but punctuation for documents.
-    longest = from_tensor(results[-1].multivector).shape[0]
+    # The overlong texts are cut to the checkpoint's own length, marker included (their first tokens are words).
     query_length, document_length = COLBERT[model_id]
-    assert longest == (query_length if is_query else document_length)
+    assert [from_tensor(result.multivector).shape[0] for result in results[-2:]] == [query_length if is_query else document_length] * 2
 
 
 # --- SigLIP with its SentencePiece tokenizer ----------------------------------------------------------
