@@ -28,7 +28,8 @@ def build_pylate_colbert(directory: Path, *, query_length: int, document_length:
     """A ColBERT saved the way PyLate saves one: the transformer and Dense modules written with
     sentence-transformers' own API, PyLate's module types in modules.json, its flat settings in
     config_sentence_transformers.json and `max_seq_length` one less than `document_length` (PyLate leaves
-    a position for the marker)."""
+    a position for the marker). Like PyLate conversions of Stanford-trained checkpoints, it keeps an
+    artifact.metadata, with other lengths, that readers must leave aside for the PyLate settings."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Dense, Transformer
 
@@ -70,6 +71,7 @@ def build_pylate_colbert(directory: Path, *, query_length: int, document_length:
         do_query_expansion=True,
     )
     _write_json(directory / "config_sentence_transformers.json", settings)
+    _write_json(directory / "artifact.metadata", {"query_maxlen": 2 * query_length, "doc_maxlen": 2 * document_length})
     return directory
 
 

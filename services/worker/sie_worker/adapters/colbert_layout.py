@@ -1,8 +1,9 @@
 """What a ColBERT checkpoint directory says about itself: projection, markers, lengths, expansion, skiplist.
 
-Three layouts are read (the first that matches):
+Three layouts are read:
 
-- Stanford (colbert-ir): `config.json` architectures `HF_ColBERT`, `linear.weight` next to the encoder
+- Stanford (colbert-ir), unless modules.json lists a Dense module (a later PyLate save of such a checkpoint):
+  `config.json` architectures `HF_ColBERT` or an `artifact.metadata`, `linear.weight` next to the encoder
   weights at the root, settings in `artifact.metadata` (query_maxlen, doc_maxlen, attend_to_mask_tokens,
   mask_punctuation, query_token_id / doc_token_id markers).
 - PyLate: a `Dense` entry in modules.json, settings as flat keys of `config_sentence_transformers.json`
@@ -56,10 +57,11 @@ class ColbertLayout:
 
 def read_layout(directory: Path) -> ColbertLayout:
     """The layout of a ColBERT directory (ValueError when it has no projection)."""
-    architectures = read_json(directory / "config.json").get("architectures") or []
-    if "HF_ColBERT" in architectures or (directory / "artifact.metadata").exists():
-        return _stanford(directory)
     entries = _read_json_list(directory / "modules.json")
+    if not any(entry["type"].endswith("Dense") for entry in entries):
+        architectures = read_json(directory / "config.json").get("architectures") or []
+        if "HF_ColBERT" in architectures or (directory / "artifact.metadata").exists():
+            return _stanford(directory)
     settings = read_json(directory / "config_sentence_transformers.json")
     if any(entry["type"].endswith("MultiVectorMask") for entry in entries):
         return _multi_vector_encoder(directory, entries, settings)
