@@ -48,7 +48,7 @@ def check_encode_estimate(
     the dims its request or model config states (none stated: nothing to refuse yet). `value_bytes`: what
     one number takes when the answer spells its numbers out (JSON callers, OpenAI embeddings) instead of
     packing them in the output dtype."""
-    if "dense" not in (request.output_types or ("dense",)):
+    if "dense" not in (request.output_types or config.default_output_types):
         return
     stated = [dims for dims in (request.dims if request.HasField("dims") else None, config.dims) if dims]
     check_dense_estimate(len(request.items), min(stated, default=0), request.output_dtype or "float32", limit, setting, value_bytes)

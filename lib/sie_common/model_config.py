@@ -77,6 +77,12 @@ class ModelConfig:
     # LoRA adapter name -> local directory or Hugging Face repo id.
     loras: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def default_output_types(self) -> tuple[str, ...]:
+        """What an encode that names no output types gets: the first the config lists (a SPLADE model's sparse, a
+        ColBERT model's multivector where it lists that before its MUVERA dense)."""
+        return self.output_types[:1]
+
     def to_dict(self) -> dict[str, Any]:
         """The config as plain data, unset fields left out: the canonical form for hashing and export."""
         data: dict[str, Any] = {"id": self.id}

@@ -26,7 +26,10 @@ def encode_request(request: inference_pb2.CreateEmbeddingsRequest) -> inference_
             f"encoding_format {request.encoding_format!r} is not one of {', '.join(ENCODING_FORMATS)}",
             reason="INVALID_ENCODING_FORMAT",
         )
-    encode = inference_pb2.EncodeRequest(model=request.model, items=[types_pb2.Item(text=text) for text in _texts(request.input)])
+    # Dense, whatever the model's own default output is: OpenAI embeddings are vectors.
+    encode = inference_pb2.EncodeRequest(
+        model=request.model, items=[types_pb2.Item(text=text) for text in _texts(request.input)], output_types=["dense"]
+    )
     if request.HasField("dimensions"):
         encode.dims = request.dimensions
     return encode

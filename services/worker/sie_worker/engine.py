@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 
@@ -222,6 +222,8 @@ class Engine:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
             config = self.registry.config(job.model)
+            if not job.output_types:
+                job = replace(job, output_types=config.default_output_types)
             check_outputs(config, job.output_types)
             self._check_answer_estimate(job, config.dims)  # before loading: with the dims the config states
             model = await self._model_for(holds, job.model, job.profile, "encode", job.lora, job.items)

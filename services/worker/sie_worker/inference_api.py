@@ -54,7 +54,7 @@ def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJo
     request = merged_request(request, limits)
     _require_model(request.model, limits)
     items = _items(request.items, limits)
-    output_types = tuple(dict.fromkeys(request.output_types)) or ("dense",)
+    output_types = tuple(dict.fromkeys(request.output_types))  # none: the model's default (engine)
     for output in output_types:
         if output not in OUTPUT_TYPES:
             raise InvalidArgument(

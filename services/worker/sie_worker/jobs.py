@@ -62,7 +62,8 @@ class ItemInput(NamedTuple):
 class EncodeJob:
     model: str
     items: list[ItemInput]
-    output_types: tuple[str, ...] = ("dense",)
+    # Empty: the model's default output type (ModelConfig.default_output_types).
+    output_types: tuple[str, ...] = ()
     output_dtype: str = "float32"
     instruction: str | None = None
     is_query: bool = False

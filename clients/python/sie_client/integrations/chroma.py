@@ -13,6 +13,7 @@ import numpy as np
 from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
 from chromadb.utils.embedding_functions import register_embedding_function
 
+from sie_client.integrations._common import DENSE
 from sie_client.sync_client import SIEClient
 
 
@@ -31,7 +32,7 @@ class SIEEmbeddingFunction(EmbeddingFunction[Documents]):
         return self._encode(input, is_query=True)
 
     def _encode(self, texts: Documents, *, is_query: bool) -> Embeddings:
-        results = self._client.encode(self.model, list(texts), is_query=is_query, dims=self.dims) if texts else []
+        results = self._client.encode(self.model, list(texts), is_query=is_query, dims=self.dims, output_types=DENSE) if texts else []
         return [np.asarray(result["dense"], dtype=np.float32) for result in results]
 
     @staticmethod

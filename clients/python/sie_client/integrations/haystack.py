@@ -14,7 +14,7 @@ from typing import Any
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.utils import Secret, deserialize_secrets_inplace
 
-from sie_client.integrations._common import rerank
+from sie_client.integrations._common import DENSE, rerank
 from sie_client.sync_client import SIEClient
 
 
@@ -72,7 +72,7 @@ class SIETextEmbedder(_Connected):
 
     @component.output_types(embedding=list[float], meta=dict[str, Any])
     def run(self, text: str) -> dict[str, Any]:
-        vector = self.client.encode(self.model, text, is_query=True, dims=self.dims)["dense"]
+        vector = self.client.encode(self.model, text, is_query=True, dims=self.dims, output_types=DENSE)["dense"]
         return {"embedding": vector.tolist(), "meta": {"model": self.model}}
 
 
@@ -90,7 +90,7 @@ class SIEDocumentEmbedder(_Connected):
     @component.output_types(documents=list[Document], meta=dict[str, Any])
     def run(self, documents: list[Document]) -> dict[str, Any]:
         texts = [document.content or "" for document in documents]
-        results = self.client.encode(self.model, texts, dims=self.dims) if texts else []
+        results = self.client.encode(self.model, texts, dims=self.dims, output_types=DENSE) if texts else []
         embedded = [dataclasses.replace(document, embedding=result["dense"].tolist()) for document, result in zip(documents, results, strict=True)]
         return {"documents": embedded, "meta": {"model": self.model}}
 

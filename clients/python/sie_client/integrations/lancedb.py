@@ -17,6 +17,7 @@ import numpy as np
 from lancedb.embeddings import TextEmbeddingFunction, register
 from pydantic import PrivateAttr
 
+from sie_client.integrations._common import DENSE
 from sie_client.sync_client import SIEClient
 
 
@@ -56,7 +57,7 @@ class SIEEmbeddingFunction(TextEmbeddingFunction):
         texts = list(texts)
         present = [index for index, text in enumerate(texts) if text is not None]
         vectors: list[np.ndarray | None] = [None] * len(texts)
-        results = self.client.encode(self.model, [str(texts[index]) for index in present], is_query=is_query, dims=self.dims)
+        results = self.client.encode(self.model, [str(texts[index]) for index in present], is_query=is_query, dims=self.dims, output_types=DENSE)
         for index, result in zip(present, results, strict=True):
             vectors[index] = result["dense"]
         return vectors

@@ -17,7 +17,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import ConfigDict, PrivateAttr
 
 from sie_client.client import AsyncSIEClient
-from sie_client.integrations._common import rerank
+from sie_client.integrations._common import DENSE, rerank
 from sie_client.sync_client import SIEClient
 
 
@@ -32,18 +32,18 @@ class SIEEmbeddings(Embeddings):
         self._client = SIEClient(target, **client_options)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return [r["dense"].tolist() for r in self._client.encode(self.model, texts, dims=self.dims)]
+        return [r["dense"].tolist() for r in self._client.encode(self.model, texts, dims=self.dims, output_types=DENSE)]
 
     def embed_query(self, text: str) -> list[float]:
-        return self._client.encode(self.model, text, is_query=True, dims=self.dims)["dense"].tolist()
+        return self._client.encode(self.model, text, is_query=True, dims=self.dims, output_types=DENSE)["dense"].tolist()
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         async with AsyncSIEClient(self._target, **self._client_options) as client:
-            return [r["dense"].tolist() for r in await client.encode(self.model, texts, dims=self.dims)]
+            return [r["dense"].tolist() for r in await client.encode(self.model, texts, dims=self.dims, output_types=DENSE)]
 
     async def aembed_query(self, text: str) -> list[float]:
         async with AsyncSIEClient(self._target, **self._client_options) as client:
-            return (await client.encode(self.model, text, is_query=True, dims=self.dims))["dense"].tolist()
+            return (await client.encode(self.model, text, is_query=True, dims=self.dims, output_types=DENSE))["dense"].tolist()
 
     def close(self) -> None:
         self._client.close()

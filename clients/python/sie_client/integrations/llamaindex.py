@@ -18,7 +18,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from pydantic import PrivateAttr
 
 from sie_client.client import AsyncSIEClient
-from sie_client.integrations._common import rerank
+from sie_client.integrations._common import DENSE, rerank
 from sie_client.sync_client import SIEClient
 
 
@@ -40,21 +40,21 @@ class SIEEmbedding(BaseEmbedding):
         return "SIEEmbedding"
 
     def _get_query_embedding(self, query: str) -> list[float]:
-        return self._client.encode(self.model_name, query, is_query=True, dims=self.dims)["dense"].tolist()
+        return self._client.encode(self.model_name, query, is_query=True, dims=self.dims, output_types=DENSE)["dense"].tolist()
 
     def _get_text_embedding(self, text: str) -> list[float]:
-        return self._client.encode(self.model_name, text, dims=self.dims)["dense"].tolist()
+        return self._client.encode(self.model_name, text, dims=self.dims, output_types=DENSE)["dense"].tolist()
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return [r["dense"].tolist() for r in self._client.encode(self.model_name, texts, dims=self.dims)]
+        return [r["dense"].tolist() for r in self._client.encode(self.model_name, texts, dims=self.dims, output_types=DENSE)]
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
         async with AsyncSIEClient(self.target, **self._client_options) as client:
-            return (await client.encode(self.model_name, query, is_query=True, dims=self.dims))["dense"].tolist()
+            return (await client.encode(self.model_name, query, is_query=True, dims=self.dims, output_types=DENSE))["dense"].tolist()
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
         async with AsyncSIEClient(self.target, **self._client_options) as client:
-            return (await client.encode(self.model_name, text, dims=self.dims))["dense"].tolist()
+            return (await client.encode(self.model_name, text, dims=self.dims, output_types=DENSE))["dense"].tolist()
 
     def close(self) -> None:
         self._client.close()

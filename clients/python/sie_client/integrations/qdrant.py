@@ -16,6 +16,7 @@ from typing import Any
 
 from qdrant_client import models
 
+from sie_client.integrations._common import DENSE
 from sie_client.sync_client import SIEClient
 from sie_client.types import EncodeResult
 
@@ -41,7 +42,7 @@ class SIEQdrantVectors:
 
     def collection_config(self) -> dict[str, Any]:
         """`vectors_config` and `sparse_vectors_config` for `create_collection`; the dense size is probed from the model."""
-        size = len(self._client.encode(self.dense_model, "dimension probe")["dense"])
+        size = len(self._client.encode(self.dense_model, "dimension probe", output_types=DENSE)["dense"])
         return {
             "vectors_config": {self.dense_name: models.VectorParams(size=size, distance=self.distance)},
             "sparse_vectors_config": {self.sparse_name: models.SparseVectorParams()},
@@ -51,7 +52,7 @@ class SIEQdrantVectors:
         """The named vectors of each text: {dense_name: [floats], sparse_name: SparseVector}."""
         if not texts:
             return []
-        dense = self._client.encode(self.dense_model, list(texts), is_query=is_query)
+        dense = self._client.encode(self.dense_model, list(texts), is_query=is_query, output_types=DENSE)
         sparse = self._client.encode(self.sparse_model, list(texts), is_query=is_query, output_types=["sparse"])
         return [{self.dense_name: d["dense"].tolist(), self.sparse_name: _sparse_vector(s)} for d, s in zip(dense, sparse, strict=True)]
 

@@ -23,7 +23,8 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoModel
 
 from sie_worker.adapters.base import EncodedItem, ImageEncoder, LoadContext, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, load_model, padded
+from sie_worker.adapters.hf_text import load_model, padded
+from sie_worker.adapters.slow_tokenizer import text_tokenizer
 
 TEXT_PADDINGS = ("longest", "max_length")
 # Model types trained on text padded to the maximum length, read at the last position.
@@ -45,7 +46,7 @@ class DualEncoder(ImageEncoder):
         self.text_padding: str = load_options.get("text_padding", "max_length" if model_type in _MAX_LENGTH_PADDED else "longest")
         if self.text_padding not in TEXT_PADDINGS:
             raise ValueError(f"text_padding {self.text_padding!r} is not one of {', '.join(TEXT_PADDINGS)}")
-        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model.text_model)
+        self.tokenizer = text_tokenizer(context.weights, context.config.max_sequence_length, self.model.text_model)
         self.max_sequence_length = self.tokenizer.max_length
         self.image_processor = AutoImageProcessor.from_pretrained(context.weights, backend="pil")
 

@@ -1,118 +1,145 @@
-"""ColBERT-style multivector encoders: one projected, L2-normalized vector per token.
+"""ColBERT-style multivector encoders: one projected (by default L2-normalized) vector per token.
 
-Directory: a `transformers` encoder plus a linear projection in the layout
-PyLate uses (a `Dense` entry in modules.json whose folder holds
-model.safetensors with `linear.weight`). Query and document marker tokens go
-right after the first token ([CLS]). load_options:
+The directory is a `transformers` encoder plus its projection in one of the layouts
+`sie_worker.adapters.colbert_layout` reads (Stanford, PyLate, sentence-transformers MultiVectorEncoder),
+which also gives the markers, lengths, query expansion and skiplist. load_options override them:
 
-- `query_marker` / `document_marker`: marker tokens (default `[unused0]` / `[unused1]`, as ColBERTv2);
-- `query_length` (default 32): queries are cut to it and, with `query_expansion` (default true),
-  padded to it with [MASK] tokens, which the encoder attends to only with
-  `attend_to_expansion_tokens` (default false); every query position yields a vector;
-- `mask_punctuation` (default true): document vectors of punctuation tokens are dropped;
+- `query_marker` / `document_marker`: marker tokens inserted after the first token ([CLS]);
+- `query_length`: queries are cut to it and, with `query_expansion` (bool), padded to it with [MASK] tokens,
+  which the encoder attends to only with `attend_to_expansion_tokens`; every query position yields a vector;
+- `mask_punctuation`: document vectors of punctuation tokens are dropped (false: none are);
   document padding is always dropped.
+
+The model config's `max_sequence_length` overrides the directory's document length.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import string
 from collections.abc import Sequence
 
 import torch
-from safetensors.torch import load_file
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
+from sie_worker.adapters.colbert_layout import ColbertLayout, read_layout
 from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
 
 
 class ColbertEncoder(TextEncoder):
     tasks = ("encode", "score")
     output_types = ("multivector",)
-    normalized = True
 
     def __init__(self, context: LoadContext) -> None:
         directory = context.weights
-        options = dict(context.profile.load_options)
+        layout = _with_options(read_layout(directory), dict(context.profile.load_options))
+        self.layout = layout
         self.model = load_model(AutoModel, context)
         self.device = context.device
-        # One position is reserved for the marker token.
-        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, reserve=1, trust_remote_code=context.profile.trust_remote_code)
+        self.normalized = layout.normalize
+        # A marker takes one position of the length limit, as the checkpoint was trained.
+        reserve = int(layout.prefix_tokens and bool(layout.document_prefix))
+        self.tokenizer = TextTokenizer(
+            directory,
+            context.config.max_sequence_length or layout.document_length,
+            self.model,
+            reserve=reserve,
+            trust_remote_code=context.profile.trust_remote_code,
+        )
         self.max_sequence_length = self.tokenizer.max_length
         vocab = self.tokenizer.rust
-        self.query_marker = _token_id(vocab, options.get("query_marker", "[unused0]"))
-        self.document_marker = _token_id(vocab, options.get("document_marker", "[unused1]"))
-        self.mask_id = _token_id(vocab, self.tokenizer.hf.mask_token or "[MASK]")
-        self.query_length = int(options.get("query_length", 32))
-        self.query_expansion = bool(options.get("query_expansion", True))
-        self.attend_to_expansion = bool(options.get("attend_to_expansion_tokens", False))
-        punctuation = [vocab.token_to_id(symbol) for symbol in string.punctuation] if options.get("mask_punctuation", True) else []
-        self.skip_ids = {token for token in punctuation if token is not None}
-        self.projection = _projection(directory).to(device=context.device, dtype=context.dtype)
-        self.multivector_dims = self.projection.shape[0]
+        self.query_marker = _marker_id(vocab, layout.query_prefix) if layout.prefix_tokens else None
+        self.document_marker = _marker_id(vocab, layout.document_prefix) if layout.prefix_tokens else None
+        expansion = layout.expansion_token or self.tokenizer.hf.mask_token or self.tokenizer.hf.eos_token
+        self.expansion_id = _token_id(vocab, expansion)
+        self.skip_ids = {token for token in map(vocab.token_to_id, layout.skiplist_words) if token is not None}
+        self.projections = [
+            (weight.to(context.device, context.dtype), None if bias is None else bias.to(context.device, context.dtype))
+            for weight, bias in layout.projections
+        ]
+        self.multivector_dims = int(layout.projections[-1][0].shape[0])
         self.dims = 0
 
     def prompt(self, *, is_query: bool, instruction: str | None) -> str:
-        return instruction or ""
+        if instruction is not None or self.layout.prefix_tokens:
+            return instruction or ""
+        return self.layout.query_prefix if is_query else self.layout.document_prefix
 
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         marker = self.query_marker if is_query else self.document_marker
+        layout = self.layout
+        query_cap = min(layout.query_length or self.max_sequence_length, self.max_sequence_length)
         items = []
         for encoded in self.tokenizer.encode([prompt + text for text in texts]):
-            ids = [*encoded.ids[:1], marker, *encoded.ids[1:]]
+            ids = encoded.ids if marker is None else [*encoded.ids[:1], marker, *encoded.ids[1:]]
             if is_query:
-                if len(ids) > self.query_length:
-                    ids = [*ids[: self.query_length - 1], ids[-1]]
-                if self.query_expansion:
-                    ids += [self.mask_id] * (self.query_length - len(ids))
+                if len(ids) > query_cap:
+                    ids = [*ids[: query_cap - 1], ids[-1]]
+                if layout.query_expansion:
+                    ids += [self.expansion_id] * ((layout.query_length or 0) - len(ids))
             items.append(TokenizedText(ids, is_query=is_query))
         return items
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         attention = inputs["attention_mask"].clone()
-        if not self.attend_to_expansion:
+        if not self.layout.attend_to_expansion:
             for row, item in enumerate(batch):
                 if item.is_query:
-                    attention[row, _real_length(item.ids, self.mask_id) :] = 0
+                    attention[row, _real_length(item.ids, self.expansion_id) :] = 0
         with torch.inference_mode():
-            hidden = self.model(**model_inputs(self.model, {**inputs, "attention_mask": attention})).last_hidden_state
-            vectors = torch.nn.functional.normalize(hidden @ self.projection.T, p=2, dim=-1).float().cpu().numpy()
+            vectors = self.model(**model_inputs(self.model, {**inputs, "attention_mask": attention})).last_hidden_state
+            for weight, bias in self.projections:
+                vectors = torch.nn.functional.linear(vectors, weight, bias)
+            if self.normalized:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+            vectors = vectors.float().cpu().numpy()
+        skip_queries = self.layout.skip_in_queries
         items = []
         for row, item in enumerate(batch):
-            keep = [
-                position
-                for position, token in enumerate(item.ids)
-                if item.is_query or token not in self.skip_ids
-            ]
+            skip = self.skip_ids if skip_queries or not item.is_query else set()
+            keep = [position for position, token in enumerate(item.ids) if token not in skip]
             items.append(EncodedItem(multivector=vectors[row, keep]))
         return items
 
 
-def _real_length(ids: Sequence[int], mask_id: int) -> int:
-    """Tokens before the trailing [MASK] expansion."""
+def _with_options(layout: ColbertLayout, options: dict) -> ColbertLayout:
+    """The directory's layout with the profile's load_options applied."""
+    changes: dict = {}
+    if "query_marker" in options or "document_marker" in options:
+        changes.update(
+            prefix_tokens=True, query_prefix=options.get("query_marker", "[unused0]"), document_prefix=options.get("document_marker", "[unused1]")
+        )
+    if "query_length" in options:
+        changes["query_length"] = int(options["query_length"])
+    if "query_expansion" in options:
+        changes["query_expansion"] = bool(options["query_expansion"])
+    if "attend_to_expansion_tokens" in options:
+        changes["attend_to_expansion"] = bool(options["attend_to_expansion_tokens"])
+    if "mask_punctuation" in options:
+        changes["skiplist_words"] = tuple(string.punctuation) if options["mask_punctuation"] else ()
+    return dataclasses.replace(layout, **changes)
+
+
+def _real_length(ids: Sequence[int], expansion_id: int) -> int:
+    """Tokens before the trailing expansion tokens."""
     length = len(ids)
-    while length and ids[length - 1] == mask_id:
+    while length and ids[length - 1] == expansion_id:
         length -= 1
     return length
 
 
-def _token_id(tokenizer, token: str) -> int:
-    token_id = tokenizer.token_to_id(token)
+def _marker_id(tokenizer, marker: str) -> int | None:
+    """The token id of a marker (PyLate saves some with a trailing space); None for no marker."""
+    if not marker:
+        return None
+    token_id = tokenizer.token_to_id(marker)
+    return token_id if token_id is not None else _token_id(tokenizer, marker.strip())
+
+
+def _token_id(tokenizer, token: str | None) -> int:
+    token_id = tokenizer.token_to_id(token) if token else None
     if token_id is None:
         raise ValueError(f"token {token!r} is not in the tokenizer's vocabulary")
     return token_id
-
-
-def _projection(directory) -> torch.Tensor:
-    """The `linear.weight` [out, hidden] of the Dense module listed in modules.json."""
-    modules_file = directory / "modules.json"
-    entries = json.loads(modules_file.read_text()) if modules_file.exists() else []
-    dense = next((entry for entry in entries if entry["type"].endswith("Dense")), None)
-    if dense is None:
-        raise ValueError(f"{modules_file}: no Dense module: a ColBERT model needs its projection")
-    weights = load_file(str(directory / dense["path"] / "model.safetensors"))
-    if "linear.weight" not in weights:
-        raise ValueError(f"{directory / dense['path']}: model.safetensors has no 'linear.weight'")
-    return weights["linear.weight"]

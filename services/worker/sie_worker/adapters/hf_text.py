@@ -40,9 +40,17 @@ class TextTokenizer:
     """
 
     def __init__(
-        self, directory: Path, configured_max_length: int | None, model: Any, *, reserve: int = 0, trust_remote_code: bool = False
+        self,
+        directory: Path,
+        configured_max_length: int | None,
+        model: Any,
+        *,
+        reserve: int = 0,
+        trust_remote_code: bool = False,
+        hf: Any = None,
     ) -> None:
-        self.hf = AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+        # `hf`: the directory's tokenizer when the caller has loaded it already.
+        self.hf = hf if hf is not None else AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
         st_config = read_json(directory / "sentence_bert_config.json")
         self.max_length = max_length(configured_max_length, st_config, self.hf, model)
         self.lowercase = bool(st_config.get("do_lower_case", False))

@@ -1,12 +1,16 @@
 """SPLADE-style sparse encoders: a masked-LM head read as vocabulary weights.
 
-weight[v] = max over the item's tokens of log(1 + relu(logit[token, v])),
-padding excluded. The non-zero weights come back as ascending indices + values.
+weight[v] = max over the item's tokens of log(1 + relu(logit[token, v])), padding excluded (a
+sentence-transformers SpladePooling may say `sum` instead of max, or `log1p_relu`: log(1 + log(1 + relu))).
+Doc-only models (OpenSearch) weigh queries without the model: each distinct token of the query, special tokens
+dropped, gets its static weight from `idf.json` / the SparseStaticEmbedding (sie_worker.adapters.sparse_layout).
+The non-zero weights come back as ascending indices + values.
 run_options `query_prompt` / `document_prompt` put a prefix before the text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,6 +19,7 @@ from transformers import AutoModelForMaskedLM
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, SparseWeights, TextEncoder, TokenizedText
 from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
+from sie_worker.adapters.sparse_layout import read_layout
 
 
 class SpladeEncoder(TextEncoder):
@@ -23,12 +28,20 @@ class SpladeEncoder(TextEncoder):
     normalized = False
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = load_model(AutoModelForMaskedLM, context)
+        self.layout = read_layout(context.weights)
+        directory = self.layout.model_directory
+        self.model = load_model(AutoModelForMaskedLM, dataclasses.replace(context, weights=directory))
         self.device = context.device
-        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        trust = context.profile.trust_remote_code
+        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=trust)
         self.max_sequence_length = self.tokenizer.max_length
         self.vocab_size = int(self.model.config.vocab_size)
         self.dims = 0
+        if self.layout.idf is not None:
+            # Static query weights read the query's tokens, special ones aside, up to the tokenizer's own limit.
+            self.query_tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=trust)
+            specials = self.query_tokenizer.hf.num_special_tokens_to_add()
+            self.query_tokenizer.rust.enable_truncation(self.query_tokenizer.max_length + specials, direction=self.query_tokenizer.hf.truncation_side)
         run_options = context.profile.run_options
         self.query_prompt: str = run_options.get("query_prompt", "")
         self.document_prompt: str = run_options.get("document_prompt", "")
@@ -39,16 +52,35 @@ class SpladeEncoder(TextEncoder):
         return self.query_prompt if is_query else self.document_prompt
 
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
+        if is_query and self.layout.idf is not None:
+            return [TokenizedText(item.ids, is_query=True) for item in self.query_tokenizer.encode([prompt + text for text in texts])]
         return self.tokenizer.encode([prompt + text for text in texts])
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+        static = [item.is_query and self.layout.idf is not None for item in batch]
+        items: list[EncodedItem | None] = [self._static(item) if is_static else None for item, is_static in zip(batch, static)]
+        modelled = [row for row, is_static in enumerate(static) if not is_static]
+        if modelled:
+            for row, pooled in zip(modelled, self._pooled([batch[row] for row in modelled])):
+                indices = np.flatnonzero(pooled > 0).astype(np.uint32)
+                items[row] = EncodedItem(sparse=SparseWeights(indices, pooled[indices].astype(np.float32), self.vocab_size))
+        return items
+
+    def _pooled(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+        """Vocabulary weights [items, vocabulary] from one forward pass."""
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         with torch.inference_mode():
             logits = self.model(**model_inputs(self.model, inputs)).logits.float()
-            weights = torch.log1p(torch.relu(logits)) * inputs["attention_mask"].unsqueeze(-1)
-            pooled = weights.max(dim=1).values.cpu().numpy()
-        items = []
-        for row in pooled:
-            indices = np.flatnonzero(row > 0).astype(np.uint32)
-            items.append(EncodedItem(sparse=SparseWeights(indices, row[indices].astype(np.float32), self.vocab_size)))
-        return items
+            weights = torch.log1p(torch.relu(logits))
+            if self.layout.activation == "log1p_relu":
+                weights = torch.log1p(weights)
+            weights = weights * inputs["attention_mask"].unsqueeze(-1)
+            pooled = weights.max(dim=1).values if self.layout.pooling == "max" else weights.sum(dim=1)
+            return pooled.cpu().numpy()
+
+    def _static(self, item: TokenizedText) -> EncodedItem:
+        """A query's static weights: each distinct non-special token's idf weight."""
+        idf = self.layout.idf
+        ids = sorted({token for token in item.ids if token not in self.tokenizer.special_ids and token < len(idf)})
+        indices = np.array([token for token in ids if idf[token] != 0], dtype=np.uint32)
+        return EncodedItem(sparse=SparseWeights(indices, idf[indices].astype(np.float32), self.vocab_size))

