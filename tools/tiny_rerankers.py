@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification
 
 QWEN3_SYSTEM = (
     'Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
@@ -104,8 +104,9 @@ def _decoder_config(config_class: type, tokenizer: PreTrainedTokenizerFast) -> o
     )  # fmt: skip
 
 
-def build_tiny_qwen3_reranker(directory: Path, *, max_length: int = 128, seed: int = 0) -> Path:
-    """A Qwen3-Reranker replica saved by sentence-transformers as a causal-LM CrossEncoder (LogitScore on yes / no)."""
+def build_tiny_qwen3_reranker(directory: Path, *, max_length: int = 128, classifier: bool = False, seed: int = 0) -> Path:
+    """A Qwen3-Reranker replica saved by sentence-transformers as a causal-LM CrossEncoder (LogitScore on yes / no);
+    with `classifier`, as a one-label `Qwen3ForSequenceClassification` (the `-seq-cls` conversions' layout)."""
     from sentence_transformers import CrossEncoder
 
     raw = directory / "raw"
@@ -113,7 +114,10 @@ def build_tiny_qwen3_reranker(directory: Path, *, max_length: int = 128, seed: i
     tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     tokenizer.save_pretrained(raw)
     torch.manual_seed(seed)
-    Qwen3ForCausalLM(_decoder_config(Qwen3Config, tokenizer)).save_pretrained(raw)
+    config = _decoder_config(Qwen3Config, tokenizer)
+    if classifier:
+        config.num_labels = 1
+    (Qwen3ForSequenceClassification if classifier else Qwen3ForCausalLM)(config).save_pretrained(raw)
     saved = directory / "st"
     CrossEncoder(str(raw), device="cpu").save(str(saved))
     return saved
