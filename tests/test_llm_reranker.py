@@ -2,7 +2,8 @@
 
 One worker serves tiny random replicas: a Qwen3-Reranker saved by sentence-transformers as a causal-LM
 CrossEncoder (LogitScore on yes / no, its prompt in chat_template.jinja), padded right and left; the same
-converted to a one-label Qwen3ForSequenceClassification (the `-seq-cls` layout: the model's own head); and an
+converted to a one-label Qwen3ForSequenceClassification (the `-seq-cls` layout: the model's own head); one whose
+tokenizer has no chat template (plain text pairs, the instruction before the query); and an
 mxbai-rerank-v2 one (a Qwen2 causal LM with no sentence-transformers files, its prompt, score tokens and
 activation in the model config), against the same weights saved as a CrossEncoder whose chat template renders
 that prompt.
@@ -39,6 +40,7 @@ QWEN3 = "test/tiny-qwen3-reranker"
 QWEN3_LEFT = "test/tiny-qwen3-reranker-left"
 MXBAI = "test/tiny-mxbai-reranker"
 QWEN3_CLASSIFIER = "test/tiny-qwen3-reranker-seq-cls"
+QWEN3_PLAIN = "test/tiny-qwen3-reranker-plain-pairs"
 # Served but never preloaded: its score token is not one token of the vocabulary.
 BAD_TOKEN = "test/tiny-llm-reranker-bad-token"
 
@@ -49,6 +51,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("llm-rerankers")
     qwen3 = build_tiny_qwen3_reranker(root / "qwen3")
     classifier = build_tiny_qwen3_reranker(root / "qwen3-seq-cls", classifier=True)
+    plain_pairs = build_tiny_qwen3_reranker(root / "qwen3-plain", chat_template=False, max_length=64)
     plain, reference = build_tiny_mxbai_reranker(root / "mxbai", max_length=256, identity=True)
     configs = root / "configs"
     configs.mkdir()
@@ -58,6 +61,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         QWEN3_LEFT,
         f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {{padding_side: left}}\n",
     )
+    write_config(configs, QWEN3_PLAIN, f"path: {plain_pairs}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     write_config(configs, QWEN3_CLASSIFIER, f"path: {classifier}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     options = {"template": MXBAI_TEMPLATE, "true_token": "1", "false_token": "0", "activation": "identity", "padding_side": "left"}
     write_config(
@@ -71,7 +75,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         BAD_TOKEN,
         f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {{true_token: certainly}}\n",
     )
-    return {QWEN3: qwen3, QWEN3_LEFT: qwen3, QWEN3_CLASSIFIER: classifier, MXBAI: reference, "configs": configs}
+    return {QWEN3: qwen3, QWEN3_LEFT: qwen3, QWEN3_CLASSIFIER: classifier, QWEN3_PLAIN: plain_pairs, MXBAI: reference, "configs": configs}
 
 
 def _yaml(mapping: dict[str, str]) -> str:
@@ -83,7 +87,7 @@ def _yaml(mapping: dict[str, str]) -> str:
 def stub(replicas: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     log = tmp_path_factory.mktemp("llm-reranker-worker") / "worker.log"
     worker = WorkerProcess(
-        {"SIE_MODELS_DIR": str(replicas["configs"]), "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, MXBAI])}, log
+        {"SIE_MODELS_DIR": str(replicas["configs"]), "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI])}, log
     )
     try:
         worker.wait_serving()
@@ -104,7 +108,7 @@ def served_scores(stub, model: str, **fields) -> tuple[np.ndarray, list[int]]:
 
 
 @pytest.mark.parametrize("instruction", [None, INSTRUCTION])
-@pytest.mark.parametrize("model", [QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, MXBAI])
+@pytest.mark.parametrize("model", [QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI])
 def test_scores_equal_cross_encoder_logit_score(stub, replicas: dict[str, Path], model: str, instruction: str | None) -> None:
     reference = CrossEncoder(str(replicas[model]), device="cpu")
     expected = reference.predict([(QUERY, document) for document in DOCUMENTS], prompt=instruction)

@@ -104,14 +104,16 @@ def _decoder_config(config_class: type, tokenizer: PreTrainedTokenizerFast) -> o
     )  # fmt: skip
 
 
-def build_tiny_qwen3_reranker(directory: Path, *, max_length: int = 128, classifier: bool = False, seed: int = 0) -> Path:
+def build_tiny_qwen3_reranker(directory: Path, *, max_length: int = 128, classifier: bool = False, chat_template: bool = True, seed: int = 0) -> Path:
     """A Qwen3-Reranker replica saved by sentence-transformers as a causal-LM CrossEncoder (LogitScore on yes / no);
-    with `classifier`, as a one-label `Qwen3ForSequenceClassification` (the `-seq-cls` conversions' layout)."""
+    with `classifier`, as a one-label `Qwen3ForSequenceClassification` (the `-seq-cls` conversions' layout); without
+    `chat_template`, a tokenizer with none (the CrossEncoder then reads plain text pairs)."""
     from sentence_transformers import CrossEncoder
 
     raw = directory / "raw"
     tokenizer = chatml_tokenizer(max_length)
-    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    if chat_template:
+        tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     tokenizer.save_pretrained(raw)
     torch.manual_seed(seed)
     config = _decoder_config(Qwen3Config, tokenizer)
