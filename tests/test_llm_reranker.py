@@ -6,7 +6,8 @@ converted to a one-label Qwen3ForSequenceClassification (the `-seq-cls` layout: 
 tokenizer has no chat template (plain text pairs, the instruction before the query); and an
 mxbai-rerank-v2 one (a Qwen2 causal LM with no sentence-transformers files, its prompt, score tokens and
 activation in the model config), against the same weights saved as a CrossEncoder whose chat template renders
-that prompt.
+that prompt; that CrossEncoder directory is served too, with no options (its LogitScore tokens "1" / "0" and its
+Identity activation read from the files sentence-transformers saved).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ QWEN3_LEFT = "test/tiny-qwen3-reranker-left"
 MXBAI = "test/tiny-mxbai-reranker"
 QWEN3_CLASSIFIER = "test/tiny-qwen3-reranker-seq-cls"
 QWEN3_PLAIN = "test/tiny-qwen3-reranker-plain-pairs"
+MXBAI_SAVED = "test/tiny-mxbai-reranker-cross-encoder"
 # Served but never preloaded: its score token is not one token of the vocabulary.
 BAD_TOKEN = "test/tiny-llm-reranker-bad-token"
 
@@ -62,6 +64,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {{padding_side: left}}\n",
     )
     write_config(configs, QWEN3_PLAIN, f"path: {plain_pairs}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
+    write_config(configs, MXBAI_SAVED, f"path: {reference}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     write_config(configs, QWEN3_CLASSIFIER, f"path: {classifier}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     options = {"template": MXBAI_TEMPLATE, "true_token": "1", "false_token": "0", "activation": "identity", "padding_side": "left"}
     write_config(
@@ -75,7 +78,15 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         BAD_TOKEN,
         f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {{true_token: certainly}}\n",
     )
-    return {QWEN3: qwen3, QWEN3_LEFT: qwen3, QWEN3_CLASSIFIER: classifier, QWEN3_PLAIN: plain_pairs, MXBAI: reference, "configs": configs}
+    return {
+        QWEN3: qwen3,
+        QWEN3_LEFT: qwen3,
+        QWEN3_CLASSIFIER: classifier,
+        QWEN3_PLAIN: plain_pairs,
+        MXBAI: reference,
+        MXBAI_SAVED: reference,
+        "configs": configs,
+    }
 
 
 def _yaml(mapping: dict[str, str]) -> str:
@@ -87,7 +98,11 @@ def _yaml(mapping: dict[str, str]) -> str:
 def stub(replicas: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     log = tmp_path_factory.mktemp("llm-reranker-worker") / "worker.log"
     worker = WorkerProcess(
-        {"SIE_MODELS_DIR": str(replicas["configs"]), "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI])}, log
+        {
+            "SIE_MODELS_DIR": str(replicas["configs"]),
+            "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED]),
+        },
+        log,
     )
     try:
         worker.wait_serving()
@@ -108,7 +123,7 @@ def served_scores(stub, model: str, **fields) -> tuple[np.ndarray, list[int]]:
 
 
 @pytest.mark.parametrize("instruction", [None, INSTRUCTION])
-@pytest.mark.parametrize("model", [QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI])
+@pytest.mark.parametrize("model", [QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED])
 def test_scores_equal_cross_encoder_logit_score(stub, replicas: dict[str, Path], model: str, instruction: str | None) -> None:
     reference = CrossEncoder(str(replicas[model]), device="cpu")
     expected = reference.predict([(QUERY, document) for document in DOCUMENTS], prompt=instruction)
