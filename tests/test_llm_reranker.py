@@ -13,6 +13,7 @@ Identity activation read from the files sentence-transformers saved).
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,8 +44,10 @@ MXBAI = "test/tiny-mxbai-reranker"
 QWEN3_CLASSIFIER = "test/tiny-qwen3-reranker-seq-cls"
 QWEN3_PLAIN = "test/tiny-qwen3-reranker-plain-pairs"
 MXBAI_SAVED = "test/tiny-mxbai-reranker-cross-encoder"
-# Served but never preloaded: its score token is not one token of the vocabulary.
+# Served but never preloaded: its score token is not one token of the vocabulary ...
 BAD_TOKEN = "test/tiny-llm-reranker-bad-token"
+# ... its chat template is made for chat (user / assistant): it would drop a pair's query and document.
+CHAT_ONLY = "test/tiny-llm-reranker-chat-only-template"
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,13 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         BAD_TOKEN,
         f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {{true_token: certainly}}\n",
     )
+    chat_only = root / "chat-only"
+    shutil.copytree(plain_pairs, chat_only)
+    (chat_only / "chat_template.jinja").write_text(
+        "{%- for message in messages -%}{%- if message.role in ['user', 'assistant'] -%}"
+        "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif -%}{%- endfor -%}"
+    )
+    write_config(configs, CHAT_ONLY, f"path: {chat_only}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     return {
         QWEN3: qwen3,
         QWEN3_LEFT: qwen3,
@@ -153,3 +163,12 @@ def test_a_score_token_outside_the_vocabulary_is_a_load_failure(stub) -> None:
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert info is not None and info.reason == "MODEL_LOAD_FAILED"
     assert "'certainly' is not one token" in caught.value.details()
+
+
+def test_a_chat_template_without_the_pair_roles_is_a_load_failure(stub) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        call_until_loaded(lambda: served_scores(stub, CHAT_ONLY))
+    info, _ = error_details(caught.value)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert info is not None and info.reason == "MODEL_LOAD_FAILED"
+    assert "does not render 'query' and 'document' messages" in caught.value.details()

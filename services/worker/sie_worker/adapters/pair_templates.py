@@ -10,6 +10,8 @@ import re
 from typing import Any, Protocol
 
 _PLACEHOLDER = re.compile(r"\{(instruction|query|document)\}")
+# Contents a chat template must carry into its output for a pair.
+_PROBES = ("query-probe-7f3a", "document-probe-7f3a")
 
 
 class PairTemplate(Protocol):
@@ -46,6 +48,13 @@ class ChatTemplate:
     def __init__(self, tokenizer: Any, *, flat: bool) -> None:
         self.tokenizer = tokenizer
         self.flat = flat
+        # A chat template made for chat drops these roles (or refuses them): scores would be silently wrong.
+        try:
+            probe = self.render(_PROBES[0], _PROBES[1], None)
+        except Exception as error:  # the template's own error (jinja raise_exception, a missing key)
+            raise ValueError(f"the model's chat template cannot render a query/document pair ({error}); set load_options.template") from error
+        if not all(text in probe for text in _PROBES):
+            raise ValueError("the model's chat template does not render 'query' and 'document' messages; set load_options.template")
 
     def render(self, query: str, document: str, instruction: str | None) -> str:
         system = [self._message("system", instruction)] if instruction else []
