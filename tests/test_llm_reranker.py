@@ -7,7 +7,8 @@ tokenizer has no chat template (plain text pairs, the instruction before the que
 mxbai-rerank-v2 one (a Qwen2 causal LM with no sentence-transformers files, its prompt, score tokens and
 activation in the model config), against the same weights saved as a CrossEncoder whose chat template renders
 that prompt; that CrossEncoder directory is served too, with no options (its LogitScore tokens "1" / "0" and its
-Identity activation read from the files sentence-transformers saved).
+Identity activation read from the files sentence-transformers saved). The shipped Qwen3-Reranker config's
+template, on the Qwen3 replica's bare weights, must equal the CrossEncoder's chat-template prompt.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import yaml
 from sentence_transformers import CrossEncoder
 
 from grpc_helpers import call_until_loaded, error_details, items
@@ -44,6 +46,9 @@ MXBAI = "test/tiny-mxbai-reranker"
 QWEN3_CLASSIFIER = "test/tiny-qwen3-reranker-seq-cls"
 QWEN3_PLAIN = "test/tiny-qwen3-reranker-plain-pairs"
 MXBAI_SAVED = "test/tiny-mxbai-reranker-cross-encoder"
+# The Qwen3 replica's bare weights with the options of the shipped Qwen3-Reranker config: its template is the prompt.
+QWEN3_CATALOG = "test/tiny-qwen3-reranker-catalog-options"
+CATALOG_QWEN3 = Path(__file__).resolve().parents[1] / "catalog" / "models" / "Qwen__Qwen3-Reranker-0.6B.yaml"
 # Served but never preloaded: its score token is not one token of the vocabulary ...
 BAD_TOKEN = "test/tiny-llm-reranker-bad-token"
 # ... its chat template is made for chat (user / assistant): it would drop a pair's query and document.
@@ -67,14 +72,21 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {{padding_side: left}}\n",
     )
     write_config(configs, QWEN3_PLAIN, f"path: {plain_pairs}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
+    shipped = yaml.safe_load(CATALOG_QWEN3.read_text())["profiles"]["default"]
+    write_config(
+        configs,
+        QWEN3_CATALOG,
+        f"path: {qwen3.parent / 'raw'}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n"
+        f"    load_options: {json.dumps(shipped['load_options'])}\n    run_options: {json.dumps(shipped['run_options'])}\n",
+    )
     write_config(configs, MXBAI_SAVED, f"path: {reference}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     write_config(configs, QWEN3_CLASSIFIER, f"path: {classifier}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     options = {"template": MXBAI_TEMPLATE, "true_token": "1", "false_token": "0", "activation": "identity", "padding_side": "left"}
     write_config(
         configs,
         MXBAI,
-        f"path: {plain}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {_yaml(options)}\n"
-        f"    run_options: {_yaml({'instruction_prompt': MXBAI_INSTRUCTION_PROMPT})}\n",
+        f"path: {plain}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {json.dumps(options)}\n"
+        f"    run_options: {json.dumps({'instruction_prompt': MXBAI_INSTRUCTION_PROMPT})}\n",
     )
     write_config(
         configs,
@@ -91,6 +103,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         QWEN3: qwen3,
         QWEN3_LEFT: qwen3,
+        QWEN3_CATALOG: qwen3,
         QWEN3_CLASSIFIER: classifier,
         QWEN3_PLAIN: plain_pairs,
         MXBAI: reference,
@@ -99,18 +112,13 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _yaml(mapping: dict[str, str]) -> str:
-    """A flow mapping of JSON strings (valid YAML), so newlines and quotes in templates survive."""
-    return "{" + ", ".join(f"{key}: {json.dumps(value)}" for key, value in mapping.items()) + "}"
-
-
 @pytest.fixture(scope="module")
 def stub(replicas: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     log = tmp_path_factory.mktemp("llm-reranker-worker") / "worker.log"
     worker = WorkerProcess(
         {
             "SIE_MODELS_DIR": str(replicas["configs"]),
-            "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED]),
+            "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED]),
         },
         log,
     )
@@ -133,7 +141,7 @@ def served_scores(stub, model: str, **fields) -> tuple[np.ndarray, list[int]]:
 
 
 @pytest.mark.parametrize("instruction", [None, INSTRUCTION])
-@pytest.mark.parametrize("model", [QWEN3, QWEN3_LEFT, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED])
+@pytest.mark.parametrize("model", [QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED])
 def test_scores_equal_cross_encoder_logit_score(stub, replicas: dict[str, Path], model: str, instruction: str | None) -> None:
     reference = CrossEncoder(str(replicas[model]), device="cpu")
     expected = reference.predict([(QUERY, document) for document in DOCUMENTS], prompt=instruction)
