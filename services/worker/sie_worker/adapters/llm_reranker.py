@@ -16,8 +16,10 @@ only, and the score is read at each row's last real token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +31,6 @@ from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
 from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, read_json
 from sie_worker.adapters.pair_templates import ChatTemplate, PairTemplate, TextTemplate
 
-_LOGIT_SCORE = "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"
 # The pair fillers whose renders differ only in content: their common token tail is the template's.
 _FILLERS = ("0", "1 2 3 4")
 
@@ -144,7 +145,7 @@ class LlmReranker(PairScorer):
         return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 
-def _template(directory: Path, options: dict, run_options: dict, tokenizer: object) -> PairTemplate | None:
+def _template(directory: Path, options: Mapping[str, Any], run_options: Mapping[str, Any], tokenizer: Any) -> PairTemplate | None:
     if "template" in options:
         return TextTemplate(str(options["template"]), str(run_options.get("instruction_prompt", "{instruction}")))
     if getattr(tokenizer, "chat_template", None):
@@ -153,10 +154,10 @@ def _template(directory: Path, options: dict, run_options: dict, tokenizer: obje
     return None
 
 
-def _score_tokens(directory: Path, options: dict, tokenizer: object) -> list[int]:
+def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any) -> list[int]:
     """The true (and false) token ids: load_options true_token / false_token (null: none), else the directory's
     LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM."""
-    saved = next((entry for entry in _read_modules(directory) if entry.get("type") == _LOGIT_SCORE), None)
+    saved = next((entry for entry in _read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None)
     if saved is not None and "true_token" not in options and "false_token" not in options:
         config = read_json(directory / saved.get("path", "") / "config.json")
         ids = [config["true_token_id"], config.get("false_token_id")]
@@ -165,18 +166,18 @@ def _score_tokens(directory: Path, options: dict, tokenizer: object) -> list[int
     return [int(token) for token in ids if token is not None]
 
 
-def _token_id(tokenizer: object, token: str | None) -> int | None:
+def _token_id(tokenizer: Any, token: str | None) -> int | None:
     if token is None:
         return None
-    token_id = tokenizer.convert_tokens_to_ids(str(token))  # type: ignore[attr-defined]
-    if token_id is None or token_id == tokenizer.unk_token_id:  # type: ignore[attr-defined]
+    token_id = tokenizer.convert_tokens_to_ids(str(token))
+    if token_id is None or token_id == tokenizer.unk_token_id:
         raise ValueError(f"score token {token!r} is not one token of this model's vocabulary")
     return int(token_id)
 
 
-def _read_modules(directory: Path) -> list[dict]:
+def _read_modules(directory: Path) -> list[dict[str, Any]]:
     path = directory / "modules.json"
-    return read_json(path) if path.exists() else []  # type: ignore[return-value]
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def _saved_default_prompt(directory: Path) -> str | None:
