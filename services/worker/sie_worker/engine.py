@@ -360,9 +360,10 @@ class Engine:
 
     async def _score_pairs(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
         scorer = model.encoder
-        query = (job.instruction or "") + (job.query.text or "")
+        query = job.query.text or ""
         texts = [item.text or "" for item in job.items]
-        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts), len(texts), len(query) + sum(map(len, texts)))
+        chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
+        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts, job.instruction), len(texts), chars)
         key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
         work = _DeviceWork(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])

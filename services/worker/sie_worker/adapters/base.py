@@ -129,8 +129,8 @@ class ImageEncoder(TextEncoder, Protocol):
 class PairScorer(ModelAdapter, Protocol):
     """A cross-encoder: one relevance score per (query, item) pair."""
 
-    def tokenize_pairs(self, query: str, texts: Sequence[str]) -> list[TokenizedText]:
-        """Each (query, text) pair as one sequence. Thread-safe."""
+    def tokenize_pairs(self, query: str, texts: Sequence[str], instruction: str | None = None) -> list[TokenizedText]:
+        """Each (query, text) pair as one sequence, with the request's instruction where the model reads one. Thread-safe."""
 
     def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         """One float score per pair. Device thread only."""

@@ -2,14 +2,15 @@
 
 The score is the single logit through the model's activation, as
 sentence-transformers' CrossEncoder chooses it: the `activation_fn` saved in
-config.json under `sentence_transformers` (Sigmoid or Identity), else
-Sigmoid for one label. load_options `activation` (`sigmoid` / `identity`)
-overrides it. Models with more than one label are refused at load.
+config_sentence_transformers.json (sentence-transformers 6) or in config.json
+under `sentence_transformers` (Sigmoid or Identity), else Sigmoid for one
+label. load_options `activation` (`sigmoid` / `identity`) overrides it. Models with more than one label are refused at load.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from transformers import AutoModelForSequenceClassification
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
 from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, model_inputs, padded, read_json
 
-_ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits}
+ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits}
 
 
 class CrossEncoderScorer(PairScorer):
@@ -33,13 +34,13 @@ class CrossEncoderScorer(PairScorer):
         self.device = context.device
         self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
-        activation = context.profile.load_options.get("activation") or _saved_activation(read_json(context.weights / "config.json"))
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
-        self.activation = _ACTIVATIONS[activation]
+        activation = context.profile.load_options.get("activation") or saved_activation(context.weights)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        self.activation = ACTIVATIONS[activation]
 
-    def tokenize_pairs(self, query: str, texts: Sequence[str]) -> list[TokenizedText]:
-        return self.tokenizer.encode_pairs(query, texts)
+    def tokenize_pairs(self, query: str, texts: Sequence[str], instruction: str | None = None) -> list[TokenizedText]:
+        return self.tokenizer.encode_pairs((instruction or "") + query, texts)
 
     def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         return np.array(by_length(batch, self.device, self._score), dtype=np.float32)
@@ -51,8 +52,12 @@ class CrossEncoderScorer(PairScorer):
             return self.activation(logits).cpu().numpy()
 
 
-def _saved_activation(config: dict) -> str:
-    saved = str((config.get("sentence_transformers") or {}).get("activation_fn", ""))
+def saved_activation(directory: Path) -> str:
+    """`identity` or `sigmoid`: the activation a CrossEncoder saved in the directory, Sigmoid when it saved none."""
+    saved = str(
+        read_json(directory / "config_sentence_transformers.json").get("activation_fn")
+        or (read_json(directory / "config.json").get("sentence_transformers") or {}).get("activation_fn", "")
+    )
     if saved.endswith("Identity"):
         return "identity"
     return "sigmoid"

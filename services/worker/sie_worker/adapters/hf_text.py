@@ -95,11 +95,11 @@ class TextTokenizer:
         a long item costs what the pair reads of it."""
         if self.lowercase:  # the query once, not once per pair
             first, seconds = first.lower(), [text.lower() for text in seconds]
-        first = self._readable_prefixes([first])[0]
-        pairs = list(zip([first] * len(seconds), self._readable_prefixes(list(seconds)), strict=True))
+        first = self.readable_prefixes([first])[0]
+        pairs = list(zip([first] * len(seconds), self.readable_prefixes(list(seconds)), strict=True))
         return [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in self.rust.encode_batch(pairs)]
 
-    def _readable_prefixes(self, texts: list[str]) -> list[str]:
+    def readable_prefixes(self, texts: list[str]) -> list[str]:
         """Each text cut after about twice the maximum length in tokens (all of it when it fits). Cut longer than
         the maximum length, a text truncates in a pair (longest first) as the whole text does, except when both
         are cut: then the odd token of the budget may go to the other side (the longer one gets it)."""

@@ -1,0 +1,187 @@
+"""LLM rerankers: a decoder reads a prompt made of the (query, document) pair and scores from its last token.
+
+Qwen3-Reranker style (`*ForCausalLM`): the score is logit[true token] - logit[false token] at the last real
+token (the true-token logit alone when there is no false token), as sentence-transformers' `LogitScore` module
+computes it, then the CrossEncoder activation (Sigmoid unless the directory saved another): sigmoid of the
+difference is the yes-probability of a softmax over the two tokens. mxbai-rerank-v2 style checkpoints converted
+to `*ForSequenceClassification` score with their own one-label head at the last real token.
+
+The prompt: load_options `template` (sie_worker.adapters.pair_templates.TextTemplate), else the tokenizer's chat
+template with the roles sentence-transformers gives a pair, else the plain pair. A text over the maximum length
+is cut at its end and its template tail (the tokens after the document, e.g. the assistant turn) written back
+over its last tokens, as sentence-transformers restores a chat template's suffix, so the last token stays the one
+the model was trained to answer at. Left and right padding give the same scores: positions count real tokens
+only, and the score is read at each row's last real token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
+from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, read_json
+from sie_worker.adapters.pair_templates import ChatTemplate, PairTemplate, TextTemplate
+
+# The pair fillers whose renders differ only in content: their common token tail is the template's.
+_FILLERS = ("0", "1 2 3 4")
+
+
+class LlmReranker(PairScorer):
+    tasks = ("score",)
+    output_types: tuple[str, ...] = ()
+    dims = 0
+
+    def __init__(self, context: LoadContext) -> None:
+        directory = context.weights
+        options = context.profile.load_options
+        run_options = context.profile.run_options
+        architecture = str((read_json(directory / "config.json").get("architectures") or [""])[0])
+        self.own_head = architecture.endswith("ForSequenceClassification")
+        self.model = load_model(AutoModelForSequenceClassification if self.own_head else AutoModelForCausalLM, context)
+        self.device = context.device
+        self.backbone = getattr(self.model, self.model.base_model_prefix)
+        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        self.max_sequence_length = self.tokenizer.max_length
+        # A copy that never truncates: the template tail is restored after the cut (_truncate).
+        self.untruncated = Tokenizer.from_str(self.tokenizer.hf.backend_tokenizer.to_str())
+        self.untruncated.no_truncation()
+        self.untruncated.no_padding()
+        self.padding_side = options.get("padding_side", self.tokenizer.hf.padding_side)
+        if self.padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side {self.padding_side!r} is not one of left, right")
+        self.template = _template(directory, options, run_options, self.tokenizer.hf)
+        self.default_instruction: str | None = run_options.get("default_instruction", _saved_default_prompt(directory))
+        if self.own_head:
+            if self.model.config.num_labels != 1:
+                raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
+            self.token_ids: list[int] = []
+        else:
+            self.token_ids = _score_tokens(directory, options, self.tokenizer.hf)
+        activation = options.get("activation") or saved_activation(directory)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        self.activation = ACTIVATIONS[activation]
+
+    def tokenize_pairs(self, query: str, texts: Sequence[str], instruction: str | None = None) -> list[TokenizedText]:
+        instruction = instruction if instruction is not None else self.default_instruction
+        if self.template is None:  # plain pairs: the instruction goes before the query, as a CrossEncoder prompt does
+            return self.tokenizer.encode_pairs((instruction or "") + query, texts)
+        query, *documents = self._readable([query, *texts])
+        tail = self._template_tail(instruction)
+        rendered = [self.template.render(query, document, instruction) for document in documents]
+        return [TokenizedText(self._truncate(encoding.ids, tail)) for encoding in self.untruncated.encode_batch(rendered, add_special_tokens=False)]
+
+    def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+        return np.array(by_length(batch, self.device, self._score), dtype=np.float32)
+
+    def _readable(self, texts: list[str]) -> list[str]:
+        """Long texts cut where the tokens a sequence can keep of them surely end (TextTokenizer.readable_prefixes),
+        so a huge document costs what the model reads of it."""
+        long = [index for index, text in enumerate(texts) if len(text) > self.max_sequence_length]
+        for index, text in zip(long, self.tokenizer.readable_prefixes([texts[index] for index in long])):
+            texts[index] = text
+        return texts
+
+    def _template_tail(self, instruction: str | None) -> list[int]:
+        """The template's tokens after the document: the common token tail of two renders that differ only in content."""
+        first, second = (
+            self.untruncated.encode(self.template.render(filler, filler, instruction), add_special_tokens=False).ids for filler in _FILLERS
+        )
+        common = 0
+        for left, right in zip(reversed(first), reversed(second)):
+            if left != right:
+                break
+            common += 1
+        return first[len(first) - common :] if 0 < common < min(len(first), len(second)) else []
+
+    def _truncate(self, ids: list[int], tail: list[int]) -> list[int]:
+        limit = self.max_sequence_length
+        if len(ids) <= limit:
+            return ids
+        kept = ids[:limit] if self.tokenizer.hf.truncation_side == "right" else ids[-limit:]
+        if tail and len(tail) < limit:
+            kept[-len(tail) :] = tail
+        return kept
+
+    def _score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+        lengths = [len(item.ids) for item in batch]
+        longest = max(lengths)
+        ids = np.full((len(batch), longest), self.tokenizer.pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), longest), dtype=np.int64)
+        for row, item in enumerate(batch):
+            start = longest - len(item.ids) if self.padding_side == "left" else 0
+            ids[row, start : start + len(item.ids)] = item.ids
+            mask[row, start : start + len(item.ids)] = 1
+        positions = np.maximum(mask.cumsum(axis=1) - 1, 0)
+        last = [longest - 1] * len(batch) if self.padding_side == "left" else [length - 1 for length in lengths]
+        with torch.inference_mode():
+            hidden = self.backbone(
+                input_ids=torch.from_numpy(ids).to(self.device),
+                attention_mask=torch.from_numpy(mask).to(self.device),
+                position_ids=torch.from_numpy(positions).to(self.device),
+            ).last_hidden_state
+            final = hidden[torch.arange(len(batch), device=self.device), torch.tensor(last, device=self.device)]
+            logits = self._head(final).float()
+            scores = logits[:, 0] - logits[:, 1] if logits.shape[1] == 2 else logits[:, 0]
+            return self.activation(scores).cpu().numpy()
+
+    def _head(self, final: torch.Tensor) -> torch.Tensor:
+        """The model's own head on the last real tokens: the classifier, or the output-embedding rows of the score tokens."""
+        if self.own_head:
+            return self.model.score(final)
+        head = self.model.get_output_embeddings()
+        bias = head.bias[self.token_ids] if getattr(head, "bias", None) is not None else None
+        logits = torch.nn.functional.linear(final, head.weight[self.token_ids], bias)
+        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / softcap) * softcap if softcap else logits
+
+
+def _template(directory: Path, options: Mapping[str, Any], run_options: Mapping[str, Any], tokenizer: Any) -> PairTemplate | None:
+    if "template" in options:
+        return TextTemplate(str(options["template"]), str(run_options.get("instruction_prompt", "{instruction}")))
+    if getattr(tokenizer, "chat_template", None):
+        modality = read_json(directory / "sentence_bert_config.json").get("modality_config") or {}
+        return ChatTemplate(tokenizer, flat=(modality.get("message") or {}).get("format", "flat") == "flat")
+    return None
+
+
+def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any) -> list[int]:
+    """The true (and false) token ids: load_options true_token / false_token (null: none), else the directory's
+    LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM."""
+    saved = next((entry for entry in _read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None)
+    if saved is not None and "true_token" not in options and "false_token" not in options:
+        config = read_json(directory / saved.get("path", "") / "config.json")
+        ids = [config["true_token_id"], config.get("false_token_id")]
+    else:
+        ids = [_token_id(tokenizer, options.get("true_token", "yes")), _token_id(tokenizer, options.get("false_token", "no"))]
+    return [int(token) for token in ids if token is not None]
+
+
+def _token_id(tokenizer: Any, token: str | None) -> int | None:
+    if token is None:
+        return None
+    token_id = tokenizer.convert_tokens_to_ids(str(token))
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise ValueError(f"score token {token!r} is not one token of this model's vocabulary")
+    return int(token_id)
+
+
+def _read_modules(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "modules.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _saved_default_prompt(directory: Path) -> str | None:
+    """The CrossEncoder's default prompt (config_sentence_transformers.json default_prompt_name), if any."""
+    config = read_json(directory / "config_sentence_transformers.json")
+    name = config.get("default_prompt_name")
+    return (config.get("prompts") or {}).get(name) if name else None

@@ -1,0 +1,65 @@
+"""How a causal-LM reranker reads a (query, document) pair: one prompt text per pair, instruction included.
+
+A `TextTemplate` comes from a model config (load_options `template`); a `ChatTemplate` is the tokenizer's
+chat template, rendered with the messages sentence-transformers' CrossEncoder builds for a pair.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+_PLACEHOLDER = re.compile(r"\{(instruction|query|document)\}")
+# Contents a chat template must carry into its output for a pair.
+_PROBES = ("query-probe-7f3a", "document-probe-7f3a")
+
+
+class PairTemplate(Protocol):
+    def render(self, query: str, document: str, instruction: str | None) -> str:
+        """The whole model input of one pair as text. Thread-safe."""
+
+
+class TextTemplate:
+    """A text with `{query}` and `{document}` (once each) and optionally `{instruction}`, where a request's
+    instruction goes through `instruction_prompt` (`{instruction}` where it goes); no instruction leaves it empty.
+    Placeholders are filled in one pass, so braces in the texts stay as they are."""
+
+    def __init__(self, template: str, instruction_prompt: str = "{instruction}") -> None:
+        for name in ("query", "document"):
+            if template.count("{" + name + "}") != 1:
+                raise ValueError(f"load_options.template must contain {{{name}}} exactly once")
+        self.template = template
+        self.instruction_prompt = instruction_prompt
+
+    def render(self, query: str, document: str, instruction: str | None) -> str:
+        values = {
+            "instruction": self.instruction_prompt.replace("{instruction}", instruction) if instruction else "",
+            "query": query,
+            "document": document,
+        }
+        return _PLACEHOLDER.sub(lambda match: values[match.group(1)], self.template)
+
+
+class ChatTemplate:
+    """The tokenizer's chat template over a `system` message holding the instruction (when there is one), then a
+    `query` and a `document` message, as sentence-transformers maps a pair onto roles. `flat` messages carry their
+    text as content; structured ones a list of typed parts (sentence_bert_config.json says which)."""
+
+    def __init__(self, tokenizer: Any, *, flat: bool) -> None:
+        self.tokenizer = tokenizer
+        self.flat = flat
+        # A chat template made for chat drops these roles (or refuses them): scores would be silently wrong.
+        try:
+            probe = self.render(_PROBES[0], _PROBES[1], None)
+        except Exception as error:  # the template's own error (jinja raise_exception, a missing key)
+            raise ValueError(f"the model's chat template cannot render a query/document pair ({error}); set load_options.template") from error
+        if not all(text in probe for text in _PROBES):
+            raise ValueError("the model's chat template does not render 'query' and 'document' messages; set load_options.template")
+
+    def render(self, query: str, document: str, instruction: str | None) -> str:
+        system = [self._message("system", instruction)] if instruction else []
+        messages = [*system, self._message("query", query), self._message("document", document)]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+
+    def _message(self, role: str, text: str) -> dict[str, Any]:
+        return {"role": role, "content": text if self.flat else [{"type": "text", "text": text}]}
