@@ -116,7 +116,11 @@ class BgeM3Encoder(TextEncoder):
         mode, weights = score_settings(options, self.default_score)
         if mode != "hybrid":
             return (mode,), _SIMILARITIES[mode]
-        used = {output: weight for output, weight in weights.items() if weight > 0}
+        # Only the weights' ratios count: scaled to a largest of 1, their sum cannot overflow (weights of 1e308)
+        # nor a weight x score underflow (weights of 5e-324).
+        largest = max(weights.values())
+        scaled = {output: weight / largest for output, weight in weights.items()}
+        used = {output: weight for output, weight in scaled.items() if weight > 0}
         total = sum(used.values())
 
         def hybrid(query: EncodedItem, item: EncodedItem) -> float:
