@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from google.protobuf import struct_pb2
-from grpc_helpers import call_until_loaded
+from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_model
 from worker_process import WorkerProcess
@@ -27,11 +27,17 @@ HIDDEN = 32
 COLBERT_DIMS = 1024
 MAX_LENGTH = 120
 SEND_LIMIT = 2 * 1024 * 1024
-TEXTS = ["the quick brown fox jumps over the lazy dog", "search engines rank documents", "a", ""]
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "search engines rank documents",
+    "a",
+    "",
+]
 QUERY = "which engines rank documents"
 # name -> what is wrong with the copy's head files
 MALFORMED = {
     "truncated-sparse": "sparse_linear.pt",
+    "empty-colbert": "colbert_linear.pt",
     "bias-shape": "colbert_linear.pt",
     "extra-key": "sparse_linear.pt",
     "zero-width-colbert": "colbert_linear.pt",
@@ -42,10 +48,14 @@ MALFORMED = {
 def build_replica(directory: Path) -> Path:
     """A tiny BERT encoder directory with BGE-M3's two head files at its root."""
     build_tiny_model(directory, pooling="cls", normalize=False, include_prompt=True)
-    model = directory / "raw"  # the BERT and its tokenizer, without the sentence-transformers modules
+    model = (
+        directory / "raw"
+    )  # the BERT and its tokenizer, without the sentence-transformers modules
     torch.manual_seed(3)
     torch.save(torch.nn.Linear(HIDDEN, 1).state_dict(), model / "sparse_linear.pt")
-    torch.save(torch.nn.Linear(HIDDEN, COLBERT_DIMS).state_dict(), model / "colbert_linear.pt")
+    torch.save(
+        torch.nn.Linear(HIDDEN, COLBERT_DIMS).state_dict(), model / "colbert_linear.pt"
+    )
     return model
 
 
@@ -54,10 +64,21 @@ def malform(model: Path, directory: Path, name: str) -> Path:
     head = directory / MALFORMED[name]
     if name == "truncated-sparse":
         head.write_bytes(head.read_bytes()[: head.stat().st_size // 2])
+    elif name == "empty-colbert":
+        head.write_bytes(b"")
     elif name == "bias-shape":
-        torch.save({"weight": torch.zeros(COLBERT_DIMS, HIDDEN), "bias": torch.zeros(3)}, head)
+        torch.save(
+            {"weight": torch.zeros(COLBERT_DIMS, HIDDEN), "bias": torch.zeros(3)}, head
+        )
     elif name == "extra-key":
-        torch.save({"weight": torch.zeros(1, HIDDEN), "bias": torch.zeros(1), "scale": torch.ones(1)}, head)
+        torch.save(
+            {
+                "weight": torch.zeros(1, HIDDEN),
+                "bias": torch.zeros(1),
+                "scale": torch.ones(1),
+            },
+            head,
+        )
     elif name == "zero-width-colbert":
         torch.save({"weight": torch.zeros(0, HIDDEN)}, head)
     else:  # a pickled module rather than its state dict: weights_only refuses to unpickle it
@@ -72,11 +93,22 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     configs = root / "configs"
     configs.mkdir()
     body = "tasks: [encode, score]\noutput_types: [dense, sparse, multivector]\nprofiles:\n  default:\n    adapter: bge_m3\n"
-    (configs / "m3.yaml").write_text(f"id: {MODEL}\npath: {model}\nmax_sequence_length: {MAX_LENGTH}\n{body}")
+    (configs / "m3.yaml").write_text(
+        f"id: {MODEL}\npath: {model}\nmax_sequence_length: {MAX_LENGTH}\n{body}"
+    )
     for name in MALFORMED:
-        (configs / f"{name}.yaml").write_text(f"id: test/{name}\npath: {malform(model, root / name, name)}\n{body}")
+        (configs / f"{name}.yaml").write_text(
+            f"id: test/{name}\npath: {malform(model, root / name, name)}\n{body}"
+        )
     log = root / "worker.log"
-    process = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": MODEL, "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT)}, log)
+    process = WorkerProcess(
+        {
+            "SIE_MODELS_DIR": str(configs),
+            "SIE_PRELOAD_MODELS": MODEL,
+            "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT),
+        },
+        log,
+    )
     try:
         process.wait_serving()
         yield process
@@ -94,7 +126,10 @@ def score(stub, options: dict, model: str = MODEL) -> list[float]:
     struct = struct_pb2.Struct()
     struct.update(options)
     request = inference_pb2.ScoreRequest(
-        model=model, query=types_pb2.Item(text=QUERY), items=[types_pb2.Item(text=text) for text in TEXTS], options=struct
+        model=model,
+        query=types_pb2.Item(text=QUERY),
+        items=[types_pb2.Item(text=text) for text in TEXTS],
+        options=struct,
     )
     response, _ = call_until_loaded(lambda: stub.Score(request, timeout=60))
     by_index = {entry.index: entry.score for entry in response.scores}
@@ -102,20 +137,38 @@ def score(stub, options: dict, model: str = MODEL) -> list[float]:
 
 
 def forward_passes(stub) -> int:
-    return stub.GetModel(inference_pb2.GetModelRequest(model=MODEL)).model.stats.forward_passes
+    return stub.GetModel(
+        inference_pb2.GetModelRequest(model=MODEL)
+    ).model.stats.forward_passes
 
 
 @pytest.mark.parametrize(
     "weights",
     [
-        {"dense": 1e308, "sparse": 1e308, "multivector": 1e308},  # their sum overflows to inf
-        {"dense": 5e-324, "sparse": 5e-324, "multivector": 5e-324},  # weight x score underflows to 0
+        {
+            "dense": 1e308,
+            "sparse": 1e308,
+            "multivector": 1e308,
+        },  # their sum overflows to inf
+        {
+            "dense": 5e-324,
+            "sparse": 5e-324,
+            "multivector": 5e-324,
+        },  # weight x score underflows to 0
     ],
     ids=["huge", "subnormal"],
 )
-def test_hybrid_weights_at_the_ends_of_the_float_range_score_as_equal_weights(stub, weights: dict) -> None:
+def test_hybrid_weights_at_the_ends_of_the_float_range_score_as_equal_weights(
+    stub, weights: dict
+) -> None:
     """Only the ratios of the weights matter: weights of 1e308 (or 5e-324) each score as weights of 1 each."""
-    equal = score(stub, {"score_mode": "hybrid", "score_weights": {"dense": 1, "sparse": 1, "multivector": 1}})
+    equal = score(
+        stub,
+        {
+            "score_mode": "hybrid",
+            "score_weights": {"dense": 1, "sparse": 1, "multivector": 1},
+        },
+    )
     assert all(np.isfinite(equal)) and len(set(equal)) > 1
     served = score(stub, {"score_mode": "hybrid", "score_weights": weights})
     np.testing.assert_allclose(served, equal, atol=1e-6)
@@ -123,5 +176,27 @@ def test_hybrid_weights_at_the_ends_of_the_float_range_score_as_equal_weights(st
 
 def test_a_weight_negligible_beside_another_scores_as_that_other_alone(stub) -> None:
     dense = score(stub, {"score_mode": "dense"})
-    served = score(stub, {"score_mode": "hybrid", "score_weights": {"dense": 1e308, "sparse": 5e-324, "multivector": 0}})
+    served = score(
+        stub,
+        {
+            "score_mode": "hybrid",
+            "score_weights": {"dense": 1e308, "sparse": 5e-324, "multivector": 0},
+        },
+    )
     np.testing.assert_allclose(served, dense, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(MALFORMED))
+def test_malformed_head_files_fail_to_load_for_good_naming_the_file(
+    stub, name: str
+) -> None:
+    request = inference_pb2.EncodeRequest(
+        model=f"test/{name}", items=[types_pb2.Item(text="x")]
+    )
+    with pytest.raises(grpc.RpcError) as raised:
+        call_until_loaded(lambda: stub.Encode(request, timeout=60), timeout_s=60)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION, (
+        raised.value.details()
+    )
+    assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
+    assert MALFORMED[name] in raised.value.details()

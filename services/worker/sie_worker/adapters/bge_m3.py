@@ -19,6 +19,7 @@ by `score_weights`), as FlagEmbedding's BGEM3FlagModel scores them.
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -177,10 +178,19 @@ def _linear(path: Path, hidden: int) -> torch.nn.Linear:
     """A Linear layer from its saved state dict (`weight` [out, hidden], optional `bias`)."""
     if not path.exists():
         raise ValueError(f"{path.name} is missing from {path.parent}: a BGE-M3 model needs sparse_linear.pt and colbert_linear.pt")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    # A file that does not read (truncated, not a torch file, a pickled object weights_only refuses) or does
+    # not fit a Linear layer is as permanent a failure as a missing one: ValueError, not a retried load. An OSError
+    # (the disk, the network file system) stays what it is.
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as error:
+        raise ValueError(f"{path}: not a readable torch state dict: {error}") from None
     weight = state.get("weight") if isinstance(state, Mapping) else None
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden:
-        raise ValueError(f"{path}: expected the state dict of a Linear layer from {hidden} inputs (a 'weight' of [out, {hidden}])")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] < 1 or weight.shape[1] != hidden:
+        raise ValueError(f"{path}: expected the state dict of a Linear layer from {hidden} inputs (a 'weight' of [out >= 1, {hidden}])")
     layer = torch.nn.Linear(hidden, weight.shape[0], bias="bias" in state)
-    layer.load_state_dict(state)
+    try:
+        layer.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(f"{path}: not the state dict of a Linear layer: {error}") from None
     return layer.eval()
