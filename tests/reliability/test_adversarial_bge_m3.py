@@ -200,3 +200,27 @@ def test_malformed_head_files_fail_to_load_for_good_naming_the_file(
     )
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert MALFORMED[name] in raised.value.details()
+
+
+def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_pass(
+    stub,
+) -> None:
+    """Each long text keeps MAX_LENGTH - 1 vectors of 4 KiB: 8 of them pass the 2 MiB limit. Known once tokenized,
+    so the worker refuses before running them (and holding their vectors), not after."""
+    texts = [" ".join(["documents"] * 400)] * 8
+    request = inference_pb2.EncodeRequest(
+        model=MODEL,
+        items=[types_pb2.Item(text=text) for text in texts],
+        output_types=["multivector"],
+    )
+    fits = inference_pb2.EncodeRequest(
+        model=MODEL, items=[types_pb2.Item(text=texts[0])], output_types=["multivector"]
+    )
+    response, _ = call_until_loaded(lambda: stub.Encode(fits, timeout=60))
+    assert response.results[0].multivector.shape == [MAX_LENGTH - 1, COLBERT_DIMS]
+    before = forward_passes(stub)
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Encode(request, timeout=60)
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_info(raised.value).reason == "RESPONSE_TOO_LARGE"
+    assert forward_passes(stub) == before

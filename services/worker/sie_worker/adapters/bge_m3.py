@@ -54,6 +54,7 @@ class BgeM3Encoder(TextEncoder):
         hidden = int(self.model.config.hidden_size)
         self.sparse_linear = _linear(directory / "sparse_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
         self.colbert_linear = _linear(directory / "colbert_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
+        self.multivector_dims = self.colbert_linear.out_features
         if self.sparse_linear.out_features != 1:
             raise ValueError(f"{directory / 'sparse_linear.pt'}: a Linear to 1 output, got {self.sparse_linear.out_features}")
         self.dims = context.config.dims or hidden
@@ -95,10 +96,14 @@ class BgeM3Encoder(TextEncoder):
                 EncodedItem(
                     dense=None if dense is None else dense[row],
                     sparse=None if sparse is None else self._lexical_weights(item.ids, sparse[row, :length]),
-                    multivector=None if multivector is None else multivector[row, : length - 1],
+                    multivector=None if multivector is None else multivector[row, : self.multivector_rows(item)],
                 )
             )
         return items
+
+    def multivector_rows(self, item: TokenizedText) -> int:
+        """Every token after CLS."""
+        return max(len(item.ids) - 1, 0)
 
     def _lexical_weights(self, ids: Sequence[int], weights: np.ndarray) -> SparseWeights:
         """The largest positive weight of each token id, special tokens left out."""
