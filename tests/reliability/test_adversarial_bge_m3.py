@@ -186,6 +186,17 @@ def test_a_weight_negligible_beside_another_scores_as_that_other_alone(stub) -> 
     np.testing.assert_allclose(served, dense, atol=1e-6)
 
 
+def test_a_weight_given_under_both_names_of_the_multivector_output_is_invalid(stub) -> None:
+    """`colbert` and `multivector` name one weight: given both, which one counted would hang on the order of the
+    options map's keys (a client's choice, not the caller's), so neither does."""
+    for weights in ({"colbert": 1, "multivector": 0}, {"multivector": 0, "colbert": 1}):
+        with pytest.raises(grpc.RpcError) as raised:
+            score(stub, {"score_mode": "hybrid", "score_weights": weights})
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(raised.value).reason == "INVALID_OPTIONS"
+        assert "weigh the same output" in raised.value.details()
+
+
 @pytest.mark.parametrize("name", list(MALFORMED))
 def test_malformed_head_files_fail_to_load_for_good_naming_the_file(
     stub, name: str

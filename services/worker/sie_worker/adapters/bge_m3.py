@@ -147,10 +147,14 @@ def score_settings(
     given = options.get("score_weights", {})
     if not isinstance(given, Mapping):
         raise ValueError("score_weights must be a mapping of dense, sparse, multivector to weights")
+    named: dict[str, str] = {}
     for key, weight in given.items():
         output = _ALIASES.get(key, key)
         if output not in DEFAULT_SCORE_WEIGHTS:
             raise ValueError(f"score_weights.{str(key)[:64]}: unknown; known: {', '.join(DEFAULT_SCORE_WEIGHTS)}")
+        if output in named:  # colbert and multivector: which one won would depend on the order of the map's keys
+            raise ValueError(f"score_weights.{named[output]} and score_weights.{key} weigh the same output; give one of them")
+        named[output] = key
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
             raise ValueError(f"score_weights.{output}: must be a finite number >= 0, got {str(weight)[:64]}")
         weights[output] = float(weight)
