@@ -48,14 +48,10 @@ MALFORMED = {
 def build_replica(directory: Path) -> Path:
     """A tiny BERT encoder directory with BGE-M3's two head files at its root."""
     build_tiny_model(directory, pooling="cls", normalize=False, include_prompt=True)
-    model = (
-        directory / "raw"
-    )  # the BERT and its tokenizer, without the sentence-transformers modules
+    model = directory / "raw"  # the BERT and its tokenizer, without the sentence-transformers modules
     torch.manual_seed(3)
     torch.save(torch.nn.Linear(HIDDEN, 1).state_dict(), model / "sparse_linear.pt")
-    torch.save(
-        torch.nn.Linear(HIDDEN, COLBERT_DIMS).state_dict(), model / "colbert_linear.pt"
-    )
+    torch.save(torch.nn.Linear(HIDDEN, COLBERT_DIMS).state_dict(), model / "colbert_linear.pt")
     return model
 
 
@@ -67,9 +63,7 @@ def malform(model: Path, directory: Path, name: str) -> Path:
     elif name == "empty-colbert":
         head.write_bytes(b"")
     elif name == "bias-shape":
-        torch.save(
-            {"weight": torch.zeros(COLBERT_DIMS, HIDDEN), "bias": torch.zeros(3)}, head
-        )
+        torch.save({"weight": torch.zeros(COLBERT_DIMS, HIDDEN), "bias": torch.zeros(3)}, head)
     elif name == "extra-key":
         torch.save(
             {
@@ -93,13 +87,9 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     configs = root / "configs"
     configs.mkdir()
     body = "tasks: [encode, score]\noutput_types: [dense, sparse, multivector]\nprofiles:\n  default:\n    adapter: bge_m3\n"
-    (configs / "m3.yaml").write_text(
-        f"id: {MODEL}\npath: {model}\nmax_sequence_length: {MAX_LENGTH}\n{body}"
-    )
+    (configs / "m3.yaml").write_text(f"id: {MODEL}\npath: {model}\nmax_sequence_length: {MAX_LENGTH}\n{body}")
     for name in MALFORMED:
-        (configs / f"{name}.yaml").write_text(
-            f"id: test/{name}\npath: {malform(model, root / name, name)}\n{body}"
-        )
+        (configs / f"{name}.yaml").write_text(f"id: test/{name}\npath: {malform(model, root / name, name)}\n{body}")
     log = root / "worker.log"
     process = WorkerProcess(
         {
@@ -137,9 +127,7 @@ def score(stub, options: dict, model: str = MODEL) -> list[float]:
 
 
 def forward_passes(stub) -> int:
-    return stub.GetModel(
-        inference_pb2.GetModelRequest(model=MODEL)
-    ).model.stats.forward_passes
+    return stub.GetModel(inference_pb2.GetModelRequest(model=MODEL)).model.stats.forward_passes
 
 
 @pytest.mark.parametrize(
@@ -158,9 +146,7 @@ def forward_passes(stub) -> int:
     ],
     ids=["huge", "subnormal"],
 )
-def test_hybrid_weights_at_the_ends_of_the_float_range_score_as_equal_weights(
-    stub, weights: dict
-) -> None:
+def test_hybrid_weights_at_the_ends_of_the_float_range_score_as_equal_weights(stub, weights: dict) -> None:
     """Only the ratios of the weights matter: weights of 1e308 (or 5e-324) each score as weights of 1 each."""
     equal = score(
         stub,
@@ -198,17 +184,11 @@ def test_a_weight_given_under_both_names_of_the_multivector_output_is_invalid(st
 
 
 @pytest.mark.parametrize("name", list(MALFORMED))
-def test_malformed_head_files_fail_to_load_for_good_naming_the_file(
-    stub, name: str
-) -> None:
-    request = inference_pb2.EncodeRequest(
-        model=f"test/{name}", items=[types_pb2.Item(text="x")]
-    )
+def test_malformed_head_files_fail_to_load_for_good_naming_the_file(stub, name: str) -> None:
+    request = inference_pb2.EncodeRequest(model=f"test/{name}", items=[types_pb2.Item(text="x")])
     with pytest.raises(grpc.RpcError) as raised:
         call_until_loaded(lambda: stub.Encode(request, timeout=60), timeout_s=60)
-    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION, (
-        raised.value.details()
-    )
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION, raised.value.details()
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert MALFORMED[name] in raised.value.details()
 
@@ -224,9 +204,7 @@ def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_
         items=[types_pb2.Item(text=text) for text in texts],
         output_types=["multivector"],
     )
-    fits = inference_pb2.EncodeRequest(
-        model=MODEL, items=[types_pb2.Item(text=texts[0])], output_types=["multivector"]
-    )
+    fits = inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=texts[0])], output_types=["multivector"])
     response, _ = call_until_loaded(lambda: stub.Encode(fits, timeout=60))
     assert response.results[0].multivector.shape == [MAX_LENGTH - 1, COLBERT_DIMS]
     before = forward_passes(stub)
