@@ -21,12 +21,15 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_model
 from worker_process import WorkerProcess
 
+from reliability.test_adversarial_attack import peak_rss
+
 MODEL = "test/adversarial-bge-m3"
 HIDDEN = 32
 # A wide multivector head: each token's vector takes 4 KiB, so a few long texts pass the send limit below.
 COLBERT_DIMS = 1024
 MAX_LENGTH = 120
 SEND_LIMIT = 2 * 1024 * 1024
+SCORE_LIMIT = 64 * 1024 * 1024
 TEXTS = [
     "the quick brown fox jumps over the lazy dog",
     "search engines rank documents",
@@ -96,6 +99,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
             "SIE_MODELS_DIR": str(configs),
             "SIE_PRELOAD_MODELS": MODEL,
             "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT),
+            "SIE_MAX_SCORE_MULTIVECTOR_BYTES": str(SCORE_LIMIT),
         },
         log,
     )
@@ -213,3 +217,24 @@ def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error_info(raised.value).reason == "RESPONSE_TOO_LARGE"
     assert forward_passes(stub) == before
+
+
+@pytest.mark.parametrize("mode", ["multivector", "hybrid"])
+def test_a_score_whose_multivectors_pass_the_bound_is_refused_before_the_forward_pass(worker, stub, mode: str) -> None:
+    """300 long items keep 119 vectors of 4 KiB each: 140 MiB held until the last is encoded (the worker's peak grew
+    by 208 MiB), over the 64 MiB bound. Refused once tokenized; a score in dense mode of the same items runs."""
+    items = [types_pb2.Item(text=" ".join(["documents"] * 400)) for _ in range(300)]
+    options = struct_pb2.Struct()
+    options.update({"score_mode": mode})
+    request = inference_pb2.ScoreRequest(model=MODEL, query=types_pb2.Item(text=QUERY), items=items, options=options)
+    before, peak = forward_passes(stub), peak_rss(worker.process.pid)
+    with pytest.raises(grpc.RpcError) as raised:
+        call_until_loaded(lambda: stub.Score(request, timeout=60))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    info = error_info(raised.value)
+    assert (info.reason, info.metadata["setting"], info.metadata["limit"]) == ("SCORE_TOO_LARGE", "SIE_MAX_SCORE_MULTIVECTOR_BYTES", str(SCORE_LIMIT))
+    assert forward_passes(stub) - before <= 1  # the query's pass at most: it is encoded beside the items
+    assert peak_rss(worker.process.pid) - peak < SCORE_LIMIT
+    options.update({"score_mode": "dense"})
+    dense = stub.Score(inference_pb2.ScoreRequest(model=MODEL, query=types_pb2.Item(text=QUERY), items=items, options=options), timeout=60)
+    assert len(dense.scores) == len(items)

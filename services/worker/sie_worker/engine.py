@@ -62,7 +62,7 @@ from sie_worker.jobs import (
 )
 from sie_worker.images import decode_image
 from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
-from sie_worker.limits import Limits, check_muvera
+from sie_worker.limits import Limits, check_muvera, check_score_multivectors
 from sie_worker.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.model_catalog import read_catalog
@@ -388,9 +388,16 @@ class Engine:
         MaxSim of multivectors (late interaction), cosine of dense embeddings (dual encoders, text or image), or
         what the model's options pick (BGE-M3)."""
         common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
+        encoder = model.encoder
+        check_items = None
+        if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
+
+            def check_items(tokenized: Sequence[TokenizedText]) -> None:
+                check_score_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits)
+
         (query, query_results), (items, item_results) = await _all_or_none(
             self._encode_items(model, [job.query], outputs, clock, is_query=True, **common),
-            self._encode_items(model, job.items, outputs, clock, is_query=False, **common),
+            self._encode_items(model, job.items, outputs, clock, is_query=False, check_tokenized=check_items, **common),
         )
         scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
         return scores, query_results + item_results
