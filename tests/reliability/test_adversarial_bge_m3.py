@@ -2,8 +2,10 @@
 
 A tiny random replica (2-layer BERT with the MiniLM tokenizer, random sparse_linear.pt and a wide colbert_linear.pt),
 plus copies of it whose head files are malformed the ways a download or a hand-made checkpoint can be. Each case
-asserts the status, reason and values a caller must see: hybrid weights at the ends of the float range, head files
-that cannot load, and multivector answers over the send limit refused before the forward pass."""
+asserts the status, reason and values a caller must see: hybrid weights at the ends of the float range (their sum
+overflowed to NaN scores, their products underflowed to 0), one weight under both of its names, head files that
+cannot load (they were retried for ever as MODEL_LOAD_BACKOFF), multivector answers over the send limit and score
+multivectors over SIE_MAX_SCORE_MULTIVECTOR_BYTES refused before the forward pass (they were computed and held first)."""
 
 from __future__ import annotations
 
