@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from sie_common.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
 from sie_common.tracing import record_span, recording, span
-from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, OptionScorer, PairScorer, TokenizedText, ZeroShotExtractor
+from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, MultivectorCounter, OptionScorer, PairScorer, TokenizedText, ZeroShotExtractor
 from sie_worker.batch_stats import BatchStats, describe, publish_setting, record
 from sie_worker.batching import Batch, BatchFormer, PendingItem
 from sie_worker.capabilities import (
@@ -62,7 +62,7 @@ from sie_worker.jobs import (
 )
 from sie_worker.images import decode_image
 from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
-from sie_worker.limits import Limits, check_muvera
+from sie_worker.limits import Limits, check_muvera, check_score_multivectors
 from sie_worker.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.model_catalog import read_catalog
@@ -241,6 +241,7 @@ class Engine:
             encoded, results = await self._encode_items(
                 model, job.items, needed, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
+                check_tokenized=lambda tokenized: self._check_multivector_estimate(job, model, tokenized),
             )
 
             outputs = await self._postprocess(
@@ -257,6 +258,15 @@ class Engine:
             dims = min(job.dims or model_dims, model_dims) if model_dims else 0
             check_dense_estimate(len(job.items), dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
 
+    def _check_multivector_estimate(self, job: EncodeJob, model: LoadedModel, tokenized: Sequence[TokenizedText]) -> None:
+        """RESPONSE_TOO_LARGE before the forward pass when the job's multivectors alone could not be sent: the
+        encoders that count their rows from the tokens (MultivectorCounter) are measured once the texts are tokenized,
+        so no vectors are computed and held for an answer that cannot go out."""
+        encoder = model.encoder
+        if "multivector" in job.output_types and isinstance(encoder, MultivectorCounter):
+            rows = sum(encoder.multivector_rows(item) for item in tokenized)
+            check_dense_estimate(rows, encoder.multivector_dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+
     async def _encode_items(
         self,
         model: LoadedModel,
@@ -268,16 +278,18 @@ class Engine:
         instruction: str | None,
         lora: str,
         options: Mapping[str, Any],
+        check_tokenized: Callable[[Sequence[TokenizedText]], None] | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
-        """Text items through the text path, image items through the image path (batched apart), back in item order."""
+        """Text items through the text path, image items through the image path (batched apart), back in item order.
+        `check_tokenized` sees the tokenized texts before they are queued for the device (it raises to refuse them)."""
         common = {"is_query": is_query, "instruction": instruction, "lora": lora, "options": options}
         image_rows = [row for row, item in enumerate(items) if item.images]
         if not image_rows:
-            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, **common)
+            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, check_tokenized=check_tokenized, **common)
         check_one_input_per_item(model, items)
         text_rows = [row for row, item in enumerate(items) if not item.images]
         (texts, text_results), (images, image_results) = await _all_or_none(
-            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, **common),
+            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, check_tokenized=check_tokenized, **common),
             self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
         )
         by_row = dict(zip([*text_rows, *image_rows], [*texts, *images]))
@@ -324,10 +336,13 @@ class Engine:
         instruction: str | None,
         lora: str,
         options: Mapping[str, Any],
+        check_tokenized: Callable[[Sequence[TokenizedText]], None] | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         encoder = model.encoder
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
         tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts), sum(map(len, texts)) + len(prompt) * len(texts))
+        if check_tokenized is not None:
+            check_tokenized(tokenized)
         key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
         work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
@@ -376,9 +391,16 @@ class Engine:
         MaxSim of multivectors (late interaction), cosine of dense embeddings (dual encoders, text or image), or
         what the model's options pick (BGE-M3)."""
         common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
+        encoder = model.encoder
+        check_items = None
+        if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
+
+            def check_items(tokenized: Sequence[TokenizedText]) -> None:
+                check_score_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits)
+
         (query, query_results), (items, item_results) = await _all_or_none(
             self._encode_items(model, [job.query], outputs, clock, is_query=True, **common),
-            self._encode_items(model, job.items, outputs, clock, is_query=False, **common),
+            self._encode_items(model, job.items, outputs, clock, is_query=False, check_tokenized=check_items, **common),
         )
         scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
         return scores, query_results + item_results

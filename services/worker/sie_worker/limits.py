@@ -2,11 +2,11 @@
 
 The bounds on a message's own fields (items, texts, names, options, labels,
 image bytes) live in sie_common.request_bounds, which the gateway checks too;
-here are those that need the model: MUVERA parameters and image sizes read
-from the header. Each bound is a WorkerSettings field. A request over one gets
+here are those that need the model: MUVERA parameters, image sizes read
+from the header, and the multivectors a score holds. Each bound is a WorkerSettings field. A request over one gets
 INVALID_ARGUMENT with a reason saying what is too large and metadata naming
 the limit and the setting that sets it; nothing of the request has been
-tokenized, decoded or run yet. The one exception is a Work request's timeout: a longer one is cut
+tokenized, decoded or run yet (a score's multivectors are counted from its tokens: tokenized, never run). The one exception is a Work request's timeout: a longer one is cut
 to SIE_MAX_REQUEST_TIMEOUT_S rather than refused.
 """
 
@@ -33,6 +33,7 @@ class Limits(RequestBounds):
     muvera_repetitions: int
     muvera_d_proj: int
     muvera_dims: int
+    score_multivector_bytes: int
     request_timeout_s: float
 
     @classmethod
@@ -45,6 +46,7 @@ class Limits(RequestBounds):
             muvera_repetitions=settings.max_muvera_repetitions,
             muvera_d_proj=settings.max_muvera_d_proj,
             muvera_dims=settings.max_muvera_dims,
+            score_multivector_bytes=settings.max_score_multivector_bytes,
             request_timeout_s=settings.max_request_timeout_s,
         )
 
@@ -59,6 +61,20 @@ def check_muvera(params: MuveraParams, limits: Limits) -> None:
         if value > limit:
             what = "repetitions x 2^k_sim x d_proj" if name == "dims" else name
             raise over_limit(f"options: muvera {what} is {value}", reason="INVALID_OPTIONS", limit=limit, setting=setting, metadata={"parameter": name})
+
+
+def check_score_multivectors(rows: int, dims: int, limits: Limits) -> None:
+    """A score holds its items' multivectors (float32) until every item is encoded: `rows` vectors of `dims` within
+    SIE_MAX_SCORE_MULTIVECTOR_BYTES, checked once they are tokenized, before the forward pass."""
+    size = rows * dims * 4
+    if size > limits.score_multivector_bytes:
+        raise over_limit(
+            f"items: {rows} multivectors of {dims} dims ({size} bytes) to score",
+            reason="SCORE_TOO_LARGE",
+            limit=limits.score_multivector_bytes,
+            setting="SIE_MAX_SCORE_MULTIVECTOR_BYTES",
+            advice="score fewer or shorter items per request, or in dense or sparse mode",
+        )
 
 
 def check_image_size(width: int, height: int, resized_pixels: int, where: str, metadata: Mapping[str, str], limits: Limits) -> None:

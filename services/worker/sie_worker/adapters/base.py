@@ -104,6 +104,17 @@ class TextEncoder(ModelAdapter, Protocol):
 
 
 @runtime_checkable
+class MultivectorCounter(TextEncoder, Protocol):
+    """An encoder that knows from a tokenized text how many multivector rows it yields, so the size of a
+    multivector answer is known before the forward pass."""
+
+    multivector_dims: int
+
+    def multivector_rows(self, item: TokenizedText) -> int:
+        """The multivector rows `encode` returns for `item`."""
+
+
+@runtime_checkable
 class OptionScorer(TextEncoder, Protocol):
     """An encoder whose score request picks, by its options, which outputs are compared and how (BGE-M3)."""
 

@@ -19,6 +19,7 @@ by `score_weights`), as FlagEmbedding's BGEM3FlagModel scores them.
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class BgeM3Encoder(TextEncoder):
         hidden = int(self.model.config.hidden_size)
         self.sparse_linear = _linear(directory / "sparse_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
         self.colbert_linear = _linear(directory / "colbert_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
+        self.multivector_dims = self.colbert_linear.out_features
         if self.sparse_linear.out_features != 1:
             raise ValueError(f"{directory / 'sparse_linear.pt'}: a Linear to 1 output, got {self.sparse_linear.out_features}")
         self.dims = context.config.dims or hidden
@@ -94,10 +96,14 @@ class BgeM3Encoder(TextEncoder):
                 EncodedItem(
                     dense=None if dense is None else dense[row],
                     sparse=None if sparse is None else self._lexical_weights(item.ids, sparse[row, :length]),
-                    multivector=None if multivector is None else multivector[row, : length - 1],
+                    multivector=None if multivector is None else multivector[row, : self.multivector_rows(item)],
                 )
             )
         return items
+
+    def multivector_rows(self, item: TokenizedText) -> int:
+        """Every token after CLS."""
+        return max(len(item.ids) - 1, 0)
 
     def _lexical_weights(self, ids: Sequence[int], weights: np.ndarray) -> SparseWeights:
         """The largest positive weight of each token id, special tokens left out."""
@@ -116,7 +122,11 @@ class BgeM3Encoder(TextEncoder):
         mode, weights = score_settings(options, self.default_score)
         if mode != "hybrid":
             return (mode,), _SIMILARITIES[mode]
-        used = {output: weight for output, weight in weights.items() if weight > 0}
+        # Only the weights' ratios count: scaled to a largest of 1, their sum cannot overflow (weights of 1e308)
+        # nor a weight x score underflow (weights of 5e-324).
+        largest = max(weights.values())
+        scaled = {output: weight / largest for output, weight in weights.items()}
+        used = {output: weight for output, weight in scaled.items() if weight > 0}
         total = sum(used.values())
 
         def hybrid(query: EncodedItem, item: EncodedItem) -> float:
@@ -137,10 +147,14 @@ def score_settings(
     given = options.get("score_weights", {})
     if not isinstance(given, Mapping):
         raise ValueError("score_weights must be a mapping of dense, sparse, multivector to weights")
+    named: dict[str, str] = {}
     for key, weight in given.items():
         output = _ALIASES.get(key, key)
         if output not in DEFAULT_SCORE_WEIGHTS:
             raise ValueError(f"score_weights.{str(key)[:64]}: unknown; known: {', '.join(DEFAULT_SCORE_WEIGHTS)}")
+        if output in named:  # colbert and multivector: which one won would depend on the order of the map's keys
+            raise ValueError(f"score_weights.{named[output]} and score_weights.{key} weigh the same output; give one of them")
+        named[output] = key
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
             raise ValueError(f"score_weights.{output}: must be a finite number >= 0, got {str(weight)[:64]}")
         weights[output] = float(weight)
@@ -173,10 +187,19 @@ def _linear(path: Path, hidden: int) -> torch.nn.Linear:
     """A Linear layer from its saved state dict (`weight` [out, hidden], optional `bias`)."""
     if not path.exists():
         raise ValueError(f"{path.name} is missing from {path.parent}: a BGE-M3 model needs sparse_linear.pt and colbert_linear.pt")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    # A file that does not read (truncated, not a torch file, a pickled object weights_only refuses) or does
+    # not fit a Linear layer is as permanent a failure as a missing one: ValueError, not a retried load. An OSError
+    # (the disk, the network file system) stays what it is.
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, KeyError, pickle.UnpicklingError) as error:
+        raise ValueError(f"{path}: not a readable torch state dict: {error}") from None
     weight = state.get("weight") if isinstance(state, Mapping) else None
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden:
-        raise ValueError(f"{path}: expected the state dict of a Linear layer from {hidden} inputs (a 'weight' of [out, {hidden}])")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] < 1 or weight.shape[1] != hidden:
+        raise ValueError(f"{path}: expected the state dict of a Linear layer from {hidden} inputs (a 'weight' of [out >= 1, {hidden}])")
     layer = torch.nn.Linear(hidden, weight.shape[0], bias="bias" in state)
-    layer.load_state_dict(state)
+    try:
+        layer.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(f"{path}: not the state dict of a Linear layer: {error}") from None
     return layer.eval()
