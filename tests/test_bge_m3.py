@@ -279,6 +279,20 @@ def test_scores_match_flagembedding(stub, reference) -> None:
     assert score(stub, {"score_mode": "dense"}, profile="lexical") == cases["dense"]  # the request's options win
 
 
+def test_a_score_instruction_is_the_querys_only(stub, weights: dict[str, Path]) -> None:
+    """FlagEmbedding puts its query instruction before queries, never before the documents they are scored against."""
+    model = flag_model(weights["model"], query_instruction_for_retrieval=PROMPT)
+    query = expected(model, [QUERY], is_query=True)
+    documents = expected(model, TEXTS, is_query=False)
+    dense = documents["dense_vecs"] @ query["dense_vecs"][0]
+    # Sparse weights show it best: the instruction's words would match themselves on both sides.
+    lexical = [model.compute_lexical_matching_score(query["lexical_weights"][0], weights) for weights in documents["lexical_weights"]]
+    for options, wanted in (({}, dense), ({"score_mode": "sparse"}, lexical)):
+        served = score(stub, options, instruction=PROMPT)
+        np.testing.assert_allclose([served[index] for index in range(len(TEXTS))], wanted, atol=1e-4)
+        assert served != score(stub, options)  # the instruction did reach the query
+
+
 def test_hybrid_defaults_to_the_paper_weights(stub, reference) -> None:
     wanted = reference_scores(reference, [0.4, 0.2, 0.4])
     served = score(stub, {"score_mode": "hybrid"})

@@ -389,9 +389,13 @@ class Engine:
     ) -> tuple[list[float], list[_ItemResult]]:
         """Encode the query (as a query) and the items with `outputs`, then score each item against the query:
         MaxSim of multivectors (late interaction), cosine of dense embeddings (dual encoders, text or image), or
-        what the model's options pick (BGE-M3)."""
-        common = {"instruction": job.instruction, "lora": job.lora, "options": job.options}
+        what the model's options pick (BGE-M3).
+
+        An instruction is the query's (retrieval models encode documents with their document prompt), except on a
+        dual encoder, where it is the prompt of every text (`a photo of `), the items included."""
+        common = {"lora": job.lora, "options": job.options}
         encoder = model.encoder
+        item_instruction = job.instruction if isinstance(encoder, ImageEncoder) else None
         check_items = None
         if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
 
@@ -399,8 +403,8 @@ class Engine:
                 check_score_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits)
 
         (query, query_results), (items, item_results) = await _all_or_none(
-            self._encode_items(model, [job.query], outputs, clock, is_query=True, **common),
-            self._encode_items(model, job.items, outputs, clock, is_query=False, check_tokenized=check_items, **common),
+            self._encode_items(model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common),
+            self._encode_items(model, job.items, outputs, clock, is_query=False, instruction=item_instruction, check_tokenized=check_items, **common),
         )
         scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
         return scores, query_results + item_results
