@@ -28,7 +28,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.model_config import load_model_config
 from sie_common.tensors import from_tensor
 from test_observability import scrape, sample
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, inference_stub, serving_worker
 
 MODEL = "test/tiny-bge-m3"
 NO_HEADS = "test/bge-m3-without-heads"
@@ -124,18 +124,14 @@ def worker(tmp_path_factory: pytest.TempPathFactory, weights: dict[str, Path]) -
         "profiles:\n  default:\n    adapter: bge_m3\n"
     )
     log = tmp_path_factory.mktemp("bge-m3-logs") / "worker.log"
-    process = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": MODEL, "SIE_INSTRUMENTATION": "true"}, log)
-    try:
-        process.wait_serving()
-        yield process
-    finally:
-        process.stop()
+    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": MODEL, "SIE_INSTRUMENTATION": "true"}, log) as worker:
+        yield worker
 
 
 @pytest.fixture(scope="module")
 def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(worker) as stub:
+        yield stub
 
 
 def flag_model(directory: Path, **options):

@@ -30,7 +30,7 @@ from sie_common.tensors import from_tensor
 from sie_worker.adapters.bidirectional import use_bidirectional
 from tiny_decoders import DECODER_MAX_LENGTH, build_decoder_embedder, decoder_config, train_tokenizer
 from tiny_models import build_tiny_model, write_config
-from worker_process import WorkerProcess
+from worker_process import inference_stub, serving_worker
 
 TEXTS = [
     "how do vector databases work?",
@@ -155,13 +155,8 @@ def stub(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> I
     write_config(configs, OUTSIDE, _yaml(models[OUTSIDE], default))
     write_config(configs, BAD_SIDE, _yaml(models[GTE_QWEN2], f"{default}    load_options: {{padding_side: middle}}\n"))
     log = tmp_path_factory.mktemp("decoder-worker") / "worker.log"
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(PRELOADED)}, log)
-    try:
-        worker.wait_serving()
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
-    finally:
-        worker.stop()
+    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(PRELOADED)}, log) as worker, inference_stub(worker) as stub:
+        yield stub
 
 
 def encode(stub, model: str, texts: list[str] = TEXTS, **fields) -> np.ndarray:

@@ -28,7 +28,7 @@ from grpc_helpers import call_until_loaded, error_details, items
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import write_config
 from tiny_rerankers import MXBAI_INSTRUCTION_PROMPT, MXBAI_TEMPLATE, build_tiny_mxbai_reranker, build_tiny_qwen3_reranker
-from worker_process import WorkerProcess
+from worker_process import inference_stub, serving_worker
 
 QUERY = "how do plants make energy?"
 DOCUMENTS = [
@@ -115,19 +115,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def stub(replicas: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     log = tmp_path_factory.mktemp("llm-reranker-worker") / "worker.log"
-    worker = WorkerProcess(
-        {
-            "SIE_MODELS_DIR": str(replicas["configs"]),
-            "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED]),
-        },
-        log,
-    )
-    try:
-        worker.wait_serving()
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
-    finally:
-        worker.stop()
+    env = {
+        "SIE_MODELS_DIR": str(replicas["configs"]),
+        "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED]),
+    }
+    with serving_worker(env, log) as worker, inference_stub(worker) as stub:
+        yield stub
 
 
 def served_scores(stub, model: str, **fields) -> tuple[np.ndarray, list[int]]:

@@ -20,7 +20,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_worker.registry import is_permanent
 from sie_worker.weights import WeightsNotFound
 from tiny_models import build_tiny_head_model, build_tiny_model, write_config
-from worker_process import WorkerProcess
+from worker_process import inference_stub, serving_worker
 
 RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
 HEALTHY = "test/healthy-reranker"
@@ -73,13 +73,8 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
     encoder = build_tiny_model(root / "encoder", pooling="mean", normalize=True, include_prompt=True)
     _refused_module(encoder)
     write_config(configs, REFUSED_MODULE, f"path: {encoder}\nprofiles:\n  default:\n    adapter: sentence_transformer\n")
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log")
-    try:
-        worker.wait_serving()
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
-    finally:
-        worker.stop()
+    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log") as worker, inference_stub(worker) as stub:
+        yield stub
 
 
 def _request(stub: inference_pb2_grpc.InferenceStub, model_id: str) -> Callable[[], object]:

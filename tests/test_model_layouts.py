@@ -12,7 +12,6 @@ import io
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 import torch
@@ -31,7 +30,7 @@ from tiny_layouts import (
     opensearch_sparse_encoder,
 )
 from tiny_models import write_config
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, inference_stub, serving_worker
 
 # 300 different words: where a length limit cuts shows in which tokens are left.
 DIFFERENT_WORDS = " ".join(sorted(word for word in minilm_tokenizer().get_vocab() if word.isalpha() and len(word) > 4)[1000:1300])
@@ -82,18 +81,14 @@ def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) ->
     for model_id in (OPENSEARCH, SPARSE_ROUTER):
         write_config(configs, model_id, f"path: {models[model_id]}\n{SPARSE_BODY}")
     log = tmp_path_factory.mktemp("layout-worker") / "worker.log"
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join([*models, "test/colbert-muvera"])}, log)
-    try:
-        worker.wait_serving()
+    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join([*models, "test/colbert-muvera"])}, log) as worker:
         yield worker
-    finally:
-        worker.stop()
 
 
 @pytest.fixture(scope="module")
 def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(worker) as stub:
+        yield stub
 
 
 def encode(stub, model: str, texts: list[str], **fields) -> list[types_pb2.EncodeResult]:

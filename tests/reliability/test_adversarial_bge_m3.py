@@ -21,7 +21,7 @@ from google.protobuf import struct_pb2
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_model
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, inference_stub, serving_worker
 
 from reliability.test_adversarial_attack import peak_rss
 
@@ -96,26 +96,20 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     for name in MALFORMED:
         (configs / f"{name}.yaml").write_text(f"id: test/{name}\npath: {malform(model, root / name, name)}\n{body}")
     log = root / "worker.log"
-    process = WorkerProcess(
-        {
-            "SIE_MODELS_DIR": str(configs),
-            "SIE_PRELOAD_MODELS": MODEL,
-            "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT),
-            "SIE_MAX_SCORE_MULTIVECTOR_BYTES": str(SCORE_LIMIT),
-        },
-        log,
-    )
-    try:
-        process.wait_serving()
-        yield process
-    finally:
-        process.stop()
+    env = {
+        "SIE_MODELS_DIR": str(configs),
+        "SIE_PRELOAD_MODELS": MODEL,
+        "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT),
+        "SIE_MAX_SCORE_MULTIVECTOR_BYTES": str(SCORE_LIMIT),
+    }
+    with serving_worker(env, log) as worker:
+        yield worker
 
 
 @pytest.fixture(scope="module")
 def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(worker) as stub:
+        yield stub
 
 
 def score(stub, options: dict, model: str = MODEL) -> list[float]:
