@@ -154,7 +154,10 @@ def test_muvera_parameters_are_bounded_before_any_work(bounded, stub, reference,
     muvera, parameter, setting = MUVERA_CASES[case]
     before = peak_rss(bounded.process.pid)
     request = inference_pb2.EncodeRequest(
-        model="test/tiny-colbert", items=[types_pb2.Item(text="late interaction " * 20)] * 8, options=options({"muvera": muvera})
+        model="test/tiny-colbert",
+        items=[types_pb2.Item(text="late interaction " * 20)] * 8,
+        output_types=["dense"],  # MUVERA: without output types a ColBERT model answers multivectors
+        options=options({"muvera": muvera}),
     )
     error = refused(stub.Encode, request)
     reliability_report.add("adversarial bounds", f"MUVERA {case}", expected="INVALID_ARGUMENT INVALID_OPTIONS", actual=outcome(error))
@@ -165,7 +168,9 @@ def test_muvera_parameters_are_bounded_before_any_work(bounded, stub, reference,
 
 @pytest.mark.parametrize("seed", [-1, 2**63, 1.5, "seven", True])
 def test_muvera_seed_must_be_a_non_negative_integer(stub, seed) -> None:
-    request = inference_pb2.EncodeRequest(model="test/tiny-colbert", items=[types_pb2.Item(text="x")], options=options({"muvera": {"seed": seed}}))
+    request = inference_pb2.EncodeRequest(
+        model="test/tiny-colbert", items=[types_pb2.Item(text="x")], output_types=["dense"], options=options({"muvera": {"seed": seed}})
+    )
     assert_refused(refused(stub.Encode, request), "INVALID_OPTIONS")
 
 
@@ -423,7 +428,8 @@ def test_random_options_never_crash_blow_up_or_hang_the_worker(bounded, stub, re
     codes: dict[str, set[str]] = {}
     calls = {
         "encode (MUVERA)": lambda struct: stub.Encode(
-            inference_pb2.EncodeRequest(model="test/tiny-colbert", items=[types_pb2.Item(text="late interaction")], options=struct), timeout=DEADLINE_S
+            inference_pb2.EncodeRequest(model="test/tiny-colbert", items=[types_pb2.Item(text="late interaction")], output_types=["dense"], options=struct),
+            timeout=DEADLINE_S,
         ),
         "encode": lambda struct: stub.Encode(_encode(options=struct), timeout=DEADLINE_S),
         "score": lambda struct: stub.Score(
