@@ -69,6 +69,7 @@ class ColbertEncoder(TextEncoder):
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         marker = self.query_marker if is_query else self.document_marker
         layout = self.layout
+        # Cut to, and expanded no further than, what the model reads (a stated query length may be far longer).
         query_cap = min(layout.query_length or self.max_sequence_length, self.max_sequence_length)
         items = []
         for encoded in self.tokenizer.encode([prompt + text for text in texts]):
@@ -77,7 +78,7 @@ class ColbertEncoder(TextEncoder):
                 if len(ids) > query_cap:
                     ids = [*ids[: query_cap - 1], ids[-1]]
                 if layout.query_expansion:
-                    ids += [self.expansion_id] * ((layout.query_length or 0) - len(ids))
+                    ids += [self.expansion_id] * ((query_cap if layout.query_length else 0) - len(ids))
             items.append(TokenizedText(ids, is_query=is_query))
         return items
 

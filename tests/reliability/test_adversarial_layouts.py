@@ -1,0 +1,121 @@
+"""Adversarial checkpoint directories in the layouts issue 21 reads (ColBERT PyLate / Stanford, doc-only sparse),
+each a tiny replica with one setting a download could carry made hostile, served by one real worker: a setting
+that cannot be computed fails the model's load (FAILED_PRECONDITION / MODEL_LOAD_FAILED, naming it), never a
+request's INTERNAL; a setting that can be read is read within the model's own bounds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpc_helpers import call_until_loaded, error_reason
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.tensors import from_tensor
+from tiny_layouts import HIDDEN, build_opensearch_sparse, build_pylate_colbert, build_router_sparse, build_stanford_colbert
+from tiny_models import write_config
+from worker_process import WorkerProcess
+
+DOCUMENT_LENGTH = 20
+COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
+SPARSE_BODY = "tasks: [encode]\noutput_types: [sparse]\nprofiles:\n  default:\n    adapter: splade\n"
+# A query length far past the model's positions, as a config_sentence_transformers.json / artifact.metadata may say.
+HUGE_QUERY_LENGTH = 100_000
+
+
+def _edit_json(path: Path, **changes: object) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def _copy(source: Path, directory: Path) -> Path:
+    shutil.copytree(source, directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Model id -> (directory, config body), every hostile variant built once from three replicas."""
+    root = tmp_path_factory.mktemp("hostile-layouts")
+    pylate = build_pylate_colbert(root / "pylate", query_length=12, document_length=DOCUMENT_LENGTH)
+    stanford = build_stanford_colbert(root / "stanford", query_length=11, document_length=DOCUMENT_LENGTH)
+    opensearch = build_opensearch_sparse(root / "opensearch")
+    router = build_router_sparse(opensearch, root / "router")
+    built: dict[str, tuple[Path, str]] = {}
+
+    def colbert(name: str, source: Path) -> Path:
+        built[f"test/{name}"] = (directory := _copy(source, root / name), COLBERT_BODY)
+        return directory
+
+    def sparse(name: str, source: Path) -> Path:
+        built[f"test/{name}"] = (directory := _copy(source, root / name), SPARSE_BODY)
+        return directory
+
+    _edit_json(colbert("pylate-huge-query", pylate) / "config_sentence_transformers.json", query_length=HUGE_QUERY_LENGTH)
+    _edit_json(colbert("stanford-huge-query", stanford) / "artifact.metadata", query_maxlen=HUGE_QUERY_LENGTH)
+    _edit_json(colbert("pylate-text-query-length", pylate) / "config_sentence_transformers.json", query_length="32")
+    _edit_json(colbert("pylate-negative-query-length", pylate) / "config_sentence_transformers.json", query_length=-5)
+    _edit_json(colbert("pylate-numeric-skiplist", pylate) / "config_sentence_transformers.json", skiplist_words=[1, 2])
+    # A projection whose input width is not the encoder's (a config claiming other dims).
+    wide = colbert("pylate-wrong-projection", pylate) / "1_Dense" / "model.safetensors"
+    save_file({"linear.weight": torch.randn(16, HIDDEN + 8)}, str(wide))
+    weights = torch.load(stanford / "pytorch_model.bin", weights_only=True)
+    weights["linear.weight"] = torch.randn(16, HIDDEN // 2)
+    torch.save(weights, colbert("stanford-wrong-projection", stanford) / "pytorch_model.bin")
+
+    vocabulary = json.loads((opensearch / "idf.json").read_text())
+    for name, value in (("nan", float("nan")), ("infinity", float("inf")), ("null", None), ("text", "high")):
+        idf = sparse(f"sparse-idf-{name}", opensearch) / "idf.json"
+        idf.write_text(json.dumps({**vocabulary, "interaction": value}))
+    (sparse("sparse-idf-list", opensearch) / "idf.json").write_text(json.dumps(list(vocabulary.values())))
+    static = sparse("sparse-static-2d", router) / "query_0_SparseStaticEmbedding" / "model.safetensors"
+    save_file({"weight": load_file(str(static))["weight"].reshape(-1, 2)}, str(static))
+    sparse("sparse-opensearch", opensearch)
+    return built
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory, models: dict[str, tuple[Path, str]]) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    configs = tmp_path_factory.mktemp("hostile-layout-configs")
+    for model_id, (directory, body) in models.items():
+        write_config(configs, model_id, f"path: {directory}\n{body}")
+    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs)}, tmp_path_factory.mktemp("hostile-layout-worker") / "worker.log")
+    try:
+        worker.wait_serving()
+        with grpc.insecure_channel(worker.address) as channel:
+            yield inference_pb2_grpc.InferenceStub(channel)
+    finally:
+        worker.stop()
+
+
+def encode(stub, model: str, texts: list[str], **fields) -> list[types_pb2.EncodeResult]:
+    request = inference_pb2.EncodeRequest(model=model, items=[types_pb2.Item(id=str(i), text=text) for i, text in enumerate(texts)], **fields)
+    answer, _ = call_until_loaded(lambda: stub.Encode(request, timeout=120))
+    return list(answer.results)
+
+
+def refused_load(stub, model: str) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as refused:
+        encode(stub, model, ["what is late interaction"], is_query=True)
+    assert (refused.value.code(), error_reason(refused.value)) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED"), refused.value
+    return refused.value
+
+
+# --- ColBERT ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["test/pylate-huge-query", "test/stanford-huge-query"])
+def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_model_reads(stub, model: str) -> None:
+    """A query is cut to the model's length limit, and expanded no further than that limit: a query length of
+    100,000 neither fails every query nor builds 100,000 vectors per query."""
+    for results in (encode(stub, model, ["what is late interaction", "a"], is_query=True), encode(stub, model, ["a"], is_query=True)):
+        assert [from_tensor(result.multivector).shape for result in results] == [(DOCUMENT_LENGTH, 16)] * len(results)
+        assert all(np.isfinite(from_tensor(result.multivector)).all() for result in results)
