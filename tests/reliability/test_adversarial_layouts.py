@@ -119,3 +119,17 @@ def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_mo
     for results in (encode(stub, model, ["what is late interaction", "a"], is_query=True), encode(stub, model, ["a"], is_query=True)):
         assert [from_tensor(result.multivector).shape for result in results] == [(DOCUMENT_LENGTH, 16)] * len(results)
         assert all(np.isfinite(from_tensor(result.multivector)).all() for result in results)
+
+
+@pytest.mark.parametrize(
+    ("model", "named"),
+    [
+        ("test/pylate-text-query-length", "query_length"),
+        ("test/pylate-negative-query-length", "query_length"),
+        ("test/pylate-numeric-skiplist", "skiplist_words"),
+        ("test/pylate-wrong-projection", "linear.weight"),
+        ("test/stanford-wrong-projection", "linear.weight"),
+    ],
+)
+def test_a_colbert_setting_that_cannot_be_computed_fails_the_load(stub, model: str, named: str) -> None:
+    assert named in refused_load(stub, model).details()

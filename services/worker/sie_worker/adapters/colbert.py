@@ -34,8 +34,10 @@ class ColbertEncoder(TextEncoder):
     def __init__(self, context: LoadContext) -> None:
         directory = context.weights
         layout = _with_options(read_layout(directory), dict(context.profile.load_options))
+        _check_settings(layout)
         self.layout = layout
         self.model = load_model(AutoModel, context)
+        _check_projections(layout.projections, int(self.model.config.hidden_size))
         self.device = context.device
         self.normalized = layout.normalize
         # A marker takes one position of the length limit, as the checkpoint was trained.
@@ -121,6 +123,26 @@ def _with_options(layout: ColbertLayout, options: dict) -> ColbertLayout:
     if "mask_punctuation" in options:
         changes["skiplist_words"] = tuple(string.punctuation) if options["mask_punctuation"] else ()
     return dataclasses.replace(layout, **changes)
+
+
+def _check_settings(layout: ColbertLayout) -> None:
+    """ValueError for a length that is not a positive integer or a skiplist entry that is not a word: read from
+    a downloaded file, they would otherwise fail (or silently bend) every request."""
+    for name, value in (("query_length", layout.query_length), ("document_length", layout.document_length)):
+        if value is not None and (type(value) is not int or value <= 0):
+            raise ValueError(f"ColBERT {name} {value!r} is not a positive integer")
+    bad = [word for word in layout.skiplist_words if not isinstance(word, str)]
+    if bad:
+        raise ValueError(f"ColBERT skiplist_words {bad[:5]!r} are not strings")
+
+
+def _check_projections(projections: Sequence[tuple[torch.Tensor, torch.Tensor | None]], width: int) -> None:
+    """ValueError unless the projections chain from the encoder's `width`: a mismatch would fail every forward pass."""
+    for weight, bias in projections:
+        if weight.dim() != 2 or weight.shape[1] != width or (bias is not None and tuple(bias.shape) != (weight.shape[0],)):
+            shapes = f"{tuple(weight.shape)}" + ("" if bias is None else f" (bias {tuple(bias.shape)})")
+            raise ValueError(f"ColBERT projection linear.weight {shapes} does not take the {width} values per token it is given")
+        width = weight.shape[0]
 
 
 def _real_length(ids: Sequence[int], expansion_id: int) -> int:
