@@ -72,12 +72,22 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     torch.save(weights, colbert("stanford-wrong-projection", stanford) / "pytorch_model.bin")
 
     vocabulary = json.loads((opensearch / "idf.json").read_text())
-    for name, value in (("nan", float("nan")), ("infinity", float("inf")), ("null", None), ("text", "high")):
+    # As JSON spells them: NaN, Infinity, 1e39 (Infinity as float32), a 401-digit integer, null, a string.
+    for name, value in (
+        ("nan", "NaN"),
+        ("infinity", "Infinity"),
+        ("float32-overflow", "1e39"),
+        ("huge-integer", "1" + "0" * 400),
+        ("null", "null"),
+        ("text", '"high"'),
+    ):
         idf = sparse(f"sparse-idf-{name}", opensearch) / "idf.json"
-        idf.write_text(json.dumps({**vocabulary, "interaction": value}))
+        idf.write_text(json.dumps(vocabulary)[:-1] + f', "interaction": {value}}}')
     (sparse("sparse-idf-list", opensearch) / "idf.json").write_text(json.dumps(list(vocabulary.values())))
     static = sparse("sparse-static-2d", router) / "query_0_SparseStaticEmbedding" / "model.safetensors"
     save_file({"weight": load_file(str(static))["weight"].reshape(-1, 2)}, str(static))
+    static = sparse("sparse-static-float32-overflow", router) / "query_0_SparseStaticEmbedding" / "model.safetensors"
+    save_file({"weight": load_file(str(static))["weight"].double().index_fill(0, torch.tensor([7]), 1e39)}, str(static))
     sparse("sparse-opensearch", opensearch)
     return built
 
@@ -133,3 +143,35 @@ def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_mo
 )
 def test_a_colbert_setting_that_cannot_be_computed_fails_the_load(stub, model: str, named: str) -> None:
     assert named in refused_load(stub, model).details()
+
+
+# --- doc-only sparse --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "test/sparse-idf-nan",
+        "test/sparse-idf-infinity",
+        "test/sparse-idf-float32-overflow",
+        "test/sparse-idf-huge-integer",
+        "test/sparse-idf-null",
+        "test/sparse-idf-text",
+        "test/sparse-idf-list",
+        "test/sparse-static-2d",
+        "test/sparse-static-float32-overflow",
+    ],
+)
+def test_query_weights_that_are_not_one_finite_number_per_token_fail_the_load(stub, model: str) -> None:
+    assert "weight" in refused_load(stub, model).details().lower()
+
+
+def test_static_sparse_queries_of_special_tokens_or_thousands_of_words_stay_bounded(stub) -> None:
+    from tiny_layouts import minilm_tokenizer
+
+    words = [word for word in minilm_tokenizer().get_vocab() if word.isalpha()][:5000]
+    results = encode(stub, "test/sparse-opensearch", ["[CLS] [SEP] [PAD] [MASK]", "", " \t\n ", " ".join(words)], is_query=True)
+    assert [len(result.sparse.indices) for result in results[:3]] == [0, 0, 0]
+    # Read as far as the tokenizer's 128 positions (special tokens aside), whatever the text's length.
+    assert 0 < len(results[3].sparse.indices) <= 128
+    assert np.isfinite(list(results[3].sparse.values)).all()

@@ -24,6 +24,7 @@ from sie_worker.adapters.hf_text import read_json
 
 ACTIVATIONS = ("relu", "log1p_relu")
 POOLINGS = ("max", "sum")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,12 @@ def _static_weights(folder: Path, model_directory: Path) -> np.ndarray:
     path = read_json(folder / "config.json").get("path")
     if path:
         return _idf_json(model_directory / Path(path).name, model_directory)
-    return load_file(str(folder / "model.safetensors"))["weight"].astype(np.float32)
+    saved = load_file(str(folder / "model.safetensors"))["weight"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        weights = saved.astype(np.float32)
+    if weights.ndim != 1 or not np.isfinite(weights).all():
+        raise ValueError(f"{folder}: the SparseStaticEmbedding weight must be one finite float32 number per token, not {saved.dtype} {saved.shape}")
+    return weights
 
 
 def _idf_json(path: Path, model_directory: Path) -> np.ndarray:
@@ -85,7 +91,13 @@ def _idf_json(path: Path, model_directory: Path) -> np.ndarray:
 
     vocabulary = AutoTokenizer.from_pretrained(model_directory).get_vocab()
     weights = np.zeros(max(vocabulary.values()) + 1, dtype=np.float32)
-    for token, weight in json.loads(path.read_text()).items():
+    table = json.loads(path.read_text())
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: query weights must be a JSON object of token -> weight, not {type(table).__name__}")
+    for token, weight in table.items():
+        # NaN, Infinity, null (numpy reads it as NaN) and 1e39 (Infinity as float32) would reach answers as non-numbers.
+        if type(weight) not in (int, float) or not abs(weight) <= _FLOAT32_MAX:
+            raise ValueError(f"{path}: the query weight of {token[:64]!r} is {str(weight)[:64]!r}, not a finite float32 number")
         if token in vocabulary:
             weights[vocabulary[token]] = weight
     return weights
