@@ -36,6 +36,8 @@ from worker_process import WorkerProcess
 DOCUMENT_LENGTH = 20
 COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
 SPARSE_BODY = "tasks: [encode]\noutput_types: [sparse]\nprofiles:\n  default:\n    adapter: splade\n"
+# The worker's answer size limit: 256 KiB, so that a few hundred ColBERT documents exceed it.
+SEND_LIMIT = 256 * 1024
 SIGLIP = "test/siglip-sentencepiece"
 # Worker CPU seconds allowed for a request of 7 texts of 2 MiB without a space on SigLIP (read whole, ~19 s or more).
 SIGLIP_CPU_BOUND_S = 3
@@ -114,7 +116,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, tuple[Pat
     configs = tmp_path_factory.mktemp("hostile-layout-configs")
     for model_id, (directory, body) in models.items():
         write_config(configs, model_id, f"path: {directory}\n{body}")
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs)}, tmp_path_factory.mktemp("hostile-layout-worker") / "worker.log")
+    settings = {"SIE_MODELS_DIR": str(configs), "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT)}
+    worker = WorkerProcess(settings, tmp_path_factory.mktemp("hostile-layout-worker") / "worker.log")
     try:
         worker.wait_serving()
         yield worker
@@ -166,6 +169,21 @@ def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_mo
 )
 def test_a_colbert_setting_that_cannot_be_computed_fails_the_load(stub, model: str, named: str) -> None:
     assert named in refused_load(stub, model).details()
+
+
+def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_pass(stub) -> None:
+    """300 documents of 20 vectors x 16 dims (384 KB as float32) for a 256 KiB limit: refused from the token count,
+    as an estimate (before: every item ran, its vectors were held, then the measured answer was refused), whether
+    the request names multivector or names nothing (a multivector-only model's default). What fits still runs."""
+    texts = ["ColBERT keeps one vector per token and scores with MaxSim over every token " * 3] * 300
+    for fields in ({"output_types": ["multivector"]}, {}):
+        with pytest.raises(grpc.RpcError) as refused:
+            encode(stub, "test/pylate-huge-query", texts, **fields)
+        assert (refused.value.code(), error_reason(refused.value)) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "RESPONSE_TOO_LARGE")
+        assert "would take at least 384000 bytes" in refused.value.details()
+    packed = encode(stub, "test/pylate-huge-query", texts, output_dtype="binary")
+    assert [from_tensor(result.multivector).shape for result in packed[:1]] == [(DOCUMENT_LENGTH, 2)]
+    assert len(encode(stub, "test/pylate-huge-query", texts[:150])) == 150
 
 
 # --- doc-only sparse --------------------------------------------------------------------------------

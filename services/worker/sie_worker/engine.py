@@ -241,6 +241,7 @@ class Engine:
             encoded, results = await self._encode_items(
                 model, job.items, needed, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
+                multivector_dtype=job.output_dtype if "multivector" in job.output_types else None,
             )
 
             outputs = await self._postprocess(
@@ -268,16 +269,18 @@ class Engine:
         instruction: str | None,
         lora: str,
         options: Mapping[str, Any],
+        multivector_dtype: str | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
-        """Text items through the text path, image items through the image path (batched apart), back in item order."""
+        """Text items through the text path, image items through the image path (batched apart), back in item order.
+        `multivector_dtype`: the dtype multivectors are answered in, when they are."""
         common = {"is_query": is_query, "instruction": instruction, "lora": lora, "options": options}
         image_rows = [row for row, item in enumerate(items) if item.images]
         if not image_rows:
-            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, **common)
+            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, multivector_dtype=multivector_dtype, **common)
         check_one_input_per_item(model, items)
         text_rows = [row for row, item in enumerate(items) if not item.images]
         (texts, text_results), (images, image_results) = await _all_or_none(
-            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, **common),
+            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, multivector_dtype=multivector_dtype, **common),
             self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
         )
         by_row = dict(zip([*text_rows, *image_rows], [*texts, *images]))
@@ -324,10 +327,17 @@ class Engine:
         instruction: str | None,
         lora: str,
         options: Mapping[str, Any],
+        multivector_dtype: str | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         encoder = model.encoder
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
         tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts), sum(map(len, texts)) + len(prompt) * len(texts))
+        rows = getattr(encoder, "multivector_rows", None)
+        if multivector_dtype is not None and rows is not None:
+            # The token count says how many vectors come back: RESPONSE_TOO_LARGE before the forward pass, not after
+            # every item's vectors are held (8192 items of 512 tokens x 96 dims: 1.6 GB).
+            limit = self.settings.max_send_message_bytes
+            check_dense_estimate(sum(map(rows, tokenized)), encoder.multivector_dims, multivector_dtype, limit, MAX_SEND_SETTING)
         key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
         work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])

@@ -84,6 +84,15 @@ class ColbertEncoder(TextEncoder):
             items.append(TokenizedText(ids, is_query=is_query))
         return items
 
+    def multivector_rows(self, item: TokenizedText) -> int:
+        """How many vectors `encode` returns for `item` (the engine refuses an answer too large before running it)."""
+        skip = self._skipped(item)
+        return sum(token not in skip for token in item.ids)
+
+    def _skipped(self, item: TokenizedText) -> set[int]:
+        """The token ids whose vectors `item` drops (the skiplist: documents, and queries where the layout says so)."""
+        return self.skip_ids if self.layout.skip_in_queries or not item.is_query else set()
+
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         attention = inputs["attention_mask"].clone()
@@ -98,10 +107,9 @@ class ColbertEncoder(TextEncoder):
             if self.normalized:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
             vectors = vectors.float().cpu().numpy()
-        skip_queries = self.layout.skip_in_queries
         items = []
         for row, item in enumerate(batch):
-            skip = self.skip_ids if skip_queries or not item.is_query else set()
+            skip = self._skipped(item)
             keep = [position for position, token in enumerate(item.ids) if token not in skip]
             items.append(EncodedItem(multivector=vectors[row, keep]))
         return items
