@@ -45,6 +45,16 @@ SIGLIP_CPU_BOUND_S = 3
 HUGE_QUERY_LENGTH = 100_000
 
 
+class RunsCode:
+    """Pickled as a call that writes `marker`: loading it runs code."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pickled code ran"))
+
+
 def _edit_json(path: Path, **changes: object) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
@@ -85,6 +95,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     weights = torch.load(stanford / "pytorch_model.bin", weights_only=True)
     weights["linear.weight"] = torch.randn(16, HIDDEN // 2)
     torch.save(weights, colbert("stanford-wrong-projection", stanford) / "pytorch_model.bin")
+
+    # A pytorch_model.bin whose pickle runs code when loaded without weights_only: it writes a marker file.
+    weights = torch.load(stanford / "pytorch_model.bin", weights_only=True)
+    weights["linear.weight"] = RunsCode(str(root / "pickled-code-ran"))
+    torch.save(weights, colbert("stanford-pickled-code", stanford) / "pytorch_model.bin")
 
     vocabulary = json.loads((opensearch / "idf.json").read_text())
     # As JSON spells them: NaN, Infinity, 1e39 (Infinity as float32), a 401-digit integer, null, a string.
@@ -184,6 +199,13 @@ def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_
     packed = encode(stub, "test/pylate-huge-query", texts, output_dtype="binary")
     assert [from_tensor(result.multivector).shape for result in packed[:1]] == [(DOCUMENT_LENGTH, 2)]
     assert len(encode(stub, "test/pylate-huge-query", texts[:150])) == 150
+
+
+def test_a_stanford_checkpoint_whose_pickle_runs_code_fails_the_load_without_running_it(stub, models: dict[str, tuple[Path, str]]) -> None:
+    """pytorch_model.bin is read with weights_only: a pickled call is refused, not run."""
+    marker = models["test/stanford-pickled-code"][0].parent / "pickled-code-ran"
+    assert "pytorch_model.bin" in refused_load(stub, "test/stanford-pickled-code").details()
+    assert not marker.exists()
 
 
 # --- doc-only sparse --------------------------------------------------------------------------------

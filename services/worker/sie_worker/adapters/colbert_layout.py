@@ -21,6 +21,7 @@ defaults ([unused0] / [unused1] markers, queries expanded to 32 tokens, punctuat
 from __future__ import annotations
 
 import json
+import pickle
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,4 +172,7 @@ def _bin_weights(folder: Path) -> dict[str, torch.Tensor]:
     path = folder / "pytorch_model.bin"
     if not path.exists():
         raise ValueError(f"{folder}: neither model.safetensors nor pytorch_model.bin")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:  # a pickle that would run code: no retry reads it otherwise
+        raise ValueError(f"{path}: not plain tensors (read with weights_only, nothing in it is run): {error}") from None
