@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import BertForMaskedLM
 
 from grpc_helpers import call_until_loaded, error_reason
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
@@ -29,6 +30,7 @@ from tiny_layouts import (
     build_router_sparse,
     build_sentencepiece_siglip,
     build_stanford_colbert,
+    tiny_bert_config,
 )
 from tiny_models import write_config
 from worker_process import WorkerProcess
@@ -36,6 +38,7 @@ from worker_process import WorkerProcess
 DOCUMENT_LENGTH = 20
 COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
 SPARSE_BODY = "tasks: [encode]\noutput_types: [sparse]\nprofiles:\n  default:\n    adapter: splade\n"
+SHORT_VOCAB = 20_000
 # The worker's answer size limit: 256 KiB, so that a few hundred ColBERT documents exceed it.
 SEND_LIMIT = 256 * 1024
 SIGLIP = "test/siglip-sentencepiece"
@@ -119,6 +122,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     static = sparse("sparse-static-float32-overflow", router) / "query_0_SparseStaticEmbedding" / "model.safetensors"
     save_file({"weight": load_file(str(static))["weight"].double().index_fill(0, torch.tensor([7]), 1e39)}, str(static))
     sparse("sparse-opensearch", opensearch)
+    # The masked-LM's table has 20,000 rows, the tokenizer (and idf.json) 30,522 ids: "zebra" is 29145.
+    short = sparse("sparse-short-vocab", opensearch)
+    BertForMaskedLM(tiny_bert_config(SHORT_VOCAB)).save_pretrained(short)
     built[SIGLIP] = (
         build_sentencepiece_siglip(root / "siglip"),
         "inputs: [text, image]\ntasks: [encode]\nprofiles:\n  default:\n    adapter: clip\n",
@@ -277,3 +283,11 @@ def test_siglip_texts_without_spaces_cost_what_the_model_reads(worker, stub, mod
     results = encode(stub, SIGLIP, large)
     assert len(results) == 7 and all(np.isfinite(from_tensor(result.dense)).all() for result in results)
     assert cpu_seconds(worker.pid) - before < SIGLIP_CPU_BOUND_S
+
+
+def test_static_query_weights_for_tokens_past_the_models_vocabulary_stay_inside_its_dims(stub) -> None:
+    """A token the masked-LM has no row for is no dimension of the answer: before, "zebra" (id 29145) came back as
+    index 29145 of a 20,000-dimension sparse vector."""
+    query = encode(stub, "test/sparse-short-vocab", ["zebra hello"], is_query=True)[0].sparse
+    assert query.dims == SHORT_VOCAB
+    assert len(query.indices) > 0 and max(query.indices) < SHORT_VOCAB
