@@ -92,6 +92,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     _edit_json(colbert("pylate-text-query-length", pylate) / "config_sentence_transformers.json", query_length="32")
     _edit_json(colbert("pylate-negative-query-length", pylate) / "config_sentence_transformers.json", query_length=-5)
     _edit_json(colbert("pylate-numeric-skiplist", pylate) / "config_sentence_transformers.json", skiplist_words=[1, 2])
+    _edit_json(colbert("stanford-numeric-marker", stanford) / "artifact.metadata", query_token_id=1)
     # A projection whose input width is not the encoder's (a config claiming other dims).
     wide = colbert("pylate-wrong-projection", pylate) / "1_Dense" / "model.safetensors"
     save_file({"linear.weight": torch.randn(16, HIDDEN + 8)}, str(wide))
@@ -184,6 +185,7 @@ def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_mo
         ("test/pylate-text-query-length", "query_length"),
         ("test/pylate-negative-query-length", "query_length"),
         ("test/pylate-numeric-skiplist", "skiplist_words"),
+        ("test/stanford-numeric-marker", "marker"),
         ("test/pylate-wrong-projection", "linear.weight"),
         ("test/stanford-wrong-projection", "linear.weight"),
     ],

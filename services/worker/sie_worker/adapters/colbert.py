@@ -134,11 +134,14 @@ def _with_options(layout: ColbertLayout, options: dict) -> ColbertLayout:
 
 
 def _check_settings(layout: ColbertLayout) -> None:
-    """ValueError for a length that is not a positive integer or a skiplist entry that is not a word: read from
+    """ValueError for a length that is not a positive integer, a marker or skiplist entry that is not a string: read from
     a downloaded file, they would otherwise fail (or silently bend) every request."""
     for name, value in (("query_length", layout.query_length), ("document_length", layout.document_length)):
         if value is not None and (type(value) is not int or value <= 0):
             raise ValueError(f"ColBERT {name} {value!r} is not a positive integer")
+    for name, value in (("query marker / prefix", layout.query_prefix), ("document marker / prefix", layout.document_prefix)):
+        if value is not None and not isinstance(value, str):  # None (PyLate): no marker
+            raise ValueError(f"ColBERT {name} {value!r} is not a string")
     bad = [word for word in layout.skiplist_words if not isinstance(word, str)]
     if bad:
         raise ValueError(f"ColBERT skiplist_words {bad[:5]!r} are not strings")
