@@ -93,6 +93,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     _edit_json(colbert("pylate-negative-query-length", pylate) / "config_sentence_transformers.json", query_length=-5)
     _edit_json(colbert("pylate-numeric-skiplist", pylate) / "config_sentence_transformers.json", skiplist_words=[1, 2])
     _edit_json(colbert("stanford-numeric-marker", stanford) / "artifact.metadata", query_token_id=1)
+    # Module folders that modules.json names outside the model directory (and outside the weight root).
+    outside = shutil.copytree(pylate / "1_Dense", tmp_path_factory.mktemp("outside-the-weight-root") / "1_Dense")
+    modules = json.loads((pylate / "modules.json").read_text())
+    modules[1]["path"] = str(outside)
+    (colbert("pylate-dense-outside", pylate) / "modules.json").write_text(json.dumps(modules))
     # A projection whose input width is not the encoder's (a config claiming other dims).
     wide = colbert("pylate-wrong-projection", pylate) / "1_Dense" / "model.safetensors"
     save_file({"linear.weight": torch.randn(16, HIDDEN + 8)}, str(wide))
@@ -123,6 +128,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
     static = sparse("sparse-static-float32-overflow", router) / "query_0_SparseStaticEmbedding" / "model.safetensors"
     save_file({"weight": load_file(str(static))["weight"].double().index_fill(0, torch.tensor([7]), 1e39)}, str(static))
     sparse("sparse-opensearch", opensearch)
+    escape = sparse("sparse-router-escape", router) / "modules.json"
+    escape.write_text(escape.read_text().replace('"path": ""', '"path": "../router"'))
     # The masked-LM's table has 20,000 rows, the tokenizer (and idf.json) 30,522 ids: "zebra" is 29145.
     short = sparse("sparse-short-vocab", opensearch)
     BertForMaskedLM(tiny_bert_config(SHORT_VOCAB)).save_pretrained(short)
@@ -138,7 +145,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, tuple[Pat
     configs = tmp_path_factory.mktemp("hostile-layout-configs")
     for model_id, (directory, body) in models.items():
         write_config(configs, model_id, f"path: {directory}\n{body}")
-    settings = {"SIE_MODELS_DIR": str(configs), "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT)}
+    roots = {str(directory.parent) for directory, _ in models.values()}
+    settings = {"SIE_MODELS_DIR": str(configs), "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT), "SIE_WEIGHT_ROOTS": ",".join(sorted(roots))}
     worker = WorkerProcess(settings, tmp_path_factory.mktemp("hostile-layout-worker") / "worker.log")
     try:
         worker.wait_serving()
@@ -186,6 +194,7 @@ def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_mo
         ("test/pylate-negative-query-length", "query_length"),
         ("test/pylate-numeric-skiplist", "skiplist_words"),
         ("test/stanford-numeric-marker", "marker"),
+        ("test/pylate-dense-outside", "leads out of the model directory"),
         ("test/pylate-wrong-projection", "linear.weight"),
         ("test/stanford-wrong-projection", "linear.weight"),
     ],
@@ -293,3 +302,7 @@ def test_static_query_weights_for_tokens_past_the_models_vocabulary_stay_inside_
     query = encode(stub, "test/sparse-short-vocab", ["zebra hello"], is_query=True)[0].sparse
     assert query.dims == SHORT_VOCAB
     assert len(query.indices) > 0 and max(query.indices) < SHORT_VOCAB
+
+
+def test_a_router_path_out_of_the_model_directory_fails_the_load(stub) -> None:
+    assert "leads out of the model directory" in refused_load(stub, "test/sparse-router-escape").details()

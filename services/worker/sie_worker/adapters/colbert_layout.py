@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from sie_worker.adapters.hf_text import read_json
+from sie_worker.adapters.hf_text import module_folder, read_json
 
 QUERY_LENGTH = 32
 _IDENTITY = ("torch.nn.modules.linear.Identity", "Identity")
@@ -136,7 +136,7 @@ def _read_json_list(path: Path) -> list[dict[str, Any]]:
 
 def _module_config(directory: Path, entries: list[dict[str, Any]], kind: str, file_name: str) -> dict[str, Any]:
     entry = next((entry for entry in entries if entry["type"].endswith(kind)), None)
-    return read_json(directory / entry["path"] / file_name) if entry else {}
+    return read_json(module_folder(directory, entry["path"]) / file_name) if entry else {}
 
 
 def _dense_modules(directory: Path, entries: list[dict[str, Any]]) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
@@ -146,7 +146,7 @@ def _dense_modules(directory: Path, entries: list[dict[str, Any]]) -> tuple[tupl
         raise ValueError(f"{directory / 'modules.json'}: no Dense module: a ColBERT model needs its projection")
     projections = []
     for entry in dense:
-        folder = directory / entry["path"]
+        folder = module_folder(directory, entry["path"])
         activation = read_json(folder / "config.json").get("activation_function", _IDENTITY[0])
         if activation.rsplit(".", 1)[-1] not in _IDENTITY:
             raise ValueError(f"{folder}: activation {activation!r} is not supported (ColBERT projections are linear)")

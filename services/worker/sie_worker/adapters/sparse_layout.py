@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from sie_worker.adapters.hf_text import read_json
+from sie_worker.adapters.hf_text import module_folder, read_json
 
 ACTIVATIONS = ("relu", "log1p_relu")
 POOLINGS = ("max", "sum")
@@ -44,9 +44,9 @@ def read_layout(directory: Path) -> SparseLayout:
     entries = _modules(directory)
     router = next((entry for entry in entries if entry["type"].endswith("Router")), None)
     if router is not None:
-        return _router(directory, directory / router["path"])
+        return _router(directory, module_folder(directory, router["path"]))
     pooling = next((entry for entry in entries if entry["type"].endswith("SpladePooling")), None)
-    settings = read_json(directory / pooling["path"] / "config.json") if pooling else {}
+    settings = read_json(module_folder(directory, pooling["path"]) / "config.json") if pooling else {}
     idf_file = directory / "idf.json"
     return _layout(directory, settings, _idf_json(idf_file, directory) if idf_file.exists() else None)
 
@@ -57,11 +57,12 @@ def _router(directory: Path, router: Path) -> SparseLayout:
     structure: dict[str, list[str]] = config.get("structure", {})
     document = structure.get("document") or structure.get("passage") or structure.get("corpus") or []
     model = next((module for module in document if types[module].endswith("Transformer")), None)
-    model_directory = router / model if model and (router / model / "config.json").exists() else directory
+    folder = module_folder(router, model) if model else None
+    model_directory = folder if folder is not None and (folder / "config.json").exists() else directory
     pooling = next((module for module in document if types[module].endswith("SpladePooling")), None)
-    settings = read_json(router / pooling / "config.json") if pooling else {}
+    settings = read_json(module_folder(router, pooling) / "config.json") if pooling else {}
     static = next((module for module in structure.get("query", []) if types[module].endswith("SparseStaticEmbedding")), None)
-    return _layout(model_directory, settings, _static_weights(router / static, model_directory) if static else None)
+    return _layout(model_directory, settings, _static_weights(module_folder(router, static), model_directory) if static else None)
 
 
 def _layout(model_directory: Path, settings: dict[str, Any], idf: np.ndarray | None) -> SparseLayout:
