@@ -34,8 +34,10 @@ class ColbertEncoder(TextEncoder):
     def __init__(self, context: LoadContext) -> None:
         directory = context.weights
         layout = _with_options(read_layout(directory), dict(context.profile.load_options))
+        _check_settings(layout)
         self.layout = layout
         self.model = load_model(AutoModel, context)
+        _check_projections(layout.projections, int(self.model.config.hidden_size))
         self.device = context.device
         self.normalized = layout.normalize
         # A marker takes one position of the length limit, as the checkpoint was trained.
@@ -69,6 +71,7 @@ class ColbertEncoder(TextEncoder):
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         marker = self.query_marker if is_query else self.document_marker
         layout = self.layout
+        # Cut to, and expanded no further than, what the model reads (a stated query length may be far longer).
         query_cap = min(layout.query_length or self.max_sequence_length, self.max_sequence_length)
         items = []
         for encoded in self.tokenizer.encode([prompt + text for text in texts]):
@@ -77,9 +80,18 @@ class ColbertEncoder(TextEncoder):
                 if len(ids) > query_cap:
                     ids = [*ids[: query_cap - 1], ids[-1]]
                 if layout.query_expansion:
-                    ids += [self.expansion_id] * ((layout.query_length or 0) - len(ids))
+                    ids += [self.expansion_id] * ((query_cap if layout.query_length else 0) - len(ids))
             items.append(TokenizedText(ids, is_query=is_query))
         return items
+
+    def multivector_rows(self, item: TokenizedText) -> int:
+        """How many vectors `encode` returns for `item` (the engine refuses an answer too large before running it)."""
+        skip = self._skipped(item)
+        return sum(token not in skip for token in item.ids)
+
+    def _skipped(self, item: TokenizedText) -> set[int]:
+        """The token ids whose vectors `item` drops (the skiplist: documents, and queries where the layout says so)."""
+        return self.skip_ids if self.layout.skip_in_queries or not item.is_query else set()
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
@@ -95,10 +107,9 @@ class ColbertEncoder(TextEncoder):
             if self.normalized:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
             vectors = vectors.float().cpu().numpy()
-        skip_queries = self.layout.skip_in_queries
         items = []
         for row, item in enumerate(batch):
-            skip = self.skip_ids if skip_queries or not item.is_query else set()
+            skip = self._skipped(item)
             keep = [position for position, token in enumerate(item.ids) if token not in skip]
             items.append(EncodedItem(multivector=vectors[row, keep]))
         return items
@@ -120,6 +131,29 @@ def _with_options(layout: ColbertLayout, options: dict) -> ColbertLayout:
     if "mask_punctuation" in options:
         changes["skiplist_words"] = tuple(string.punctuation) if options["mask_punctuation"] else ()
     return dataclasses.replace(layout, **changes)
+
+
+def _check_settings(layout: ColbertLayout) -> None:
+    """ValueError for a length that is not a positive integer, a marker or skiplist entry that is not a string: read from
+    a downloaded file, they would otherwise fail (or silently bend) every request."""
+    for name, value in (("query_length", layout.query_length), ("document_length", layout.document_length)):
+        if value is not None and (type(value) is not int or value <= 0):
+            raise ValueError(f"ColBERT {name} {value!r} is not a positive integer")
+    for name, value in (("query marker / prefix", layout.query_prefix), ("document marker / prefix", layout.document_prefix)):
+        if value is not None and not isinstance(value, str):  # None (PyLate): no marker
+            raise ValueError(f"ColBERT {name} {value!r} is not a string")
+    bad = [word for word in layout.skiplist_words if not isinstance(word, str)]
+    if bad:
+        raise ValueError(f"ColBERT skiplist_words {bad[:5]!r} are not strings")
+
+
+def _check_projections(projections: Sequence[tuple[torch.Tensor, torch.Tensor | None]], width: int) -> None:
+    """ValueError unless the projections chain from the encoder's `width`: a mismatch would fail every forward pass."""
+    for weight, bias in projections:
+        if weight.dim() != 2 or weight.shape[1] != width or (bias is not None and tuple(bias.shape) != (weight.shape[0],)):
+            shapes = f"{tuple(weight.shape)}" + ("" if bias is None else f" (bias {tuple(bias.shape)})")
+            raise ValueError(f"ColBERT projection linear.weight {shapes} does not take the {width} values per token it is given")
+        width = weight.shape[0]
 
 
 def _real_length(ids: Sequence[int], expansion_id: int) -> int:

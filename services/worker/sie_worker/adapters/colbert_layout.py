@@ -21,6 +21,7 @@ defaults ([unused0] / [unused1] markers, queries expanded to 32 tokens, punctuat
 from __future__ import annotations
 
 import json
+import pickle
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from sie_worker.adapters.hf_text import read_json
+from sie_worker.adapters.hf_text import module_folder, read_json
 
 QUERY_LENGTH = 32
 _IDENTITY = ("torch.nn.modules.linear.Identity", "Identity")
@@ -135,7 +136,7 @@ def _read_json_list(path: Path) -> list[dict[str, Any]]:
 
 def _module_config(directory: Path, entries: list[dict[str, Any]], kind: str, file_name: str) -> dict[str, Any]:
     entry = next((entry for entry in entries if entry["type"].endswith(kind)), None)
-    return read_json(directory / entry["path"] / file_name) if entry else {}
+    return read_json(module_folder(directory, entry["path"]) / file_name) if entry else {}
 
 
 def _dense_modules(directory: Path, entries: list[dict[str, Any]]) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
@@ -145,7 +146,7 @@ def _dense_modules(directory: Path, entries: list[dict[str, Any]]) -> tuple[tupl
         raise ValueError(f"{directory / 'modules.json'}: no Dense module: a ColBERT model needs its projection")
     projections = []
     for entry in dense:
-        folder = directory / entry["path"]
+        folder = module_folder(directory, entry["path"])
         activation = read_json(folder / "config.json").get("activation_function", _IDENTITY[0])
         if activation.rsplit(".", 1)[-1] not in _IDENTITY:
             raise ValueError(f"{folder}: activation {activation!r} is not supported (ColBERT projections are linear)")
@@ -171,4 +172,7 @@ def _bin_weights(folder: Path) -> dict[str, torch.Tensor]:
     path = folder / "pytorch_model.bin"
     if not path.exists():
         raise ValueError(f"{folder}: neither model.safetensors nor pytorch_model.bin")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:  # a pickle that would run code: no retry reads it otherwise
+        raise ValueError(f"{path}: not plain tensors (read with weights_only, nothing in it is run): {error}") from None

@@ -243,3 +243,14 @@ def _flash_attention_installed() -> bool:
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def module_folder(directory: Path, relative: str) -> Path:
+    """`directory / relative` for a folder the checkpoint's own files name (modules.json, a Router's config).
+    ValueError where it leads out of the directory ('..', an absolute path, a symlink): the weight roots were
+    checked for the directory, not for what its files point at."""
+    folder = directory / relative
+    inside = directory.resolve()
+    if folder.resolve() != inside and inside not in folder.resolve().parents:
+        raise ValueError(f"{directory}: module path {relative!r} leads out of the model directory")
+    return folder

@@ -27,14 +27,29 @@ class SlowTextTokenizer:
     def _prefix(self, text: str) -> str:
         """The text cut at a space where its first words already give more tokens than the maximum length (the
         rest would be truncated away): a long text costs what the model reads of it. The pieces of a word never
-        reach across a space, so the cut leaves the kept tokens as they are."""
+        reach across a space, so the cut leaves the kept tokens as they are.
+
+        A text with no such space (one 2 MiB word, CJK, words joined by tabs or punctuation) took seconds per item
+        read whole in Python: it is cut inside its run of characters instead, where a prefix already gives more
+        tokens than the maximum length and a prefix twice as long keeps the same ones (the pieces chosen for the
+        start of a run do not change with characters far past the kept ones)."""
         length = self.max_length * PREFIX_CHARS_PER_TOKEN
         while length < len(text):
             cut = text.rfind(" ", 0, length)
             if cut > 0 and len(self.hf(text[:cut])["input_ids"]) > self.max_length:
                 return text[:cut]
+            if 2 * length < len(text) and self._settled(text, length):
+                return text[:length]
             length *= 4
         return text
+
+    def _settled(self, text: str, length: int) -> bool:
+        """Whether text[:length] has more tokens than the maximum length and keeps the ones text[: 2 * length] keeps."""
+        ids = self.hf(text[:length])["input_ids"]
+        if len(ids) <= self.max_length:
+            return False
+        kept = self.hf(text[:length], truncation=True, max_length=self.max_length)["input_ids"]
+        return kept == self.hf(text[: 2 * length], truncation=True, max_length=self.max_length)["input_ids"]
 
 
 def text_tokenizer(

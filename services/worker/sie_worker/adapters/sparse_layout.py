@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from sie_worker.adapters.hf_text import read_json
+from sie_worker.adapters.hf_text import module_folder, read_json
 
 ACTIVATIONS = ("relu", "log1p_relu")
 POOLINGS = ("max", "sum")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,9 @@ def read_layout(directory: Path) -> SparseLayout:
     entries = _modules(directory)
     router = next((entry for entry in entries if entry["type"].endswith("Router")), None)
     if router is not None:
-        return _router(directory, directory / router["path"])
+        return _router(directory, module_folder(directory, router["path"]))
     pooling = next((entry for entry in entries if entry["type"].endswith("SpladePooling")), None)
-    settings = read_json(directory / pooling["path"] / "config.json") if pooling else {}
+    settings = read_json(module_folder(directory, pooling["path"]) / "config.json") if pooling else {}
     idf_file = directory / "idf.json"
     return _layout(directory, settings, _idf_json(idf_file, directory) if idf_file.exists() else None)
 
@@ -56,11 +57,12 @@ def _router(directory: Path, router: Path) -> SparseLayout:
     structure: dict[str, list[str]] = config.get("structure", {})
     document = structure.get("document") or structure.get("passage") or structure.get("corpus") or []
     model = next((module for module in document if types[module].endswith("Transformer")), None)
-    model_directory = router / model if model and (router / model / "config.json").exists() else directory
+    folder = module_folder(router, model) if model else None
+    model_directory = folder if folder is not None and (folder / "config.json").exists() else directory
     pooling = next((module for module in document if types[module].endswith("SpladePooling")), None)
-    settings = read_json(router / pooling / "config.json") if pooling else {}
+    settings = read_json(module_folder(router, pooling) / "config.json") if pooling else {}
     static = next((module for module in structure.get("query", []) if types[module].endswith("SparseStaticEmbedding")), None)
-    return _layout(model_directory, settings, _static_weights(router / static, model_directory) if static else None)
+    return _layout(model_directory, settings, _static_weights(module_folder(router, static), model_directory) if static else None)
 
 
 def _layout(model_directory: Path, settings: dict[str, Any], idf: np.ndarray | None) -> SparseLayout:
@@ -76,7 +78,12 @@ def _static_weights(folder: Path, model_directory: Path) -> np.ndarray:
     path = read_json(folder / "config.json").get("path")
     if path:
         return _idf_json(model_directory / Path(path).name, model_directory)
-    return load_file(str(folder / "model.safetensors"))["weight"].astype(np.float32)
+    saved = load_file(str(folder / "model.safetensors"))["weight"]
+    with np.errstate(over="ignore", invalid="ignore"):
+        weights = saved.astype(np.float32)
+    if weights.ndim != 1 or not np.isfinite(weights).all():
+        raise ValueError(f"{folder}: the SparseStaticEmbedding weight must be one finite float32 number per token, not {saved.dtype} {saved.shape}")
+    return weights
 
 
 def _idf_json(path: Path, model_directory: Path) -> np.ndarray:
@@ -85,7 +92,13 @@ def _idf_json(path: Path, model_directory: Path) -> np.ndarray:
 
     vocabulary = AutoTokenizer.from_pretrained(model_directory).get_vocab()
     weights = np.zeros(max(vocabulary.values()) + 1, dtype=np.float32)
-    for token, weight in json.loads(path.read_text()).items():
+    table = json.loads(path.read_text())
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: query weights must be a JSON object of token -> weight, not {type(table).__name__}")
+    for token, weight in table.items():
+        # NaN, Infinity, null (numpy reads it as NaN) and 1e39 (Infinity as float32) would reach answers as non-numbers.
+        if type(weight) not in (int, float) or not abs(weight) <= _FLOAT32_MAX:
+            raise ValueError(f"{path}: the query weight of {token[:64]!r} is {str(weight)[:64]!r}, not a finite float32 number")
         if token in vocabulary:
             weights[vocabulary[token]] = weight
     return weights

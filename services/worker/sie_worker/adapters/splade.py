@@ -38,6 +38,8 @@ class SpladeEncoder(TextEncoder):
         self.vocab_size = int(self.model.config.vocab_size)
         self.dims = 0
         if self.layout.idf is not None:
+            # Tokens past the model's vocabulary are no dimension of the answer (nor of any document's weights).
+            self.layout = dataclasses.replace(self.layout, idf=self.layout.idf[: self.vocab_size])
             # Static query weights read the query's tokens, special ones aside, up to the tokenizer's own limit.
             self.query_tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=trust)
             specials = self.query_tokenizer.hf.num_special_tokens_to_add()
