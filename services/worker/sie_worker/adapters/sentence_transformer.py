@@ -75,11 +75,10 @@ class SentenceTransformerEncoder(TextEncoder):
             use_bidirectional(self.model, self._hidden, self.device)
 
         width = self.model.config.hidden_size * len(self.pooling_modes)
-        self.dense: list[DenseModule] = [load_dense(directory, path, self.device) for path in _dense_paths(directory, modules)]
-        for dense in self.dense:
-            if dense.in_features != width:
-                raise ValueError(f"a Dense module takes {dense.in_features} features, but what comes before it gives {width}")
-            width = dense.out_features
+        self.dense: list[DenseModule] = []
+        for path in _dense_paths(directory, modules):
+            self.dense.append(load_dense(directory, path, width, self.device))
+            width = self.dense[-1].out_features
         self.dims = context.config.dims or width
         if self.dims != width:
             raise ValueError(f"config says dims {self.dims}, but the model gives {width}")
