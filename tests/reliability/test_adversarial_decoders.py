@@ -1,8 +1,9 @@
 """Adversarial input against the decoder-LLM embedders on adapter sentence_transformer (issue 21): Dense module
-folders a broken or hostile download could hold, the padding side on a RoBERTa-style position table.
+folders a broken or hostile download could hold, the padding side on a RoBERTa-style position table, and
+per-request instructions on a model that leaves its prompt out of pooling.
 
 One worker serves every model (tiny replicas from tools/tiny_decoders.py and a tiny XLM-RoBERTa); each case
-asserts the exact status and reason, or the vectors.
+asserts the exact status and reason, the vectors, or a bound on the worker's resident memory.
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.tensors import from_tensor
+from sie_worker.adapters.sentence_transformer import PROMPT_COUNTS_KEPT
 from tiny_decoders import build_decoder_embedder
 from tiny_models import write_config
 from worker_process import WorkerProcess
 
 STELLA = "test/adv-stella"
 ROBERTA = "test/adv-roberta"
+GRIT = "test/adv-grit"
 DENSE = "2_Dense_24"
+INSTRUCTION_BYTES = 512 * 1024
 # A file the hostile pickle would create if torch.load ran its code.
 PWNED = Path("/tmp/sie-adversarial-decoders-pwned")
 
@@ -109,10 +113,17 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
         _break(shutil.copytree(stella, root / case), change)
         config(_broken_id(case), root / case)
     config(ROBERTA, _roberta(root / "roberta"), f"{default}  left:\n    extends: default\n    load_options: {{padding_side: left}}\n")
+    grit = build_decoder_embedder(root / "grit", "mistral", pooling="mean", template="bos", seed=2)
+    config(
+        GRIT,
+        grit,
+        f'{default}    load_options: {{include_prompt: false}}\n    run_options:\n      instruction_prompt: "<|user|>\\n{{instruction}}\\n<|embed|>\\n"\n',
+    )
     PWNED.unlink(missing_ok=True)
     env = {
         "SIE_MODELS_DIR": str(configs),
-        "SIE_PRELOAD_MODELS": ",".join((STELLA, ROBERTA)),
+        "SIE_PRELOAD_MODELS": ",".join((STELLA, ROBERTA, GRIT)),
+        "SIE_MAX_INSTRUCTION_BYTES": str(INSTRUCTION_BYTES),
     }
     process = WorkerProcess(env, tmp_path_factory.mktemp("adv-decoder-worker") / "worker.log")
     try:
@@ -135,6 +146,14 @@ def encode(stub, model: str, texts: list[str], **fields) -> np.ndarray:
     return np.stack([from_tensor(result.dense) for result in response.results])
 
 
+def rss(pid: int) -> int:
+    """VmRSS of a process in bytes: what it holds now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
 @pytest.mark.parametrize("case", list(BROKEN_DENSE))
 def test_a_broken_dense_folder_fails_the_load_for_good(stub, case: str) -> None:
     """Every broken Dense folder is a permanent MODEL_LOAD_FAILED naming the folder, not a load retried with
@@ -155,3 +174,19 @@ def test_left_padding_keeps_a_roberta_position_table_right(stub) -> None:
     right = encode(stub, ROBERTA, texts)
     left = encode(stub, ROBERTA, texts, profile="left")
     np.testing.assert_allclose(left, right, atol=1e-5)
+
+
+def test_distinct_instructions_do_not_grow_the_worker(worker, stub) -> None:
+    """include_prompt: false counts each prompt's tokens: one count per distinct instruction was kept for ever,
+    keyed by the whole prompt. Now only the latest PROMPT_COUNTS_KEPT are. The worker takes instructions of
+    INSTRUCTION_BYTES here so that a few requests show what many more would at the default bound (of short
+    words: the tokenizer reads a prefix of them)."""
+
+    def send(start: int, count: int) -> None:
+        for index in range(start, start + count):
+            encode(stub, GRIT, ["t"], instruction=f"{index:06d}" + " word" * ((INSTRUCTION_BYTES - 6) // 5), is_query=True)
+
+    send(0, 2 * PROMPT_COUNTS_KEPT)  # warm: the counts kept, allocator arenas, gRPC buffers
+    before = rss(worker.process.pid)
+    send(2 * PROMPT_COUNTS_KEPT, 60)  # 60 distinct 512 KB instructions: 30 MB when every count was kept
+    assert rss(worker.process.pid) - before < 10 * 2**20

@@ -10,6 +10,7 @@ trained with bidirectional attention); run_options `query_prompt`,
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Sequence
@@ -37,6 +38,8 @@ _LEGACY_POOLING_KEYS = {
 }
 _DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
 PADDING_SIDES = ("left", "right")
+# Prompt token counts (for include_prompt: false) kept per model, most recently used first.
+PROMPT_COUNTS_KEPT = 16
 
 
 class SentenceTransformerEncoder(TextEncoder):
@@ -89,7 +92,8 @@ class SentenceTransformerEncoder(TextEncoder):
         document = next((prompts[name] for name in _DOCUMENT_PROMPT_NAMES if name in prompts), "")
         self.document_prompt: str = run_options.get("document_prompt", document)
         self.instruction_prompt: str = run_options.get("instruction_prompt", "{instruction}")
-        self._prompt_tokens: dict[str, int] = {}
+        # Each request's instruction makes a prompt of its own: only the latest few counts are kept.
+        self._count_prompt_tokens = functools.lru_cache(maxsize=PROMPT_COUNTS_KEPT)(self._prompt_token_count)
 
     def prompt(self, *, is_query: bool, instruction: str | None) -> str:
         if instruction is not None:
@@ -100,12 +104,10 @@ class SentenceTransformerEncoder(TextEncoder):
         prompt_tokens = 0 if self.include_prompt or not prompt else self._count_prompt_tokens(prompt)
         return [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
 
-    def _count_prompt_tokens(self, prompt: str) -> int:
+    def _prompt_token_count(self, prompt: str) -> int:
         """Tokens of the prompt alone, less a trailing special token (as sentence-transformers counts)."""
-        if prompt not in self._prompt_tokens:
-            ids = self.tokenizer.encode([prompt])[0].ids
-            self._prompt_tokens[prompt] = len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0)
-        return self._prompt_tokens[prompt]
+        ids = self.tokenizer.encode([prompt])[0].ids
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0)
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         return [EncodedItem(dense=row) for row in by_length(batch, self.device, self.embed)]
