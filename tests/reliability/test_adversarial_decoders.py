@@ -1,6 +1,7 @@
 """Adversarial input against the decoder-LLM embedders on adapter sentence_transformer (issue 21): Dense module
 folders a broken or hostile download could hold, the padding side on a RoBERTa-style position table, and
-per-request instructions on a model that leaves its prompt out of pooling.
+per-request instructions on a model that leaves its prompt out of pooling, an empty text on a tokenizer that
+adds no special token.
 
 One worker serves every model (tiny replicas from tools/tiny_decoders.py and a tiny XLM-RoBERTa); each case
 asserts the exact status and reason, the vectors, or a bound on the worker's resident memory.
@@ -32,6 +33,8 @@ from worker_process import WorkerProcess
 STELLA = "test/adv-stella"
 ROBERTA = "test/adv-roberta"
 GRIT = "test/adv-grit"
+# A Qwen2 decoder whose tokenizer adds no special token (as a base Qwen2 tokenizer does): "" is no tokens.
+BARE = "test/adv-bare-tokenizer"
 DENSE = "2_Dense_24"
 INSTRUCTION_BYTES = 512 * 1024
 # A file the hostile pickle would create if torch.load ran its code.
@@ -119,10 +122,14 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
         grit,
         f'{default}    load_options: {{include_prompt: false}}\n    run_options:\n      instruction_prompt: "<|user|>\\n{{instruction}}\\n<|embed|>\\n"\n',
     )
+    bare = build_decoder_embedder(root / "bare", "qwen2", pooling="lasttoken", template="eos", seed=1)
+    tokenizer_file = bare / "tokenizer.json"
+    tokenizer_file.write_text(json.dumps({**json.loads(tokenizer_file.read_text()), "post_processor": None}))
+    config(BARE, bare, f"{default}  mean:\n    extends: default\n    load_options: {{pooling: mean}}\n")
     PWNED.unlink(missing_ok=True)
     env = {
         "SIE_MODELS_DIR": str(configs),
-        "SIE_PRELOAD_MODELS": ",".join((STELLA, ROBERTA, GRIT)),
+        "SIE_PRELOAD_MODELS": ",".join((STELLA, ROBERTA, GRIT, BARE)),
         "SIE_MAX_INSTRUCTION_BYTES": str(INSTRUCTION_BYTES),
     }
     process = WorkerProcess(env, tmp_path_factory.mktemp("adv-decoder-worker") / "worker.log")
@@ -190,3 +197,17 @@ def test_distinct_instructions_do_not_grow_the_worker(worker, stub) -> None:
     before = rss(worker.process.pid)
     send(2 * PROMPT_COUNTS_KEPT, 60)  # 60 distinct 512 KB instructions: 30 MB when every count was kept
     assert rss(worker.process.pid) - before < 10 * 2**20
+
+
+@pytest.mark.parametrize("profile", ["default", "mean"])
+@pytest.mark.parametrize("texts", [[""], ["", "beside a text"], ["beside a text", ""]])
+def test_a_text_of_no_tokens_is_refused_alone_or_batched(stub, profile: str, texts: list[str]) -> None:
+    """An empty text on a tokenizer that adds no special token: alone it failed its forward pass (INTERNAL
+    INFERENCE_FAILED on the model's first pass), beside other items it came back a zero vector. Now it is
+    INVALID_ARGUMENT NO_TOKENS naming the item either way, and the text beside it is answered on its own."""
+    with pytest.raises(grpc.RpcError) as raised:
+        encode(stub, BARE, texts, profile=profile)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    info = error_info(raised.value)
+    assert (info.reason, info.metadata["item"]) == ("NO_TOKENS", str(texts.index("")))
+    assert np.linalg.norm(encode(stub, BARE, ["beside a text"], profile=profile)) > 0

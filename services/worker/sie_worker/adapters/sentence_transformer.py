@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
+from sie_common.errors import InvalidArgument
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
 from sie_worker.adapters.bidirectional import use_bidirectional
 from sie_worker.adapters.dense_modules import DenseModule, load_dense
@@ -102,7 +103,17 @@ class SentenceTransformerEncoder(TextEncoder):
 
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         prompt_tokens = 0 if self.include_prompt or not prompt else self._count_prompt_tokens(prompt)
-        return [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
+        tokenized = [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
+        # A decoder's tokenizer may add no special token: an empty text is then no tokens, which pooled to a zero
+        # vector beside other items and failed a forward pass of its own.
+        empty = next((index for index, item in enumerate(tokenized) if not item.ids), None)
+        if empty is not None:
+            raise InvalidArgument(
+                f"item {empty}: the text is no tokens for this model (its tokenizer adds none of its own); an empty text has no embedding",
+                reason="NO_TOKENS",
+                metadata={"item": str(empty)},
+            )
+        return tokenized
 
     def _prompt_token_count(self, prompt: str) -> int:
         """Tokens of the prompt alone, less a trailing special token (as sentence-transformers counts)."""
