@@ -25,7 +25,6 @@ from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.tensors import from_tensor
-from sie_worker.adapters.sentence_transformer import PROMPT_COUNTS_KEPT
 from tiny_decoders import build_decoder_embedder
 from tiny_models import write_config
 from worker_process import WorkerProcess
@@ -185,18 +184,21 @@ def test_left_padding_keeps_a_roberta_position_table_right(stub) -> None:
 
 def test_distinct_instructions_do_not_grow_the_worker(worker, stub) -> None:
     """include_prompt: false counts each prompt's tokens: one count per distinct instruction was kept for ever,
-    keyed by the whole prompt. Now only the latest PROMPT_COUNTS_KEPT are. The worker takes instructions of
+    keyed by the whole prompt. Now only the latest 16 (PROMPT_COUNTS_KEPT) are. The worker takes instructions of
     INSTRUCTION_BYTES here so that a few requests show what many more would at the default bound (of short
     words: the tokenizer reads a prefix of them)."""
 
     def send(start: int, count: int) -> None:
         for index in range(start, start + count):
-            encode(stub, GRIT, ["t"], instruction=f"{index:06d}" + " word" * ((INSTRUCTION_BYTES - 6) // 5), is_query=True)
+            # Counted, then refused: far more tokens than the model reads (test_an_instruction_that_fills_...).
+            with pytest.raises(grpc.RpcError) as raised:
+                encode(stub, GRIT, ["t"], instruction=f"{index:06d}" + " word" * ((INSTRUCTION_BYTES - 6) // 5), is_query=True)
+            assert error_info(raised.value).reason == "PROMPT_TOO_LONG"
 
-    send(0, 2 * PROMPT_COUNTS_KEPT)  # warm: the counts kept, allocator arenas, gRPC buffers
+    send(0, 240)  # warm: the counts kept, allocator arenas, gRPC buffers (RSS settles after about 200 such requests)
     before = rss(worker.process.pid)
-    send(2 * PROMPT_COUNTS_KEPT, 60)  # 60 distinct 512 KB instructions: 30 MB when every count was kept
-    assert rss(worker.process.pid) - before < 10 * 2**20
+    send(240, 120)  # 120 distinct 512 KB instructions: 60 MB when every count was kept
+    assert rss(worker.process.pid) - before < 20 * 2**20
 
 
 @pytest.mark.parametrize("profile", ["default", "mean"])
@@ -211,3 +213,16 @@ def test_a_text_of_no_tokens_is_refused_alone_or_batched(stub, profile: str, tex
     info = error_info(raised.value)
     assert (info.reason, info.metadata["item"]) == ("NO_TOKENS", str(texts.index("")))
     assert np.linalg.norm(encode(stub, BARE, ["beside a text"], profile=profile)) > 0
+
+
+def test_an_instruction_that_fills_the_model_length_is_refused_where_the_prompt_is_not_pooled(stub) -> None:
+    """include_prompt: false with an instruction of more tokens than the model reads (64 here; 4,096 for GritLM,
+    whose 16 KB instruction bound allows about 8,000) left nothing to pool: every item came back a zero vector.
+    Now INVALID_ARGUMENT PROMPT_TOO_LONG; a shorter instruction is answered."""
+    texts = ["one text", "a quite different second text"]
+    with pytest.raises(grpc.RpcError) as raised:
+        encode(stub, GRIT, texts, instruction="retrieve " * 100, is_query=True)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(raised.value).reason == "PROMPT_TOO_LONG"
+    served = encode(stub, GRIT, texts, instruction="retrieve " * 4, is_query=True)
+    assert np.linalg.norm(served, axis=1).min() > 0 and not np.allclose(served[0], served[1])

@@ -102,7 +102,18 @@ class SentenceTransformerEncoder(TextEncoder):
         return self.query_prompt if is_query else self.document_prompt
 
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
-        prompt_tokens = 0 if self.include_prompt or not prompt else self._count_prompt_tokens(prompt)
+        prompt_tokens = 0
+        if prompt and not self.include_prompt:
+            # A prompt left out of pooling that fills the model's length leaves nothing to pool: every item
+            # would get a zero vector.
+            prompt_tokens, length = self._count_prompt_tokens(prompt)
+            if length >= self.max_sequence_length:
+                raise InvalidArgument(
+                    f"the prompt (with the instruction in it) is {length} tokens or more, and the model reads {self.max_sequence_length}"
+                    " and leaves the prompt out of pooling: no token of the texts would be pooled",
+                    reason="PROMPT_TOO_LONG",
+                    metadata={"limit": str(self.max_sequence_length)},
+                )
         tokenized = [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
         # A decoder's tokenizer may add no special token: an empty text is then no tokens, which pooled to a zero
         # vector beside other items and failed a forward pass of its own.
@@ -115,10 +126,11 @@ class SentenceTransformerEncoder(TextEncoder):
             )
         return tokenized
 
-    def _prompt_token_count(self, prompt: str) -> int:
-        """Tokens of the prompt alone, less a trailing special token (as sentence-transformers counts)."""
+    def _prompt_token_count(self, prompt: str) -> tuple[int, int]:
+        """Tokens of the prompt alone, less a trailing special token (as sentence-transformers counts), and all
+        of them (at most the model's length)."""
         ids = self.tokenizer.encode([prompt])[0].ids
-        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0)
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0), len(ids)
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         return [EncodedItem(dense=row) for row in by_length(batch, self.device, self.embed)]
