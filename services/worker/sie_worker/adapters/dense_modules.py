@@ -9,6 +9,7 @@ after the output width (`2_Dense_1024`).
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -49,45 +50,58 @@ class DenseModule(torch.nn.Module):
         return out
 
 
-def load_dense(directory: Path, path: str, device: torch.device) -> DenseModule:
-    """The Dense module saved in the model directory's folder `path` (as modules.json names it), in float32 on
-    `device`; ValueError naming the folder when it is not one, or lies outside the model directory."""
+def load_dense(directory: Path, path: str, in_features: int, device: torch.device) -> DenseModule:
+    """The Dense module saved in the model directory's folder `path` (as modules.json names it), taking the
+    `in_features` what comes before it gives, in float32 on `device`; ValueError naming the folder when it is
+    not one, or lies outside the model directory. Nothing is allocated before the weights are seen to fit the
+    config: a config claiming huge widths costs no memory."""
     folder = directory / path
     if not folder.resolve().is_relative_to(directory.resolve()):
         raise ValueError(f"{directory}: modules.json names Dense folder {path!r}, outside the model directory")
     config = read_json(folder / "config.json")
-    if not config:
-        raise ValueError(f"{folder}: a Dense module needs config.json")
+    if not config or not isinstance(config, dict):
+        raise ValueError(f"{folder}: a Dense module needs config.json (a JSON object)")
     for key in ("module_input_name", "module_output_name"):
         if config.get(key, _POOLED) not in (_POOLED, None):
             raise ValueError(f"{folder}: Dense {key} {config[key]!r} is not supported (only the pooled {_POOLED!r})")
     name = config.get("activation_function") or _DEFAULT_ACTIVATION
-    if name not in ACTIVATIONS:
+    if not isinstance(name, str) or name not in ACTIVATIONS:
         raise ValueError(f"{folder}: Dense activation function {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
-    try:
-        in_features, out_features = int(config["in_features"]), int(config["out_features"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{folder}: Dense config.json needs integer in_features and out_features") from None
-    module = DenseModule(
-        in_features,
-        out_features,
-        bias=bool(config.get("bias", True)),
-        activation=ACTIVATIONS[name](),
-        residual=bool(config.get("use_residual", False)),
-    )
+    widths = [config.get("in_features"), config.get("out_features")]
+    if not all(isinstance(width, int) and not isinstance(width, bool) and width > 0 for width in widths):
+        raise ValueError(f"{folder}: Dense config.json needs positive integer in_features and out_features, got {widths}")
+    if widths[0] != in_features:
+        raise ValueError(f"{folder}: a Dense module takes {widths[0]} features, but what comes before it gives {in_features}")
     state = _read_weights(folder)
+    with torch.device("meta"):  # shapes only: the loaded tensors are assigned, once they are seen to fit
+        module = DenseModule(
+            widths[0],
+            widths[1],
+            bias=bool(config.get("bias", True)),
+            activation=ACTIVATIONS[name](),
+            residual=bool(config.get("use_residual", False)),
+        )
     try:
-        module.load_state_dict(state, strict=True)
+        module.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as error:
         raise ValueError(f"{folder}: Dense weights do not fit its config.json: {error}") from None
     return module.to(device=device, dtype=torch.float32).eval()
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    if (folder / "model.safetensors").exists():
-        from safetensors.torch import load_file
+    """The module's tensors; ValueError for a file that is truncated, not a weights file, or a pickle of anything but tensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
 
-        return load_file(str(folder / "model.safetensors"))
-    if (folder / "pytorch_model.bin").exists():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        file = folder / name
+        if not file.exists():
+            continue
+        try:
+            state = load_file(str(file)) if name == "model.safetensors" else torch.load(file, map_location="cpu", weights_only=True)
+        except (SafetensorError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
+            raise ValueError(f"{file}: the Dense weights cannot be read: {error}") from None
+        if not isinstance(state, dict) or not all(isinstance(tensor, torch.Tensor) for tensor in state.values()):
+            raise ValueError(f"{file}: the Dense weights are not a mapping of names to tensors")
+        return state
     raise ValueError(f"{folder}: Dense module has no model.safetensors or pytorch_model.bin")

@@ -216,12 +216,25 @@ def max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any
 def position_limit(model: Any) -> int | None:
     """Longest sequence the model can position: the rows of its learned position table (less the padding offset
     RoBERTa-style tables reserve), else its config's max_position_embeddings; None when it says nothing."""
-    for name, module in model.named_modules():
-        if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
-            offset = module.padding_idx + 1 if module.padding_idx is not None else 0
-            return module.num_embeddings - offset
+    table = _position_table(model)
+    if table is not None:
+        return table.num_embeddings - position_offset(model)
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return positions if isinstance(positions, int) and positions > 0 else None
+
+
+def position_offset(model: Any) -> int:
+    """Position id of a sequence's first token: RoBERTa-style learned tables reserve their first padding_idx + 1
+    rows (the model counts from there when it makes position ids itself); 0 for every other model."""
+    table = _position_table(model)
+    return table.padding_idx + 1 if table is not None and table.padding_idx is not None else 0
+
+
+def _position_table(model: Any) -> torch.nn.Embedding | None:
+    for name, module in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
+            return module
+    return None
 
 
 def attention_kwargs(context: LoadContext) -> dict[str, str]:

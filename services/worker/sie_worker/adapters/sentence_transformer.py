@@ -10,6 +10,7 @@ trained with bidirectional attention); run_options `query_prompt`,
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Sequence
@@ -20,10 +21,11 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
+from sie_common.errors import InvalidArgument
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
 from sie_worker.adapters.bidirectional import use_bidirectional
 from sie_worker.adapters.dense_modules import DenseModule, load_dense
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, padded, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, padded, position_offset, read_json
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.
@@ -37,6 +39,8 @@ _LEGACY_POOLING_KEYS = {
 }
 _DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
 PADDING_SIDES = ("left", "right")
+# Prompt token counts (for include_prompt: false) kept per model, most recently used first.
+PROMPT_COUNTS_KEPT = 16
 
 
 class SentenceTransformerEncoder(TextEncoder):
@@ -69,17 +73,18 @@ class SentenceTransformerEncoder(TextEncoder):
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"load option padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
         self.pad_left: bool = padding_side == "left"
-        # Left-padded items get their positions counted from their first real token, as right-padded ones do.
+        # Left-padded items get their positions counted from their first real token, as right-padded ones do
+        # (from the model's own first position: RoBERTa-style tables start past their padding row).
         self._takes_positions = "position_ids" in inspect.signature(self.model.forward).parameters
+        self._first_position = position_offset(self.model)
         if bidirectional:
             use_bidirectional(self.model, self._hidden, self.device)
 
         width = self.model.config.hidden_size * len(self.pooling_modes)
-        self.dense: list[DenseModule] = [load_dense(directory, path, self.device) for path in _dense_paths(directory, modules)]
-        for dense in self.dense:
-            if dense.in_features != width:
-                raise ValueError(f"a Dense module takes {dense.in_features} features, but what comes before it gives {width}")
-            width = dense.out_features
+        self.dense: list[DenseModule] = []
+        for path in _dense_paths(directory, modules):
+            self.dense.append(load_dense(directory, path, width, self.device))
+            width = self.dense[-1].out_features
         self.dims = context.config.dims or width
         if self.dims != width:
             raise ValueError(f"config says dims {self.dims}, but the model gives {width}")
@@ -88,7 +93,8 @@ class SentenceTransformerEncoder(TextEncoder):
         document = next((prompts[name] for name in _DOCUMENT_PROMPT_NAMES if name in prompts), "")
         self.document_prompt: str = run_options.get("document_prompt", document)
         self.instruction_prompt: str = run_options.get("instruction_prompt", "{instruction}")
-        self._prompt_tokens: dict[str, int] = {}
+        # Each request's instruction makes a prompt of its own: only the latest few counts are kept.
+        self._count_prompt_tokens = functools.lru_cache(maxsize=PROMPT_COUNTS_KEPT)(self._prompt_token_count)
 
     def prompt(self, *, is_query: bool, instruction: str | None) -> str:
         if instruction is not None:
@@ -96,15 +102,35 @@ class SentenceTransformerEncoder(TextEncoder):
         return self.query_prompt if is_query else self.document_prompt
 
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
-        prompt_tokens = 0 if self.include_prompt or not prompt else self._count_prompt_tokens(prompt)
-        return [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
+        prompt_tokens = 0
+        if prompt and not self.include_prompt:
+            # A prompt left out of pooling that fills the model's length leaves nothing to pool: every item
+            # would get a zero vector.
+            prompt_tokens, length = self._count_prompt_tokens(prompt)
+            if length >= self.max_sequence_length:
+                raise InvalidArgument(
+                    f"the prompt (with the instruction in it) is {length} tokens or more, and the model reads {self.max_sequence_length}"
+                    " and leaves the prompt out of pooling: no token of the texts would be pooled",
+                    reason="PROMPT_TOO_LONG",
+                    metadata={"limit": str(self.max_sequence_length)},
+                )
+        tokenized = [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
+        # A decoder's tokenizer may add no special token: an empty text is then no tokens, which pooled to a zero
+        # vector beside other items and failed a forward pass of its own.
+        empty = next((index for index, item in enumerate(tokenized) if not item.ids), None)
+        if empty is not None:
+            raise InvalidArgument(
+                f"item {empty}: the text is no tokens for this model (its tokenizer adds none of its own); an empty text has no embedding",
+                reason="NO_TOKENS",
+                metadata={"item": str(empty)},
+            )
+        return tokenized
 
-    def _count_prompt_tokens(self, prompt: str) -> int:
-        """Tokens of the prompt alone, less a trailing special token (as sentence-transformers counts)."""
-        if prompt not in self._prompt_tokens:
-            ids = self.tokenizer.encode([prompt])[0].ids
-            self._prompt_tokens[prompt] = len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0)
-        return self._prompt_tokens[prompt]
+    def _prompt_token_count(self, prompt: str) -> tuple[int, int]:
+        """Tokens of the prompt alone, less a trailing special token (as sentence-transformers counts), and all
+        of them (at most the model's length)."""
+        ids = self.tokenizer.encode([prompt])[0].ids
+        return len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0), len(ids)
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         return [EncodedItem(dense=row) for row in by_length(batch, self.device, self.embed)]
@@ -131,7 +157,7 @@ class SentenceTransformerEncoder(TextEncoder):
         """The transformer's last hidden state [batch, tokens, hidden]."""
         extra = {}
         if self.pad_left and self._takes_positions:
-            extra["position_ids"] = (attention.cumsum(dim=1) - 1).clamp(min=0)
+            extra["position_ids"] = (attention.cumsum(dim=1) - 1).clamp(min=0) + self._first_position
         return self.model(input_ids=input_ids, attention_mask=attention, **extra).last_hidden_state
 
 
