@@ -25,6 +25,7 @@ from typing import NoReturn
 from dataclasses import dataclass, field
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from sie.v1 import inference_pb2
@@ -104,8 +105,13 @@ _RETRYABLE = (torch.OutOfMemoryError, MemoryError, ConnectionError, TimeoutError
 _TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ESTALE, errno.EINTR})
 # Failures that only a change to the worker's packages, the model config or the model directory fixes:
 # a missing Python dependency, an unsupported architecture or layout (ValueError, KeyError,
-# NotImplementedError), a missing or unreadable file in the resolved (local) directory (OSError).
-_PERMANENT = (FailedPrecondition, ModelConfigError, ImportError, ValueError, KeyError, NotImplementedError, OSError, SafetensorError)
+# NotImplementedError), a missing or unreadable file in the resolved (local) directory (OSError), a config
+# value the model cannot be built from (a wrong type that transformers' config validation or torch refuses,
+# a zero that it divides by).
+_PERMANENT = (
+    FailedPrecondition, ModelConfigError, ImportError, ValueError, KeyError, NotImplementedError, OSError, SafetensorError,
+    StrictDataclassError, TypeError, ArithmeticError,
+)
 # RuntimeErrors transformers and torch raise for weights that do not fit the architecture.
 _BAD_WEIGHTS_MESSAGES = ("ignore_mismatched_sizes", "Error(s) in loading state_dict", "size mismatch")
 
@@ -115,7 +121,8 @@ def is_permanent(error: BaseException) -> bool:
 
     Permanent: missing weights (every source missed), a missing Python dependency anywhere in loading (an
     ImportError in the error or its causes), an unsupported architecture or layout, a bad or missing file in
-    the model directory, weights that do not fit the architecture, an adapter the worker lacks. Retryable:
+    the model directory, a config value the model cannot be built from, weights that do not fit the
+    architecture, an adapter the worker lacks. Retryable:
     out of memory, a cache or the Hub unreachable, transient OS errors, and anything not known to be permanent.
     """
     if isinstance(error, WeightsNotFound):

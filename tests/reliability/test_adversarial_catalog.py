@@ -1,0 +1,83 @@
+"""Adversarial model directories and requests for the reference catalog's changes (issue 21), through one real
+worker: how a load fails (permanent or retryable, and a message that fits the caller's trailers), what a GLiNER
+directory can make the worker read and run, and hostile labels. Each test says what happened before its fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from grpc_helpers import call_until_loaded, error_info
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from tiny_models import build_tiny_head_model, write_config
+from worker_process import WorkerProcess
+
+RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
+HEALTHY = "test/healthy-reranker"
+
+
+def _edit_json(path: Path, **changes: object) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+# model id -> how a copy of the healthy reranker's directory is broken (each a config.json a real download could hold)
+BROKEN_CONFIGS: dict[str, Callable[[Path], None]] = {
+    "test/string-width": lambda d: _edit_json(d / "config.json", hidden_size="32"),
+    "test/null-layers": lambda d: _edit_json(d / "config.json", num_hidden_layers=None),
+    "test/zero-heads": lambda d: _edit_json(d / "config.json", num_attention_heads=0),
+}
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("catalog-attack")
+    configs = root / "configs"
+    configs.mkdir()
+    healthy = build_tiny_head_model(root / "healthy", "reranker")
+    write_config(configs, HEALTHY, f"path: {healthy}\n{RERANKER}")
+    for model_id, breaks in BROKEN_CONFIGS.items():
+        directory = root / model_id.split("/")[1]
+        shutil.copytree(healthy, directory)
+        breaks(directory)
+        write_config(configs, model_id, f"path: {directory}\n{RERANKER}")
+    return {"root": root, "configs": configs}
+
+
+@pytest.fixture(scope="module")
+def stub(layout: dict[str, Path]) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    env = {"SIE_MODELS_DIR": str(layout["configs"]), "SIE_PRELOAD_MODELS": ""}
+    worker = WorkerProcess(env, layout["root"] / "worker.log")
+    try:
+        worker.wait_serving()
+        with grpc.insecure_channel(worker.address) as channel:
+            yield inference_pb2_grpc.InferenceStub(channel)
+    finally:
+        worker.stop()
+
+
+def _score(stub: inference_pb2_grpc.InferenceStub, model_id: str) -> Callable[[], inference_pb2.ScoreResponse]:
+    request = inference_pb2.ScoreRequest(model=model_id, query=types_pb2.Item(text="a query"), items=[types_pb2.Item(id="a", text="a document")])
+    return lambda: stub.Score(request, timeout=60)
+
+
+def _load_failure(call: Callable[[], object]) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as raised:
+        call_until_loaded(call)
+    return raised.value
+
+
+@pytest.mark.parametrize("model_id", list(BROKEN_CONFIGS))
+def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(stub, model_id: str) -> None:
+    # Before: a plain Exception (huggingface_hub's strict config validation) or ZeroDivisionError was retryable, so
+    # the worker answered UNAVAILABLE MODEL_LOAD_BACKOFF and rebuilt the broken model every cool-down, without end.
+    error = _load_failure(_score(stub, model_id))
+    assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
+    failure = stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
+    assert (failure.permanent, failure.attempts) == (True, 1)
+    response, _ = call_until_loaded(_score(stub, HEALTHY))
+    assert len(response.scores) == 1
