@@ -19,6 +19,8 @@ from worker_process import WorkerProcess
 
 RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
 HEALTHY = "test/healthy-reranker"
+# The caller's default limit on trailing metadata is 8 KiB; the message travels twice (grpc-message and the Status).
+MESSAGE_LIMIT = 2048
 
 
 def _edit_json(path: Path, **changes: object) -> None:
@@ -31,6 +33,7 @@ BROKEN_CONFIGS: dict[str, Callable[[Path], None]] = {
     "test/null-layers": lambda d: _edit_json(d / "config.json", num_hidden_layers=None),
     "test/zero-heads": lambda d: _edit_json(d / "config.json", num_attention_heads=0),
 }
+HUGE_CAUSE = "test/huge-cause"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     configs.mkdir()
     healthy = build_tiny_head_model(root / "healthy", "reranker")
     write_config(configs, HEALTHY, f"path: {healthy}\n{RERANKER}")
-    for model_id, breaks in BROKEN_CONFIGS.items():
+    for model_id, breaks in {**BROKEN_CONFIGS, HUGE_CAUSE: lambda d: _edit_json(d / "config.json", model_type="x" * 20000)}.items():
         directory = root / model_id.split("/")[1]
         shutil.copytree(healthy, directory)
         breaks(directory)
@@ -81,3 +84,14 @@ def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(stub
     assert (failure.permanent, failure.attempts) == (True, 1)
     response, _ = call_until_loaded(_score(stub, HEALTHY))
     assert len(response.scores) == 1
+
+
+def test_a_huge_load_failure_is_cut_to_fit_the_callers_trailers(stub) -> None:
+    # Before: the 20 kB cause went whole into the error (twice, in grpc-message and the Status), past the caller's
+    # 8 KiB trailer limit: the caller got RESOURCE_EXHAUSTED / INTERNAL instead of FAILED_PRECONDITION.
+    error = _load_failure(_score(stub, HUGE_CAUSE))
+    assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
+    assert len(error.details()) <= MESSAGE_LIMIT
+    assert "characters)" in error.details() and "model type" in error.details()
+    described = stub.GetModel(inference_pb2.GetModelRequest(model=HUGE_CAUSE)).model
+    assert described.failure.permanent and len(described.failure.error) <= MESSAGE_LIMIT

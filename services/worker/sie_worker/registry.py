@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 
 from sie.v1 import inference_pb2
 from sie_common.config_store import is_from_etcd
-from sie_common.errors import FailedPrecondition, NotFound, Unavailable, some_of
+from sie_common.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
 from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 FIRST_LOAD_RETRY_S = 1.0
 # Cool-downs after retryable failures double up to this.
 MAX_COOLDOWN_S = 300.0
+# Characters of a load failure's cause that callers see (the log has it whole): errors travel in gRPC trailers,
+# which a caller refuses past 8 KiB, and a cause can be any size (a config value, every key of a checkpoint).
+FAILURE_CHARS = 1024
 
 Key = tuple[str, str]  # (model id, profile)
 
@@ -236,7 +239,7 @@ class ModelRegistry:
         failure = self._failures.get(key)
         if failure is not None and failure.refusal is not None:
             refusal = failure.refusal
-            raise FailedPrecondition(refusal.message, reason=refusal.reason, metadata=refusal.metadata)
+            raise FailedPrecondition(clipped(refusal.message, FAILURE_CHARS), reason=refusal.reason, metadata=refusal.metadata)
         if failure is not None and failure.permanent:
             raise FailedPrecondition(
                 f"model {model_id!r} cannot be loaded: {failure.error}. Fix the cause and restart the worker.",
@@ -354,10 +357,11 @@ class ModelRegistry:
         permanent = is_permanent(error)
         cooldown = min(MAX_COOLDOWN_S, self._settings.load_retry_cooldown_s * 2 ** (attempts - 1))
         refusal = error if isinstance(error, FailedPrecondition) else None
-        self._failures[key] = LoadFailure(describe_failure(error), attempts, permanent, time.monotonic() + cooldown, refusal)
+        described = describe_failure(error)
+        self._failures[key] = LoadFailure(clipped(described, FAILURE_CHARS), attempts, permanent, time.monotonic() + cooldown, refusal)
         log.error(
             "loading %s (profile %s) failed (attempt %d, %s): %s",
-            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", self._failures[key].error,
+            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", described,
         )
 
     @property
