@@ -14,13 +14,16 @@ import pytest
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tiny_models import build_tiny_head_model, write_config
+from tiny_models import build_tiny_gliner, build_tiny_head_model, write_config
 from worker_process import WorkerProcess
 
 RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
+EXTRACT = "tasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n"
 HEALTHY = "test/healthy-reranker"
 # The caller's default limit on trailing metadata is 8 KiB; the message travels twice (grpc-message and the Status).
 MESSAGE_LIMIT = 2048
+HUB_ID = "attack/backbone"
+HUB_REVISION = "0" * 40
 
 
 def _edit_json(path: Path, **changes: object) -> None:
@@ -36,6 +39,19 @@ BROKEN_CONFIGS: dict[str, Callable[[Path], None]] = {
 HUGE_CAUSE = "test/huge-cause"
 
 
+def _shipped_code(directory: Path, marker: Path) -> None:
+    """A backbone directory whose config names a Python file that, imported, leaves `marker` behind."""
+    _edit_json(directory / "config.json", auto_map={"AutoModel": "backbone_code.Backbone"})
+    (directory / "backbone_code.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\nfrom transformers import BertModel as Backbone\n"
+    )
+
+
+def _backbone_by_name(gliner_dir: Path, name: str) -> None:
+    """gliner_config.json without the backbone's config: GLiNER reads it from `model_name`."""
+    _edit_json(gliner_dir / "gliner_config.json", encoder_config=None, model_name=name)
+
+
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("catalog-attack")
@@ -48,12 +64,28 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         shutil.copytree(healthy, directory)
         breaks(directory)
         write_config(configs, model_id, f"path: {directory}\n{RERANKER}")
-    return {"root": root, "configs": configs}
+    uni = build_tiny_gliner(root / "gliner-uni", bi_encoder=False)
+    # A backbone with shipped code in a local directory outside the model's, and one in the Hugging Face cache.
+    outside = root / "outside-backbone"
+    shutil.copytree(uni.parent / "backbone", outside)
+    _shipped_code(outside, root / "ran-outside")
+    hub = root / "hub"
+    snapshot = hub / f"models--{HUB_ID.replace('/', '--')}" / "snapshots" / HUB_REVISION
+    shutil.copytree(uni.parent / "backbone", snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text(HUB_REVISION)
+    _shipped_code(snapshot, root / "ran-hub")
+    for name, backbone in {"outside": str(outside), "hub": HUB_ID}.items():
+        directory = root / f"gliner-{name}"
+        shutil.copytree(uni, directory)
+        _backbone_by_name(directory, backbone)
+        write_config(configs, f"test/gliner-{name}-backbone", f"path: {directory}\n{EXTRACT}")
+    return {"root": root, "configs": configs, "hub": hub}
 
 
 @pytest.fixture(scope="module")
 def stub(layout: dict[str, Path]) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    env = {"SIE_MODELS_DIR": str(layout["configs"]), "SIE_PRELOAD_MODELS": ""}
+    env = {"SIE_MODELS_DIR": str(layout["configs"]), "SIE_PRELOAD_MODELS": "", "HF_HUB_CACHE": str(layout["hub"]), "HF_HUB_OFFLINE": "1"}
     worker = WorkerProcess(env, layout["root"] / "worker.log")
     try:
         worker.wait_serving()
@@ -95,3 +127,17 @@ def test_a_huge_load_failure_is_cut_to_fit_the_callers_trailers(stub) -> None:
     assert "characters)" in error.details() and "model type" in error.details()
     described = stub.GetModel(inference_pb2.GetModelRequest(model=HUGE_CAUSE)).model
     assert described.failure.permanent and len(described.failure.error) <= MESSAGE_LIMIT
+
+
+@pytest.mark.parametrize("where", ["outside", "hub"])
+def test_a_gliner_backbone_named_instead_of_saved_cannot_run_shipped_code(stub, layout: dict[str, Path], where: str) -> None:
+    # Before: with encoder_config left out, GLiNER read the backbone config from model_name (a local directory
+    # anywhere, or a Hub id in the local cache) and built it with trust_remote_code=True: its Python file ran.
+    error = _load_failure(
+        lambda: stub.Extract(
+            inference_pb2.ExtractRequest(model=f"test/gliner-{where}-backbone", items=[types_pb2.Item(text="Ada")], labels=["person"]), timeout=60
+        ),
+    )
+    assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
+    assert "trust_remote_code" in error.details() or "outside the model directory" in error.details()
+    assert not (layout["root"] / f"ran-{where}").exists()

@@ -2,8 +2,9 @@
 
 The model loads from its resolved local directory only (`local_files_only`): the tokenizer saved with it
 (else the backbone's, from the local Hugging Face cache) and the backbone built from the saved
-`encoder_config`. GLiNER builds backbones with `trust_remote_code=True`; a checkpoint whose backbone
-config names code to run (`auto_map`) is refused unless the profile sets `trust_remote_code`.
+`encoder_config` (else the backbone's config in that cache). GLiNER builds backbones with
+`trust_remote_code=True`; `refuse_remote_code` refuses, unless the profile sets `trust_remote_code`, a
+checkpoint whose backbone would run shipped code or be read from a directory outside the model's.
 
 run_options: `threshold` (the default when a request sets none) and `merge_adjacent_entities` (join
 entities of one label that only whitespace separates, as token-level checkpoints such as NuNER Zero need).
@@ -13,16 +14,19 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sie_common.errors import FailedPrecondition
+from transformers import AutoConfig
+
+from sie_common.errors import FailedPrecondition, clipped
 from sie_worker.adapters.base import Entity, LoadContext, ZeroShotExtractor
 
 DEFAULT_THRESHOLD = 0.5
-# Backbone configs in gliner_config.json that GLiNER builds models from.
-_BACKBONE_CONFIGS = ("encoder_config", "labels_encoder_config", "labels_decoder_config", "span_encoder_config")
+# The backbone GLiNER's configs name when they name none.
+DEFAULT_BACKBONE = "microsoft/deberta-v3-small"
 
 
 def require_gliner(model_id: str) -> None:
@@ -41,17 +45,60 @@ def require_gliner(model_id: str) -> None:
 
 
 def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
-    """A ValueError (a permanent load failure) when a backbone config asks for shipped code the profile does not trust."""
+    """A ValueError (a permanent load failure) when GLiNER would build a backbone from code the profile does not trust.
+
+    GLiNER builds every backbone with code execution allowed: from a config saved in gliner_config.json, or, when
+    that is left out, from the config it reads by the backbone's name. Refused: `auto_map` anywhere in the saved
+    configs; a name read instead of a saved config that is a local directory (outside the model's, never read);
+    a Hub id whose config in the local Hugging Face cache names shipped code."""
     if trust_remote_code:
         return
-    config: dict[str, Any] = json.loads((directory / "gliner_config.json").read_text(encoding="utf-8"))
-    for key in _BACKBONE_CONFIGS:
-        backbone = config.get(key)
-        if isinstance(backbone, dict) and backbone.get("auto_map"):
+    path = directory / "gliner_config.json"
+    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    shipped = _auto_map_in(config)
+    if shipped is not None:
+        raise ValueError(f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: true to run it")
+    for field, saved in _named_backbones(config):
+        name = config.get(field) or DEFAULT_BACKBONE
+        if not isinstance(name, str) or _is_local(name):
             raise ValueError(
-                f"{directory / 'gliner_config.json'}: {key} names code shipped with the weights (auto_map); "
-                "set load_options.trust_remote_code: true to run it"
+                f"{path}: {saved[0]} is not saved, and GLiNER would build that backbone from {field} {clipped(str(name))!r}, "
+                "a local path outside the model directory; save the backbone's config in gliner_config.json"
             )
+        backbone = AutoConfig.from_pretrained(name, local_files_only=True)
+        if getattr(backbone, "auto_map", None):
+            raise ValueError(
+                f"{path}: {saved[0]} is not saved, and the config of backbone {name} in the local Hugging Face cache names "
+                "shipped code (auto_map); set load_options.trust_remote_code: true to run it"
+            )
+
+
+def _auto_map_in(config: Any, where: str = "") -> str | None:
+    """Where in a saved config (dotted keys) an `auto_map` names code, if anywhere."""
+    if isinstance(config, dict):
+        if config.get("auto_map") and where:
+            return where
+        for key, value in config.items():
+            found = _auto_map_in(value, f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
+    return None
+
+
+def _named_backbones(config: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    """(name field, saved config keys) of each backbone GLiNER builds whose config is not saved, so read by name."""
+    streaming = config.get("model_type") == "gliner_streaming_span"
+    backbones = [("model_name", ("decoder_config", "labels_decoder_config") if streaming else ("encoder_config",))]
+    if config.get("labels_encoder"):
+        backbones.append(("labels_encoder", ("labels_encoder_config",)))
+    if config.get("labels_decoder"):
+        backbones.append(("labels_decoder", ("labels_decoder_config", "decoder_config")))
+    return [(field, saved) for field, saved in backbones if not any(isinstance(config.get(key), dict) for key in saved)]
+
+
+def _is_local(name: str) -> bool:
+    """Whether transformers would read `name` as a local directory rather than a Hub id."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or os.path.isdir(name)
 
 
 class GlinerExtractor(ZeroShotExtractor):
