@@ -1,6 +1,7 @@
-"""Adversarial model directories and requests for the reference catalog's changes (issue 21), through one real
-worker: how a load fails (permanent or retryable, and a message that fits the caller's trailers), what a GLiNER
-directory can make the worker read and run, and hostile labels. Each test says what happened before its fix."""
+"""Adversarial model directories, GLiNER requests and bundles for the reference catalog (issue 21), through one real
+worker: load failures a real download could produce must be classified right (permanent ones answered at once
+and never retried, with a message that fits the caller's trailers), a GLiNER directory must not make the worker
+build a backbone (and run its code) from outside the directory, and hostile labels must be answered."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from worker_process import WorkerProcess
 RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
 EXTRACT = "tasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n"
 HEALTHY = "test/healthy-reranker"
+GLINER = "test/gliner-uni"
+GLINER_BI = "test/gliner-bi"
 # The caller's default limit on trailing metadata is 8 KiB; the message travels twice (grpc-message and the Status).
 MESSAGE_LIMIT = 2048
 HUB_ID = "attack/backbone"
@@ -65,6 +68,9 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         breaks(directory)
         write_config(configs, model_id, f"path: {directory}\n{RERANKER}")
     uni = build_tiny_gliner(root / "gliner-uni", bi_encoder=False)
+    bi = build_tiny_gliner(root / "gliner-bi", bi_encoder=True)
+    write_config(configs, GLINER, f"path: {uni}\n{EXTRACT}")
+    write_config(configs, GLINER_BI, f"path: {bi}\n{EXTRACT}")
     # A backbone with shipped code in a local directory outside the model's, and one in the Hugging Face cache.
     outside = root / "outside-backbone"
     shutil.copytree(uni.parent / "backbone", outside)
@@ -100,7 +106,13 @@ def _score(stub: inference_pb2_grpc.InferenceStub, model_id: str) -> Callable[[]
     return lambda: stub.Score(request, timeout=60)
 
 
-def _load_failure(call: Callable[[], object]) -> grpc.RpcError:
+def _extract(stub: inference_pb2_grpc.InferenceStub, model_id: str, texts: list[str], labels: list[str]) -> inference_pb2.ExtractResponse:
+    request = inference_pb2.ExtractRequest(model=model_id, items=[types_pb2.Item(id=str(i), text=t) for i, t in enumerate(texts)], labels=labels)
+    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=60))
+    return response
+
+
+def _load_failure(stub: inference_pb2_grpc.InferenceStub, call: Callable[[], object]) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as raised:
         call_until_loaded(call)
     return raised.value
@@ -110,7 +122,7 @@ def _load_failure(call: Callable[[], object]) -> grpc.RpcError:
 def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(stub, model_id: str) -> None:
     # Before: a plain Exception (huggingface_hub's strict config validation) or ZeroDivisionError was retryable, so
     # the worker answered UNAVAILABLE MODEL_LOAD_BACKOFF and rebuilt the broken model every cool-down, without end.
-    error = _load_failure(_score(stub, model_id))
+    error = _load_failure(stub, _score(stub, model_id))
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
     failure = stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
     assert (failure.permanent, failure.attempts) == (True, 1)
@@ -121,7 +133,7 @@ def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(stub
 def test_a_huge_load_failure_is_cut_to_fit_the_callers_trailers(stub) -> None:
     # Before: the 20 kB cause went whole into the error (twice, in grpc-message and the Status), past the caller's
     # 8 KiB trailer limit: the caller got RESOURCE_EXHAUSTED / INTERNAL instead of FAILED_PRECONDITION.
-    error = _load_failure(_score(stub, HUGE_CAUSE))
+    error = _load_failure(stub, _score(stub, HUGE_CAUSE))
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
     assert len(error.details()) <= MESSAGE_LIMIT
     assert "characters)" in error.details() and "model type" in error.details()
@@ -134,6 +146,7 @@ def test_a_gliner_backbone_named_instead_of_saved_cannot_run_shipped_code(stub, 
     # Before: with encoder_config left out, GLiNER read the backbone config from model_name (a local directory
     # anywhere, or a Hub id in the local cache) and built it with trust_remote_code=True: its Python file ran.
     error = _load_failure(
+        stub,
         lambda: stub.Extract(
             inference_pb2.ExtractRequest(model=f"test/gliner-{where}-backbone", items=[types_pb2.Item(text="Ada")], labels=["person"]), timeout=60
         ),
@@ -141,3 +154,21 @@ def test_a_gliner_backbone_named_instead_of_saved_cannot_run_shipped_code(stub, 
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
     assert "trust_remote_code" in error.details() or "outside the model directory" in error.details()
     assert not (layout["root"] / f"ran-{where}").exists()
+
+
+@pytest.mark.parametrize("model_id", [GLINER, GLINER_BI])
+def test_labels_past_the_backbones_position_table_are_answered(stub, model_id: str) -> None:
+    # The replicas' tokenizer reads up to 512 tokens, the backbone positions 128 (a tokenizer that says more than its
+    # model holds, as downloads do). Before: 128 labels (or one long label on the bi-encoder) failed the forward pass.
+    text = "Ada Lovelace worked with Charles Babbage in London."
+    cases = [
+        [f"kind {index}" for index in range(128)],
+        [" ".join("abcdefghijklmnopqrstuvwxyz"[i % 26] for i in range(127))],
+        ["person", "", " ", "\u200b", "人物", "[SEP]"],
+    ]
+    for labels in cases:
+        response = _extract(stub, model_id, [text, "", "word " * 5000], labels)
+        assert len(response.results) == 3
+        for result, item in zip(response.results, [text, "", "word " * 5000]):
+            assert all(0 <= e.start < e.end <= len(item) and e.text == item[e.start : e.end] for e in result.entities)
+    assert len(_extract(stub, model_id, [text], ["person", "city"]).results) == 1

@@ -23,6 +23,7 @@ from transformers import AutoConfig
 
 from sie_common.errors import FailedPrecondition, clipped
 from sie_worker.adapters.base import Entity, LoadContext, ZeroShotExtractor
+from sie_worker.adapters.hf_text import position_limit
 
 DEFAULT_THRESHOLD = 0.5
 # The backbone GLiNER's configs name when they name none.
@@ -115,6 +116,7 @@ class GlinerExtractor(ZeroShotExtractor):
             str(context.weights), local_files_only=True, map_location=str(context.device), max_length=context.config.max_sequence_length
         )
         self.extractor.to(context.device).eval()
+        cap_at_position_tables(self.extractor)
         self.model = self.extractor.model
         self.max_sequence_length = int(self.extractor.config.max_len)
         run_options = context.profile.run_options
@@ -141,6 +143,22 @@ class GlinerExtractor(ZeroShotExtractor):
                 ]
             )
         return results
+
+
+def cap_at_position_tables(extractor: Any) -> None:
+    """Truncate each backbone's input at its learned position table, not past it.
+
+    GLiNER truncates at its tokenizers' model_max_length, which a checkpoint may leave unset or set above what its
+    backbone positions; a longer input (many labels, a long text) would then fail the forward pass of its batch.
+    Backbones with relative positions (DeBERTa) have no table and keep their length."""
+    layer = getattr(extractor.model, "token_rep_layer", None)
+    processor = extractor.data_processor
+    for attribute, encoder in (("transformer_tokenizer", "bert_layer"), ("labels_tokenizer", "labels_encoder")):
+        tokenizer = getattr(processor, attribute, None)
+        backbone = getattr(getattr(layer, encoder, None), "model", None)
+        limit = position_limit(backbone, table_only=True) if backbone is not None else None
+        if tokenizer is not None and limit is not None and tokenizer.model_max_length > limit:
+            tokenizer.model_max_length = limit
 
 
 Span = tuple[int, int, str, list[float]]

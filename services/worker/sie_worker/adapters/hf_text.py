@@ -203,13 +203,16 @@ def max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any
     return int(model.config.max_position_embeddings) if limit is None else limit
 
 
-def position_limit(model: Any) -> int | None:
+def position_limit(model: Any, *, table_only: bool = False) -> int | None:
     """Longest sequence the model can position: the rows of its learned position table (less the padding offset
-    RoBERTa-style tables reserve), else its config's max_position_embeddings; None when it says nothing."""
+    RoBERTa-style tables reserve), else (unless `table_only`) its config's max_position_embeddings; None when it
+    says nothing."""
     for name, module in model.named_modules():
         if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
             offset = module.padding_idx + 1 if module.padding_idx is not None else 0
             return module.num_embeddings - offset
+    if table_only:
+        return None
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return positions if isinstance(positions, int) and positions > 0 else None
 
