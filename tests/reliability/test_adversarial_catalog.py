@@ -1,13 +1,14 @@
-"""Adversarial model directories, GLiNER requests and bundles for the reference catalog (issue 21), through one real
-worker: load failures a real download could produce must be classified right (permanent ones answered at once
-and never retried, with a message that fits the caller's trailers), a GLiNER directory must not make the worker
-build a backbone (and run its code) from outside the directory, and hostile labels must be answered."""
+"""Adversarial model directories and requests for the reference catalog's changes (issue 21), through one real
+worker: how a load fails (permanent or retryable, and a message that fits the caller's trailers), what a GLiNER
+directory can make the worker read and run, and hostile labels. Each test says what happened before its fix."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
@@ -27,6 +28,13 @@ GLINER_BI = "test/gliner-bi"
 MESSAGE_LIMIT = 2048
 HUB_ID = "attack/backbone"
 HUB_REVISION = "0" * 40
+# model id -> the answer of a stand-in Hub (HF_ENDPOINT) for its repository: (HTTP status, X-Error-Code)
+HUB_ANSWERS = {
+    "test/hub-no-repo": (404, "RepoNotFound"),
+    "test/hub-no-revision": (404, "RevisionNotFound"),
+    "test/hub-gated": (403, "GatedRepo"),
+    "test/hub-down": (503, ""),
+}
 
 
 def _edit_json(path: Path, **changes: object) -> None:
@@ -53,6 +61,39 @@ def _shipped_code(directory: Path, marker: Path) -> None:
 def _backbone_by_name(gliner_dir: Path, name: str) -> None:
     """gliner_config.json without the backbone's config: GLiNER reads it from `model_name`."""
     _edit_json(gliner_dir / "gliner_config.json", encoder_config=None, model_name=name)
+
+
+class _StandInHub(BaseHTTPRequestHandler):
+    """Answers every Hub API call for repository org/<name> as HUB_ANSWERS says for test/<name>."""
+
+    def do_GET(self) -> None:
+        name = self.path.split("/api/models/org/")[-1].split("/")[0]
+        status, code = HUB_ANSWERS.get(f"test/{name}", (404, "RepoNotFound"))
+        body = b'{"error": "stand-in Hub"}'
+        self.send_response(status)
+        if code:
+            self.send_header("X-Error-Code", code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hub_endpoint() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandInHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +127,20 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         shutil.copytree(uni, directory)
         _backbone_by_name(directory, backbone)
         write_config(configs, f"test/gliner-{name}-backbone", f"path: {directory}\n{EXTRACT}")
+    for model_id in HUB_ANSWERS:
+        write_config(configs, model_id, f"hf_id: org/{model_id.split('/')[1]}\nrevision: '{HUB_REVISION}'\n{RERANKER}")
     return {"root": root, "configs": configs, "hub": hub}
 
 
 @pytest.fixture(scope="module")
-def stub(layout: dict[str, Path]) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    env = {"SIE_MODELS_DIR": str(layout["configs"]), "SIE_PRELOAD_MODELS": "", "HF_HUB_CACHE": str(layout["hub"]), "HF_HUB_OFFLINE": "1"}
+def stub(layout: dict[str, Path], hub_endpoint: str) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    env = {
+        "SIE_MODELS_DIR": str(layout["configs"]),
+        "SIE_PRELOAD_MODELS": "",
+        "SIE_LOCAL_CACHE": str(layout["root"] / "cache"),
+        "HF_HUB_CACHE": str(layout["hub"]),
+        "HF_ENDPOINT": hub_endpoint,
+    }
     worker = WorkerProcess(env, layout["root"] / "worker.log")
     try:
         worker.wait_serving()
@@ -112,7 +161,7 @@ def _extract(stub: inference_pb2_grpc.InferenceStub, model_id: str, texts: list[
     return response
 
 
-def _load_failure(stub: inference_pb2_grpc.InferenceStub, call: Callable[[], object]) -> grpc.RpcError:
+def _load_failure(call: Callable[[], object]) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as raised:
         call_until_loaded(call)
     return raised.value
@@ -122,7 +171,7 @@ def _load_failure(stub: inference_pb2_grpc.InferenceStub, call: Callable[[], obj
 def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(stub, model_id: str) -> None:
     # Before: a plain Exception (huggingface_hub's strict config validation) or ZeroDivisionError was retryable, so
     # the worker answered UNAVAILABLE MODEL_LOAD_BACKOFF and rebuilt the broken model every cool-down, without end.
-    error = _load_failure(stub, _score(stub, model_id))
+    error = _load_failure(_score(stub, model_id))
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
     failure = stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
     assert (failure.permanent, failure.attempts) == (True, 1)
@@ -133,7 +182,7 @@ def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(stub
 def test_a_huge_load_failure_is_cut_to_fit_the_callers_trailers(stub) -> None:
     # Before: the 20 kB cause went whole into the error (twice, in grpc-message and the Status), past the caller's
     # 8 KiB trailer limit: the caller got RESOURCE_EXHAUSTED / INTERNAL instead of FAILED_PRECONDITION.
-    error = _load_failure(stub, _score(stub, HUGE_CAUSE))
+    error = _load_failure(_score(stub, HUGE_CAUSE))
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
     assert len(error.details()) <= MESSAGE_LIMIT
     assert "characters)" in error.details() and "model type" in error.details()
@@ -146,7 +195,6 @@ def test_a_gliner_backbone_named_instead_of_saved_cannot_run_shipped_code(stub, 
     # Before: with encoder_config left out, GLiNER read the backbone config from model_name (a local directory
     # anywhere, or a Hub id in the local cache) and built it with trust_remote_code=True: its Python file ran.
     error = _load_failure(
-        stub,
         lambda: stub.Extract(
             inference_pb2.ExtractRequest(model=f"test/gliner-{where}-backbone", items=[types_pb2.Item(text="Ada")], labels=["person"]), timeout=60
         ),
@@ -172,3 +220,17 @@ def test_labels_past_the_backbones_position_table_are_answered(stub, model_id: s
         for result, item in zip(response.results, [text, "", "word " * 5000]):
             assert all(0 <= e.start < e.end <= len(item) and e.text == item[e.start : e.end] for e in result.entities)
     assert len(_extract(stub, model_id, [text], ["person", "city"]).results) == 1
+
+
+@pytest.mark.parametrize("model_id", list(HUB_ANSWERS))
+def test_the_hub_saying_a_repository_or_revision_is_not_there_is_permanent(stub, model_id: str) -> None:
+    # Before: every Hub failure was retryable, so a wrong revision or repository id (or a gated one) answered
+    # UNAVAILABLE MODEL_LOAD_BACKOFF and asked the Hub again every cool-down, without end. A Hub that is down stays retryable.
+    error = _load_failure(_score(stub, model_id))
+    failure = stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
+    if model_id == "test/hub-down":
+        assert (error.code(), error_info(error).reason, failure.permanent) == (grpc.StatusCode.UNAVAILABLE, "MODEL_LOAD_BACKOFF", False)
+        return
+    assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
+    assert f"Hugging Face Hub org/{model_id.split('/')[1]}" in error.details()
+    assert (failure.permanent, failure.attempts) == (True, 1)
