@@ -48,6 +48,16 @@ BROKEN_CONFIGS: dict[str, Callable[[Path], None]] = {
     "test/zero-heads": lambda d: _edit_json(d / "config.json", num_attention_heads=0),
 }
 HUGE_CAUSE = "test/huge-cause"
+OOM_IN_FALLBACK = "test/oom-in-import-fallback"
+OOM_MESSAGE = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 68719476736 bytes"
+
+
+def _runs_out_of_memory_in_an_import_fallback(directory: Path) -> None:
+    """Shipped modeling code that falls back when an optional kernel is missing, and runs out of memory doing so."""
+    _edit_json(directory / "config.json", auto_map={"AutoModelForSequenceClassification": "modeling_fallback.Model"})
+    (directory / "modeling_fallback.py").write_text(
+        f"try:\n    import sie_optional_kernel_not_installed  # noqa: F401\nexcept ImportError:\n    raise RuntimeError({OOM_MESSAGE!r})\n"
+    )
 
 
 def _shipped_code(directory: Path, marker: Path) -> None:
@@ -108,6 +118,10 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         shutil.copytree(healthy, directory)
         breaks(directory)
         write_config(configs, model_id, f"path: {directory}\n{RERANKER}")
+    fallback = root / "oom-in-import-fallback"
+    shutil.copytree(healthy, fallback)
+    _runs_out_of_memory_in_an_import_fallback(fallback)
+    write_config(configs, OOM_IN_FALLBACK, f"path: {fallback}\n{RERANKER}    load_options: {{trust_remote_code: true}}\n")
     uni = build_tiny_gliner(root / "gliner-uni", bi_encoder=False)
     bi = build_tiny_gliner(root / "gliner-bi", bi_encoder=True)
     write_config(configs, GLINER, f"path: {uni}\n{EXTRACT}")
@@ -261,3 +275,13 @@ def test_long_texts_are_split_into_words_only_as_far_as_gliner_reads(worker: Wor
     expected = [(e.start, e.end, e.label, e.text) for e in cut.results[0].entities]
     assert expected and all([(e.start, e.end, e.label, e.text) for e in result.entities] == expected for result in answer.results)
     assert grown < 128 * 2**20, f"{grown / 2**20:.0f} MiB more"
+
+
+def test_out_of_memory_in_an_import_fallback_stays_retryable(stub) -> None:
+    # Before: the ImportError the fallback handled is the out-of-memory error's context, and any ImportError in the
+    # chain made a failure permanent: a moment without memory refused the model until the worker restarted.
+    error = _load_failure(_score(stub, OOM_IN_FALLBACK))
+    assert (error.code(), error_info(error).reason) == (grpc.StatusCode.UNAVAILABLE, "MODEL_LOAD_BACKOFF")
+    assert OOM_MESSAGE in error.details()
+    failure = stub.GetModel(inference_pb2.GetModelRequest(model=OOM_IN_FALLBACK)).model.failure
+    assert (failure.permanent, failure.attempts) == (False, 1)

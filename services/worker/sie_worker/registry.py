@@ -115,6 +115,8 @@ _PERMANENT = (
     FailedPrecondition, ModelConfigError, ImportError, ValueError, KeyError, NotImplementedError, OSError, SafetensorError,
     StrictDataclassError, TypeError, ArithmeticError,
 )
+# RuntimeErrors torch raises when an allocation fails (the CPU allocator's, CUDA's own out-of-memory message).
+_OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory")
 # RuntimeErrors transformers and torch raise for weights that do not fit the architecture.
 _BAD_WEIGHTS_MESSAGES = ("ignore_mismatched_sizes", "Error(s) in loading state_dict", "size mismatch")
 
@@ -132,10 +134,14 @@ def is_permanent(error: BaseException) -> bool:
         return not error.retryable
     if isinstance(error, _RETRYABLE) or (isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS):
         return False
+    # Before the ImportError chain: code that falls back when an optional import fails may run out of memory
+    # in its `except ImportError` block, and the ImportError is then the failure's context, not its cause.
+    if isinstance(error, RuntimeError) and any(message in str(error) for message in _OUT_OF_MEMORY_MESSAGES):
+        return False
     if _import_error_in(error) is not None:
         return True
     if isinstance(error, RuntimeError):
-        return any(message in str(error) for message in _BAD_WEIGHTS_MESSAGES) and "out of memory" not in str(error)
+        return any(message in str(error) for message in _BAD_WEIGHTS_MESSAGES)
     return isinstance(error, _PERMANENT)
 
 
