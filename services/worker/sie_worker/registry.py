@@ -25,11 +25,12 @@ from typing import NoReturn
 from dataclasses import dataclass, field
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from sie.v1 import inference_pb2
 from sie_common.config_store import is_from_etcd
-from sie_common.errors import FailedPrecondition, NotFound, Unavailable, some_of
+from sie_common.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
 from sie_common.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 FIRST_LOAD_RETRY_S = 1.0
 # Cool-downs after retryable failures double up to this.
 MAX_COOLDOWN_S = 300.0
+# Characters of a load failure's cause that callers see (the log has it whole): errors travel in gRPC trailers,
+# which a caller refuses past 8 KiB, and a cause can be any size (a config value, every key of a checkpoint).
+FAILURE_CHARS = 1024
 
 Key = tuple[str, str]  # (model id, profile)
 
@@ -104,8 +108,15 @@ _RETRYABLE = (torch.OutOfMemoryError, MemoryError, ConnectionError, TimeoutError
 _TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ESTALE, errno.EINTR})
 # Failures that only a change to the worker's packages, the model config or the model directory fixes:
 # a missing Python dependency, an unsupported architecture or layout (ValueError, KeyError,
-# NotImplementedError), a missing or unreadable file in the resolved (local) directory (OSError).
-_PERMANENT = (FailedPrecondition, ModelConfigError, ImportError, ValueError, KeyError, NotImplementedError, OSError, SafetensorError)
+# NotImplementedError), a missing or unreadable file in the resolved (local) directory (OSError), a config
+# value the model cannot be built from (a wrong type that transformers' config validation or torch refuses,
+# a zero that it divides by).
+_PERMANENT = (
+    FailedPrecondition, ModelConfigError, ImportError, ValueError, KeyError, NotImplementedError, OSError, SafetensorError,
+    StrictDataclassError, TypeError, ArithmeticError,
+)
+# RuntimeErrors torch raises when an allocation fails (the CPU allocator's, CUDA's own out-of-memory message).
+_OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory")
 # RuntimeErrors transformers and torch raise for weights that do not fit the architecture.
 _BAD_WEIGHTS_MESSAGES = ("ignore_mismatched_sizes", "Error(s) in loading state_dict", "size mismatch")
 
@@ -115,17 +126,22 @@ def is_permanent(error: BaseException) -> bool:
 
     Permanent: missing weights (every source missed), a missing Python dependency anywhere in loading (an
     ImportError in the error or its causes), an unsupported architecture or layout, a bad or missing file in
-    the model directory, weights that do not fit the architecture, an adapter the worker lacks. Retryable:
+    the model directory, a config value the model cannot be built from, weights that do not fit the
+    architecture, an adapter the worker lacks. Retryable:
     out of memory, a cache or the Hub unreachable, transient OS errors, and anything not known to be permanent.
     """
     if isinstance(error, WeightsNotFound):
         return not error.retryable
     if isinstance(error, _RETRYABLE) or (isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS):
         return False
+    # Before the ImportError chain: code that falls back when an optional import fails may run out of memory
+    # in its `except ImportError` block, and the ImportError is then the failure's context, not its cause.
+    if isinstance(error, RuntimeError) and any(message in str(error) for message in _OUT_OF_MEMORY_MESSAGES):
+        return False
     if _import_error_in(error) is not None:
         return True
     if isinstance(error, RuntimeError):
-        return any(message in str(error) for message in _BAD_WEIGHTS_MESSAGES) and "out of memory" not in str(error)
+        return any(message in str(error) for message in _BAD_WEIGHTS_MESSAGES)
     return isinstance(error, _PERMANENT)
 
 
@@ -229,7 +245,7 @@ class ModelRegistry:
         failure = self._failures.get(key)
         if failure is not None and failure.refusal is not None:
             refusal = failure.refusal
-            raise FailedPrecondition(refusal.message, reason=refusal.reason, metadata=refusal.metadata)
+            raise FailedPrecondition(clipped(refusal.message, FAILURE_CHARS), reason=refusal.reason, metadata=refusal.metadata)
         if failure is not None and failure.permanent:
             raise FailedPrecondition(
                 f"model {model_id!r} cannot be loaded: {failure.error}. Fix the cause and restart the worker.",
@@ -347,10 +363,11 @@ class ModelRegistry:
         permanent = is_permanent(error)
         cooldown = min(MAX_COOLDOWN_S, self._settings.load_retry_cooldown_s * 2 ** (attempts - 1))
         refusal = error if isinstance(error, FailedPrecondition) else None
-        self._failures[key] = LoadFailure(describe_failure(error), attempts, permanent, time.monotonic() + cooldown, refusal)
+        described = describe_failure(error)
+        self._failures[key] = LoadFailure(clipped(described, FAILURE_CHARS), attempts, permanent, time.monotonic() + cooldown, refusal)
         log.error(
             "loading %s (profile %s) failed (attempt %d, %s): %s",
-            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", self._failures[key].error,
+            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", described,
         )
 
     @property

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import snapshot_download
+from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
 from sie_common.model_config import ModelConfig
 from sie_worker.s3 import S3Location, S3Store
@@ -23,6 +24,10 @@ from sie_worker.weight_cache import ClusterCache, LocalCache, weights_key
 from sie_worker.weight_roots import WeightRoots, bundled_directory, default_roots
 
 log = logging.getLogger(__name__)
+
+# The Hub's answers that another attempt does not change: no such repository (or none this worker may read: gated,
+# private) or no such revision. Only a change to the config or the worker's token fixes them.
+_HUB_MISSES = (RepositoryNotFoundError, RevisionNotFoundError)
 
 
 class WeightsNotFound(RuntimeError):
@@ -82,7 +87,7 @@ class WeightResolver:
         else:
             tried.append("cluster cache: not configured (SIE_CLUSTER_CACHE)")
 
-        origin = self._from_origin(config, key, keep, tried)
+        origin = self._from_origin(config, key, keep, tried, retryable)
         if origin is None:
             raise WeightsNotFound(f"no weights found for {config.id}; tried: " + "; ".join(tried), retryable=retryable)
         if self.cluster is not None:
@@ -92,7 +97,10 @@ class WeightResolver:
                 log.warning("could not upload %s to the cluster cache: %s", key, error)
         return origin
 
-    def _from_origin(self, config: ModelConfig, key: str, keep: frozenset[str], tried: list[str]) -> ResolvedWeights | None:
+    def _from_origin(self, config: ModelConfig, key: str, keep: frozenset[str], tried: list[str], retryable: bool) -> ResolvedWeights | None:
+        """The weights from the model's bundled package or the Hub; None when neither is there to ask. A Hub failure
+        raises WeightsNotFound, retryable unless the Hub said the repository or revision is not there (and no cache
+        failed with an error, `retryable`)."""
         if config.bundled_weights:
             bundled = bundled_directory(config.bundled_weights)
             if bundled is not None:
@@ -108,7 +116,8 @@ class WeightResolver:
             folder = self.local.fill(key, lambda staging: snapshot_download(hf_id, revision=config.revision, local_dir=staging))
         except Exception as error:
             tried.append(f"Hugging Face Hub {config.hf_id}: {type(error).__name__}: {error}")
-            raise WeightsNotFound(f"no weights found for {config.id}; tried: " + "; ".join(tried), retryable=True) from error
+            missing = isinstance(error, _HUB_MISSES)
+            raise WeightsNotFound(f"no weights found for {config.id}; tried: " + "; ".join(tried), retryable=retryable or not missing) from error
         self.local.trim(keep | {key})
         return ResolvedWeights(folder, "hub")
 

@@ -2,8 +2,9 @@
 
 The model loads from its resolved local directory only (`local_files_only`): the tokenizer saved with it
 (else the backbone's, from the local Hugging Face cache) and the backbone built from the saved
-`encoder_config`. GLiNER builds backbones with `trust_remote_code=True`; a checkpoint whose backbone
-config names code to run (`auto_map`) is refused unless the profile sets `trust_remote_code`.
+`encoder_config` (else the backbone's config in that cache). GLiNER builds backbones with
+`trust_remote_code=True`; `refuse_remote_code` refuses, unless the profile sets `trust_remote_code`, a
+checkpoint whose backbone would run shipped code or be read from a directory outside the model's.
 
 run_options: `threshold` (the default when a request sets none) and `merge_adjacent_entities` (join
 entities of one label that only whitespace separates, as token-level checkpoints such as NuNER Zero need).
@@ -13,16 +14,20 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sie_common.errors import FailedPrecondition
+from transformers import AutoConfig
+
+from sie_common.errors import FailedPrecondition, clipped
 from sie_worker.adapters.base import Entity, LoadContext, ZeroShotExtractor
+from sie_worker.adapters.hf_text import position_limit
 
 DEFAULT_THRESHOLD = 0.5
-# Backbone configs in gliner_config.json that GLiNER builds models from.
-_BACKBONE_CONFIGS = ("encoder_config", "labels_encoder_config", "labels_decoder_config", "span_encoder_config")
+# The backbone GLiNER's configs name when they name none.
+DEFAULT_BACKBONE = "microsoft/deberta-v3-small"
 
 
 def require_gliner(model_id: str) -> None:
@@ -41,17 +46,60 @@ def require_gliner(model_id: str) -> None:
 
 
 def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
-    """A ValueError (a permanent load failure) when a backbone config asks for shipped code the profile does not trust."""
+    """A ValueError (a permanent load failure) when GLiNER would build a backbone from code the profile does not trust.
+
+    GLiNER builds every backbone with code execution allowed: from a config saved in gliner_config.json, or, when
+    that is left out, from the config it reads by the backbone's name. Refused: `auto_map` anywhere in the saved
+    configs; a name read instead of a saved config that is a local directory (outside the model's, never read);
+    a Hub id whose config in the local Hugging Face cache names shipped code."""
     if trust_remote_code:
         return
-    config: dict[str, Any] = json.loads((directory / "gliner_config.json").read_text(encoding="utf-8"))
-    for key in _BACKBONE_CONFIGS:
-        backbone = config.get(key)
-        if isinstance(backbone, dict) and backbone.get("auto_map"):
+    path = directory / "gliner_config.json"
+    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    shipped = _auto_map_in(config)
+    if shipped is not None:
+        raise ValueError(f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: true to run it")
+    for field, saved in _named_backbones(config):
+        name = config.get(field) or DEFAULT_BACKBONE
+        if not isinstance(name, str) or _is_local(name):
             raise ValueError(
-                f"{directory / 'gliner_config.json'}: {key} names code shipped with the weights (auto_map); "
-                "set load_options.trust_remote_code: true to run it"
+                f"{path}: {saved[0]} is not saved, and GLiNER would build that backbone from {field} {clipped(str(name))!r}, "
+                "a local path outside the model directory; save the backbone's config in gliner_config.json"
             )
+        backbone = AutoConfig.from_pretrained(name, local_files_only=True)
+        if getattr(backbone, "auto_map", None):
+            raise ValueError(
+                f"{path}: {saved[0]} is not saved, and the config of backbone {name} in the local Hugging Face cache names "
+                "shipped code (auto_map); set load_options.trust_remote_code: true to run it"
+            )
+
+
+def _auto_map_in(config: Any, where: str = "") -> str | None:
+    """Where in a saved config (dotted keys) an `auto_map` names code, if anywhere."""
+    if isinstance(config, dict):
+        if config.get("auto_map") and where:
+            return where
+        for key, value in config.items():
+            found = _auto_map_in(value, f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
+    return None
+
+
+def _named_backbones(config: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    """(name field, saved config keys) of each backbone GLiNER builds whose config is not saved, so read by name."""
+    streaming = config.get("model_type") == "gliner_streaming_span"
+    backbones = [("model_name", ("decoder_config", "labels_decoder_config") if streaming else ("encoder_config",))]
+    if config.get("labels_encoder"):
+        backbones.append(("labels_encoder", ("labels_encoder_config",)))
+    if config.get("labels_decoder"):
+        backbones.append(("labels_decoder", ("labels_decoder_config", "decoder_config")))
+    return [(field, saved) for field, saved in backbones if not any(isinstance(config.get(key), dict) for key in saved)]
+
+
+def _is_local(name: str) -> bool:
+    """Whether transformers would read `name` as a local directory rather than a Hub id."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or os.path.isdir(name)
 
 
 class GlinerExtractor(ZeroShotExtractor):
@@ -68,6 +116,7 @@ class GlinerExtractor(ZeroShotExtractor):
             str(context.weights), local_files_only=True, map_location=str(context.device), max_length=context.config.max_sequence_length
         )
         self.extractor.to(context.device).eval()
+        cap_at_position_tables(self.extractor)
         self.model = self.extractor.model
         self.max_sequence_length = int(self.extractor.config.max_len)
         run_options = context.profile.run_options
@@ -75,10 +124,22 @@ class GlinerExtractor(ZeroShotExtractor):
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
             raise ValueError(f"run_options.threshold: must be a number from 0 to 1, got {self.threshold!r}")
         self.merge_adjacent = run_options.get("merge_adjacent_entities", False)
+        self.words_splitter = self.extractor.data_processor.words_splitter
         if not isinstance(self.merge_adjacent, bool):
             raise ValueError(f"run_options.merge_adjacent_entities: must be true or false, got {self.merge_adjacent!r}")
 
+    def read_part(self, text: str) -> str:
+        """The text up to the end of the last word GLiNER reads: it keeps the first max_len words and drops the rest,
+        but splits the whole text into words first (seconds and hundreds of MiB for megabytes of words)."""
+        end = 0
+        for count, (_, _, word_end) in enumerate(self.words_splitter(text), start=1):
+            end = word_end
+            if count == self.max_sequence_length:
+                return text[:end]
+        return text
+
     def extract(self, texts: Sequence[str], labels: Sequence[str], threshold: float | None) -> list[list[Entity]]:
+        texts = [self.read_part(text) for text in texts]
         found = self.extractor.inference(
             list(texts), list(labels), threshold=self.threshold if threshold is None else threshold, batch_size=max(1, len(texts))
         )
@@ -94,6 +155,22 @@ class GlinerExtractor(ZeroShotExtractor):
                 ]
             )
         return results
+
+
+def cap_at_position_tables(extractor: Any) -> None:
+    """Truncate each backbone's input at its learned position table, not past it.
+
+    GLiNER truncates at its tokenizers' model_max_length, which a checkpoint may leave unset or set above what its
+    backbone positions; a longer input (many labels, a long text) would then fail the forward pass of its batch.
+    Backbones with relative positions (DeBERTa) have no table and keep their length."""
+    layer = getattr(extractor.model, "token_rep_layer", None)
+    processor = extractor.data_processor
+    for attribute, encoder in (("transformer_tokenizer", "bert_layer"), ("labels_tokenizer", "labels_encoder")):
+        tokenizer = getattr(processor, attribute, None)
+        backbone = getattr(getattr(layer, encoder, None), "model", None)
+        limit = position_limit(backbone, table_only=True) if backbone is not None else None
+        if tokenizer is not None and limit is not None and tokenizer.model_max_length > limit:
+            tokenizer.model_max_length = limit
 
 
 Span = tuple[int, int, str, list[float]]

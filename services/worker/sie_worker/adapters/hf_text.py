@@ -213,12 +213,15 @@ def max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any
     return int(model.config.max_position_embeddings) if limit is None else limit
 
 
-def position_limit(model: Any) -> int | None:
+def position_limit(model: Any, *, table_only: bool = False) -> int | None:
     """Longest sequence the model can position: the rows of its learned position table (less the padding offset
-    RoBERTa-style tables reserve), else its config's max_position_embeddings; None when it says nothing."""
+    RoBERTa-style tables reserve), else (unless `table_only`) its config's max_position_embeddings; None when it
+    says nothing."""
     table = _position_table(model)
     if table is not None:
         return table.num_embeddings - position_offset(model)
+    if table_only:
+        return None
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return positions if isinstance(positions, int) and positions > 0 else None
 
