@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=300)
     args = parser.parse_args()
     started = time.monotonic()
+    load_at_start = os.getloadavg()[0]  # other work on the machine moves both paths; recorded, not corrected for
     base = bulk()
     workload = Workload("bulk", base.texts[: args.texts], base.per_request, f"{args.texts} sentences of 10-30 words (fixed seed), 100 a request")
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +101,7 @@ def main() -> None:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "transformers": transformers.__version__,
-            "shared": "yes: other sessions' tests ran on the same 2 cores during this run",
+            "load_average_at_start": round(load_at_start, 2),
         },
         "model": {"layout": "Qwen3-Embedding (last token, left padding)", **SHAPE, "max_length": MAX_LENGTH, "vocab": 1000},
         "workload": workload.description,
