@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from fair_queuing import cpu  # noqa: E402
 from ours import InProcess, grpc_sender  # noqa: E402
 from tiny_decoders import build_decoder_embedder  # noqa: E402
 from tiny_models import write_config  # noqa: E402
@@ -44,13 +45,6 @@ MODEL = "bench/qwen3-embedding-replica"
 SHAPE = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
 MAX_LENGTH = 128
 SINGLE_REQUESTS = 100
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -95,7 +89,7 @@ def main() -> None:
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": {
-            "cpu": cpu_model(),
+            "cpu": cpu(),
             "cores": os.cpu_count(),
             "python": platform.python_version(),
             "torch": torch.__version__,
