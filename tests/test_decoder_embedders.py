@@ -57,6 +57,7 @@ MAMBA = "test/mamba-bidirectional"
 BAD_SIDE = "test/bad-padding-side"
 BAD_ACTIVATION = "test/dense-bad-activation"
 OUTSIDE = "test/dense-outside"
+POOLING_OUTSIDE = "test/pooling-outside"
 PRELOADED = (QWEN3, GTE_QWEN2, GRIT, GEMMA, STELLA, BERT)
 
 
@@ -99,15 +100,20 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # trust_remote_code the native class loads and the code is never imported (this file does not exist).
     config_file = built[GTE_QWEN2] / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "auto_map": {"AutoModel": "modeling_qwen.Qwen2Model"}}))
-    # Broken copies of the stella layout: an activation that is no torch.nn class, a Dense folder outside the model.
-    for model_id, name, change in ((BAD_ACTIVATION, "bad-activation", "activation"), (OUTSIDE, "outside", "path")):
+    # Broken copies of the stella layout: an activation that is no torch.nn class, a Dense or Pooling folder outside
+    # the model.
+    for model_id, name, change in (
+        (BAD_ACTIVATION, "bad-activation", "activation"),
+        (OUTSIDE, "outside", "2_Dense_24"),
+        (POOLING_OUTSIDE, "pooling-outside", "1_Pooling"),
+    ):
         copy = shutil.copytree(built[STELLA], root / name)
         if change == "activation":
             dense_config = copy / "2_Dense_24" / "config.json"
             dense_config.write_text(json.dumps({**json.loads(dense_config.read_text()), "activation_function": "my_package.Swish"}))
         else:
-            shutil.move(str(copy / "2_Dense_24"), str(root / "elsewhere"))
-            (copy / "modules.json").write_text((copy / "modules.json").read_text().replace('"2_Dense_24"', '"../elsewhere"'))
+            shutil.move(str(copy / change), str(root / f"{name}-elsewhere"))
+            (copy / "modules.json").write_text((copy / "modules.json").read_text().replace(f'"{change}"', f'"../{name}-elsewhere"'))
         built[model_id] = copy
     mamba = root / "mamba"
     tokenizer = train_tokenizer(mamba, template="eos", padding_side="right")
@@ -153,6 +159,7 @@ def stub(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> I
     write_config(configs, MAMBA, _yaml(models[MAMBA], f"{default}    load_options: {{bidirectional: true}}\n"))
     write_config(configs, BAD_ACTIVATION, _yaml(models[BAD_ACTIVATION], default))
     write_config(configs, OUTSIDE, _yaml(models[OUTSIDE], default))
+    write_config(configs, POOLING_OUTSIDE, _yaml(models[POOLING_OUTSIDE], default))
     write_config(configs, BAD_SIDE, _yaml(models[GTE_QWEN2], f"{default}    load_options: {{padding_side: middle}}\n"))
     log = tmp_path_factory.mktemp("decoder-worker") / "worker.log"
     with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(PRELOADED)}, log) as worker, inference_stub(worker) as stub:
@@ -273,7 +280,8 @@ def test_bidirectional_model_served_causally_differs(stub, models: dict[str, Pat
         (MAMBA, "load option bidirectional: the MambaModel (mamba) still attends causally"),
         (BAD_SIDE, "load option padding_side must be one of left, right, got 'middle'"),
         (BAD_ACTIVATION, "Dense activation function 'my_package.Swish' is not supported"),
-        (OUTSIDE, "modules.json names Dense folder '../elsewhere', outside the model directory"),
+        (OUTSIDE, "module path '../outside-elsewhere' leads out of the model directory"),
+        (POOLING_OUTSIDE, "module path '../pooling-outside-elsewhere' leads out of the model directory"),
     ],
 )
 def test_options_that_cannot_apply_fail_the_load(stub, model_id: str, message: str) -> None:

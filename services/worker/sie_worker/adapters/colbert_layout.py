@@ -20,7 +20,6 @@ defaults ([unused0] / [unused1] markers, queries expanded to 32 tokens, punctuat
 
 from __future__ import annotations
 
-import json
 import pickle
 import string
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from sie_worker.adapters.hf_text import module_folder, read_json
+from sie_worker.adapters.hf_text import module_folder, read_json, read_modules
 
 QUERY_LENGTH = 32
 _IDENTITY = ("torch.nn.modules.linear.Identity", "Identity")
@@ -58,7 +57,7 @@ class ColbertLayout:
 
 def read_layout(directory: Path) -> ColbertLayout:
     """The layout of a ColBERT directory (ValueError when it has no projection)."""
-    entries = _read_json_list(directory / "modules.json")
+    entries = read_modules(directory)
     if not any(entry["type"].endswith("Dense") for entry in entries):
         architectures = read_json(directory / "config.json").get("architectures") or []
         if "HF_ColBERT" in architectures or (directory / "artifact.metadata").exists():
@@ -128,10 +127,6 @@ def _multi_vector_encoder(directory: Path, entries: list[dict[str, Any]], settin
         skip_in_queries="query" in tasks,
         normalize=any(entry["type"].endswith("Normalize") for entry in entries),
     )
-
-
-def _read_json_list(path: Path) -> list[dict[str, Any]]:
-    return json.loads(path.read_text()) if path.exists() else []
 
 
 def _module_config(directory: Path, entries: list[dict[str, Any]], kind: str, file_name: str) -> dict[str, Any]:

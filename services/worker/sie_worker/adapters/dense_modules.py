@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from sie_worker.adapters.hf_text import read_json
+from sie_worker.adapters.hf_text import module_folder, read_json
 
 # Activation functions by the name sentence-transformers saves (only torch.nn's, never code from the directory).
 ACTIVATIONS: dict[str, type[torch.nn.Module]] = {
@@ -55,9 +55,7 @@ def load_dense(directory: Path, path: str, in_features: int, device: torch.devic
     `in_features` what comes before it gives, in float32 on `device`; ValueError naming the folder when it is
     not one, or lies outside the model directory. Nothing is allocated before the weights are seen to fit the
     config: a config claiming huge widths costs no memory."""
-    folder = directory / path
-    if not folder.resolve().is_relative_to(directory.resolve()):
-        raise ValueError(f"{directory}: modules.json names Dense folder {path!r}, outside the model directory")
+    folder = module_folder(directory, path)
     config = read_json(folder / "config.json")
     if not config or not isinstance(config, dict):
         raise ValueError(f"{folder}: a Dense module needs config.json (a JSON object)")

@@ -16,7 +16,6 @@ only, and the score is read at each row's last real token.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
 from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, read_json, read_modules
 from sie_worker.adapters.pair_templates import ChatTemplate, PairTemplate, TextTemplate
 
 # The pair fillers whose renders differ only in content: their common token tail is the template's.
@@ -157,9 +156,9 @@ def _template(directory: Path, options: Mapping[str, Any], run_options: Mapping[
 def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any) -> list[int]:
     """The true (and false) token ids: load_options true_token / false_token (null: none), else the directory's
     LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM."""
-    saved = next((entry for entry in _read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None)
+    saved = next((entry for entry in read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None)
     if saved is not None and "true_token" not in options and "false_token" not in options:
-        config = read_json(directory / saved.get("path", "") / "config.json")
+        config = read_json(module_folder(directory, saved.get("path", "")) / "config.json")
         ids = [config["true_token_id"], config.get("false_token_id")]
     else:
         ids = [_token_id(tokenizer, options.get("true_token", "yes")), _token_id(tokenizer, options.get("false_token", "no"))]
@@ -173,11 +172,6 @@ def _token_id(tokenizer: Any, token: str | None) -> int | None:
     if token_id is None or token_id == tokenizer.unk_token_id:
         raise ValueError(f"score token {token!r} is not one token of this model's vocabulary")
     return int(token_id)
-
-
-def _read_modules(directory: Path) -> list[dict[str, Any]]:
-    path = directory / "modules.json"
-    return json.loads(path.read_text()) if path.exists() else []
 
 
 def _saved_default_prompt(directory: Path) -> str | None:

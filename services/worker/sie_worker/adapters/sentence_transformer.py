@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from sie_common.errors import InvalidArgument
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
 from sie_worker.adapters.bidirectional import use_bidirectional
 from sie_worker.adapters.dense_modules import DenseModule, load_dense
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, padded, position_offset, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, padded, position_offset, read_json, read_modules
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.
@@ -206,8 +205,7 @@ def _read_modules(directory: Path) -> list[str]:
     modules_file = directory / "modules.json"
     if not modules_file.exists():
         return ["Transformer", "Pooling"]
-    entries = json.loads(modules_file.read_text())
-    types = [_module_type(entry["type"]) for entry in entries]
+    types = [_module_type(entry["type"]) for entry in read_modules(directory)]
     unsupported = [name for name in types if name not in ("Transformer", "Pooling", "Dense", "Normalize")]
     if unsupported:
         raise ValueError(f"{modules_file}: module {unsupported[0]!r} is not supported by the sentence_transformer adapter")
@@ -226,17 +224,15 @@ def _module_type(name: str) -> str:
 def _dense_paths(directory: Path, modules: list[str]) -> list[str]:
     if "Dense" not in modules:
         return []
-    entries = json.loads((directory / "modules.json").read_text())
-    return [entry["path"] for entry in entries if _module_type(entry["type"]) == "Dense"]
+    return [entry["path"] for entry in read_modules(directory) if _module_type(entry["type"]) == "Dense"]
 
 
 def _pooling_config(directory: Path, modules: list[str]) -> dict[str, Any]:
     """Pooling modes and include_prompt from the Pooling module's config (new or legacy keys)."""
     if "Pooling" not in modules or not (directory / "modules.json").exists():
         return {}
-    entries = json.loads((directory / "modules.json").read_text())
-    path = next(entry["path"] for entry in entries if entry["type"].endswith("Pooling"))
-    raw = read_json(directory / path / "config.json")
+    path = next(entry["path"] for entry in read_modules(directory) if entry["type"].endswith("Pooling"))
+    raw = read_json(module_folder(directory, path) / "config.json")
     if "pooling_mode" in raw:
         mode = raw["pooling_mode"]
         modes = (mode,) if isinstance(mode, str) else tuple(mode)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from sie_worker.adapters.hf_text import module_folder, read_json
+from sie_worker.adapters.hf_text import module_folder, read_json, read_modules
 
 ACTIVATIONS = ("relu", "log1p_relu")
 POOLINGS = ("max", "sum")
@@ -41,7 +41,7 @@ class SparseLayout:
 
 def read_layout(directory: Path) -> SparseLayout:
     """The sparse layout of a directory (ValueError for settings this engine does not compute)."""
-    entries = _modules(directory)
+    entries = read_modules(directory)
     router = next((entry for entry in entries if entry["type"].endswith("Router")), None)
     if router is not None:
         return _router(directory, module_folder(directory, router["path"]))
@@ -102,8 +102,3 @@ def _idf_json(path: Path, model_directory: Path) -> np.ndarray:
         if token in vocabulary:
             weights[vocabulary[token]] = weight
     return weights
-
-
-def _modules(directory: Path) -> list[dict[str, Any]]:
-    path = directory / "modules.json"
-    return json.loads(path.read_text()) if path.exists() else []
