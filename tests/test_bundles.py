@@ -62,6 +62,11 @@ def test_config_hash_follows_the_served_configs_only() -> None:
         ({"id": "b"}, "b.yaml: adapters: required"),
         ({"id": "b", "adapters": ["x"], "priority": "high"}, "b.yaml: priority: must be an integer"),
         ({"id": "b", "adapters": ["x"], "gpu": "l4"}, "b.yaml: gpu: unknown field"),
+        # An empty value of the wrong kind is no list either (it used to read as "none").
+        ({"id": "b", "adapters": ["x"], "exclude_models": {}}, "b.yaml: exclude_models: must be a list of model ids"),
+        ({"id": "b", "adapters": ["x"], "exclude_models": ""}, "b.yaml: exclude_models: must be a list of model ids"),
+        ({"id": "b", "adapters": ["x"], "models": 0}, "b.yaml: models: must be a list of model ids"),
+        ({"id": "b", "adapters": ["x"], "models": ["x/m"], "exclude_models": ["x/m"]}, "b.yaml: exclude_models: lists 'x/m', which models lists too"),
     ],
 )
 def test_bad_bundles_name_the_field(data: dict, message: str) -> None:

@@ -62,16 +62,25 @@ def parse_bundle(data: Any, *, source: str) -> Bundle:
     adapters = data.get("adapters")
     if not isinstance(adapters, list) or not adapters or not all(isinstance(a, str) and a for a in adapters):
         raise ModelConfigError(source, "adapters", "required: a non-empty list of adapter names")
-    models = data.get("models") or []
+    models = _listed(data, "models")
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         raise ModelConfigError(source, "models", "must be a list of model ids")
-    excluded = data.get("exclude_models") or []
+    excluded = _listed(data, "exclude_models")
     if not isinstance(excluded, list) or not all(isinstance(m, str) and m for m in excluded):
         raise ModelConfigError(source, "exclude_models", "must be a list of model ids")
+    both = sorted(set(models) & set(excluded))
+    if both:
+        raise ModelConfigError(source, "exclude_models", f"lists {both[0]!r}, which models lists too (no bundle would serve it)")
     priority = data.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ModelConfigError(source, "priority", f"must be an integer, got {priority!r}")
     return Bundle(bundle_id, tuple(adapters), tuple(models), priority, tuple(excluded))
+
+
+def _listed(data: Mapping[str, Any], key: str) -> Any:
+    """The field's value, with null (YAML's empty `models:`) read as the empty list; any other value as given."""
+    value = data.get(key)
+    return [] if value is None else value
 
 
 def load_bundles(directory: Path) -> dict[str, Bundle]:
