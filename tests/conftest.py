@@ -29,7 +29,7 @@ from tiny_models import (  # noqa: E402
     write_config,
     write_model_yaml,
 )
-from worker_process import WorkerProcess, free_port  # noqa: E402
+from worker_process import WorkerProcess, free_port, stop_all  # noqa: E402
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 LORA_MODEL = "test/tiny-mean-lora"
@@ -120,8 +120,7 @@ def start_worker(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> 
         return worker
 
     yield start
-    for worker in started:
-        worker.stop()
+    stop_all(started)
 
 
 @pytest.fixture(scope="session")
@@ -225,8 +224,7 @@ def start_config(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProc
         return replica
 
     yield start
-    for replica in started:
-        replica.stop()
+    stop_all(started)
 
 
 @pytest.fixture

@@ -394,7 +394,7 @@ def test_at_the_bounds_requests_are_answered(stub) -> None:
 
 # --- property: random options never crash, blow up or hang the worker ----------------------------------------------
 
-EXAMPLES_PER_CALL = 40
+EXAMPLES_PER_CALL = 24
 # Peak RSS growth allowed over the whole property run.
 FUZZ_RSS_BOUND_BYTES = 512 * 2**20
 _strings = st.text(max_size=12, alphabet=st.characters(exclude_categories=("Cs",)))
