@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
 from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, read_json
+from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, read_json
 from sie_worker.adapters.pair_templates import ChatTemplate, PairTemplate, TextTemplate
 
 # The pair fillers whose renders differ only in content: their common token tail is the template's.
@@ -65,7 +65,7 @@ class LlmReranker(PairScorer):
                 raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
             self.token_ids: list[int] = []
         else:
-            self.token_ids = _score_tokens(directory, options, self.tokenizer.hf)
+            self.token_ids = _score_tokens(directory, options, self.tokenizer.hf, self.model.get_output_embeddings().weight.shape[0])
         activation = options.get("activation") or saved_activation(directory)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -154,16 +154,21 @@ def _template(directory: Path, options: Mapping[str, Any], run_options: Mapping[
     return None
 
 
-def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any) -> list[int]:
+def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any, vocabulary: int) -> list[int]:
     """The true (and false) token ids: load_options true_token / false_token (null: none), else the directory's
-    LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM."""
+    LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM. Each a row of the
+    model's output embeddings (`vocabulary` rows): a saved id past them failed every request, a negative one
+    silently read another token's row."""
     saved = next((entry for entry in _read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None)
     if saved is not None and "true_token" not in options and "false_token" not in options:
-        config = read_json(directory / saved.get("path", "") / "config.json")
+        config = read_json(module_folder(directory, str(saved.get("path", ""))) / "config.json")
         ids = [config["true_token_id"], config.get("false_token_id")]
     else:
         ids = [_token_id(tokenizer, options.get("true_token", "yes")), _token_id(tokenizer, options.get("false_token", "no"))]
-    return [int(token) for token in ids if token is not None]
+    for token in ids:
+        if token is not None and (type(token) is not int or not 0 <= token < vocabulary):
+            raise ValueError(f"score token id {token!r} is not a token of this model (0 to {vocabulary - 1})")
+    return [token for token in ids if token is not None]
 
 
 def _token_id(tokenizer: Any, token: str | None) -> int | None:
