@@ -26,6 +26,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from sie_common.errors import InvalidArgument
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
 from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
 from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, read_json
@@ -77,6 +78,16 @@ class LlmReranker(PairScorer):
             return self.tokenizer.encode_pairs((instruction or "") + query, texts)
         query, *documents = self._readable([query, *texts])
         tail = self._template_tail(instruction)
+        # A prompt that fills the model's length before the document (a long query or instruction, a template
+        # longer than the model reads) would give every document the same score: no token of it is read.
+        around = len(self.untruncated.encode(self.template.render(query, "", instruction), add_special_tokens=False).ids)
+        if around >= self.max_sequence_length:
+            raise InvalidArgument(
+                f"the prompt around the document (template, instruction and query) is {around} tokens, and the model reads"
+                f" {self.max_sequence_length}: no token of any document would be read",
+                reason="PROMPT_TOO_LONG",
+                metadata={"limit": str(self.max_sequence_length)},
+            )
         rendered = [self.template.render(query, document, instruction) for document in documents]
         return [TokenizedText(self._truncate(encoding.ids, tail)) for encoding in self.untruncated.encode_batch(rendered, add_special_tokens=False)]
 
