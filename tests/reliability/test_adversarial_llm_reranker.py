@@ -19,7 +19,7 @@ import pytest
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import write_config
-from tiny_rerankers import build_tiny_qwen3_reranker
+from tiny_rerankers import QWEN3_CHAT_TEMPLATE, build_tiny_qwen3_reranker
 from worker_process import inference_stub, serving_worker
 
 GOOD = "test/adv-llm-reranker"
@@ -33,6 +33,13 @@ BROKEN_LOGIT_SCORE = {
     "negative-token": {"true_token_id": -1, "false_token_id": 3},
     "text-token": {"true_token_id": "yes", "false_token_id": 3},
     "float-token": {"true_token_id": 1.5, "false_token_id": 3},
+}
+
+# Chat templates a hostile download can carry: transformers renders them in Jinja's sandbox, which refuses
+# Python internals but bounds neither the size of what a template renders nor its loops.
+HOSTILE_CHAT_TEMPLATES = {
+    "template-10-mb": "{{ 'x' * 10**7 }}" + QWEN3_CHAT_TEMPLATE,
+    "template-python-internals": "{{ ''.__class__.__mro__[1].__subclasses__() }}" + QWEN3_CHAT_TEMPLATE,
 }
 
 
@@ -62,6 +69,11 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
             entry["path"] = "../outside"
     (escaped / "modules.json").write_text(json.dumps(modules))
     write_config(configs, "test/adv-llm-escaping-module", f"path: {escaped}\n{profile}")
+    for name, template in HOSTILE_CHAT_TEMPLATES.items():
+        copy = root / name
+        shutil.copytree(saved, copy)
+        (copy / "chat_template.jinja").write_text(template)
+        write_config(configs, f"test/adv-llm-{name}", f"path: {copy}\n{profile}")
     env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": GOOD}
     with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
         yield stub
@@ -76,8 +88,8 @@ def score(stub, model: str, query: str = QUERY, documents: list[str] = DOCUMENTS
     return scores
 
 
-@pytest.mark.parametrize("name", [*BROKEN_LOGIT_SCORE, "escaping-module"])
-def test_a_broken_logit_score_module_is_a_load_failure(stub, name: str) -> None:
+@pytest.mark.parametrize("name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES])
+def test_a_broken_or_hostile_model_directory_is_a_load_failure(stub, name: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         score(stub, f"test/adv-llm-{name}")
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
