@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
+from sentence_transformers import CrossEncoder
 
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
@@ -41,6 +42,13 @@ HOSTILE_CHAT_TEMPLATES = {
     "template-10-mb": "{{ 'x' * 10**7 }}" + QWEN3_CHAT_TEMPLATE,
     "template-python-internals": "{{ ''.__class__.__mro__[1].__subclasses__() }}" + QWEN3_CHAT_TEMPLATE,
 }
+
+OLD_SAVED_ACTIVATIONS = {
+    "saved-identity": "torch.nn.modules.linear.Identity",
+    "saved-tanh": "torch.nn.modules.activation.Tanh",
+    "saved-softplus": "torch.nn.modules.activation.Softplus",
+}
+DIRECTORIES: dict[str, object] = {}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +82,18 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
         shutil.copytree(saved, copy)
         (copy / "chat_template.jinja").write_text(template)
         write_config(configs, f"test/adv-llm-{name}", f"path: {copy}\n{profile}")
+    # A one-label seq-cls replica whose activation is saved the way sentence-transformers before 4.0 saved it.
+    classifier = build_tiny_qwen3_reranker(root / "qwen3-seq-cls", classifier=True)
+    for name, activation in OLD_SAVED_ACTIVATIONS.items():
+        copy = root / name
+        shutil.copytree(classifier, copy)
+        saved_config = json.loads((copy / "config_sentence_transformers.json").read_text())
+        del saved_config["activation_fn"]
+        (copy / "config_sentence_transformers.json").write_text(json.dumps(saved_config))
+        model_config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**model_config, "sbert_ce_default_activation_function": activation}))
+        write_config(configs, f"test/adv-llm-{name}", f"path: {copy}\n{profile}")
+        DIRECTORIES[name] = copy
     env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": GOOD}
     with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
         yield stub
@@ -125,3 +145,16 @@ def test_scores_differ_and_a_pair_scores_the_same_alone_or_in_a_batch(stub) -> N
     alone = np.array([score(stub, GOOD, documents=[document])[0] for document in DOCUMENTS])
     assert np.abs(np.diff(alone)).min() > 1e-4
     np.testing.assert_allclose(together, np.tile(alone, 100), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["saved-identity", "saved-tanh"])
+def test_an_activation_saved_before_sentence_transformers_4_is_used(stub, name: str) -> None:
+    """Before: Sigmoid, whatever config.json's sbert_ce_default_activation_function said."""
+    expected = CrossEncoder(str(DIRECTORIES[name]), device="cpu").predict([(QUERY, document) for document in DOCUMENTS])
+    np.testing.assert_allclose(score(stub, f"test/adv-llm-{name}"), expected, atol=1e-4, rtol=0)
+
+
+def test_a_saved_activation_the_worker_lacks_is_a_load_failure(stub) -> None:
+    error = refusal(stub, "test/adv-llm-saved-softplus")
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and error_info(error).reason == "MODEL_LOAD_FAILED"
+    assert "Softplus" in error.details()
