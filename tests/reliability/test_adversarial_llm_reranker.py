@@ -19,7 +19,7 @@ from sentence_transformers import CrossEncoder
 
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tiny_models import write_config
+from tiny_models import build_tiny_head_model, write_config
 from tiny_rerankers import QWEN3_CHAT_TEMPLATE, build_tiny_qwen3_reranker
 from worker_process import inference_stub, serving_worker
 
@@ -94,6 +94,8 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
         (copy / "config.json").write_text(json.dumps({**model_config, "sbert_ce_default_activation_function": activation}))
         write_config(configs, f"test/adv-llm-{name}", f"path: {copy}\n{profile}")
         DIRECTORIES[name] = copy
+    # A BERT cross-encoder (its head is `classifier`, not a decoder's `score`) configured as an LLM reranker.
+    write_config(configs, "test/adv-llm-bert-cross-encoder", f"path: {build_tiny_head_model(root / 'bert', 'reranker')}\n{profile}")
     env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": GOOD}
     with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
         yield stub
@@ -108,7 +110,7 @@ def score(stub, model: str, query: str = QUERY, documents: list[str] = DOCUMENTS
     return scores
 
 
-@pytest.mark.parametrize("name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES])
+@pytest.mark.parametrize("name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES, "bert-cross-encoder"])
 def test_a_broken_or_hostile_model_directory_is_a_load_failure(stub, name: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         score(stub, f"test/adv-llm-{name}")

@@ -64,6 +64,9 @@ class LlmReranker(PairScorer):
         if self.own_head:
             if self.model.config.num_labels != 1:
                 raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
+            if not isinstance(getattr(self.model, "score", None), torch.nn.Module):
+                # An encoder's classifier (BERT's `classifier`) failed every request: use adapter cross_encoder.
+                raise ValueError(f"{architecture} has no decoder `score` head; an encoder cross-encoder is adapter cross_encoder")
             self.token_ids: list[int] = []
         else:
             self.token_ids = _score_tokens(directory, options, self.tokenizer.hf, self.model.get_output_embeddings().weight.shape[0])
