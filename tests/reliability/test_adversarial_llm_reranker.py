@@ -49,6 +49,8 @@ OLD_SAVED_ACTIVATIONS = {
     "saved-softplus": "torch.nn.modules.activation.Softplus",
 }
 DIRECTORIES: dict[str, object] = {}
+# The CrossEncoder's default prompt (config_sentence_transformers.json) in shapes no prompt has.
+BROKEN_SAVED_PROMPTS = {"prompts-list": ["Find the answer"], "prompt-number": {"query": 5}}
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +96,12 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
         (copy / "config.json").write_text(json.dumps({**model_config, "sbert_ce_default_activation_function": activation}))
         write_config(configs, f"test/adv-llm-{name}", f"path: {copy}\n{profile}")
         DIRECTORIES[name] = copy
+    for name, prompts in BROKEN_SAVED_PROMPTS.items():
+        copy = root / name
+        shutil.copytree(saved, copy)
+        saved_config = json.loads((copy / "config_sentence_transformers.json").read_text())
+        (copy / "config_sentence_transformers.json").write_text(json.dumps({**saved_config, "default_prompt_name": "query", "prompts": prompts}))
+        write_config(configs, f"test/adv-llm-{name}", f"path: {copy}\n{profile}")
     # A BERT cross-encoder (its head is `classifier`, not a decoder's `score`) configured as an LLM reranker.
     write_config(configs, "test/adv-llm-bert-cross-encoder", f"path: {build_tiny_head_model(root / 'bert', 'reranker')}\n{profile}")
     env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": GOOD}
@@ -110,7 +118,7 @@ def score(stub, model: str, query: str = QUERY, documents: list[str] = DOCUMENTS
     return scores
 
 
-@pytest.mark.parametrize("name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES, "bert-cross-encoder"])
+@pytest.mark.parametrize("name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES, "bert-cross-encoder", *BROKEN_SAVED_PROMPTS])
 def test_a_broken_or_hostile_model_directory_is_a_load_failure(stub, name: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         score(stub, f"test/adv-llm-{name}")

@@ -203,4 +203,12 @@ def _saved_default_prompt(directory: Path) -> str | None:
     """The CrossEncoder's default prompt (config_sentence_transformers.json default_prompt_name), if any."""
     config = read_json(directory / "config_sentence_transformers.json")
     name = config.get("default_prompt_name")
-    return (config.get("prompts") or {}).get(name) if name else None
+    if not name:
+        return None
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict):  # a list of prompts retried the load for ever (AttributeError reads as transient)
+        raise ValueError("config_sentence_transformers.json: prompts is not a mapping of names to texts")
+    prompt = prompts.get(name)
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"config_sentence_transformers.json: default prompt {name!r} is not a text")
+    return prompt
