@@ -102,6 +102,10 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
         saved_config = json.loads((copy / "config_sentence_transformers.json").read_text())
         (copy / "config_sentence_transformers.json").write_text(json.dumps({**saved_config, "default_prompt_name": "query", "prompts": prompts}))
         write_config(configs, f"test/adv-llm-{name}", f"path: {copy}\n{profile}")
+    copy = root / "modality-list"
+    shutil.copytree(saved, copy)
+    (copy / "sentence_bert_config.json").write_text(json.dumps({"modality_config": {"message": ["structured"]}}))
+    write_config(configs, "test/adv-llm-modality-list", f"path: {copy}\n{profile}")
     # A BERT cross-encoder (its head is `classifier`, not a decoder's `score`) configured as an LLM reranker.
     write_config(configs, "test/adv-llm-bert-cross-encoder", f"path: {build_tiny_head_model(root / 'bert', 'reranker')}\n{profile}")
     env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": GOOD}
@@ -118,7 +122,9 @@ def score(stub, model: str, query: str = QUERY, documents: list[str] = DOCUMENTS
     return scores
 
 
-@pytest.mark.parametrize("name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES, "bert-cross-encoder", *BROKEN_SAVED_PROMPTS])
+@pytest.mark.parametrize(
+    "name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES, "bert-cross-encoder", *BROKEN_SAVED_PROMPTS, "modality-list"]
+)
 def test_a_broken_or_hostile_model_directory_is_a_load_failure(stub, name: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         score(stub, f"test/adv-llm-{name}")

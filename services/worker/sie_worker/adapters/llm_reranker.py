@@ -164,7 +164,10 @@ def _template(directory: Path, options: Mapping[str, Any], run_options: Mapping[
         return TextTemplate(str(options["template"]), str(run_options.get("instruction_prompt", "{instruction}")))
     if getattr(tokenizer, "chat_template", None):
         modality = read_json(directory / "sentence_bert_config.json").get("modality_config") or {}
-        return ChatTemplate(tokenizer, flat=(modality.get("message") or {}).get("format", "flat") == "flat")
+        message = modality.get("message") if isinstance(modality, dict) else None
+        if not isinstance(message or {}, dict):  # a list here retried the load for ever (AttributeError reads as transient)
+            raise ValueError("sentence_bert_config.json: modality_config.message is not a mapping")
+        return ChatTemplate(tokenizer, flat=(message or {}).get("format", "flat") == "flat")
     return None
 
 
