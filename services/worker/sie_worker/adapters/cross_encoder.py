@@ -2,9 +2,11 @@
 
 The score is the single logit through the model's activation, as
 sentence-transformers' CrossEncoder chooses it: the `activation_fn` saved in
-config_sentence_transformers.json (sentence-transformers 6) or in config.json
-under `sentence_transformers` (Sigmoid or Identity), else Sigmoid for one
-label. load_options `activation` (`sigmoid` / `identity`) overrides it. Models with more than one label are refused at load.
+config_sentence_transformers.json (sentence-transformers 6), in config.json
+under `sentence_transformers`, or as config.json's older
+`sbert_ce_default_activation_function` (Sigmoid, Identity or Tanh), else
+Sigmoid for one label. load_options `activation` (`sigmoid` / `identity` /
+`tanh`) overrides it. Models with more than one label are refused at load.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from transformers import AutoModelForSequenceClassification
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
 from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, model_inputs, padded, read_json
 
-ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits}
+ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits, "tanh": torch.tanh}
 
 
 class CrossEncoderScorer(PairScorer):
@@ -32,7 +34,9 @@ class CrossEncoderScorer(PairScorer):
         if self.model.config.num_labels != 1:
             raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
         self.device = context.device
-        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        self.tokenizer = TextTokenizer(
+            context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code
+        )
         self.max_sequence_length = self.tokenizer.max_length
         activation = context.profile.load_options.get("activation") or saved_activation(context.weights)
         if activation not in ACTIVATIONS:
@@ -53,11 +57,21 @@ class CrossEncoderScorer(PairScorer):
 
 
 def saved_activation(directory: Path) -> str:
-    """`identity` or `sigmoid`: the activation a CrossEncoder saved in the directory, Sigmoid when it saved none."""
+    """The activation a CrossEncoder saved in the directory (a key of ACTIVATIONS), Sigmoid when it saved none:
+    `activation_fn` in config_sentence_transformers.json (sentence-transformers 6) or under config.json's
+    `sentence_transformers`, or config.json's `sbert_ce_default_activation_function` (before 4.0; e.g. Identity
+    on the ms-marco cross-encoders, Tanh on Qwen3-Reranker seq-cls conversions). A torch activation outside
+    ACTIVATIONS fails the load: scoring through another one would be silently wrong."""
+    config = read_json(directory / "config.json")
     saved = str(
         read_json(directory / "config_sentence_transformers.json").get("activation_fn")
-        or (read_json(directory / "config.json").get("sentence_transformers") or {}).get("activation_fn", "")
+        or (config.get("sentence_transformers") or {}).get("activation_fn")
+        or config.get("sbert_ce_default_activation_function")
+        or ""
     )
-    if saved.endswith("Identity"):
-        return "identity"
-    return "sigmoid"
+    name = saved.rsplit(".", 1)[-1].lower()
+    if name in ACTIVATIONS:
+        return name
+    if saved.startswith("torch."):
+        raise ValueError(f"the saved activation {saved} is not one of {', '.join(ACTIVATIONS)}; set load_options.activation")
+    return "sigmoid"  # none saved, or a class of remote code, which sentence-transformers ignores without trust_remote_code

@@ -25,6 +25,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from sie_common.errors import InvalidArgument
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
 from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
 from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, read_json, read_modules
@@ -62,9 +63,12 @@ class LlmReranker(PairScorer):
         if self.own_head:
             if self.model.config.num_labels != 1:
                 raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
+            if not isinstance(getattr(self.model, "score", None), torch.nn.Module):
+                # An encoder's classifier (BERT's `classifier`) failed every request: use adapter cross_encoder.
+                raise ValueError(f"{architecture} has no decoder `score` head; an encoder cross-encoder is adapter cross_encoder")
             self.token_ids: list[int] = []
         else:
-            self.token_ids = _score_tokens(directory, options, self.tokenizer.hf)
+            self.token_ids = _score_tokens(directory, options, self.tokenizer.hf, self.model.get_output_embeddings().weight.shape[0])
         activation = options.get("activation") or saved_activation(directory)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -76,6 +80,16 @@ class LlmReranker(PairScorer):
             return self.tokenizer.encode_pairs((instruction or "") + query, texts)
         query, *documents = self._readable([query, *texts])
         tail = self._template_tail(instruction)
+        # A prompt that fills the model's length before the document (a long query or instruction, a template
+        # longer than the model reads) would give every document the same score: no token of it is read.
+        around = len(self.untruncated.encode(self.template.render(query, "", instruction), add_special_tokens=False).ids)
+        if around >= self.max_sequence_length:
+            raise InvalidArgument(
+                f"the prompt around the document (template, instruction and query) is {around} tokens, and the model reads"
+                f" {self.max_sequence_length}: no token of any document would be read",
+                reason="PROMPT_TOO_LONG",
+                metadata={"limit": str(self.max_sequence_length)},
+            )
         rendered = [self.template.render(query, document, instruction) for document in documents]
         return [TokenizedText(self._truncate(encoding.ids, tail)) for encoding in self.untruncated.encode_batch(rendered, add_special_tokens=False)]
 
@@ -149,20 +163,28 @@ def _template(directory: Path, options: Mapping[str, Any], run_options: Mapping[
         return TextTemplate(str(options["template"]), str(run_options.get("instruction_prompt", "{instruction}")))
     if getattr(tokenizer, "chat_template", None):
         modality = read_json(directory / "sentence_bert_config.json").get("modality_config") or {}
-        return ChatTemplate(tokenizer, flat=(modality.get("message") or {}).get("format", "flat") == "flat")
+        message = modality.get("message") if isinstance(modality, dict) else None
+        if not isinstance(message or {}, dict):  # a list here retried the load for ever (AttributeError reads as transient)
+            raise ValueError("sentence_bert_config.json: modality_config.message is not a mapping")
+        return ChatTemplate(tokenizer, flat=(message or {}).get("format", "flat") == "flat")
     return None
 
 
-def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any) -> list[int]:
+def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any, vocabulary: int) -> list[int]:
     """The true (and false) token ids: load_options true_token / false_token (null: none), else the directory's
-    LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM."""
+    LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM. Each a row of the
+    model's output embeddings (`vocabulary` rows): a saved id past them failed every request, a negative one
+    silently read another token's row."""
     saved = next((entry for entry in read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None)
     if saved is not None and "true_token" not in options and "false_token" not in options:
-        config = read_json(module_folder(directory, saved.get("path", "")) / "config.json")
+        config = read_json(module_folder(directory, str(saved.get("path", ""))) / "config.json")
         ids = [config["true_token_id"], config.get("false_token_id")]
     else:
         ids = [_token_id(tokenizer, options.get("true_token", "yes")), _token_id(tokenizer, options.get("false_token", "no"))]
-    return [int(token) for token in ids if token is not None]
+    for token in ids:
+        if token is not None and (type(token) is not int or not 0 <= token < vocabulary):
+            raise ValueError(f"score token id {token!r} is not a token of this model (0 to {vocabulary - 1})")
+    return [token for token in ids if token is not None]
 
 
 def _token_id(tokenizer: Any, token: str | None) -> int | None:
@@ -178,4 +200,12 @@ def _saved_default_prompt(directory: Path) -> str | None:
     """The CrossEncoder's default prompt (config_sentence_transformers.json default_prompt_name), if any."""
     config = read_json(directory / "config_sentence_transformers.json")
     name = config.get("default_prompt_name")
-    return (config.get("prompts") or {}).get(name) if name else None
+    if not name:
+        return None
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict):  # a list of prompts retried the load for ever (AttributeError reads as transient)
+        raise ValueError("config_sentence_transformers.json: prompts is not a mapping of names to texts")
+    prompt = prompts.get(name)
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"config_sentence_transformers.json: default prompt {name!r} is not a text")
+    return prompt

@@ -12,6 +12,9 @@ from typing import Any, Protocol
 _PLACEHOLDER = re.compile(r"\{(instruction|query|document)\}")
 # Contents a chat template must carry into its output for a pair.
 _PROBES = ("query-probe-7f3a", "document-probe-7f3a")
+# The most characters a chat template may render around a pair: each pair renders it again (a downloaded
+# template's `'x' * 10**8` made every pair a 100 MB text to tokenize); real ones are a few hundred.
+MAX_CHAT_TEMPLATE_CHARS = 64 * 1024
 
 
 class PairTemplate(Protocol):
@@ -55,6 +58,8 @@ class ChatTemplate:
             raise ValueError(f"the model's chat template cannot render a query/document pair ({error}); set load_options.template") from error
         if not all(text in probe for text in _PROBES):
             raise ValueError("the model's chat template does not render 'query' and 'document' messages; set load_options.template")
+        if len(probe) > MAX_CHAT_TEMPLATE_CHARS:
+            raise ValueError(f"the model's chat template renders {len(probe)} characters for a short pair (at most {MAX_CHAT_TEMPLATE_CHARS})")
 
     def render(self, query: str, document: str, instruction: str | None) -> str:
         system = [self._message("system", instruction)] if instruction else []
