@@ -27,14 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fair_queuing import cpu  # noqa: E402
+from fair_queuing import machine  # noqa: E402
 from ours import InProcess, grpc_sender  # noqa: E402
 from tiny_decoders import build_decoder_embedder  # noqa: E402
 from tiny_models import write_config  # noqa: E402
@@ -88,15 +87,7 @@ def main() -> None:
             inprocess.close()
     result = {
         "date": datetime.date.today().isoformat(),
-        "machine": {
-            "cpu": cpu(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "transformers": transformers.__version__,
-            "load_average_at_start": round(load_at_start, 2),
-        },
+        "machine": machine(transformers=transformers.__version__, load_average_at_start=round(load_at_start, 2)),
         "model": {"layout": "Qwen3-Embedding (last token, left padding)", **SHAPE, "max_length": MAX_LENGTH, "vocab": 1000},
         "workload": workload.description,
         "in_process_batch_size": batch,

@@ -145,6 +145,20 @@ def cpu() -> dict[str, str]:
     return {"model": model, "isa_flags": flags}
 
 
+def machine(**extra: object) -> dict[str, object]:
+    """What a result records of the machine it ran on: CPU model and ISA flags, cores, Python, torch and its threads."""
+    import torch
+
+    return {
+        "cpu": cpu(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        **extra,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)

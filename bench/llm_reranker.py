@@ -33,13 +33,12 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from fair_queuing import cpu
+from fair_queuing import machine
 from report import replace_docs_section
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import write_config
@@ -129,13 +128,7 @@ def main() -> None:
 
     result = {
         "date": datetime.date.today().isoformat(),
-        "machine": {
-            "cpu": cpu(),
-            "cores": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-        },
+        "machine": machine(),
         "model": "tiny random Qwen3-Reranker replica (tools/tiny_rerankers.py: 2 layers, hidden 32, ChatML BPE), max length 256",
         "workload": {"bulk": workload.description, "single": f"{SINGLE_REQUESTS} one-document requests per path per round, taking turns"},
         "rounds": args.rounds,
