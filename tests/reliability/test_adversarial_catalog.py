@@ -17,7 +17,7 @@ import pytest
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_gliner, build_tiny_head_model, write_config
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, inference_stub, serving_worker
 
 RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
 EXTRACT = "tasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n"
@@ -155,18 +155,14 @@ def worker(layout: dict[str, Path], hub_endpoint: str) -> Iterator[WorkerProcess
         "HF_HUB_CACHE": str(layout["hub"]),
         "HF_ENDPOINT": hub_endpoint,
     }
-    worker = WorkerProcess(env, layout["root"] / "worker.log")
-    try:
-        worker.wait_serving()
+    with serving_worker(env, layout["root"] / "worker.log") as worker:
         yield worker
-    finally:
-        worker.stop()
 
 
 @pytest.fixture(scope="module")
 def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(worker) as stub:
+        yield stub
 
 
 def _score(stub: inference_pb2_grpc.InferenceStub, model_id: str) -> Callable[[], inference_pb2.ScoreResponse]:

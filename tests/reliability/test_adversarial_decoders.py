@@ -27,7 +27,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.tensors import from_tensor
 from tiny_decoders import build_decoder_embedder
 from tiny_models import write_config
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, serving_worker
 
 STELLA = "test/adv-stella"
 ROBERTA = "test/adv-roberta"
@@ -131,12 +131,10 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
         "SIE_PRELOAD_MODELS": ",".join((STELLA, ROBERTA, GRIT, BARE)),
         "SIE_MAX_INSTRUCTION_BYTES": str(INSTRUCTION_BYTES),
     }
-    process = WorkerProcess(env, tmp_path_factory.mktemp("adv-decoder-worker") / "worker.log")
     try:
-        process.wait_serving()
-        yield process
+        with serving_worker(env, tmp_path_factory.mktemp("adv-decoder-worker") / "worker.log") as worker:
+            yield worker
     finally:
-        process.stop()
         PWNED.unlink(missing_ok=True)
 
 

@@ -33,7 +33,7 @@ from tiny_layouts import (
     tiny_bert_config,
 )
 from tiny_models import write_config
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, serving_worker
 
 DOCUMENT_LENGTH = 20
 COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
@@ -147,12 +147,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, tuple[Pat
         write_config(configs, model_id, f"path: {directory}\n{body}")
     roots = {str(directory.parent) for directory, _ in models.values()}
     settings = {"SIE_MODELS_DIR": str(configs), "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT), "SIE_WEIGHT_ROOTS": ",".join(sorted(roots))}
-    worker = WorkerProcess(settings, tmp_path_factory.mktemp("hostile-layout-worker") / "worker.log")
-    try:
-        worker.wait_serving()
+    with serving_worker(settings, tmp_path_factory.mktemp("hostile-layout-worker") / "worker.log") as worker:
         yield worker
-    finally:
-        worker.stop()
 
 
 @pytest.fixture(scope="module")
