@@ -183,7 +183,9 @@ def build_opensearch_sparse(directory: Path, *, seed: int = 0) -> Path:
     BertForMaskedLM(tiny_bert_config(tokenizer.vocab_size)).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     rng = random.Random(seed)
-    idf = {token: round(rng.uniform(0.1, 8.0), 4) for token in tokenizer.get_vocab() if rng.random() < 0.9}
+    # In id order: get_vocab() comes in hash order, which differs between processes (and so would the 10 % left out).
+    tokens = sorted(tokenizer.get_vocab(), key=tokenizer.convert_tokens_to_ids)
+    idf = {token: round(rng.uniform(0.1, 8.0), 4) for token in tokens if rng.random() < 0.9}
     _write_json(directory / "idf.json", idf)
     return directory
 
