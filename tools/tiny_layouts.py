@@ -134,7 +134,7 @@ def build_sentencepiece_siglip(directory: Path, *, seed: int = 0) -> Path:
     import sentencepiece
     from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTokenizer
 
-    words = [word for word in minilm_tokenizer().get_vocab() if word.isalpha()]
+    words = sorted(word for word in minilm_tokenizer().get_vocab() if word.isalpha())  # get_vocab() is in hash order
     rng = random.Random(seed)
     lines = [" ".join(rng.choices(words, k=12)) for _ in range(400)]
     directory.mkdir(parents=True)
