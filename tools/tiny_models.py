@@ -165,13 +165,14 @@ def build_tiny_clip(directory: Path, *, seed: int = 0) -> Path:
     return directory
 
 
-def build_tiny_siglip(directory: Path, *, seed: int = 0) -> Path:
-    """A random SiglipModel (text read at the last position of max-length padding), with its image processor."""
+def build_tiny_siglip(directory: Path, *, seed: int = 0, tokenizer=None) -> Path:
+    """A random SiglipModel (text read at the last position of max-length padding), with its image processor and
+    `tokenizer` (its model_max_length is the text tower's positions; default: MiniLM's, cut at SIGLIP_MAX_LENGTH)."""
     from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel
 
-    tokenizer = _dual_encoder_tokenizer(SIGLIP_MAX_LENGTH)
+    tokenizer = tokenizer or _dual_encoder_tokenizer(SIGLIP_MAX_LENGTH)
     config = SiglipConfig(
-        text_config=_text_tower(tokenizer, SIGLIP_MAX_LENGTH),
+        text_config=_text_tower(tokenizer, tokenizer.model_max_length),
         vision_config={**_TOWER, "image_size": DUAL_IMAGE_SIZE, "patch_size": 8},
     )
     torch.manual_seed(seed)
@@ -194,7 +195,8 @@ def _text_tower(tokenizer, max_length: int) -> dict:
         "max_position_embeddings": max_length,
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.cls_token_id,
-        "eos_token_id": tokenizer.sep_token_id,
+        # BERT-style tokenizers end a text with [SEP]; SentencePiece ones (SigLIP's) with their eos token.
+        "eos_token_id": tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id,
     }
 
 
