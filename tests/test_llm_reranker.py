@@ -157,19 +157,17 @@ def test_left_and_right_padding_give_the_same_scores(stub) -> None:
     np.testing.assert_allclose(left, right, atol=1e-5, rtol=0)
 
 
-def test_a_score_token_outside_the_vocabulary_is_a_load_failure(stub) -> None:
+@pytest.mark.parametrize(
+    ("model", "cause"),
+    [
+        (BAD_TOKEN, "'certainly' is not one token"),  # a score token outside the vocabulary
+        (CHAT_ONLY, "does not render 'query' and 'document' messages"),  # a chat template without the pair roles
+    ],
+)
+def test_a_model_that_cannot_score_pairs_is_a_load_failure(stub, model: str, cause: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        call_until_loaded(lambda: served_scores(stub, BAD_TOKEN))
+        call_until_loaded(lambda: served_scores(stub, model))
     info, _ = error_details(caught.value)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert info is not None and info.reason == "MODEL_LOAD_FAILED"
-    assert "'certainly' is not one token" in caught.value.details()
-
-
-def test_a_chat_template_without_the_pair_roles_is_a_load_failure(stub) -> None:
-    with pytest.raises(grpc.RpcError) as caught:
-        call_until_loaded(lambda: served_scores(stub, CHAT_ONLY))
-    info, _ = error_details(caught.value)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert info is not None and info.reason == "MODEL_LOAD_FAILED"
-    assert "does not render 'query' and 'document' messages" in caught.value.details()
+    assert cause in caught.value.details()
