@@ -15,6 +15,7 @@ from PIL import Image
 
 from grpc_helpers import error_details, error_info, stacked
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from worker_process import inference_stub
 
 KNOWN_MODEL = "test/tiny-mean"
 RERANKER = "test/tiny-reranker"
@@ -33,8 +34,8 @@ def attacked(start_worker) -> Iterator:
 
 @pytest.fixture(scope="module")
 def stub(attacked) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(attacked.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(attacked) as stub:
+        yield stub
 
 
 def known(stub) -> int:

@@ -13,6 +13,7 @@ import pytest
 from google.protobuf import struct_pb2
 from grpc_helpers import error_info, stacked
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from worker_process import inference_stub
 
 KNOWN_MODEL = "test/tiny-mean"
 EXTRACT_MODEL = "test/tiny-ner"
@@ -29,8 +30,8 @@ def params_worker(start_worker) -> Iterator:
 @pytest.fixture(scope="module")
 def stub(params_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
     # default client options: an error whose trailers pass 8 KiB would reach this caller as INTERNAL
-    with grpc.insecure_channel(params_worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(params_worker) as stub:
+        yield stub
 
 
 def known(stub) -> np.ndarray:
