@@ -285,6 +285,17 @@ def test_a_query_is_embedded_as_a_query_three_ways(edge) -> None:
     np.testing.assert_allclose(by_params, by_field, atol=1e-6)
 
 
+def test_an_encode_naming_no_output_type_gets_the_models_own_output_over_http(edge) -> None:
+    """Through Envoy and the gateway: a sparse-only model answers sparse, not INVALID_ARGUMENT for dense."""
+    status, body = curl(edge, "POST", f"/v1/encode/{SPLADE}", {"items": [{"text": "sparse words"}]})
+    assert status == 200, body
+    result = body["results"][0]
+    assert result["sparse"]["indices"] and not result.get("dense")
+    status, body = curl(edge, "POST", f"/v1/encode/{MEAN}", {"items": [{"text": "dense words"}]})
+    assert status == 200, body
+    assert len(body["results"][0]["dense"]["values"]) == 32 and not body["results"][0].get("sparse")
+
+
 def test_the_reference_body_shape_answers_as_grpc_does(edge) -> None:
     status, body = curl(edge, "POST", f"/v1/encode/{SPLADE}", {"items": [{"text": "sparse words"}], "params": {"output_types": ["sparse"]}})
     assert status == 200, body
