@@ -62,7 +62,7 @@ from sie_worker.jobs import (
 )
 from sie_worker.images import decode_image
 from sie_worker.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
-from sie_worker.limits import Limits, check_muvera, check_score_multivectors
+from sie_worker.limits import Limits, check_held_multivectors, check_muvera
 from sie_worker.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.model_catalog import read_catalog
@@ -241,7 +241,7 @@ class Engine:
             encoded, results = await self._encode_items(
                 model, job.items, needed, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
-                check_tokenized=lambda tokenized: self._check_multivector_estimate(job, model, tokenized),
+                check_tokenized=lambda tokenized: self._check_multivector_estimate(job, model, needed, tokenized),
             )
 
             outputs = await self._postprocess(
@@ -258,14 +258,18 @@ class Engine:
             dims = min(job.dims or model_dims, model_dims) if model_dims else 0
             check_dense_estimate(len(job.items), dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
 
-    def _check_multivector_estimate(self, job: EncodeJob, model: LoadedModel, tokenized: Sequence[TokenizedText]) -> None:
-        """RESPONSE_TOO_LARGE before the forward pass when the job's multivectors alone could not be sent: the
-        encoders that count their rows from the tokens (MultivectorCounter) are measured once the texts are tokenized,
-        so no vectors are computed and held for an answer that cannot go out."""
+    def _check_multivector_estimate(self, job: EncodeJob, model: LoadedModel, needed: tuple[str, ...], tokenized: Sequence[TokenizedText]) -> None:
+        """Before the forward pass, for the encoders that count their rows from the tokens (MultivectorCounter):
+        RESPONSE_TOO_LARGE when the job's multivectors alone could not be sent, and INVALID_ARGUMENT when those it
+        computes (`needed`: for MUVERA too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold
+        (an answer may be far smaller than that: MUVERA, a binary dtype), so no vectors are computed and held for an
+        answer that cannot go out or that a request may not hold."""
         encoder = model.encoder
-        if "multivector" in job.output_types and isinstance(encoder, MultivectorCounter):
+        if "multivector" in needed and isinstance(encoder, MultivectorCounter):
             rows = sum(encoder.multivector_rows(item) for item in tokenized)
-            check_dense_estimate(rows, encoder.multivector_dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+            if "multivector" in job.output_types:
+                check_dense_estimate(rows, encoder.multivector_dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+            check_held_multivectors(rows, encoder.multivector_dims, self.limits, "encode")
 
     async def _encode_items(
         self,
@@ -400,7 +404,7 @@ class Engine:
         if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
 
             def check_items(tokenized: Sequence[TokenizedText]) -> None:
-                check_score_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits)
+                check_held_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits, "score")
 
         (query, query_results), (items, item_results) = await _all_or_none(
             self._encode_items(model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common),

@@ -3,7 +3,7 @@
 The bounds on a message's own fields (items, texts, names, options, labels,
 image bytes) live in sie_common.request_bounds, which the gateway checks too;
 here are those that need the model: MUVERA parameters, image sizes read
-from the header, and the multivectors a score holds. Each bound is a WorkerSettings field. A request over one gets
+from the header, and the multivectors an encode or score holds. Each bound is a WorkerSettings field. A request over one gets
 INVALID_ARGUMENT with a reason saying what is too large and metadata naming
 the limit and the setting that sets it; nothing of the request has been
 tokenized, decoded or run yet (a score's multivectors are counted from its tokens: tokenized, never run). The one exception is a Work request's timeout: a longer one is cut
@@ -63,17 +63,19 @@ def check_muvera(params: MuveraParams, limits: Limits) -> None:
             raise over_limit(f"options: muvera {what} is {value}", reason="INVALID_OPTIONS", limit=limit, setting=setting, metadata={"parameter": name})
 
 
-def check_score_multivectors(rows: int, dims: int, limits: Limits) -> None:
-    """A score holds its items' multivectors (float32) until every item is encoded: `rows` vectors of `dims` within
-    SIE_MAX_SCORE_MULTIVECTOR_BYTES, checked once they are tokenized, before the forward pass."""
+def check_held_multivectors(rows: int, dims: int, limits: Limits, task: str) -> None:
+    """An encode or score holds its items' multivectors (float32) until every item is through: `rows` vectors of
+    `dims` within SIE_MAX_SCORE_MULTIVECTOR_BYTES, checked once they are tokenized, before the forward pass. An encode's
+    answer may be far smaller than what it holds (MUVERA, a binary output dtype), so its size bound does not cover it."""
     size = rows * dims * 4
     if size > limits.score_multivector_bytes:
+        score = task == "score"
         raise over_limit(
-            f"items: {rows} multivectors of {dims} dims ({size} bytes) to score",
-            reason="SCORE_TOO_LARGE",
+            f"items: {rows} multivectors of {dims} dims ({size} bytes) to {task}",
+            reason="SCORE_TOO_LARGE" if score else "MULTIVECTORS_TOO_LARGE",
             limit=limits.score_multivector_bytes,
             setting="SIE_MAX_SCORE_MULTIVECTOR_BYTES",
-            advice="score fewer or shorter items per request, or in dense or sparse mode",
+            advice="score fewer or shorter items per request, or in dense or sparse mode" if score else "encode fewer or shorter items per request",
         )
 
 

@@ -55,7 +55,7 @@ class WorkerSettings(RequestBoundSettings):
     max_muvera_repetitions: int = setting(64, env="SIE_MAX_MUVERA_REPETITIONS", help="largest MUVERA repetitions accepted (request options merged over the profile's)")
     max_muvera_d_proj: int = setting(1024, env="SIE_MAX_MUVERA_D_PROJ", help="largest MUVERA d_proj accepted")
     max_muvera_dims: int = setting(16384, env="SIE_MAX_MUVERA_DIMS", help="widest MUVERA encoding accepted: repetitions x 2^k_sim x d_proj")
-    max_score_multivector_bytes: int = setting(2**30, env="SIE_MAX_SCORE_MULTIVECTOR_BYTES", help="most bytes of float32 multivectors a score's items may take (ColBERT scores, BGE-M3 multivector and hybrid scores), counted from their tokens before the forward pass; more gets INVALID_ARGUMENT")
+    max_score_multivector_bytes: int = setting(2**30, env="SIE_MAX_SCORE_MULTIVECTOR_BYTES", help="most bytes of float32 multivectors a score's items may take (ColBERT scores, BGE-M3 multivector and hybrid scores), counted from their tokens before the forward pass; more gets INVALID_ARGUMENT; an encode's multivectors, MUVERA's included, within it too")
     max_request_timeout_s: float = setting(3600.0, env="SIE_MAX_REQUEST_TIMEOUT_S", help="longest timeout a Work request may carry; longer ones are cut to it")
     default_compute_precision: str = setting("float16", env="SIE_DEFAULT_COMPUTE_PRECISION", help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32")
     max_loras_per_model: int = setting(10, env="SIE_MAX_LORAS_PER_MODEL", help="LoRA adapters kept loaded per model; the least recently used is evicted")
