@@ -35,8 +35,8 @@ from worker_process import WorkerProcess  # noqa: E402
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc  # noqa: E402
 from sie_common import config_store  # noqa: E402
-from sie_common.etcd import Etcd  # noqa: E402
-from sie_common.model_config import parse_model_config  # noqa: E402
+from sie_common.cluster.etcd import Etcd  # noqa: E402
+from sie_common.cluster.model_config import parse_model_config  # noqa: E402
 from sie_stack.up import wait_for_leader  # noqa: E402
 
 PREFIX = "/sie-bench/"

@@ -55,7 +55,7 @@ SMALL_INTERVAL_S = 0.05
 WARMUP = 20
 PHASES = ("idle", "other_model", "same_model")
 # The source directories of a checkout, in the order `make` and the tests put them on PYTHONPATH.
-SOURCE_DIRS = ("gen/python", "lib", "services/worker", "services/gateway", "services/config", "clients/python", "deploy/local")
+SOURCE_DIRS = ("contract/python", "lib", "services/worker", "services/gateway", "services/config", "clients/python", "deploy/local")
 
 
 def small_latencies_ms(stub: inference_pb2_grpc.InferenceStub, model: str, requests: int) -> list[float]:

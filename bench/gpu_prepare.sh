@@ -12,7 +12,7 @@ python=${PYTHON:-$here/.venv/bin/python}
 
 grep -qsx "/.gpu/" "$checkout/.git/info/exclude" || { mkdir -p "$checkout/.git/info"; printf '/.gpu/\n/.whl/\n' >> "$checkout/.git/info/exclude"; }
 rm -rf "$checkout/.gpu" && mkdir -p "$checkout/.gpu/src" "$checkout/.gpu/stubs"
-(cd "$here" && git ls-files -co --exclude-standard -- bench docs gen/python lib services clients deploy/local tools bundles \
+(cd "$here" && git ls-files -co --exclude-standard -- bench docs contract/python lib services clients deploy/local tools bundles \
   | grep -v '^bench/results/' | tar -cf - -T -) | tar -xf - -C "$checkout/.gpu/src"
 
 # The MiniLM package without its weights (gpu_run.sh fills in random ones of the same shape),

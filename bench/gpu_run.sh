@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 src=$(pwd)/.gpu/src
 rm -rf /tmp/stubs && cp -r .gpu/stubs /tmp/stubs
-export PYTHONPATH=/tmp/site:/tmp/stubs:$src/gen/python:$src/lib:$src/services/worker:$src/services/gateway:$src/services/config:$src/clients/python:$src/deploy/local
+export PYTHONPATH=/tmp/site:/tmp/stubs:$src/contract/python:$src/lib:$src/services/worker:$src/services/gateway:$src/services/config:$src/clients/python:$src/deploy/local
 python3 - <<'EOF' || exit 1
 import torch
 from transformers import BertConfig, BertModel

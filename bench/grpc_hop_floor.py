@@ -36,7 +36,7 @@ from pathlib import Path
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
-from sie_common.auth import bearer_metadata
+from sie_common.edge.auth import bearer_metadata
 from sie_stack.processes import free_port
 
 from ours import grpc_sender

@@ -22,7 +22,7 @@ import torch
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import SIEClient
-from sie_common.auth import bearer_metadata
+from sie_common.edge.auth import bearer_metadata
 from sie_stack.processes import ServiceProcess, free_port
 from sie_stack.settings import StackSettings
 from sie_stack.up import Stack

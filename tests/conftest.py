@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 
 from etcd_process import EtcdProcess  # noqa: E402
 from sie.v1 import inference_pb2_grpc  # noqa: E402
-from sie_common.etcd import Etcd  # noqa: E402
+from sie_common.cluster.etcd import Etcd  # noqa: E402
 from tiny_models import (  # noqa: E402
     VARIANTS,
     build_tiny_clip,

@@ -90,7 +90,7 @@ def forward_passes(stub: inference_pb2_grpc.InferenceStub, model: str) -> int:
 
 
 def stacked(tensors) -> np.ndarray:
-    from sie_common.tensors import from_tensor
+    from sie_contract.tensors import from_tensor
 
     return np.stack([np.array(from_tensor(tensor)) for tensor in tensors])
 

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from sie_common.config_messages import config_from_message, config_to_message
-from sie_common.model_config import ModelConfigError, Profile, parse_model_config
-from sie_common.settings import SettingsError, load_settings
-from sie_worker.adaptive import AdaptiveBatching, FixedBatching, batching_for
-from sie_worker.batch_stats import describe, publish_setting, record
-from sie_worker.batching import Batch, BatchLimits, PendingItem
+from sie_common.cluster.config_messages import config_from_message, config_to_message
+from sie_common.cluster.model_config import ModelConfigError, Profile, parse_model_config
+from sie_common.runtime.settings import SettingsError, load_settings
+from sie_worker.batching.adaptive import AdaptiveBatching, FixedBatching, batching_for
+from sie_worker.batching.stats import describe, publish_setting, record
+from sie_worker.batching.former import Batch, BatchLimits, PendingItem
 from sie_worker.settings import WorkerSettings
 
 MAX_TOKENS = 8192

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from sie_worker.batching import BatchFormer, BatchLimits, PendingItem
+from sie_worker.batching.former import BatchFormer, BatchLimits, PendingItem
 
 LIMITS = BatchLimits(max_items=4, max_tokens=100, max_wait_s=0.05)
 

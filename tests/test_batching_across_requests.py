@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 MODEL = "test/tiny-mean"
 CLIENTS = 8

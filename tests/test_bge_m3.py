@@ -25,8 +25,8 @@ from google.protobuf import struct_pb2
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.model_config import load_model_config
-from sie_common.tensors import from_tensor
+from sie_common.cluster.model_config import load_model_config
+from sie_contract.tensors import from_tensor
 from test_observability import scrape, sample
 from worker_process import WorkerProcess, inference_stub, serving_worker
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sie_common.bundles import Bundle, BundleHashes, bundle_config_hash, bundle_set_hash, load_bundles, parse_bundle
-from sie_common.model_config import ModelConfigError, parse_model_config
+from sie_common.cluster.bundles import Bundle, BundleHashes, bundle_config_hash, bundle_set_hash, load_bundles, parse_bundle
+from sie_common.cluster.model_config import ModelConfigError, parse_model_config
 from sie_worker.adapters import ADAPTERS
 
 ROOT = Path(__file__).resolve().parents[1]

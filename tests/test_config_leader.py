@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from sie.v1 import config_pb2, config_pb2_grpc
-from sie_common.etcd import Etcd
+from sie_common.cluster.etcd import Etcd
 from local_cluster import wait_for_leader
 from test_config_service import MODEL, error_reason, model_config
 

@@ -14,8 +14,8 @@ from google.rpc import error_details_pb2, status_pb2
 
 from sie.v1 import config_pb2, config_pb2_grpc
 from local_cluster import wait_for_leader
-from sie_common.bundles import load_bundles
-from sie_common.etcd import Etcd
+from sie_common.cluster.bundles import load_bundles
+from sie_common.cluster.etcd import Etcd
 from test_grpcurl import grpcurl
 from worker_process import WorkerProcess, free_port
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sie_common.settings import SettingsError
-from sie_worker.memory import cpu_budget_bytes, machine_memory_bytes
+from sie_common.runtime.settings import SettingsError
+from sie_worker.models.memory import cpu_budget_bytes, machine_memory_bytes
 from sie_worker.settings import WorkerSettings
 
 GIB = 2**30

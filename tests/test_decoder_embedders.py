@@ -26,7 +26,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from sie_worker.adapters.bidirectional import use_bidirectional
 from tiny_decoders import DECODER_MAX_LENGTH, build_decoder_embedder, decoder_config, train_tokenizer
 from tiny_models import build_tiny_model, write_config

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sie.v1 import inference_pb2, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from sie_gateway.dispatch import Dispatcher, NoWorker
-from sie_common.cluster_store import WorkerRecord
+from sie_common.cluster.cluster_store import WorkerRecord
 
 MODEL = "test/tiny-cls"
 

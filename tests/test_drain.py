@@ -13,7 +13,7 @@ import pytest
 
 from grpc_helpers import encode_request, error_info
 from sie.v1 import inference_pb2_grpc
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 MODEL = "test/tiny-mean"
 # Its own batch key, so its batch window is its own: a request for it surely

@@ -11,7 +11,7 @@ from sentence_transformers import SentenceTransformer
 
 from conftest import MINILM
 from sie.v1 import inference_pb2, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

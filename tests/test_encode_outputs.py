@@ -13,7 +13,7 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer, BertModel
 
 from grpc_helpers import items
 from sie.v1 import inference_pb2
-from sie_common.tensors import decode_tensor, from_tensor
+from sie_contract.tensors import decode_tensor, from_tensor
 
 TEXTS = ["the quick brown fox jumps over the lazy dog.", "hello, world!", "search engines rank documents"]
 QUERY_LENGTH = 12  # the tiny ColBERT's load_options

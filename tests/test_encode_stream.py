@@ -7,7 +7,7 @@ import numpy as np
 from google.rpc import error_details_pb2
 
 from sie.v1 import inference_pb2, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 MODEL = "test/tiny-cls"
 

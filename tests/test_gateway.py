@@ -14,7 +14,7 @@ from local_cluster import gateway_model, served_by, wait_until
 from grpc_helpers import call_until_loaded, error_reason
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import ProvisioningError, SIEClient
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 MEAN = "test/tiny-mean"
 CLS = "test/tiny-cls"
@@ -114,7 +114,7 @@ def test_scale_from_zero_answers_provisioning_until_a_worker_arrives(cluster, et
     assert time.monotonic() - started >= 2.0
 
     async def demand_key():
-        from sie_common.etcd import Etcd
+        from sie_common.cluster.etcd import Etcd
 
         etcd = Etcd([etcd_server.endpoint], etcd_prefix)
         await etcd.connect()

@@ -18,7 +18,7 @@ from google.protobuf import struct_pb2
 from grpc_helpers import error_reason
 from local_cluster import Cluster, gateway_model, model_config, wait_until
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from sie_stack.envoy_config import render
 from sie_stack.processes import EnvoyProcess, free_port
 from worker_process import WorkerProcess

@@ -26,8 +26,8 @@ from google.protobuf import json_format
 
 from manifests import ENVOY_CONFIG, OVERLAYS, ROOT, envoy_config, render, stale_files, validation_errors
 from sie.v1 import config_pb2, inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.config_messages import config_from_message
-from sie_common.settings import load_settings
+from sie_common.cluster.config_messages import config_from_message
+from sie_common.runtime.settings import load_settings
 from grpc_helpers import error_reason
 from worker_process import free_port
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sie_common.model_config import ModelConfigError, load_model_config, parse_model_config
+from sie_common.cluster.model_config import ModelConfigError, load_model_config, parse_model_config
 
 VALID = {
     "id": "org/model",

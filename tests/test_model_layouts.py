@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from tiny_layouts import (
     build_multi_vector_encoder,
     build_opensearch_sparse,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sie_worker.postprocess import MuveraParams, maxsim, muvera
+from sie_worker.engine.postprocess import MuveraParams, maxsim, muvera
 
 
 def unit(vectors: np.ndarray) -> np.ndarray:

@@ -13,9 +13,9 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModel, BertConfig, BertModel
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from sie_worker.adapters.onednn import DenseGelu, PackedLinear, onednn_available, packed_matches, use_onednn
-from sie_worker.memory import module_bytes
+from sie_worker.models.memory import module_bytes
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from sie_common.errors import InvalidArgument, ResourceExhausted
-from sie_worker.memory import is_cuda_oom, run_isolating_failures
+from sie_common.edge.errors import InvalidArgument, ResourceExhausted
+from sie_worker.models.memory import is_cuda_oom, run_isolating_failures
 
 
 def embed_fitting(limit: int, calls: list[int]):

@@ -1,4 +1,4 @@
-"""Model builds run in a thread that ends, so its OpenMP pool does not outlive them (sie_worker.passing_thread)."""
+"""Model builds run in a thread that ends, so its OpenMP pool does not outlive them (sie_worker.models.passing_thread)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from sie_worker.passing_thread import in_passing_thread
+from sie_worker.models.passing_thread import in_passing_thread
 
 REQUEST = contextvars.ContextVar("request", default="")
 

@@ -10,9 +10,9 @@ from google.protobuf import struct_pb2
 from conftest import LORA_MODEL
 from grpc_helpers import error_info, forward_passes, items, stacked
 from sie.v1 import inference_pb2
-from sie_common.errors import InvalidArgument
-from sie_common.request_bounds import RequestBounds, RequestBoundSettings
-from sie_common.request_params import merged_request
+from sie_common.edge.errors import InvalidArgument
+from sie_common.edge.request_bounds import RequestBounds, RequestBoundSettings
+from sie_common.edge.request_params import merged_request
 
 MEAN = "test/tiny-mean"  # carries the prompts "query: " and "passage: "
 RERANKER = "test/tiny-reranker"

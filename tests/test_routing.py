@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sie_common.cluster_store import WorkerRecord
+from sie_common.cluster.cluster_store import WorkerRecord
 from sie_gateway.routing import choose_worker, eligible_workers
 
 

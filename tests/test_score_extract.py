@@ -11,7 +11,7 @@ from transformers import AutoModelForSequenceClassification, AutoModelForTokenCl
 from conftest import MISCONFIGURED_MODEL
 from grpc_helpers import call_until_loaded, error_details, items
 from sie.v1 import inference_pb2, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 QUERY = "how do plants make energy"
 DOCUMENTS = [

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from sie_common.settings import SettingsError, add_flags, load_settings
+from sie_common.runtime.settings import SettingsError, add_flags, load_settings
 from sie_worker.settings import WorkerSettings
 
 

@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from sie_worker.adapters.hf_text import load_model
 from sie_worker.adapters.onednn import onednn_available, use_onednn
 from sie_worker.adapters.unpadded import use_unpadded

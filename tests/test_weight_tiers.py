@@ -17,10 +17,10 @@ from sentence_transformers import SentenceTransformer
 
 from grpc_helpers import encode_request, encode_when_loaded, error_info, retry_delay_s
 from sie.v1 import inference_pb2, inference_pb2_grpc
-from sie_common.model_config import parse_model_config
+from sie_common.cluster.model_config import parse_model_config
 from sie_worker.settings import WorkerSettings
-from sie_worker.weight_cache import CLUSTER_MARKER, LOCAL_MARKER, LocalCache, weights_key
-from sie_worker.weights import WeightResolver, WeightsNotFound
+from sie_worker.weights.cache import CLUSTER_MARKER, LOCAL_MARKER, LocalCache, weights_key
+from sie_worker.weights.resolver import WeightResolver, WeightsNotFound
 
 MODEL = "test/tiny-mean"
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from local_cluster import wait_for_leader
 from test_config_service import error_reason
 

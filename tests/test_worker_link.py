@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sie.v1 import inference_pb2, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from sie_gateway.worker_link import WorkerLink, WorkerLost
 
 MODEL = "test/tiny-mean"

@@ -11,7 +11,7 @@ from typing import TypeVar
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
-from sie_common.etcd import Etcd
+from sie_common.cluster.etcd import Etcd
 from sie_stack.up import wait_for_leader
 from worker_process import WorkerProcess
 

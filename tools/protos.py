@@ -1,7 +1,7 @@
 """Generate, check, lint and compare the protobuf contract in proto/.
 
-    python tools/protos.py generate          # write gen/python (stubs + descriptor set) from proto/
-    python tools/protos.py check             # fail if gen/python drifted from proto/
+    python tools/protos.py generate          # write contract/python (stubs + descriptor set) from proto/
+    python tools/protos.py check             # fail if contract/python drifted from proto/
     python tools/protos.py lint              # buf lint
     python tools/protos.py breaking [REF]    # buf breaking against a git ref (default: main)
 
@@ -21,7 +21,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = ROOT / "proto"
-PYTHON_OUT = ROOT / "gen" / "python"
+PYTHON_OUT = ROOT / "contract" / "python"
+# The generated package inside the contract's distribution; its other package (sie_contract) is written by hand.
+GENERATED = "sie"
 DEPS_DIR = ROOT / "build" / "proto-deps"
 DESCRIPTOR_NAME = "sie.binpb"
 GOOGLEAPIS_FILES = (
@@ -81,7 +83,7 @@ def check() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp)
         generate(fresh)
-        drift = _compare(fresh, PYTHON_OUT)
+        drift = _compare(fresh / GENERATED, PYTHON_OUT / GENERATED)
     if drift:
         print("generated stubs differ from proto/; run `make protos`:", file=sys.stderr)
         for name in drift:
@@ -155,14 +157,14 @@ def breaking_between(current: Path, against: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("generate", help="write gen/python from proto/")
-    commands.add_parser("check", help="fail if gen/python drifted from proto/")
+    commands.add_parser("generate", help="write contract/python from proto/")
+    commands.add_parser("check", help="fail if contract/python drifted from proto/")
     commands.add_parser("lint", help="buf lint")
     against = commands.add_parser("breaking", help="buf breaking against a git ref")
     against.add_argument("ref", nargs="?", default="main")
     args = parser.parse_args(argv)
     if args.command == "generate":
-        shutil.rmtree(PYTHON_OUT / "sie", ignore_errors=True)
+        shutil.rmtree(PYTHON_OUT / GENERATED, ignore_errors=True)
         generate(PYTHON_OUT)
         return 0
     if args.command == "check":

@@ -30,7 +30,7 @@ import numpy as np
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client.retry import RetryPolicy
 from sie_client.status import call_status
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 # The SDK's policy, with more tries on UNAVAILABLE so a client rides out a gateway restart (~10 s).
 FAULT_POLICY = RetryPolicy(busy_attempts=16)

@@ -22,7 +22,7 @@ from grpc_helpers import bearer, call_until_loaded, error_details, error_info
 from stack_process import stop_stack
 from local_cluster import Cluster, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
-from sie_common.etcd import Etcd
+from sie_common.cluster.etcd import Etcd
 from sie_stack.processes import free_port
 from sie_stack.up import DEMO_MODEL, wait_for_leader
 from worker_process import WorkerProcess

@@ -24,7 +24,7 @@ from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
 
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from tiny_decoders import build_decoder_embedder
 from tiny_models import write_config
 from worker_process import WorkerProcess, serving_worker

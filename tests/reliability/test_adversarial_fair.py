@@ -16,7 +16,7 @@ import grpc
 import pytest
 from grpc_helpers import encode_when_loaded
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_worker.memory import machine_memory_bytes
+from sie_worker.models.memory import machine_memory_bytes
 from tiny_models import write_model_yaml
 
 BULK_MODEL = "test/tiny-mean"

@@ -18,9 +18,9 @@ from google.protobuf import struct_pb2
 from grpc_helpers import call_until_loaded, error_info, error_reason
 from local_cluster import etcd_call, gateway_model, model_config, served_by, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common import cluster_store, config_store
-from sie_common.etcd import Etcd
-from sie_common.model_config import parse_model_config
+from sie_common.cluster import cluster_store, config_store
+from sie_common.cluster.etcd import Etcd
+from sie_common.cluster.model_config import parse_model_config
 
 MEAN = "test/tiny-mean"
 # etcd refuses a transaction of more than 128 operations by default.

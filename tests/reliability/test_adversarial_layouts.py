@@ -22,7 +22,7 @@ from transformers import BertForMaskedLM
 
 from grpc_helpers import call_until_loaded, error_reason
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from tiny_layouts import (
     HIDDEN,
     build_opensearch_sparse,

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from grpc_helpers import encode_when_loaded
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_worker.batching import BatchFormer, BatchLimits, PendingItem
+from sie_worker.batching.former import BatchFormer, BatchLimits, PendingItem
 
 MODEL = "test/tiny-mean"
 HEAVY_ITEMS = 8  # at most engine.INLINE_ITEMS: counted by items alone, they were tokenized on the event loop

@@ -24,7 +24,7 @@ from local_cluster import gateway_model, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client.retry import RetryPolicy
 from sie_client.status import call_status
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 from reliability.steady_load import LoadFigures, SteadyLoad, reference_vectors, rss_mb
 
 TEXTS = [f"reliability check sentence number {n}" for n in range(24)]

@@ -12,7 +12,7 @@ from sie.v1 import inference_pb2, types_pb2
 from sie_client.errors import ItemError
 from sie_client.images import image_message
 from sie_client.types import EncodeResult, Entity, ExtractResult, Item, ScoreResult, Timing
-from sie_common.tensors import from_tensor
+from sie_contract.tensors import from_tensor
 
 ItemLike = Item | str | Mapping[str, Any]
 

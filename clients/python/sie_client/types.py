@@ -8,7 +8,7 @@ from typing import Any, NotRequired, TypedDict
 import numpy as np
 
 from sie_client.images import ImageLike
-from sie_common.tensors import dequantize_rows
+from sie_contract.tensors import dequantize_rows
 
 
 @dataclass

@@ -14,7 +14,7 @@ transcoder would drop it. `/health` and `/healthz` answer 200 while Envoy runs
 SERVING (readiness, from Envoy's active health check of the gateway).
 
 The transcoder buffers a whole message each way; its limits match the gRPC
-message limits of the services behind it (lib/sie_common/transport.py), so an
+message limits of the services behind it (lib/sie_common/runtime/transport.py), so an
 answer the gateway may send is one Envoy can transcode.
 """
 
@@ -31,8 +31,8 @@ from typing import Any
 from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
 
-from sie_common.errors import ERROR_DOMAIN
-from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.edge.errors import ERROR_DOMAIN
+from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 from sie_stack.unknown_fields import lua_filter, template_fields, template_parts
 
 SERVICES = ("sie.v1.Inference", "sie.v1.ConfigService")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from sie_common.auth import check_auth_mode
-from sie_common.settings import setting
+from sie_common.edge.auth import check_auth_mode
+from sie_common.runtime.settings import setting
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import grpc
 import yaml
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
-from sie_common.auth import bearer_metadata
-from sie_common.config_messages import config_to_message
-from sie_common.model_config import parse_model_config
+from sie_common.edge.auth import bearer_metadata
+from sie_common.cluster.config_messages import config_to_message
+from sie_common.cluster.model_config import parse_model_config
 from sie_stack.envoy_config import render
 from sie_stack.processes import ChildProcess, EnvoyProcess, EtcdProcess, ServiceProcess, Standby, port_in_use
 from sie_stack.settings import StackSettings
@@ -177,7 +177,7 @@ def run(settings: StackSettings) -> int:
 
 def demo_model_config():  # type: ignore[no-untyped-def]
     """The worker's built-in demo config (weights from the bundled package when offline)."""
-    from sie_worker.model_catalog import BUILTIN_MODELS_DIR
+    from sie_worker.models.catalog import BUILTIN_MODELS_DIR
 
     path = BUILTIN_MODELS_DIR / "all-MiniLM-L6-v2.yaml"
     return parse_model_config(yaml.safe_load(path.read_text()), source=str(path))

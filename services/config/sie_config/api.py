@@ -9,11 +9,11 @@ from typing import TypeVar
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc
-from sie_common.auth import Check, Metadata, token_check
-from sie_common.config_messages import bundle_to_message, config_from_message, config_to_message
-from sie_common.errors import Internal, InvalidArgument, NotFound, PermissionDenied, SieError, Unavailable, abort
-from sie_common.etcd import EtcdUnavailable
-from sie_common.model_config import ModelConfig, ModelConfigError
+from sie_common.edge.auth import Check, Metadata, token_check
+from sie_common.cluster.config_messages import bundle_to_message, config_from_message, config_to_message
+from sie_common.edge.errors import Internal, InvalidArgument, NotFound, PermissionDenied, SieError, Unavailable, abort
+from sie_common.cluster.etcd import EtcdUnavailable
+from sie_common.cluster.model_config import ModelConfig, ModelConfigError
 from sie_config.metrics import REQUESTS
 from sie_config.settings import ConfigSettings
 from sie_config.store import ConfigStore, request_fingerprint

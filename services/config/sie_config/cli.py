@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable, Callable
 
-from sie_common.model_config import ModelConfigError
-from sie_common.service_cli import serve_main
+from sie_common.cluster.model_config import ModelConfigError
+from sie_common.runtime.service_cli import serve_main
 from sie_config.settings import ConfigSettings
 
 

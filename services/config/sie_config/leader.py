@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from sie_common.etcd import Compacted, Etcd, EtcdUnavailable
+from sie_common.cluster.etcd import Compacted, Etcd, EtcdUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sie_common.request_metrics import RequestMetrics
+from sie_common.edge.request_metrics import RequestMetrics
 from sie_config.leader import LeaderElection
 
 REQUESTS = RequestMetrics("config")

@@ -10,13 +10,13 @@ from pathlib import Path
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc
-from sie_common.auth import Authorize
-from sie_common.bundles import load_bundles
-from sie_common.etcd import Etcd
-from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
-from sie_common.malformed_requests import RejectMalformedRequests
-from sie_common.transport import ServerTransport
-from sie_common.metrics_server import start_metrics_server
+from sie_common.edge.auth import Authorize
+from sie_common.cluster.bundles import load_bundles
+from sie_common.cluster.etcd import Etcd
+from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
+from sie_common.edge.malformed_requests import RejectMalformedRequests
+from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.metrics_server import start_metrics_server
 from sie_config.api import ConfigService, admin_checks
 from sie_config.leader import LeaderElection
 from sie_config.metrics import register_election

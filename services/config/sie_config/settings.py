@@ -6,8 +6,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from sie_common.settings import SettingsError, setting
-from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.runtime.settings import SettingsError, setting
+from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 # The repository's bundles/ (the directory baked into the service's image).
 DEFAULT_BUNDLES_DIR = str(Path(__file__).resolve().parents[3] / "bundles")

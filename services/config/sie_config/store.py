@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sie.v1 import config_pb2
-from sie_common import config_store
-from sie_common.bundles import Bundle, bundle_config_hash, bundle_set_hash
-from sie_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from sie_common.etcd import Etcd
-from sie_common.model_config import ModelConfig, parse_model_config
+from sie_common.cluster import config_store
+from sie_common.cluster.bundles import Bundle, bundle_config_hash, bundle_set_hash
+from sie_common.edge.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from sie_common.cluster.etcd import Etcd
+from sie_common.cluster.model_config import ModelConfig, parse_model_config
 from sie_config.leader import LeaderElection
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable, Callable
 
-from sie_common.service_cli import serve_main
+from sie_common.runtime.service_cli import serve_main
 from sie_gateway.settings import GatewaySettings
 
 

@@ -14,12 +14,12 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Collection
 
-from sie_common import cluster_store, config_store
-from sie_common.bundles import Bundle, BundleHashes
-from sie_common.cluster_store import PoolRecord, WorkerRecord
-from sie_common.etcd import Etcd
-from sie_common.etcd_mirror import MirrorUpdate, PrefixMirror
-from sie_common.model_config import ModelConfig
+from sie_common.cluster import cluster_store, config_store
+from sie_common.cluster.bundles import Bundle, BundleHashes
+from sie_common.cluster.cluster_store import PoolRecord, WorkerRecord
+from sie_common.cluster.etcd import Etcd
+from sie_common.cluster.etcd_mirror import MirrorUpdate, PrefixMirror
+from sie_common.cluster.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 

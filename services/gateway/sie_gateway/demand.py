@@ -21,8 +21,8 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 
-from sie_common.cluster_store import DEMAND
-from sie_common.etcd import Etcd, EtcdUnavailable
+from sie_common.cluster.cluster_store import DEMAND
+from sie_common.cluster.etcd import Etcd, EtcdUnavailable
 
 log = logging.getLogger(__name__)
 

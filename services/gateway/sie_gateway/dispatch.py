@@ -14,8 +14,8 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sie.v1 import worker_pb2
-from sie_common.cluster_store import WorkerRecord
-from sie_common.errors import status_reason
+from sie_common.cluster.cluster_store import WorkerRecord
+from sie_common.edge.errors import status_reason
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.routing import choose_worker
 from sie_gateway.worker_link import Connect, WorkerLink, WorkerLost

@@ -17,15 +17,15 @@ import grpc
 from google.rpc import status_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
-from sie_common.auth import bearer_token
-from sie_common import openai_embeddings
-from sie_common.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
-from sie_common.encode_stream import serve_encode_stream
-from sie_common.request_bounds import RequestBounds, check_name, check_request
-from sie_common.request_params import merged_request
-from sie_common.request_metrics import status_code
-from sie_common.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
-from sie_common.errors import (
+from sie_common.edge.auth import bearer_token
+from sie_common.edge import openai_embeddings
+from sie_common.edge.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
+from sie_common.edge.encode_stream import serve_encode_stream
+from sie_common.edge.request_bounds import RequestBounds, check_name, check_request
+from sie_common.edge.request_params import merged_request
+from sie_common.edge.request_metrics import status_code
+from sie_contract.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
+from sie_common.edge.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,

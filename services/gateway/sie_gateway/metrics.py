@@ -1,6 +1,6 @@
 """The gateway's Prometheus metrics, served on SIE_GATEWAY_METRICS_PORT (docs/observability.md).
 
-Requests are counted per model, operation and status (sie_common.request_metrics);
+Requests are counted per model, operation and status (sie_common.edge.request_metrics);
 the demand gauge KEDA scales workers on, requests in flight and registered
 workers are read when Prometheus scrapes.
 """
@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sie_common.request_metrics import RequestMetrics
+from sie_common.edge.request_metrics import RequestMetrics
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 

@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from google.protobuf import timestamp_pb2
 
 from sie.v1 import inference_pb2
-from sie_common.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
-from sie_common.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
-from sie_common.etcd import Etcd
-from sie_common.request_bounds import RequestBounds, check_name
+from sie_common.cluster.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
+from sie_common.edge.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
+from sie_common.cluster.etcd import Etcd
+from sie_common.edge.request_bounds import RequestBounds, check_name
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.settings import GatewaySettings
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Mapping, Sequence
 
-from sie_common.cluster_store import WorkerRecord
+from sie_common.cluster.cluster_store import WorkerRecord
 
 
 def eligible_workers(

@@ -9,12 +9,12 @@ import signal
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc
-from sie_common.auth import Authorize, inference_checks
-from sie_common.etcd import Etcd
-from sie_common.grpc_server import add_health_and_reflection, set_serving
-from sie_common.malformed_requests import RejectMalformedRequests
-from sie_common.transport import ServerTransport
-from sie_common.metrics_server import start_metrics_server
+from sie_common.edge.auth import Authorize, inference_checks
+from sie_common.cluster.etcd import Etcd
+from sie_common.runtime.grpc_server import add_health_and_reflection, set_serving
+from sie_common.edge.malformed_requests import RejectMalformedRequests
+from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.metrics_server import start_metrics_server
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher

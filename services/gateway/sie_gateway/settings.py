@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sie_common.auth import check_auth_mode
-from sie_common.request_bounds import RequestBoundSettings
-from sie_common.settings import SettingsError, setting
-from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.edge.auth import check_auth_mode
+from sie_common.edge.request_bounds import RequestBoundSettings
+from sie_common.runtime.settings import SettingsError, setting
+from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)

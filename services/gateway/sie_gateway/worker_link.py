@@ -20,10 +20,10 @@ import grpc
 from opentelemetry import trace
 
 from sie.v1 import worker_pb2, worker_pb2_grpc
-from sie_common.auth import PresentToken
-from sie_common.settings import SettingsError
-from sie_common.tracing import WORK_METHOD, inject, span
-from sie_common.transport import RECONNECT_OPTIONS, channel_credentials
+from sie_common.edge.auth import PresentToken
+from sie_common.runtime.settings import SettingsError
+from sie_common.runtime.tracing import WORK_METHOD, inject, span
+from sie_common.runtime.transport import RECONNECT_OPTIONS, channel_credentials
 from sie_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)

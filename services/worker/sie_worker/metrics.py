@@ -1,7 +1,7 @@
 """The worker's Prometheus metrics, served on SIE_WORKER_METRICS_PORT (docs/observability.md).
 
 Request metrics are recorded once per answered request (unary, EncodeStream or
-Work stream alike; sie_common.request_metrics); batch metrics once per forward
+Work stream alike; sie_common.edge.request_metrics); batch metrics once per forward
 pass; requests in flight, loaded models and memory are read from the engine
 when Prometheus scrapes.
 """
@@ -16,11 +16,11 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sie_common.metrics_server import LATENCY_BUCKETS_S
-from sie_common.request_metrics import RequestMetrics
+from sie_common.runtime.metrics_server import LATENCY_BUCKETS_S
+from sie_common.edge.request_metrics import RequestMetrics
 
 if TYPE_CHECKING:
-    from sie_worker.engine import Engine
+    from sie_worker.engine.pipeline import Engine
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ QUEUE_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS_S,
 )
 INFERENCE_SECONDS = Histogram("sie_worker_inference_duration_seconds", "Duration of one forward pass", ["model"], buckets=LATENCY_BUCKETS_S)
-# Recorded for every forward pass; sie_worker.batch_stats adds the batcher's setting and, with SIE_INSTRUMENTATION, padding and wait.
+# Recorded for every forward pass; sie_worker.batching.stats adds the batcher's setting and, with SIE_INSTRUMENTATION, padding and wait.
 BATCH_ITEMS = Histogram("sie_worker_batch_items", "Items per forward pass.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(10)))
 BATCH_TOKENS = Histogram(
     "sie_worker_batch_tokens", "Tokens per forward pass, before padding.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(17))

@@ -9,20 +9,20 @@ import signal
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
-from sie_common.auth import WORK_CALLS, Authorize, Check, inference_checks, token_check
-from sie_common.cluster_store import WorkerRecord
-from sie_common.etcd import Etcd
-from sie_common.grpc_server import add_health_and_reflection, advertised_address, set_serving
-from sie_common.malformed_requests import RejectMalformedRequests
-from sie_common.transport import ServerTransport
-from sie_common.metrics_server import start_metrics_server
-from sie_worker.config_sync import ConfigSync
-from sie_worker.engine import Engine
-from sie_worker.inference_api import InferenceService
+from sie_common.edge.auth import WORK_CALLS, Authorize, Check, inference_checks, token_check
+from sie_common.cluster.cluster_store import WorkerRecord
+from sie_common.cluster.etcd import Etcd
+from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
+from sie_common.edge.malformed_requests import RejectMalformedRequests
+from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.metrics_server import start_metrics_server
+from sie_worker.cluster.config_sync import ConfigSync
+from sie_worker.engine.pipeline import Engine
+from sie_worker.api.inference import InferenceService
 from sie_worker.metrics import register_engine
-from sie_worker.registration import Registration
+from sie_worker.cluster.registration import Registration
 from sie_worker.settings import WorkerSettings
-from sie_worker.work_api import WorkService
+from sie_worker.api.work import WorkService
 
 log = logging.getLogger(__name__)
 

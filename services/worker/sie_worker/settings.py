@@ -5,10 +5,10 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from sie_common.auth import check_auth_mode
-from sie_common.request_bounds import RequestBoundSettings
-from sie_common.settings import SettingsError, setting
-from sie_common.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.edge.auth import check_auth_mode
+from sie_common.edge.request_bounds import RequestBoundSettings
+from sie_common.runtime.settings import SettingsError, setting
+from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class WorkerSettings(RequestBoundSettings):
     preprocessor_workers: int = setting(4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing")
     image_workers: int = setting(4, env="SIE_IMAGE_WORKERS", help="threads that decode and preprocess images (resize, crop, normalize)")
     max_image_pixels: int = setting(40_000_000, env="SIE_MAX_IMAGE_PIXELS", help="largest image accepted, in pixels (width x height, read from the header before decoding), and largest size the model's processor may resize one to")
-    # Upper bounds on request fields that need the model (sie_worker.limits; docs/security.md "Bounds"); those the
+    # Upper bounds on request fields that need the model (sie_worker.engine.limits; docs/security.md "Bounds"); those the
     # gateway checks too come from RequestBoundSettings.
     max_image_aspect_ratio: float = setting(50.0, env="SIE_MAX_IMAGE_ASPECT_RATIO", help="largest ratio of an image's long edge to its short edge (read from the header before decoding)")
     max_jpeg_scans: int = setting(100, env="SIE_MAX_JPEG_SCANS", help="most scans (SOS markers) a JPEG may have; libjpeg decodes every scan over the whole image, so a small progressive file of thousands of empty scans takes minutes of CPU")
@@ -115,7 +115,7 @@ class WorkerSettings(RequestBoundSettings):
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{self.port}")
 
 
-# The worker's own request bounds (sie_worker.limits) that must be positive.
+# The worker's own request bounds (sie_worker.engine.limits) that must be positive.
 _POSITIVE_BOUNDS = (
     "max_image_pixels", "max_jpeg_scans", "max_muvera_repetitions", "max_muvera_d_proj", "max_muvera_dims", "max_score_multivector_bytes", "max_request_timeout_s", "encode_stream_window",
 )

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from sie_common.model_config import ModelConfig, Profile
+from sie_common.cluster.model_config import ModelConfig, Profile
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from sie_common.errors import FailedPrecondition, clipped
+from sie_common.edge.errors import FailedPrecondition, clipped
 from sie_worker.adapters.base import Entity, LoadContext, ZeroShotExtractor
 from sie_worker.adapters.hf_text import position_limit
 

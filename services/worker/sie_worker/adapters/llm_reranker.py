@@ -25,7 +25,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from sie_common.errors import InvalidArgument
+from sie_common.edge.errors import InvalidArgument
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
 from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
 from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, read_json, read_modules

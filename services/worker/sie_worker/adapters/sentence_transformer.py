@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
-from sie_common.errors import InvalidArgument
+from sie_common.edge.errors import InvalidArgument
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
 from sie_worker.adapters.bidirectional import use_bidirectional
 from sie_worker.adapters.dense_modules import DenseModule, load_dense

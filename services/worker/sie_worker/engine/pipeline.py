@@ -1,0 +1,652 @@
+"""The pipeline of one worker, for encode, score and extract.
+
+    admission -> tokenize (CPU pool) / decode and preprocess images (image pool)
+              -> BatchFormer -> device thread -> postprocess (CPU pool)
+
+While one batch runs on the device the next is formed and queued behind it,
+so the device goes from one forward pass to the next without waiting on the
+event loop; until it starts, a batch led by a request that came after it was
+formed takes its place (fair queuing, sie_worker.batching.former). Each model's batch policy (sie_worker.batching.adaptive) sets the wait and
+token budget its batches are formed under.
+
+Items of concurrent requests share forward passes when their batch key
+matches: model, profile, operation, LoRA, output types, instruction,
+is_query and run-time options (as canonical JSON); image items have keys of
+their own (modality "image"). Each caller gets its own items back in its own
+order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+
+from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
+from sie_common.edge.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
+from sie_common.runtime.tracing import record_span, recording, span
+from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, MultivectorCounter, OptionScorer, PairScorer, TokenizedText, ZeroShotExtractor
+from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
+from sie_worker.batching.former import Batch, BatchFormer, PendingItem
+from sie_worker.engine.capabilities import (
+    check_inputs,
+    check_lora,
+    check_one_input_per_item,
+    check_outputs,
+    check_task,
+    dense_dims,
+    device_outputs,
+    muvera_params,
+    uses_muvera,
+)
+from sie_worker.models.device import select_device
+from sie_worker.engine.jobs import (
+    EncodedOutput,
+    EncodeJob,
+    EncodeOutcome,
+    ExtractJob,
+    ExtractOutcome,
+    ItemInput,
+    ScoredItem,
+    ScoreJob,
+    ScoreOutcome,
+    Timing,
+    canonical_options,
+)
+from sie_worker.engine.images import decode_image
+from sie_worker.engine.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
+from sie_worker.engine.limits import Limits, check_held_multivectors, check_muvera
+from sie_worker.models.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
+from sie_worker.metrics import QUEUE_DEPTH, record_batch
+from sie_worker.models.catalog import read_catalog
+from sie_worker.models.registry import LoadedModel, ModelRegistry
+from sie_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Requests of at most this many items are tokenized, finished and answered on the event loop (see `off_loop`).
+INLINE_ITEMS = 8
+# ... and of at most this many characters of text: the tokenizer may read a text whole (one long word, or long
+# whitespace before its first word), about 0.5 s per 2 MiB text, which must not hold the event loop.
+INLINE_TEXT_CHARS = 32 * 1024
+
+# Batches handed to the device thread at once: the one running and the next, formed behind it.
+PIPELINE_DEPTH = 2
+# Batching cost of one image: the processor gives every image the same size.
+IMAGE_COST = 1
+
+
+@dataclass(frozen=True)
+class _DeviceWork:
+    """What a batch runs: `forward` over its items' payloads, with one LoRA adapter active."""
+
+    model: LoadedModel
+    lora: str
+    forward: Callable[[Sequence[Any]], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class _ItemResult:
+    output: Any
+    batch: BatchStats
+    queue_ms: float
+    tokens: int
+
+
+@dataclass
+class _Clock:
+    """Where a request's time went."""
+
+    started: float
+    # Whether the answer carries the statistics of its batches.
+    debug: bool = False
+    tokenization_ms: float = 0.0
+    postprocessing_ms: float = 0.0
+
+    def timing(self, results: Sequence[_ItemResult]) -> Timing:
+        batches = {result.batch.batch_id: result.batch for result in results}
+        return Timing(
+            queue_ms=max((result.queue_ms for result in results), default=0.0),
+            tokenization_ms=self.tokenization_ms,
+            inference_ms=sum(batch.inference_ms for batch in batches.values()),
+            postprocessing_ms=self.postprocessing_ms,
+            total_ms=_ms_since(self.started),
+            batches=tuple(batches[batch_id] for batch_id in sorted(batches)) if self.debug else (),
+        )
+
+
+class Engine:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.device = select_device(settings.device)
+        self.registry = ModelRegistry(read_catalog(settings), settings, self.device)
+        self.limits = Limits.from_settings(settings)
+        self._former = BatchFormer()
+        self._cpu_pool = ThreadPoolExecutor(settings.preprocessor_workers, thread_name_prefix="sie-cpu")
+        self._image_pool = ThreadPoolExecutor(settings.image_workers, thread_name_prefix="sie-image")
+        # One inference thread per device serializes device work (forward passes and LoRA loads).
+        self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
+        self._background: list[asyncio.Task[None]] = []
+        self._in_flight = 0
+        self._batches = 0
+        self._draining = False
+
+    async def start(self) -> None:
+        self._background = [
+            asyncio.create_task(self._run_device(), name="sie-device-loop"),
+            asyncio.create_task(self.registry.monitor(), name="sie-memory-monitor"),
+        ]
+        for model_id in self.settings.preload_models:
+            try:
+                await self.registry.load(model_id)
+            except Exception as error:  # reported in the log and ListModels; the other models still serve
+                log.error("preloading %s failed: %s", model_id, error)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests (UNAVAILABLE) and wait for those in flight; False if the deadline passed first."""
+        self._draining = True
+        deadline = time.monotonic() + timeout_s
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._in_flight == 0
+
+    async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._cpu_pool.shutdown(wait=False, cancel_futures=True)
+        self._image_pool.shutdown(wait=False, cancel_futures=True)
+        self._device_thread.shutdown(wait=True)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """Hold one of SIE_MAX_CONCURRENT_REQUESTS slots, or answer RESOURCE_EXHAUSTED."""
+        if self._draining:
+            raise Unavailable(
+                "worker is shutting down; send the request to another worker",
+                reason="SHUTTING_DOWN",
+                retry_after_s=1.0,
+            )
+        limit = self.settings.max_concurrent_requests
+        if self._in_flight >= limit:
+            raise ResourceExhausted(
+                f"worker at capacity: {limit} requests in flight (SIE_MAX_CONCURRENT_REQUESTS); retry with backoff",
+                reason="QUEUE_FULL",
+                metadata={"limit": str(limit)},
+            )
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+
+    def _clock(self, debug: bool) -> _Clock:
+        """A request's clock; `debug` (batch statistics in the answer) needs SIE_INSTRUMENTATION."""
+        if debug and not self.settings.instrumentation:
+            raise FailedPrecondition(
+                f"debug: per-batch statistics are off on worker {self.settings.worker_id}; start it with SIE_INSTRUMENTATION=true",
+                reason="INSTRUMENTATION_OFF",
+            )
+        return _Clock(time.perf_counter(), debug=debug)
+
+    async def _model_for(
+        self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str, items: Sequence[ItemInput] = ()
+    ) -> LoadedModel:
+        """The loaded model for a request (held until `holds` closes), after checking it supports `task`, the
+        inputs of `items` and has `lora` ready."""
+        config = self.registry.config(model_id)
+        check_task(config, task)
+        check_inputs(config, items)
+        check_lora(config, lora)
+        model = holds.enter_context(self.registry.use(model_id, profile))
+        model.loras.require(lora, self._device_thread)
+        return model
+
+    # -- encode ---------------------------------------------------------------
+
+    async def encode(self, job: EncodeJob) -> EncodeOutcome:
+        clock = self._clock(job.debug)
+        with self.admitted(), contextlib.ExitStack() as holds:
+            config = self.registry.config(job.model)
+            if not job.output_types:
+                job = replace(job, output_types=config.default_output_types)
+            check_outputs(config, job.output_types)
+            self._check_answer_estimate(job, config.dims)  # before loading: with the dims the config states
+            model = await self._model_for(holds, job.model, job.profile, "encode", job.lora, job.items)
+            needed = device_outputs(model, job.output_types)
+            muvera_config = muvera_params(model, job.options) if "dense" in job.output_types and uses_muvera(model) else None
+            if muvera_config is not None:
+                check_muvera(muvera_config, self.limits)
+            if job.dims is not None and "dense" in job.output_types and job.dims > dense_dims(model, job.options):
+                raise InvalidArgument(
+                    f"dims {job.dims} exceeds the {dense_dims(model, job.options)} dimensions of {job.model}",
+                    reason="DIMS_TOO_LARGE",
+                    metadata={"dims": str(job.dims)},
+                )
+            self._check_answer_estimate(job, dense_dims(model, job.options))
+            encoded, results = await self._encode_items(
+                model, job.items, needed, clock,
+                is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
+                check_tokenized=lambda tokenized: self._check_multivector_estimate(job, model, needed, tokenized),
+            )
+
+            outputs = await self._postprocess(
+                lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock, len(encoded)
+            )
+            self._count(model, len(job.items))
+        return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
+
+    def _check_answer_estimate(self, job: EncodeJob, model_dims: int | None) -> None:
+        """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent."""
+        if "dense" in job.output_types:
+            # a lower bound: job.dims alone says nothing where the model's own dims are not known yet
+            # (dims 2**31-1 read as an 8 GB answer, RESOURCE_EXHAUSTED, where DIMS_TOO_LARGE is the answer)
+            dims = min(job.dims or model_dims, model_dims) if model_dims else 0
+            check_dense_estimate(len(job.items), dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+
+    def _check_multivector_estimate(self, job: EncodeJob, model: LoadedModel, needed: tuple[str, ...], tokenized: Sequence[TokenizedText]) -> None:
+        """Before the forward pass, for the encoders that count their rows from the tokens (MultivectorCounter):
+        RESPONSE_TOO_LARGE when the job's multivectors alone could not be sent, and INVALID_ARGUMENT when those it
+        computes (`needed`: for MUVERA too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold
+        (an answer may be far smaller than that: MUVERA, a binary dtype), so no vectors are computed and held for an
+        answer that cannot go out or that a request may not hold."""
+        encoder = model.encoder
+        if "multivector" in needed and isinstance(encoder, MultivectorCounter):
+            rows = sum(encoder.multivector_rows(item) for item in tokenized)
+            if "multivector" in job.output_types:
+                check_dense_estimate(rows, encoder.multivector_dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+            check_held_multivectors(rows, encoder.multivector_dims, self.limits, "encode")
+
+    async def _encode_items(
+        self,
+        model: LoadedModel,
+        items: Sequence[ItemInput],
+        outputs: tuple[str, ...],
+        clock: _Clock,
+        *,
+        is_query: bool,
+        instruction: str | None,
+        lora: str,
+        options: Mapping[str, Any],
+        check_tokenized: Callable[[Sequence[TokenizedText]], None] | None = None,
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        """Text items through the text path, image items through the image path (batched apart), back in item order.
+        `check_tokenized` sees the tokenized texts before they are queued for the device (it raises to refuse them)."""
+        common = {"is_query": is_query, "instruction": instruction, "lora": lora, "options": options}
+        image_rows = [row for row, item in enumerate(items) if item.images]
+        if not image_rows:
+            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, check_tokenized=check_tokenized, **common)
+        check_one_input_per_item(model, items)
+        text_rows = [row for row, item in enumerate(items) if not item.images]
+        (texts, text_results), (images, image_results) = await _all_or_none(
+            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, check_tokenized=check_tokenized, **common),
+            self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
+        )
+        by_row = dict(zip([*text_rows, *image_rows], [*texts, *images]))
+        return [by_row[row] for row in range(len(items))], text_results + image_results
+
+    async def _encode_images(
+        self, model: LoadedModel, items: Sequence[ItemInput], outputs: tuple[str, ...], clock: _Clock, *, lora: str, options: Mapping[str, Any]
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        """One image per item: decoded and preprocessed on the image pool, then batched by the image key at cost 1."""
+        encoder = model.encoder
+        assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
+        pixels = await self._prepare_images(clock, encoder, items)
+        key = (model.config.id, model.profile, "encode", lora, outputs, "image", canonical_options(options))
+        work = _DeviceWork(model, lora, lambda batch: encoder.encode_images(batch, outputs))
+        results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
+        return [result.output for result in results], results
+
+    async def _prepare_images(self, clock: _Clock, encoder: ImageEncoder, items: Sequence[ItemInput]) -> list[Any]:
+        """Decode (within the image limits, checked on the header) and preprocess each item's image, in parallel on
+        the image pool.
+
+        The first bad image in item order is the one reported."""
+        started = time.perf_counter()
+
+        def prepare(item: ItemInput) -> Any:
+            return encoder.prepare_image(decode_image(item, 0, limits=self.limits, resized_pixels=encoder.resized_pixels))
+
+        loop = asyncio.get_running_loop()
+        prepared = await asyncio.gather(*(loop.run_in_executor(self._image_pool, prepare, item) for item in items), return_exceptions=True)
+        clock.tokenization_ms += _ms_since(started)
+        for outcome in prepared:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return prepared
+
+    async def _encode_texts(
+        self,
+        model: LoadedModel,
+        texts: Sequence[str],
+        outputs: tuple[str, ...],
+        clock: _Clock,
+        *,
+        is_query: bool,
+        instruction: str | None,
+        lora: str,
+        options: Mapping[str, Any],
+        check_tokenized: Callable[[Sequence[TokenizedText]], None] | None = None,
+    ) -> tuple[list[EncodedItem], list[_ItemResult]]:
+        encoder = model.encoder
+        prompt = encoder.prompt(is_query=is_query, instruction=instruction)
+        tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts), sum(map(len, texts)) + len(prompt) * len(texts))
+        if check_tokenized is not None:
+            check_tokenized(tokenized)
+        key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
+        work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
+        results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
+        return [result.output for result in results], results
+
+    # -- score ----------------------------------------------------------------
+
+    async def score(self, job: ScoreJob) -> ScoreOutcome:
+        clock = self._clock(job.debug)
+        with self.admitted(), contextlib.ExitStack() as holds:
+            model = await self._model_for(holds, job.model, job.profile, "score", job.lora, [job.query, *job.items])
+            if isinstance(model.encoder, PairScorer):
+                scores, results = await self._score_pairs(model, job, clock)
+            elif isinstance(model.encoder, ImageEncoder):
+                scores, results = await self._score_encoded(model, job, clock, ("dense",), lambda query, item: cosine(query.dense, item.dense))
+            elif isinstance(model.encoder, OptionScorer):
+                try:
+                    outputs, similarity = model.encoder.scoring(job.options)
+                except ValueError as error:
+                    raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
+                scores, results = await self._score_encoded(model, job, clock, outputs, similarity)
+            else:
+                scores, results = await self._score_encoded(
+                    model, job, clock, ("multivector",), lambda query, item: maxsim(query.multivector, item.multivector)
+                )
+            order = sorted(range(len(scores)), key=lambda index: -scores[index])
+            ranked = [ScoredItem(index, float(scores[index])) for index in order[: job.top_k or None]]
+            self._count(model, len(job.items))
+        return ScoreOutcome(model=job.model, ranked=ranked, timing=clock.timing(results))
+
+    async def _score_pairs(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
+        scorer = model.encoder
+        query = job.query.text or ""
+        texts = [item.text or "" for item in job.items]
+        chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
+        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts, job.instruction), len(texts), chars)
+        key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
+        work = _DeviceWork(model, job.lora, scorer.score)
+        results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
+        return [float(result.output) for result in results], results
+
+    async def _score_encoded(
+        self, model: LoadedModel, job: ScoreJob, clock: _Clock, outputs: tuple[str, ...], similarity: Callable[[EncodedItem, EncodedItem], float]
+    ) -> tuple[list[float], list[_ItemResult]]:
+        """Encode the query (as a query) and the items with `outputs`, then score each item against the query:
+        MaxSim of multivectors (late interaction), cosine of dense embeddings (dual encoders, text or image), or
+        what the model's options pick (BGE-M3).
+
+        An instruction is the query's (retrieval models encode documents with their document prompt), except on a
+        dual encoder, where it is the prompt of every text (`a photo of `), the items included."""
+        common = {"lora": job.lora, "options": job.options}
+        encoder = model.encoder
+        item_instruction = job.instruction if isinstance(encoder, ImageEncoder) else None
+        check_items = None
+        if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
+
+            def check_items(tokenized: Sequence[TokenizedText]) -> None:
+                check_held_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits, "score")
+
+        (query, query_results), (items, item_results) = await _all_or_none(
+            self._encode_items(model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common),
+            self._encode_items(model, job.items, outputs, clock, is_query=False, instruction=item_instruction, check_tokenized=check_items, **common),
+        )
+        scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
+        return scores, query_results + item_results
+
+    # -- extract --------------------------------------------------------------
+
+    async def extract(self, job: ExtractJob) -> ExtractOutcome:
+        clock = self._clock(job.debug)
+        with self.admitted(), contextlib.ExitStack() as holds:
+            model = await self._model_for(holds, job.model, job.profile, "extract", job.lora)
+            extractor = model.encoder
+            key = (job.model, model.profile, "extract", job.lora, job.labels, job.threshold, False, canonical_options(job.options))
+            if isinstance(extractor, ZeroShotExtractor):
+                if not job.labels:
+                    raise InvalidArgument(f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS")
+                work = _DeviceWork(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
+                results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
+                entities: list[list[Entity]] = [result.output for result in results]
+            else:
+                tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts)))
+                work = _DeviceWork(model, job.lora, extractor.classify)
+                results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
+                entities = await self._postprocess(
+                    lambda: [
+                        extractor.entities(text, tokens, result.output, job.threshold)
+                        for text, tokens, result in zip(job.texts, tokenized, results)
+                    ],
+                    clock,
+                    len(job.texts),
+                )
+            self._count(model, len(job.texts))
+        return ExtractOutcome(model=job.model, entities=entities, timing=clock.timing(results))
+
+    # -- shared stages --------------------------------------------------------
+
+    async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]], items: int, chars: int) -> list[TokenizedText]:
+        started = time.perf_counter()
+        with span("tokenization"):
+            tokenized = await self.off_loop(tokenize, items, chars)
+        clock.tokenization_ms += _ms_since(started)
+        return tokenized
+
+    async def off_loop(self, work: Callable[[], T], items: int, chars: int = 0) -> T:
+        """Run CPU work for `items` items: on the preprocessing threads, so that the event loop serves other
+        requests meanwhile, unless they are few. For a few, the hop to a thread and back costs more than the
+        work, and beside a bulk neighbour each hop waits for the GIL. `chars`: the text the work reads, if any."""
+        if items <= INLINE_ITEMS and chars <= INLINE_TEXT_CHARS:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self._cpu_pool, work)
+
+    async def _postprocess(self, finish: Callable[[], Any], clock: _Clock, items: int) -> Any:
+        started = time.perf_counter()
+        with span("postprocessing"):
+            result = await self.off_loop(finish, items)
+        clock.postprocessing_ms += _ms_since(started)
+        return result
+
+    @staticmethod
+    def _count(model: LoadedModel, items: int) -> None:
+        model.stats.requests += 1
+        model.stats.items += items
+
+    async def _run_on_device(self, work: _DeviceWork, key: tuple, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
+        loop = asyncio.get_running_loop()
+        pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
+        self._former.add(pending, work.model.batching)
+        QUEUE_DEPTH.set(self._former.pending)
+        try:
+            results = list(await asyncio.gather(*(item.future for item in pending)))
+        except BaseException:
+            for item in pending:
+                item.future.cancel()
+            self._former.discard(pending)
+            QUEUE_DEPTH.set(self._former.pending)  # else it stays at what was queued until the next batch forms
+            raise
+        if recording():
+            _record_device_spans(pending, results)
+        return results
+
+    async def _run_device(self) -> None:
+        """Form batches and hand them to the device thread, at most PIPELINE_DEPTH at a time."""
+        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(PIPELINE_DEPTH)
+        behind: _Handed | None = None
+        while True:
+            if behind is not None and slots.locked() and not behind.running.done() and self._former.may_displace(behind.batch):
+                batch = await self._instead_of(behind, slots)
+            else:
+                await slots.acquire()
+                batch = await self._former.next_batch()
+            QUEUE_DEPTH.set(self._former.pending)
+            work: _DeviceWork = batch[0].payload[0]
+            self._batches += 1
+            running = self._device_thread.submit(_forward, work, batch)
+            deliver = functools.partial(self._deliver, work, batch, self._batches, slots)
+            running.add_done_callback(lambda done, deliver=deliver: done.cancelled() or loop.call_soon_threadsafe(deliver, done))
+            behind = _Handed(work, batch, running)
+
+    async def _instead_of(self, behind: _Handed, slots: asyncio.Semaphore) -> Batch:
+        """The next batch to hand over while `behind` waits for the device behind the running batch, with a slot
+        held for it: a batch led by a request that came after `behind` was formed takes its place if it has not
+        started (its items go back to the former), so a new request waits for one batch of a bulk neighbour, not
+        two; else, once a slot frees, the next batch as usual."""
+        slot = asyncio.ensure_future(slots.acquire())
+        newer = asyncio.ensure_future(self._former.next_batch(newer_than=behind.batch.flows))
+        try:
+            await asyncio.wait({slot, newer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (slot, newer):
+                if not task.done():
+                    task.cancel()
+        if newer.done() and not newer.cancelled():
+            if behind.running.cancel():
+                self._former.give_back(behind.batch, behind.work.model.batching)
+                if slot.done() and not slot.cancelled():
+                    slots.release()  # the batch given back holds a slot already, now this one's
+            elif not (slot.done() and not slot.cancelled()):
+                await slots.acquire()
+            return newer.result()
+        return await self._former.next_batch()
+
+    def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
+        """Fan a finished forward pass out to its items; should that fail, its items fail INTERNAL rather than wait
+        for ever (a callback's exception reaches no caller)."""
+        try:
+            self._fan_out(work, batch, batch_id, slots, running)
+        except Exception as error:
+            log.exception("answering a forward pass of %d items on %s failed", len(batch), work.model.config.id)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(Internal(f"answering the forward pass failed: {error}", reason="INFERENCE_FAILED"))
+
+    def _fan_out(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
+        """Fan a finished forward pass out to its items, and tell the model's batch policy how it went."""
+        slots.release()
+        model = work.model
+        if running.cancelled():
+            for item in batch:
+                item.future.cancel()
+            return
+        error = running.exception()
+        if error is not None:
+            log.error("forward pass of %d items on %s failed", len(batch), model.config.id, exc_info=error)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(_answer_for(error, model, len(batch)))
+            return
+        outputs, started, finished = running.result()
+        model.stats.forward_passes += 1
+        record_batch(model.config.id, model.profile, len(batch), batch.tokens, finished - started)
+        stats = describe(batch_id, batch, model.batching, started, finished)
+        model.batching.observe(batch, started, finished)
+        publish_setting(model.config.id, model.profile, model.batching)
+        if self.settings.instrumentation:
+            record(model.config.id, model.profile, stats)
+        for row, item in enumerate(batch):
+            if item.future.done():
+                continue
+            if isinstance(outputs[row], BaseException):  # the forward pass failed on this item alone
+                item.future.set_exception(_answer_for(outputs[row], model, len(batch)))
+            else:
+                item.future.set_result(_ItemResult(outputs[row], stats, (started - item.enqueued_at) * 1000, item.cost))
+
+
+@dataclass(frozen=True)
+class _Handed:
+    """A batch handed to the device thread, and its pass there (cancellable until it starts)."""
+
+    work: _DeviceWork
+    batch: Batch
+    running: Future
+
+
+def _forward(work: _DeviceWork, batch: Batch) -> tuple[Sequence[Any], float, float]:
+    """Run one batch on the device thread: its outputs (or, for an item the pass failed on, the error) and when the
+    pass started and finished (time.monotonic)."""
+    started = time.monotonic()
+    outputs = run_isolating_failures(
+        lambda items: work.model.loras.run(work.lora, work.forward, items),
+        [item.payload[1] for item in batch],
+        is_oom=is_cuda_oom,
+        recover=release_cuda_cache,
+    )
+    return outputs, started, time.monotonic()
+
+
+def _answer_for(error: BaseException, model: LoadedModel, items: int) -> SieError:
+    """What a caller is told when a forward pass of `items` items failed on every one: a SieError as it is; a lone
+    item on a model that has completed passes is to blame itself (ITEM_FAILED, as when other items of its batch
+    succeed: whether it shared a batch must not change its answer); anything else INTERNAL."""
+    if items == 1 and model.stats.forward_passes > 0:
+        return blame_item(error, because="the model answers other items")
+    if isinstance(error, SieError):
+        return error
+    return Internal(f"inference failed on {model.config.id}: {error}", reason="INFERENCE_FAILED")
+
+
+def _record_device_spans(pending: Sequence[PendingItem], results: Sequence[_ItemResult]) -> None:
+    """A request's `queue` span (until its last item reached the device) and one `inference` span per
+    forward pass that ran its items. A forward pass serves many requests: each request's trace gets its
+    own span for it, with the batch id as attribute, rather than a span shared across traces."""
+    batches: dict[int, tuple[float, float]] = {}
+    for item, result in zip(pending, results):
+        batches[result.batch.batch_id] = (item.enqueued_at + result.queue_ms / 1000, result.batch.inference_ms / 1000)
+    enqueued = min(item.enqueued_at for item in pending)
+    record_span("queue", enqueued, max(start for start, _ in batches.values()), {"sie.items": len(pending)})
+    for batch_id, (start, seconds) in sorted(batches.items()):
+        items = sum(1 for result in results if result.batch.batch_id == batch_id)
+        record_span("inference", start, start + seconds, {"sie.batch_id": batch_id, "sie.items": items})
+
+
+def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:
+    """One item's requested outputs after MUVERA, `dims` and the output dtype."""
+    dense = None
+    if "dense" in job.output_types:
+        if muvera_config is None:
+            dense = truncate(item.dense, dims=job.dims, normalized=normalized)
+        else:
+            dense = truncate(muvera(item.multivector, muvera_config, is_query=job.is_query), dims=job.dims, normalized=False)
+    return EncodedOutput(
+        dense=None if dense is None else quantize(dense, job.output_dtype),
+        sparse=item.sparse if "sparse" in job.output_types else None,
+        multivector=quantize(item.multivector, job.output_dtype) if "multivector" in job.output_types else None,
+    )
+
+
+async def _all_or_none(*steps: Awaitable[Any]) -> list[Any]:
+    """Run steps concurrently; when one fails, cancel the others (their queued items leave the BatchFormer) and raise."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000
+
+

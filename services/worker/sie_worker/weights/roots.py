@@ -1,0 +1,98 @@
+"""The directories a model config may make the worker read weights from.
+
+A config's `path` and its local LoRA directories must lie inside one of
+SIE_WEIGHT_ROOTS (default: the local weight cache, SIE_MODELS_DIR and the
+built-in models' package directories), after resolving symlinks: a directory
+inside a root whose files link out of it is refused too. `bundled_weights`
+names a directory inside an installed package; the validator refuses a subdir
+with '..' or an absolute one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from huggingface_hub import constants as hf_constants
+
+from sie_common.edge.errors import FailedPrecondition
+from sie_common.cluster.model_config import ModelConfig
+from sie_worker.weights.s3 import is_s3_url
+from sie_worker.settings import WorkerSettings
+
+
+def default_roots(settings: WorkerSettings, builtin: Iterable[ModelConfig]) -> list[Path]:
+    """SIE_WEIGHT_ROOTS, else the local cache, a local SIE_MODELS_DIR and the built-in models' package directories."""
+    if settings.weight_roots:
+        return [Path(root) for root in settings.weight_roots]
+    roots = [Path(settings.local_cache) if settings.local_cache else Path(hf_constants.HF_HUB_CACHE)]
+    if not is_s3_url(settings.models_dir):
+        roots.append(Path(settings.models_dir))
+    for config in builtin:
+        bundled = bundled_directory(config.bundled_weights) if config.bundled_weights else None
+        if bundled is not None:
+            roots.append(bundled)
+    return roots
+
+
+def is_local_lora(location: str) -> bool:
+    """A LoRA source that names a directory rather than a Hugging Face repo id."""
+    return Path(location).is_absolute() or Path(location).is_dir()
+
+
+def bundled_directory(spec: str) -> Path | None:
+    """The directory `package:subdir` names, when the package is installed."""
+    package, _, subdir = spec.partition(":")
+    found = importlib.util.find_spec(package)
+    if found is None or found.origin is None:
+        return None
+    directory = Path(found.origin).parent / subdir
+    return directory if directory.is_dir() else None
+
+
+class WeightsOutsideRoots(FailedPrecondition):
+    """A config points the worker at files outside the allowed weight roots."""
+
+    def __init__(self, message: str, *, model: str) -> None:
+        super().__init__(message, reason="WEIGHTS_OUTSIDE_ROOTS", metadata={"model": model})
+
+
+class WeightRoots:
+    def __init__(self, roots: Iterable[Path]) -> None:
+        self.roots = tuple(dict.fromkeys(Path(os.path.realpath(root)) for root in roots))
+
+    def describe(self) -> str:
+        return ", ".join(str(root) for root in self.roots) or "none"
+
+    def check(self, path: Path, *, model: str, what: str) -> None:
+        """Raise WeightsOutsideRoots unless `path` and everything under it resolve inside a root."""
+        where = f"{what} {str(path)!r} of {model}"
+        if ".." in path.parts:
+            raise WeightsOutsideRoots(f"{where} contains '..'; name the directory without it", model=model)
+        real = Path(os.path.realpath(path))
+        if not self._inside(real):
+            raise WeightsOutsideRoots(
+                f"{where} is outside the allowed weight roots ({self.describe()}); add its directory to SIE_WEIGHT_ROOTS",
+                model=model,
+            )
+        if real.is_dir():
+            for entry in real.rglob("*"):
+                if entry.is_symlink() and not self._inside(Path(os.path.realpath(entry))):
+                    raise WeightsOutsideRoots(
+                        f"{where}: {entry.relative_to(real)} links to {os.path.realpath(entry)}, outside the allowed "
+                        f"weight roots ({self.describe()})",
+                        model=model,
+                    )
+
+    def check_config(self, config: ModelConfig) -> None:
+        """Every local directory `config` names: its path and local LoRA directories."""
+        if config.path is not None:
+            self.check(config.path, model=config.id, what="path")
+        for name, location in config.loras.items():
+            if is_local_lora(location):
+                self.check(Path(location), model=config.id, what=f"loras.{name}")
+
+    def _inside(self, real: Path) -> bool:
+        return any(real == root or root in real.parents for root in self.roots)
