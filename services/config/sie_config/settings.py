@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from pathlib import Path
 
 from sie_common.runtime.settings import SettingsError, setting
 from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
-
-# The repository's bundles/ (the directory baked into the service's image).
-DEFAULT_BUNDLES_DIR = str(Path(__file__).resolve().parents[3] / "bundles")
 
 
 @dataclass(frozen=True)
@@ -20,7 +16,7 @@ class ConfigSettings:
     advertise_address: str | None = setting(None, env="SIE_ADVERTISE_ADDRESS", help="host:port other replicas name when they send writers to this leader (default: SIE_HOST:port, or hostname:port when listening on all addresses)")
     etcd_endpoints: tuple[str, ...] = setting(("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)")
     etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
-    bundles_dir: str = setting(DEFAULT_BUNDLES_DIR, env="SIE_BUNDLES_DIR", help="directory of bundle YAML files published to etcd when this replica becomes leader")
+    bundles_dir: str | None = setting(None, env="SIE_BUNDLES_DIR", help="directory of bundle YAML files published to etcd when this replica becomes leader (default: the repository's bundles/ in a checkout; required for an installed service)")
     admin_token: str | None = setting(None, env="SIE_ADMIN_TOKEN", help="bearer token that AddModel, ExportConfigs, ListModelConfigs and GetModelConfig require; unset: AddModel is refused (ADMIN_DISABLED) unless SIE_ALLOW_UNAUTHENTICATED_ADMIN")
     allow_unauthenticated_admin: bool = setting(False, env="SIE_ALLOW_UNAUTHENTICATED_ADMIN", help="without SIE_ADMIN_TOKEN, let anyone who reaches the port add models; only on a loopback SIE_HOST (a local dev stack)")
     allow_remote_code: bool = setting(False, env="SIE_ALLOW_REMOTE_CODE", help="accept AddModel configs whose profiles set trust_remote_code; off: they are refused (REMOTE_CODE_DISABLED)")
