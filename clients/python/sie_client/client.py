@@ -21,7 +21,7 @@ import grpc
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import messages
 from sie_client.errors import ProvisioningTimeoutError, ServerError, SIEError
-from sie_client.messages import ItemLike, is_single
+from sie_client.messages import ItemLike, as_batch, is_single
 from sie_client.retry import CAPACITY_REASONS, RetryPolicy
 from sie_client.status import CallStatus, call_status, status_from_proto
 from sie_client.target import parse_target
@@ -135,8 +135,7 @@ class AsyncSIEClient:
         `debug` adds the statistics of the request's batches as `timing["batches"]`.
         `gpu` / `pool` route this call (machine profile, resource pool) instead of the client's.
         """
-        single = is_single(items)
-        batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
+        single, batch = is_single(items), as_batch(items)
         policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
         if not batch:
             return []  # a list in, a list out: no request (the server refuses one without items)
@@ -227,8 +226,7 @@ class AsyncSIEClient:
     ) -> ExtractResult | list[ExtractResult]:
         """Per item: {id, entities: [{text, label, score, start, end}], relations, classifications, objects, data,
         timing}; the reference SDK's keys other than `entities` are empty (no adapter here produces them)."""
-        single = is_single(items)
-        batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
+        single, batch = is_single(items), as_batch(items)
         if not batch:
             return []
         merged = {**self.options, **(options or {})}

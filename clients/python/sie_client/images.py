@@ -6,14 +6,13 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 from PIL import Image
 
 from sie.v1 import types_pb2
 
-ImageLike = Union[bytes, str, os.PathLike, Image.Image, np.ndarray]
+ImageLike = bytes | str | os.PathLike | Image.Image | np.ndarray
 
 # A file's suffix -> the format hint sent with its bytes (the server decides from the bytes either way).
 _FORMAT_BY_SUFFIX = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp"}

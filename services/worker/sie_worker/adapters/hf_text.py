@@ -84,7 +84,7 @@ class TextTokenizer:
         pending = [index for index, text in enumerate(texts) if len(text) > length and not _chunks_final(encodings[index], chunks)]
         while pending:
             length *= 4
-            for index, encoding in zip(pending, self.rust.encode_batch([texts[index][:length] for index in pending])):
+            for index, encoding in zip(pending, self.rust.encode_batch([texts[index][:length] for index in pending]), strict=True):
                 encodings[index] = encoding
             pending = [index for index in pending if len(texts[index]) > length and not _chunks_final(encodings[index], chunks)]
         return encodings
@@ -188,7 +188,7 @@ def by_length(batch: Sequence[TokenizedText], device: torch.device, forward: Cal
         return list(forward(batch))
     outputs: list[Any] = [None] * len(batch)
     for group in length_groups([len(item.ids) for item in batch], CPU_SPLIT_TOKENS):
-        for index, output in zip(group, forward([batch[index] for index in group])):
+        for index, output in zip(group, forward([batch[index] for index in group]), strict=True):
             outputs[index] = output
     return outputs
 

@@ -100,7 +100,7 @@ class LlmReranker(PairScorer):
         """Long texts cut where the tokens a sequence can keep of them surely end (TextTokenizer.readable_prefixes),
         so a huge document costs what the model reads of it."""
         long = [index for index, text in enumerate(texts) if len(text) > self.max_sequence_length]
-        for index, text in zip(long, self.tokenizer.readable_prefixes([texts[index] for index in long])):
+        for index, text in zip(long, self.tokenizer.readable_prefixes([texts[index] for index in long]), strict=True):
             texts[index] = text
         return texts
 
@@ -110,7 +110,7 @@ class LlmReranker(PairScorer):
             self.untruncated.encode(self.template.render(filler, filler, instruction), add_special_tokens=False).ids for filler in _FILLERS
         )
         common = 0
-        for left, right in zip(reversed(first), reversed(second)):
+        for left, right in zip(reversed(first), reversed(second), strict=False):
             if left != right:
                 break
             common += 1

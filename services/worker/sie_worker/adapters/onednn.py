@@ -73,7 +73,7 @@ def use_onednn(model: torch.nn.Module) -> int:
     if not agrees:
         log.warning("oneDNN's packed matmul disagrees with PyTorch's on this machine; the model runs on plain PyTorch")
         return 0
-    for linear, weight in zip(linears, packed):
+    for linear, weight in zip(linears, packed, strict=True):
         linear.__class__ = PackedLinear
         linear.register_buffer("packed_weight", weight, persistent=False)
     for parent in list(model.modules()):

@@ -60,10 +60,10 @@ class SpladeEncoder(TextEncoder):
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
         static = [item.is_query and self.layout.idf is not None for item in batch]
-        items: list[EncodedItem | None] = [self._static(item) if is_static else None for item, is_static in zip(batch, static)]
+        items: list[EncodedItem | None] = [self._static(item) if is_static else None for item, is_static in zip(batch, static, strict=True)]
         modelled = [row for row, is_static in enumerate(static) if not is_static]
         if modelled:
-            for row, pooled in zip(modelled, self._pooled([batch[row] for row in modelled])):
+            for row, pooled in zip(modelled, self._pooled([batch[row] for row in modelled]), strict=True):
                 indices = np.flatnonzero(pooled > 0).astype(np.uint32)
                 items[row] = EncodedItem(sparse=SparseWeights(indices, pooled[indices].astype(np.float32), self.vocab_size))
         return items
