@@ -34,9 +34,9 @@ GOOGLEAPIS_FILES = (
 
 
 def googleapis_include() -> Path:
-    import google.api.annotations_pb2 as annotations
+    from google.api import annotations_pb2
 
-    return Path(annotations.__file__).resolve().parents[2]
+    return Path(annotations_pb2.__file__).resolve().parents[2]
 
 
 def protobuf_include() -> Path:

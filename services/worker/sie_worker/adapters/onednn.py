@@ -14,6 +14,7 @@ state dict.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 from transformers.activations import GELUActivation
@@ -79,7 +80,7 @@ def use_onednn(model: torch.nn.Module) -> int:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if _is_dense_gelu(child):
-                setattr(parent, name, DenseGelu(child.dense))
+                setattr(parent, name, DenseGelu(cast(PackedLinear, child.dense)))  # its type checked just above
     return len(linears)
 
 

@@ -74,16 +74,16 @@ class WeightResolver:
             return ResolvedWeights(found, "local cache")
         tried.append(f"local cache {self.local.root}: no {key}")
 
-        if self.cluster is not None:
+        if (cluster := self.cluster) is not None:
             try:
-                if self.cluster.has(key):
-                    folder = self.local.fill(key, lambda staging: self.cluster.download(key, staging))
+                if cluster.has(key):
+                    folder = self.local.fill(key, lambda staging: cluster.download(key, staging))
                     self.local.trim(keep | {key})
                     return ResolvedWeights(folder, "cluster cache")
-                tried.append(f"cluster cache {self.cluster.location}: no {key}")
+                tried.append(f"cluster cache {cluster.location}: no {key}")
             except Exception as error:  # noqa: BLE001 - botocore raises many types; any of them is a fault, not a miss
                 retryable = True
-                tried.append(f"cluster cache {self.cluster.location}: {type(error).__name__}: {error}")
+                tried.append(f"cluster cache {cluster.location}: {type(error).__name__}: {error}")
         else:
             tried.append("cluster cache: not configured (SIE_CLUSTER_CACHE)")
 
