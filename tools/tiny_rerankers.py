@@ -14,7 +14,14 @@ from typing import TypeVar
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3ForSequenceClassification,
+)
 
 QWEN3_SYSTEM = (
     'Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
@@ -53,7 +60,8 @@ def _chat_template(default_instruction: str, instruction_prompt: str, *parts: st
 QWEN3_CHAT_TEMPLATE = _chat_template(
     QWEN3_INSTRUCTION, "{instruction}",
     "<|im_start|>system\n" + QWEN3_SYSTEM + "<|im_end|>\n<|im_start|>user\n<Instruct>: ", "ns.instruction",
-    "\n<Query>: ", "ns.query", "\n<Document>: ", "ns.document", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    "\n<Query>: ", "ns.query", "\n<Document>: ", "ns.document",
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
 )  # fmt: skip
 # ... and the mxbai-rerank-v2 one, for the sentence-transformers reference of MXBAI_TEMPLATE.
 MXBAI_CHAT_TEMPLATE = _chat_template(
@@ -103,8 +111,9 @@ Config = TypeVar("Config")
 def _decoder_config(config_class: Callable[..., Config], tokenizer: PreTrainedTokenizerFast) -> Config:
     # A wide initialisation, so that scores differ visibly between pairs (the default 0.02 makes them all alike).
     return config_class(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=8, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False, initializer_range=0.5,
     )  # fmt: skip
 

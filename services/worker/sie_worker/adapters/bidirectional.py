@@ -29,7 +29,8 @@ def use_bidirectional(model: PreTrainedModel, forward: Forward, device: torch.de
     model.config.is_causal = False
     for module in model.modules():
         if isinstance(getattr(module, "is_causal", None), bool):
-            module.is_causal = False  # type: ignore[assignment]  # torch types Module.__setattr__ for tensors and modules
+            # torch types Module.__setattr__ for tensors and modules
+            module.is_causal = False  # type: ignore[assignment]
     problems = [case for case, pad in (("without padding", 0), ("with padding", 1)) if not _attends_ahead(forward, device, pad)]
     if problems:
         raise ValueError(

@@ -150,7 +150,8 @@ class LlmReranker(PairScorer):
     def _head(self, final: torch.Tensor) -> torch.Tensor:
         """The model's own head on the last real tokens: the classifier, or the output-embedding rows of the score tokens."""
         if self.own_head:
-            return self.model.score(final)  # type: ignore[operator]  # torch types a module's attributes as Tensor | Module
+            # torch types a module's attributes as Tensor | Module
+            return self.model.score(final)  # type: ignore[operator]
         head = self.model.get_output_embeddings()
         bias = head.bias[self.token_ids] if getattr(head, "bias", None) is not None else None
         logits = torch.nn.functional.linear(final, head.weight[self.token_ids], bias)
