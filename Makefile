@@ -9,9 +9,13 @@ INSTALLED := $(VENV)/.installed
 # The slowest tests are listed after every run: the whole suite has a 20-minute budget on 2 cores.
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: up serve test lint protos proto-check proto-lint proto-breaking bench manifests manifests-check
+.PHONY: up serve test lint dists protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
-$(INSTALLED): pyproject.toml scripts/bootstrap
+# Every distribution's pyproject.toml: a dependency added to any of them reinstalls.
+PYPROJECTS := pyproject.toml contract/python/pyproject.toml lib/pyproject.toml clients/python/pyproject.toml \
+  services/worker/pyproject.toml services/gateway/pyproject.toml services/config/pyproject.toml deploy/local/pyproject.toml
+
+$(INSTALLED): $(PYPROJECTS) scripts/bootstrap
 	scripts/bootstrap $(VENV)
 	touch $@
 
@@ -32,6 +36,10 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+
+# Each distribution installs alone in a fresh virtual environment (scripts/check_distributions; CI runs it).
+dists: $(INSTALLED)
+	$(PYTHON) scripts/check_distributions $(ARGS)
 
 protos: $(INSTALLED)
 	$(PYTHON) tools/protos.py generate

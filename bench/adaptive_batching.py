@@ -29,24 +29,19 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import grpc
+from ours import TINY, grpc_sender
+from report import replace_docs_section
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from tiny_models import build_tiny_model, write_model_yaml
+from worker_process import WorkerProcess
+from workloads import MODEL, Workload, bulk, summary, throughput
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from ours import TINY, grpc_sender  # noqa: E402
-from report import replace_docs_section  # noqa: E402
-from workloads import MODEL, Workload, bulk, summary, throughput  # noqa: E402
-from tiny_models import build_tiny_model, write_model_yaml  # noqa: E402
-from worker_process import WorkerProcess  # noqa: E402
-
-from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2  # noqa: E402
 
 SETTINGS: dict[str, dict[str, str]] = {
     "adaptive (defaults)": {},

@@ -18,26 +18,22 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import grpc
+from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
+from sie_common.cluster import config_store
+from sie_common.cluster.etcd import Etcd
+from sie_common.cluster.model_config import parse_model_config
+from sie_stack.processes import EtcdProcess
+from sie_stack.up import wait_for_leader
+from tiny_models import build_tiny_model
+from worker_process import WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-from etcd_process import EtcdProcess  # noqa: E402
-from tiny_models import build_tiny_model  # noqa: E402
-from worker_process import WorkerProcess  # noqa: E402
-
-from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc  # noqa: E402
-from sie_common import config_store  # noqa: E402
-from sie_common.cluster.etcd import Etcd  # noqa: E402
-from sie_common.cluster.model_config import parse_model_config  # noqa: E402
-from sie_stack.up import wait_for_leader  # noqa: E402
 
 PREFIX = "/sie-bench/"
 # Give up on a gateway that has not seen the new model by then.

@@ -22,23 +22,26 @@ import datetime
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import transformers
+from fair_queuing import machine
+from ours import InProcess, grpc_sender
+from tiny_decoders import build_decoder_embedder
+from tiny_models import write_config
+from worker_process import WorkerProcess
+from workloads import (
+    Workload,
+    alternating_latencies_ms,
+    bulk,
+    percentile,
+    summary,
+    throughput,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from fair_queuing import machine  # noqa: E402
-from ours import InProcess, grpc_sender  # noqa: E402
-from tiny_decoders import build_decoder_embedder  # noqa: E402
-from tiny_models import write_config  # noqa: E402
-from worker_process import WorkerProcess  # noqa: E402
-from workloads import Workload, alternating_latencies_ms, bulk, percentile, summary, throughput  # noqa: E402
 
 MODEL = "bench/qwen3-embedding-replica"
 SHAPE = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}

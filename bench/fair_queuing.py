@@ -27,7 +27,6 @@ import os
 import platform
 import re
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -36,16 +35,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "bench"))
-
+from report import replace_docs_section
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_model, write_model_yaml
 from worker_process import WorkerProcess
-from report import replace_docs_section
 from workloads import SINGLE_TEXT, bulk, percentile, summary
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL_A = "bench/tiny-bulk"
 MODEL_B = "bench/tiny-small"

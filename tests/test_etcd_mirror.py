@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from etcd_process import EtcdProcess
 from sie_common.cluster.etcd import Etcd
 from sie_common.cluster.etcd_mirror import MirrorUpdate, PrefixMirror
+from sie_stack.processes import EtcdProcess
 
 
 def assert_applied_once_in_order(updates: list[MirrorUpdate]) -> None:

@@ -32,7 +32,10 @@ from grpc_helpers import error_reason
 from worker_process import free_port
 
 DOCKER_DIR = ROOT / "deploy" / "docker"
-SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+PYPROJECTS = {str(path.parent.relative_to(ROOT)): tomllib.loads(path.read_text()) for path in ROOT.glob("*/*/pyproject.toml")}
+# Each console script -> its entry point, and the folder of the distribution that provides it.
+SCRIPTS = {script: target for project in PYPROJECTS.values() for script, target in project["project"].get("scripts", {}).items()}
+SCRIPT_FOLDERS = {script: folder for folder, project in PYPROJECTS.items() for script in project["project"].get("scripts", {})}
 WORKLOADS = ("Deployment", "StatefulSet")
 CRD_KINDS = ("ScaledObject", "ServiceMonitor")
 
@@ -336,15 +339,19 @@ def test_service_monitors_scrape_each_metrics_port_once(rendered) -> None:
 
 
 def dockerfile_stages(path: Path) -> dict[str, dict[str, Any]]:
-    """Each stage's ENTRYPOINT, EXPOSEd ports, ENV names and USER (a stage inherits its base stage's ENV and USER)."""
+    """Each stage's ENTRYPOINT, EXPOSEd ports, ENV names, USER, the folders it pip installs and whether it installs torch
+    (a stage inherits its base stage's ENV, USER, installs and torch)."""
     stages: dict[str, dict[str, Any]] = {}
     current: dict[str, Any] = {}
     for line in path.read_text().replace("\\\n", " ").splitlines():
         instruction, _, rest = line.strip().partition(" ")
         if instruction == "FROM":
             base, _, name = rest.partition(" AS ")
-            inherited = stages.get(base.strip(), {"env": set()})
-            current = {"entrypoint": None, "expose": set(), "env": set(inherited["env"]), "user": inherited.get("user")}
+            inherited = stages.get(base.strip(), {"env": set(), "installs": set(), "torch": False})
+            current = {
+                "entrypoint": None, "expose": set(), "env": set(inherited["env"]), "user": inherited.get("user"),
+                "installs": set(inherited["installs"]), "torch": inherited["torch"],
+            }
             stages[name.strip() or path.name] = current
         elif instruction == "ENTRYPOINT":
             current["entrypoint"] = re.findall(r'"([^"]+)"', rest)
@@ -354,6 +361,9 @@ def dockerfile_stages(path: Path) -> dict[str, dict[str, Any]]:
             current["user"] = rest.strip()
         elif instruction == "ENV":
             current["env"] |= set(re.findall(r"(\w+)=", rest))
+        elif instruction == "RUN" and "pip install" in rest:
+            current["installs"] |= set(re.findall(r"\./([\w/]+)", rest))
+            current["torch"] |= '"${TORCH}"' in rest
     return stages
 
 
@@ -364,7 +374,9 @@ def test_dockerfiles_run_console_scripts_on_their_settings_ports(rendered) -> No
             if not stage["entrypoint"]:
                 continue
             (script,) = stage["entrypoint"]
-            assert script in SCRIPTS, f"{path.name} {name}: {script} is not a console script in pyproject.toml"
+            assert script in SCRIPTS, f"{path.name} {name}: {script} is not a console script of a distribution"
+            assert SCRIPT_FOLDERS[script] in stage["installs"], f"{path.name} {name}: {script}'s distribution is not installed"
+            assert stage["torch"] == (script == "sie-worker"), f"{path.name} {name}: torch only in the worker's images"
             assert stage["user"] and int(stage["user"]) > 0, f"{path.name} {name}: a numeric non-root USER (the pods set runAsNonRoot)"
             settings = settings_for_script(script)
             defaults = {f.name: f.default for f in dataclasses.fields(settings)}
@@ -377,6 +389,13 @@ def test_dockerfiles_run_console_scripts_on_their_settings_ports(rendered) -> No
     assert {name: images.get(name) for name in used} == used, "every image the manifests run is built by a Dockerfile"
 
 
+def test_dockerfiles_copy_what_the_repository_has() -> None:
+    for path in sorted(DOCKER_DIR.glob("*Dockerfile")):
+        for sources in re.findall(r"^COPY (.+) \S+$", path.read_text(), re.M):
+            for source in sources.split():
+                assert (ROOT / source).exists(), f"{path.name}: COPY {source}: not in the repository"
+
+
 def test_images_pin_torch_as_bootstrap_does() -> None:
     (pin,) = re.findall(r"SIE_TORCH:-(torch==[\d.]+)", (ROOT / "scripts" / "bootstrap").read_text())
     cpu = (DOCKER_DIR / "Dockerfile").read_text()
@@ -384,9 +403,9 @@ def test_images_pin_torch_as_bootstrap_does() -> None:
     assert f"ARG TORCH={pin}" in cpu and f"ARG TORCH={pin}" in cuda
     assert "--index-url https://download.pytorch.org/whl/cpu" in cpu
     assert cuda.startswith("# syntax") and re.search(r"^FROM nvidia/cuda:\S+", cuda, re.M)
-    # torch is installed before the engine, so `pip install .` keeps that build.
+    # torch is installed before the worker, so installing the worker keeps that build.
     for text in (cpu, cuda):
-        assert text.index('"${TORCH}"') < text.index("pip install .")
+        assert text.index('"${TORCH}"') < text.index("./services/worker")
 
 
 def test_keda_queries_read_the_demand_a_gateway_with_the_overlays_environment_publishes(rendered, cluster) -> None:

@@ -11,18 +11,15 @@ RUN apt-get update \
  && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 # torch first and pinned: the Linux wheel on PyPI is the CUDA build (its CUDA
-# libraries come as nvidia-* wheels), so installing the engine never pulls another.
+# libraries come as nvidia-* wheels), so installing the worker never pulls another.
 ARG TORCH=torch==2.13.0
 RUN pip install "${TORCH}"
 WORKDIR /opt/sie
-COPY pyproject.toml README.md ./
-COPY gen gen
+COPY contract/python contract/python
 COPY lib lib
-COPY services services
-COPY clients clients
-COPY deploy/local deploy/local
+COPY services/worker services/worker
 COPY bundles bundles
-RUN pip install . \
+RUN pip install ./contract/python ./lib ./services/worker \
  && useradd --system --uid 10001 --home-dir /var/lib/sie --create-home sie
 USER 10001
 ENV SIE_BUNDLES_DIR=/opt/sie/bundles SIE_DEVICE=cuda

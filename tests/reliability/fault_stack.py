@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
-
-from etcd_process import EtcdProcess
-from reliability.link_cutter import LinkCutter
 from local_cluster import Cluster, etcd_call, gateway_model, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
+from sie_stack.processes import EtcdProcess
 from sie_stack.up import wait_for_leader
 from worker_process import WorkerProcess
+
+from reliability.link_cutter import LinkCutter
 
 T = TypeVar("T")
 

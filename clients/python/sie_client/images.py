@@ -1,18 +1,24 @@
 """Images for `Item.images`, sent as encoded bytes: bytes as they are, files as read from disk,
-PIL images and numpy arrays encoded as PNG (lossless, so the server sees exactly these pixels)."""
+PIL images and numpy arrays encoded as PNG (lossless, so the server sees exactly these pixels). Pillow is needed only
+for those two (the client's `images` extra); bytes and files go without it."""
 
 from __future__ import annotations
 
 import io
 import os
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
-from PIL import Image
 
 from sie.v1 import types_pb2
 
-ImageLike = bytes | str | os.PathLike | Image.Image | np.ndarray
+if TYPE_CHECKING:
+    from PIL import Image
+
+# Union, not `|`: pillow is optional, so "Image.Image" is a forward reference, which `|` cannot join at run time.
+ImageLike = Union[bytes, str, os.PathLike, "Image.Image", np.ndarray]  # noqa: UP007
 
 # A file's suffix -> the format hint sent with its bytes (the server decides from the bytes either way).
 _FORMAT_BY_SUFFIX = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp"}
@@ -29,7 +35,8 @@ def image_message(image: ImageLike) -> types_pb2.Image:
         return types_pb2.Image(data=path.read_bytes(), format=_FORMAT_BY_SUFFIX.get(path.suffix.lower(), ""))
     if isinstance(image, np.ndarray):
         image = _from_array(image)
-    if isinstance(image, Image.Image):
+    pil = _pil_image()
+    if pil is not None and isinstance(image, pil.Image):
         if image.mode not in _PNG_MODES:
             image = image.convert("RGB")
         buffer = io.BytesIO()
@@ -45,4 +52,16 @@ def _from_array(array: np.ndarray) -> Image.Image:
             f"a numpy image must be uint8 with shape (height, width) or (height, width, 3 or 4), "
             f"got {array.dtype} {array.shape}; scale floats with (array * 255).astype('uint8')"
         )
-    return Image.fromarray(array)
+    pil = _pil_image()
+    if pil is None:
+        raise ImportError("a numpy image is sent as PNG, which needs pillow: pip install 'sie-client[images]'")
+    return pil.fromarray(array)
+
+
+def _pil_image() -> ModuleType | None:
+    """PIL.Image when pillow is installed; without it there is no PIL image to send either."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return None
+    return Image

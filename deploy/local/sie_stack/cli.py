@@ -7,8 +7,14 @@ import json
 import logging
 import sys
 
-from sie_common.runtime.settings import SettingsError, add_flags, load_settings
-from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.runtime.settings import (
+    DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
+    DEFAULT_MAX_SEND_MESSAGE_BYTES,
+    SettingsError,
+    add_flags,
+    load_settings,
+)
+
 from sie_stack.settings import StackSettings
 
 

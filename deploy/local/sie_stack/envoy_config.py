@@ -30,9 +30,9 @@ from typing import Any
 
 from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
-
 from sie_common.edge.errors import ERROR_DOMAIN
-from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+
 from sie_stack.unknown_fields import lua_filter, template_fields, template_parts
 
 SERVICES = ("sie.v1.Inference", "sie.v1.ConfigService")

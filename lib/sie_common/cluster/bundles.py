@@ -29,6 +29,14 @@ from sie_common.cluster.model_config import ModelConfig, ModelConfigError
 _KEYS = {"id", "adapters", "models", "exclude_models", "priority"}
 
 
+def repository_bundles_dir() -> Path | None:
+    """The repository's bundles/ when the services run from a checkout (lib/sie_common here, an editable install);
+    None for an installed distribution, which has no repository beside it."""
+    lib = Path(__file__).resolve().parents[2]
+    directory = lib.parent / "bundles"
+    return directory if lib.name == "lib" and directory.is_dir() else None
+
+
 @dataclass(frozen=True)
 class Bundle:
     id: str

@@ -3,6 +3,8 @@
 Each service declares one frozen dataclass whose fields are made with
 `setting()`; `add_flags` turns it into argparse flags and `load_settings`
 builds the instance, so every knob is defined, documented and parsed once.
+The gRPC services' settings extend `ServiceSettings`, which holds the fields
+they share.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 
@@ -21,6 +24,10 @@ class _Dataclass(Protocol):
 
 
 T = TypeVar("T", bound=_Dataclass)
+
+# Defaults of every service's message size limits: requests are text, answers may carry many vectors.
+DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_SEND_MESSAGE_BYTES = 64 * 1024 * 1024
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -36,6 +43,64 @@ def setting(default: Any, *, env: str, help: str) -> Any:
         raise TypeError("use a tuple for list-valued settings")
     return dataclasses.field(default=default, metadata={"env": env, "help": help})
 
+
+def port_setting(default: int) -> Any:
+    """A service's gRPC port (SIE_PORT), with its own default."""
+    return setting(default, env="SIE_PORT", help="gRPC port")
+
+
+def metrics_port_setting(default: int, *, env: str) -> Any:
+    """A service's /metrics port, with its own default and variable (several services share a host)."""
+    return setting(
+        default, env=env, help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it"
+    )
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """The fields every gRPC service (worker, gateway, config service) shares: where it listens, etcd, TLS, message
+    limits, logging and tracing. Each service's settings extend it and add `port` (`port_setting`) and `metrics_port`
+    (`metrics_port_setting`) with their own defaults."""
+
+    host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
+    etcd_endpoints: tuple[str, ...] = setting(
+        ("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)"
+    )
+    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    tls_cert_file: str | None = setting(
+        None,
+        env="SIE_TLS_CERT_FILE",
+        help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only",
+    )
+    tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
+    tls_client_ca_file: str | None = setting(
+        None,
+        env="SIE_TLS_CLIENT_CA_FILE",
+        help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)",
+    )
+    max_receive_message_bytes: int = setting(
+        DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
+        env="SIE_MAX_RECEIVE_MESSAGE_BYTES",
+        help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED",
+    )
+    max_send_message_bytes: int = setting(
+        DEFAULT_MAX_SEND_MESSAGE_BYTES,
+        env="SIE_MAX_SEND_MESSAGE_BYTES",
+        help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED",
+    )
+    log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
+    # Observability (docs/observability.md).
+    log_json: bool = setting(
+        False,
+        env="SIE_LOG_JSON",
+        help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id,"
+        " latency_ms when known",
+    )
+    tracing_enabled: bool = setting(
+        False,
+        env="SIE_TRACING_ENABLED",
+        help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)",
+    )
 
 def add_flags(parser: argparse.ArgumentParser, settings_type: type) -> None:
     """Add a `--kebab-case` flag per field; unset flags fall back to the environment."""

@@ -15,11 +15,7 @@ from typing import Any
 
 import grpc
 
-from sie_common.runtime.settings import SettingsError
-
-# Defaults of the per-service settings: requests are text, answers may carry many vectors.
-DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_SEND_MESSAGE_BYTES = 64 * 1024 * 1024
+from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES, SettingsError
 
 # Internal channels (to etcd, to workers) reconnect within a second once the far end is back: gRPC's
 # default backoff grows to minutes. After an etcd outage every client must be back well inside the

@@ -11,7 +11,7 @@ import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc
 from sie_common.edge.auth import Authorize
-from sie_common.cluster.bundles import load_bundles
+from sie_common.cluster.bundles import load_bundles, repository_bundles_dir
 from sie_common.cluster.etcd import Etcd
 from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.edge.malformed_requests import RejectMalformedRequests
@@ -31,9 +31,12 @@ DRAIN_GRACE_S = 10.0
 
 async def serve(settings: ConfigSettings) -> None:
     transport = ServerTransport.of(settings)
-    bundles = load_bundles(Path(settings.bundles_dir))
+    directory = Path(settings.bundles_dir) if settings.bundles_dir else repository_bundles_dir()
+    if directory is None:
+        raise ValueError("SIE_BUNDLES_DIR is not set, and there is no repository bundles/ beside an installed service")
+    bundles = load_bundles(directory)
     if not bundles:
-        raise ValueError(f"no bundle YAML files in {settings.bundles_dir} (SIE_BUNDLES_DIR)")
+        raise ValueError(f"no bundle YAML files in {directory} (SIE_BUNDLES_DIR)")
     etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
     await etcd.connect()
     address = advertised_address(settings.host, settings.port, settings.advertise_address)

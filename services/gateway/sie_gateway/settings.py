@@ -6,16 +6,12 @@ from dataclasses import dataclass
 
 from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.request_bounds import RequestBoundSettings
-from sie_common.runtime.settings import SettingsError, setting
-from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
 
 
 @dataclass(frozen=True)
-class GatewaySettings(RequestBoundSettings):
-    host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
-    port: int = setting(50051, env="SIE_PORT", help="gRPC port")
-    etcd_endpoints: tuple[str, ...] = setting(("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)")
-    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+class GatewaySettings(RequestBoundSettings, ServiceSettings):
+    port: int = port_setting(50051)
     configured_gpus: tuple[str, ...] = setting((), env="SIE_GATEWAY_CONFIGURED_GPUS", help="comma-separated machine profiles that may scale from zero: with no live worker they answer UNAVAILABLE/PROVISIONING; other unknown profiles are FAILED_PRECONDITION")
     max_in_flight: int = setting(1024, env="SIE_GATEWAY_MAX_IN_FLIGHT", help="requests in flight through this gateway before RESOURCE_EXHAUSTED")
     worker_window: int = setting(64, env="SIE_GATEWAY_WORKER_WINDOW", help="requests in flight on one worker's stream; more wait for a slot")
@@ -31,20 +27,11 @@ class GatewaySettings(RequestBoundSettings):
     pool_token_quotas: tuple[str, ...] = setting((), env="SIE_POOL_TOKEN_QUOTAS", help="comma-separated token=workers: a token's own pool quota instead of SIE_POOL_QUOTA_WORKERS")
     auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: every Inference call (inference, models, pools) needs a bearer token from SIE_AUTH_TOKENS")
     auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
-    tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
-    tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
-    tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
-    max_receive_message_bytes: int = setting(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, env="SIE_MAX_RECEIVE_MESSAGE_BYTES", help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED")
-    max_send_message_bytes: int = setting(DEFAULT_MAX_SEND_MESSAGE_BYTES, env="SIE_MAX_SEND_MESSAGE_BYTES", help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED")
     worker_token: str | None = setting(None, env="SIE_WORKER_TOKEN", help="bearer token the gateway presents on its Work streams to workers; workers with the same SIE_WORKER_TOKEN refuse streams without it")
     worker_tls_ca_file: str | None = setting(None, env="SIE_WORKER_TLS_CA_FILE", help="PEM CA bundle that signed the workers' certificates: when set, the gateway reaches workers over TLS")
     worker_tls_cert_file: str | None = setting(None, env="SIE_WORKER_TLS_CERT_FILE", help="PEM client certificate the gateway presents to workers (mutual TLS; workers set SIE_TLS_CLIENT_CA_FILE)")
     worker_tls_key_file: str | None = setting(None, env="SIE_WORKER_TLS_KEY_FILE", help="PEM private key of SIE_WORKER_TLS_CERT_FILE")
-    log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
-    # Observability (docs/observability.md).
-    metrics_port: int = setting(9096, env="SIE_GATEWAY_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
-    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
-    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
+    metrics_port: int = metrics_port_setting(9096, env="SIE_GATEWAY_METRICS_PORT")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -7,14 +7,12 @@ from dataclasses import dataclass
 
 from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.request_bounds import RequestBoundSettings
-from sie_common.runtime.settings import SettingsError, setting
-from sie_common.runtime.transport import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
+from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
 
 
 @dataclass(frozen=True)
-class WorkerSettings(RequestBoundSettings):
-    host: str = setting("0.0.0.0", env="SIE_HOST", help="address to listen on")
-    port: int = setting(50061, env="SIE_PORT", help="gRPC port")
+class WorkerSettings(RequestBoundSettings, ServiceSettings):
+    port: int = port_setting(50061)
     worker_id: str = setting("", env="SIE_WORKER_ID", help="stable id in logs and answers (default: <hostname>:<port>)")
     device: str = setting("auto", env="SIE_DEVICE", help="auto, cpu, cuda, cuda:N or mps")
     models_dir: str = setting("./models", env="SIE_MODELS_DIR", help="directory or s3://bucket/prefix of model YAML configs (added to the built-in ones)")
@@ -63,7 +61,6 @@ class WorkerSettings(RequestBoundSettings):
     cpu_onednn: bool = setting(True, env="SIE_CPU_ONEDNN", help="float32 models on a CPU run their Linear layers on oneDNN-packed weights (BERT-style GELU fused in); false: plain PyTorch")
     cpu_unpadded: bool = setting(True, env="SIE_CPU_UNPADDED", help="BERT-family embedders and rerankers on a CPU compute on real tokens only, skipping padding; false: padded batches as transformers runs them")
     etcd_endpoints: tuple[str, ...] = setting((), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd endpoints; when set, models the config service adds for this worker's bundle are served live")
-    etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
     advertise_address: str | None = setting(None, env="SIE_ADVERTISE_ADDRESS", help="host:port gateways use to reach this worker (default: SIE_HOST:port, or hostname:port when listening on all addresses)")
     machine_profile: str = setting("default", env="SIE_MACHINE_PROFILE", help="machine-profile label gateways route on (x-sie-machine-profile)")
     pool: str = setting("", env="SIE_POOL", help="resource pool this worker is dedicated to; empty: shared, and assignable to pools created through the API")
@@ -75,16 +72,7 @@ class WorkerSettings(RequestBoundSettings):
     auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
     worker_token: str | None = setting(None, env="SIE_WORKER_TOKEN", help="bearer token every Work stream must present (the gateways' SIE_WORKER_TOKEN); required with SIE_AUTH_MODE=static unless SIE_TLS_CLIENT_CA_FILE is set")
     allow_remote_code: bool = setting(False, env="SIE_ALLOW_REMOTE_CODE", help="load model configs from the config service (etcd) whose profile sets trust_remote_code; off: they fail with FAILED_PRECONDITION/REMOTE_CODE_DISABLED (files in SIE_MODELS_DIR may always set it)")
-    tls_cert_file: str | None = setting(None, env="SIE_TLS_CERT_FILE", help="PEM certificate (chain) this server presents; with SIE_TLS_KEY_FILE the gRPC port accepts TLS only")
-    tls_key_file: str | None = setting(None, env="SIE_TLS_KEY_FILE", help="PEM private key of SIE_TLS_CERT_FILE")
-    tls_client_ca_file: str | None = setting(None, env="SIE_TLS_CLIENT_CA_FILE", help="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)")
-    max_receive_message_bytes: int = setting(DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, env="SIE_MAX_RECEIVE_MESSAGE_BYTES", help="largest request message accepted; larger ones get RESOURCE_EXHAUSTED")
-    max_send_message_bytes: int = setting(DEFAULT_MAX_SEND_MESSAGE_BYTES, env="SIE_MAX_SEND_MESSAGE_BYTES", help="largest response message sent; a larger answer fails with RESOURCE_EXHAUSTED")
-    log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
-    # Observability (docs/observability.md).
-    metrics_port: int = setting(9095, env="SIE_WORKER_METRICS_PORT", help="HTTP port serving /metrics (Prometheus), /healthz and /readyz; 0 disables it")
-    log_json: bool = setting(False, env="SIE_LOG_JSON", help="log one JSON object per line: timestamp, level, logger, message, and model, request_id, trace_id, latency_ms when known")
-    tracing_enabled: bool = setting(False, env="SIE_TRACING_ENABLED", help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)")
+    metrics_port: int = metrics_port_setting(9095, env="SIE_WORKER_METRICS_PORT")
 
     def __post_init__(self) -> None:
         super().__post_init__()

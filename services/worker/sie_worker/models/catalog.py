@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from sie_common.cluster.bundles import Bundle, load_bundles
+from sie_common.cluster.bundles import Bundle, load_bundles, repository_bundles_dir
 from sie_common.cluster.model_config import ModelConfig, ModelConfigError, load_model_config, parse_model_config
 from sie_worker.adapters import ADAPTERS
 from sie_worker.weights.s3 import S3Location, S3Store, is_s3_url
@@ -25,8 +25,6 @@ from sie_worker.weights.roots import WeightRoots, WeightsOutsideRoots, default_r
 log = logging.getLogger(__name__)
 
 BUILTIN_MODELS_DIR = Path(__file__).parents[1] / "builtin_models"
-# services/worker/sie_worker -> repository root
-REPOSITORY_BUNDLES_DIR = Path(__file__).resolve().parents[4] / "bundles"
 
 
 @dataclass(frozen=True)
@@ -102,8 +100,8 @@ def select_bundle(settings: WorkerSettings) -> Bundle:
     Without a definition there, a worker that follows the config service (etcd
     holds its bundle), or an installed worker with no bundles directory asking
     for `default`, serves local configs for every adapter it has."""
-    directory = Path(settings.bundles_dir) if settings.bundles_dir else REPOSITORY_BUNDLES_DIR
-    bundles = load_bundles(directory) if directory.is_dir() else {}
+    directory = Path(settings.bundles_dir) if settings.bundles_dir else repository_bundles_dir()
+    bundles = load_bundles(directory) if directory is not None and directory.is_dir() else {}
     if settings.bundle in bundles:
         return bundles[settings.bundle]
     if settings.etcd_endpoints or (settings.bundle == "default" and not settings.bundles_dir and not bundles):
