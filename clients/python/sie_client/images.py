@@ -8,7 +8,7 @@ import io
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Union, cast
 
 import numpy as np
 
@@ -37,10 +37,11 @@ def image_message(image: ImageLike) -> types_pb2.Image:
         image = _from_array(image)
     pil = _pil_image()
     if pil is not None and isinstance(image, pil.Image):
-        if image.mode not in _PNG_MODES:
-            image = image.convert("RGB")
+        picture = cast("Image.Image", image)  # the isinstance above, on the lazily imported class, does not narrow
+        if picture.mode not in _PNG_MODES:
+            picture = picture.convert("RGB")
         buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
+        picture.save(buffer, format="PNG")
         return types_pb2.Image(data=buffer.getvalue(), format="png")
     raise TypeError(f"an image is encoded bytes, a file path, a PIL.Image or a numpy array, not {type(image).__name__}")
 

@@ -41,6 +41,11 @@ READINESS_PATH = "/readyz"
 # google.rpc.Code of the JSON bodies Envoy answers with itself.
 _NOT_FOUND = 5
 _UNIMPLEMENTED = 12
+# Type URLs of the two filters whose names are longest.
+_HTTP_CONNECTION_MANAGER = (
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+_GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
 
 
 def descriptor_path() -> Path:
@@ -96,7 +101,7 @@ def _http_connection_manager(transcoder: dict[str, Any], files: Sequence[descrip
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "@type": _HTTP_CONNECTION_MANAGER,
             "stat_prefix": "sie",
             "codec_type": "AUTO",
             "route_config": {
@@ -119,7 +124,7 @@ def _http_connection_manager(transcoder: dict[str, Any], files: Sequence[descrip
                 {
                     "name": "envoy.filters.http.grpc_json_transcoder",
                     "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
+                        "@type": _GRPC_JSON_TRANSCODER,
                         **transcoder,
                     },
                 },
