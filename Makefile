@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 # The slowest tests are listed after every run: the whole suite has a 20-minute budget on 2 cores.
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: up serve test dists protos proto-check proto-lint proto-breaking bench manifests manifests-check
+.PHONY: up serve test lint dists protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
 # Every distribution's pyproject.toml: a dependency added to any of them reinstalls.
 PYPROJECTS := pyproject.toml contract/python/pyproject.toml lib/pyproject.toml clients/python/pyproject.toml \
@@ -28,6 +28,14 @@ serve: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+# Lint, format check and types of the shipped code (the generated stubs excluded; pyproject.toml's [tool.ruff]
+# and [tool.mypy] hold the rules and the paths).
+LINT_PATHS := lib services clients deploy tools contract/python/sie_contract
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 # Each distribution installs alone in a fresh virtual environment (scripts/check_distributions; CI runs it).
 dists: $(INSTALLED)

@@ -82,7 +82,7 @@ def render(overlay: str) -> list[dict[str, Any]]:
     """Every object an overlay renders to (`kustomize build`)."""
     result = subprocess.run(
         [str(kustomize_binary()), "build", str(KUSTOMIZE_DIR / "overlays" / overlay)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )
     if result.returncode != 0:
         raise RuntimeError(f"kustomize build {overlay} failed:\n{result.stderr}")

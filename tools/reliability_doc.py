@@ -40,9 +40,13 @@ def render(page: str, rows: list[dict[str, object]]) -> str:
     for row in rows:
         sections.setdefault(str(row["section"]), []).append(row)
     for section, section_rows in sections.items():
-        pattern = re.compile(rf"(<!-- reliability:{re.escape(section)}:begin -->\n).*?(<!-- reliability:{re.escape(section)}:end -->)", re.S)
-        page = pattern.sub(lambda match: match.group(1) + table(section_rows) + "\n" + match.group(2), page)
+        page = _replace_section(page, section, table(section_rows))
     return page
+
+
+def _replace_section(page: str, section: str, rendered: str) -> str:
+    pattern = re.compile(rf"(<!-- reliability:{re.escape(section)}:begin -->\n).*?(<!-- reliability:{re.escape(section)}:end -->)", re.S)
+    return pattern.sub(lambda match: match.group(1) + rendered + "\n" + match.group(2), page)
 
 
 def main(argv: list[str] | None = None) -> int:

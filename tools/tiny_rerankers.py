@@ -8,11 +8,20 @@ causal-LM CrossEncoder has on the Hub (Transformer + LogitScore modules, chat_te
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3ForSequenceClassification
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3ForSequenceClassification,
+)
 
 QWEN3_SYSTEM = (
     'Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
@@ -51,7 +60,8 @@ def _chat_template(default_instruction: str, instruction_prompt: str, *parts: st
 QWEN3_CHAT_TEMPLATE = _chat_template(
     QWEN3_INSTRUCTION, "{instruction}",
     "<|im_start|>system\n" + QWEN3_SYSTEM + "<|im_end|>\n<|im_start|>user\n<Instruct>: ", "ns.instruction",
-    "\n<Query>: ", "ns.query", "\n<Document>: ", "ns.document", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    "\n<Query>: ", "ns.query", "\n<Document>: ", "ns.document",
+    "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
 )  # fmt: skip
 # ... and the mxbai-rerank-v2 one, for the sentence-transformers reference of MXBAI_TEMPLATE.
 MXBAI_CHAT_TEMPLATE = _chat_template(
@@ -95,11 +105,15 @@ def chatml_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=max_length)
 
 
-def _decoder_config(config_class: type, tokenizer: PreTrainedTokenizerFast) -> object:
+Config = TypeVar("Config")
+
+
+def _decoder_config(config_class: Callable[..., Config], tokenizer: PreTrainedTokenizerFast) -> Config:
     # A wide initialisation, so that scores differ visibly between pairs (the default 0.02 makes them all alike).
     return config_class(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=8, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False, initializer_range=0.5,
     )  # fmt: skip
 
@@ -144,7 +158,7 @@ def build_tiny_mxbai_reranker(directory: Path, *, max_length: int = 128, identit
     tokenizer.save_pretrained(reference)
     Qwen2ForCausalLM.from_pretrained(plain).save_pretrained(reference)
     transformer = Transformer(str(reference), transformer_task="text-generation")
-    ids = [tokenizer.convert_tokens_to_ids(token) for token in ("1", "0")]
-    modules = [transformer, LogitScore(true_token_id=ids[0], false_token_id=ids[1])]
+    vocab = tokenizer.get_vocab()
+    modules = [transformer, LogitScore(true_token_id=vocab["1"], false_token_id=vocab["0"])]
     CrossEncoder(modules=modules, device="cpu", activation_fn=torch.nn.Identity() if identity else None).save(str(reference))
     return plain, reference

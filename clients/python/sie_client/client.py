@@ -13,21 +13,56 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypedDict, TypeVar, Unpack, overload
 
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import messages
 from sie_client.errors import ProvisioningTimeoutError, ServerError, SIEError
-from sie_client.messages import ItemLike, is_single
+from sie_client.messages import ItemLike, as_batch, is_single
 from sie_client.retry import CAPACITY_REASONS, RetryPolicy
 from sie_client.status import CallStatus, call_status, status_from_proto
 from sie_client.target import parse_target
 from sie_client.types import EncodeResult, ExtractResult, ScoreResult
 
 Response = TypeVar("Response")
+
+
+# The keyword arguments of encode and extract, for their overloads (which tell one item from a list): mypy checks
+# that the implementations accept each of them with its type.
+class EncodeOptions(TypedDict, total=False):
+    output_types: Sequence[str] | None
+    output_dtype: str | None
+    instruction: str | None
+    is_query: bool
+    dims: int | None
+    profile: str | None
+    lora: str | None
+    options: Mapping[str, Any] | None
+    gpu: str | None
+    pool: str | None
+    wait_for_capacity: bool
+    provision_timeout_s: float
+    max_oom_retries: int
+    progress: bool
+    debug: bool
+
+
+class ExtractOptions(TypedDict, total=False):
+    labels: Sequence[str] | None
+    threshold: float | None
+    profile: str | None
+    lora: str | None
+    options: Mapping[str, Any] | None
+    gpu: str | None
+    pool: str | None
+    wait_for_capacity: bool
+    provision_timeout_s: float
+    max_oom_retries: int
+    debug: bool
+
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MACHINE_PROFILE_HEADER = "x-sie-machine-profile"
@@ -102,10 +137,12 @@ class AsyncSIEClient:
             self._stop_renewing(name)
         await self._channel.close()
 
+    @overload  # a str is also a Sequence: one str is one item, as the first overload says
+    async def encode(self, model: str, items: ItemLike, **options: Unpack[EncodeOptions]) -> EncodeResult: ...  # type: ignore[overload-overlap]
     @overload
-    async def encode(self, model: str, items: ItemLike, **kwargs: Any) -> EncodeResult: ...
-    @overload
-    async def encode(self, model: str, items: Sequence[ItemLike], **kwargs: Any) -> list[EncodeResult]: ...
+    async def encode(
+        self, model: str, items: Sequence[ItemLike], **options: Unpack[EncodeOptions]
+    ) -> list[EncodeResult]: ...
 
     async def encode(
         self,
@@ -135,8 +172,7 @@ class AsyncSIEClient:
         `debug` adds the statistics of the request's batches as `timing["batches"]`.
         `gpu` / `pool` route this call (machine profile, resource pool) instead of the client's.
         """
-        single = is_single(items)
-        batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
+        single, batch = is_single(items), as_batch(items)
         policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
         if not batch:
             return []  # a list in, a list out: no request (the server refuses one without items)
@@ -203,10 +239,12 @@ class AsyncSIEClient:
         response = await self._call(self._stub.Score, request, policy, self._routing(gpu, pool))
         return messages.score_result(response, query_message.id or None)
 
+    @overload  # a str is also a Sequence: one str is one item, as the first overload says
+    async def extract(self, model: str, items: ItemLike, **options: Unpack[ExtractOptions]) -> ExtractResult: ...  # type: ignore[overload-overlap]
     @overload
-    async def extract(self, model: str, items: ItemLike, **kwargs: Any) -> ExtractResult: ...
-    @overload
-    async def extract(self, model: str, items: Sequence[ItemLike], **kwargs: Any) -> list[ExtractResult]: ...
+    async def extract(
+        self, model: str, items: Sequence[ItemLike], **options: Unpack[ExtractOptions]
+    ) -> list[ExtractResult]: ...
 
     async def extract(
         self,
@@ -227,8 +265,7 @@ class AsyncSIEClient:
     ) -> ExtractResult | list[ExtractResult]:
         """Per item: {id, entities: [{text, label, score, start, end}], relations, classifications, objects, data,
         timing}; the reference SDK's keys other than `entities` are empty (no adapter here produces them)."""
-        single = is_single(items)
-        batch: Sequence[ItemLike] = [items] if single else items  # type: ignore[list-item]
+        single, batch = is_single(items), as_batch(items)
         if not batch:
             return []
         merged = {**self.options, **(options or {})}
@@ -409,7 +446,7 @@ class AsyncSIEClient:
         bar = _progress_bar(sum(len(r.items) for r in requests)) if progress else None
         loop = asyncio.get_running_loop()
 
-        async def stream_requests():
+        async def stream_requests() -> AsyncIterator[inference_pb2.EncodeStreamRequest]:
             while (request := await outgoing.get()) is not None:
                 yield inference_pb2.EncodeStreamRequest(request=request)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any, cast
 
 import numpy as np
 
@@ -31,7 +32,8 @@ def multivector(result: EncodeResult) -> np.ndarray:
 
 def sparse(result: EncodeResult | SparseVector) -> dict[int, float]:
     """The sparse vector as {token_id: weight}, from a result or its `sparse` entry."""
-    vector = result.get("sparse", result) if "indices" not in result else result
+    fields = cast(Mapping[str, Any], result)  # a result or a SparseVector, told apart at run time
+    vector = fields if "indices" in fields else fields.get("sparse", fields)
     if "indices" not in vector:
         raise KeyError("the result has no sparse output (ask for output_types=['sparse'])")
     return {int(index): float(value) for index, value in zip(vector["indices"], vector["values"], strict=True)}

@@ -114,8 +114,9 @@ class PoolError(SIEError):
 
 
 # PoolError combined with each code's class, e.g. PoolNotFoundError(PoolError, NotFoundError).
+_POOL_SUMMARY = (PoolError.__doc__ or "").splitlines()[0]
 _POOL_BY_CLASS: dict[type[SIEError], type[PoolError]] = {
-    cls: type(f"Pool{cls.__name__}", (PoolError, cls), {"__doc__": f"{PoolError.__doc__.splitlines()[0]} ({cls.__name__})"})
+    cls: type(f"Pool{cls.__name__}", (PoolError, cls), {"__doc__": f"{_POOL_SUMMARY} ({cls.__name__})"})
     for cls in {*_BY_CODE.values(), ServerError}
 }
 

@@ -8,7 +8,7 @@ import io
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Union, cast
 
 import numpy as np
 
@@ -17,7 +17,8 @@ from sie.v1 import types_pb2
 if TYPE_CHECKING:
     from PIL import Image
 
-ImageLike = Union[bytes, str, os.PathLike, "Image.Image", np.ndarray]
+# Union, not `|`: pillow is optional, so "Image.Image" is a forward reference, which `|` cannot join at run time.
+ImageLike = Union[bytes, str, os.PathLike, "Image.Image", np.ndarray]  # noqa: UP007
 
 # A file's suffix -> the format hint sent with its bytes (the server decides from the bytes either way).
 _FORMAT_BY_SUFFIX = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp"}
@@ -36,10 +37,11 @@ def image_message(image: ImageLike) -> types_pb2.Image:
         image = _from_array(image)
     pil = _pil_image()
     if pil is not None and isinstance(image, pil.Image):
-        if image.mode not in _PNG_MODES:
-            image = image.convert("RGB")
+        picture = cast("Image.Image", image)  # the isinstance above, on the lazily imported class, does not narrow
+        if picture.mode not in _PNG_MODES:
+            picture = picture.convert("RGB")
         buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
+        picture.save(buffer, format="PNG")
         return types_pb2.Image(data=buffer.getvalue(), format="png")
     raise TypeError(f"an image is encoded bytes, a file path, a PIL.Image or a numpy array, not {type(image).__name__}")
 

@@ -26,6 +26,11 @@ def is_single(items: object) -> bool:
     return isinstance(items, (str, Item, Mapping))
 
 
+def as_batch(items: ItemLike | Sequence[ItemLike]) -> Sequence[ItemLike]:
+    """A list of one for one item; a list as it is."""
+    return [items] if isinstance(items, (str, Item, Mapping)) else items
+
+
 def as_item(item: ItemLike) -> Item:
     """An Item from an Item, a str (its text) or a dict of the reference SDK's item fields (ItemError otherwise)."""
     if isinstance(item, Item):

@@ -27,7 +27,10 @@ def call_status(error: grpc.RpcError) -> CallStatus:
     """The status of a failed call (sync or asyncio), with its details unpacked."""
     code = error.code()
     message = error.details() or code.name
-    return status_from_trailers(code, message, error.trailing_metadata() or ())
+    # types-grpcio types the trailers as objects with .key/.value; at run time they are (key, value) pairs (a
+    # namedtuple in grpc, a Metadata of tuples in grpc.aio), which is what status_from_trailers reads.
+    trailers = error.trailing_metadata() or ()
+    return status_from_trailers(code, message, trailers)  # type: ignore[arg-type]
 
 
 def status_from_trailers(code: grpc.StatusCode, message: str, trailers: Iterable[tuple[str, str | bytes]]) -> CallStatus:

@@ -10,19 +10,23 @@ import asyncio
 import functools
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
 
-from sie_client.client import AsyncSIEClient
+from sie_client.client import AsyncSIEClient, EncodeOptions, ExtractOptions
+from sie_client.messages import ItemLike
+from sie_client.types import EncodeResult, ExtractResult
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _blocking(method: Callable[Concatenate[AsyncSIEClient, P], Awaitable[R]]) -> Callable[Concatenate[SIEClient, P], R]:
+def _blocking(
+    method: Callable[Concatenate[AsyncSIEClient, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[SIEClient, P], R]:
     @functools.wraps(method)
-    def call(self: SIEClient, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._run(method(self._client, *args, **kwargs))  # type: ignore[arg-type]
+    def call(self: SIEClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._run(method(self._client, *args, **kwargs))
 
     return call
 
@@ -81,9 +85,25 @@ class SIEClient:
     def close(self) -> None:
         self._finalizer()  # once: later calls do nothing
 
-    encode = _blocking(AsyncSIEClient.encode)
+    # encode and extract spelled out: a wrapper would keep only the first of their overloads. The implementations
+    # take `items: Any`, as the overloads type them (a union would make mypy join the two answers).
+    @overload  # a str is also a Sequence: one str is one item, as the first overload says
+    def encode(self, model: str, items: ItemLike, **options: Unpack[EncodeOptions]) -> EncodeResult: ...  # type: ignore[overload-overlap]
+    @overload
+    def encode(self, model: str, items: Sequence[ItemLike], **options: Unpack[EncodeOptions]) -> list[EncodeResult]: ...
+    def encode(self, model: str, items: Any, **options: Unpack[EncodeOptions]) -> EncodeResult | list[EncodeResult]:
+        return self._run(self._client.encode(model, items, **options))
+
+    @overload  # a str is also a Sequence: one str is one item, as the first overload says
+    def extract(self, model: str, items: ItemLike, **options: Unpack[ExtractOptions]) -> ExtractResult: ...  # type: ignore[overload-overlap]
+    @overload
+    def extract(
+        self, model: str, items: Sequence[ItemLike], **options: Unpack[ExtractOptions]
+    ) -> list[ExtractResult]: ...
+    def extract(self, model: str, items: Any, **options: Unpack[ExtractOptions]) -> ExtractResult | list[ExtractResult]:
+        return self._run(self._client.extract(model, items, **options))
+
     score = _blocking(AsyncSIEClient.score)
-    extract = _blocking(AsyncSIEClient.extract)
     list_models = _blocking(AsyncSIEClient.list_models)
     get_model = _blocking(AsyncSIEClient.get_model)
     create_pool = _blocking(AsyncSIEClient.create_pool)

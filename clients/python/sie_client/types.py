@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 import numpy as np
 
@@ -55,11 +56,12 @@ class EncodeResult(TypedDict, total=False):
 
 def dequantize(result: EncodeResult, output: str = "dense") -> np.ndarray:
     """An int8 / uint8 output decoded to float32 (other dtypes come back as float32 unchanged)."""
-    values = np.asarray(result[output])  # type: ignore[literal-required]
-    scale = result.get(f"{output}_scale")  # type: ignore[misc]
+    fields = cast(Mapping[str, Any], result)  # keys chosen at run time
+    values = np.asarray(fields[output])
+    scale = fields.get(f"{output}_scale")
     if scale is None:
         return values.astype(np.float32)
-    return dequantize_rows(values, scale, result.get(f"{output}_offset"))  # type: ignore[misc]
+    return dequantize_rows(values, scale, fields.get(f"{output}_offset"))
 
 
 class ScoreEntry(TypedDict):

@@ -60,7 +60,7 @@ def decode_tensor(tensor: types_pb2.Tensor) -> np.ndarray:
 
 def dequantize_rows(values: np.ndarray, scale: np.ndarray, offset: np.ndarray | None) -> np.ndarray:
     """Quantized rows back to float32: q * scale + offset, one scale (and offset) per row."""
-    rows = values.shape[:-1] + (1,)
+    rows = (*values.shape[:-1], 1)
     decoded = values.astype(np.float32) * np.asarray(scale, dtype=np.float32).reshape(rows)
     return decoded if offset is None else decoded + np.asarray(offset, dtype=np.float32).reshape(rows)
 

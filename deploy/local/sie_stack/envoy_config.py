@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,11 @@ READINESS_PATH = "/readyz"
 # google.rpc.Code of the JSON bodies Envoy answers with itself.
 _NOT_FOUND = 5
 _UNIMPLEMENTED = 12
+# Type URLs of the two filters whose names are longest.
+_HTTP_CONNECTION_MANAGER = (
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+_GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
 
 
 def descriptor_path() -> Path:
@@ -91,12 +96,12 @@ def render(
     }
 
 
-def _http_connection_manager(transcoder: dict[str, Any], files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str, Any]:
+def _http_connection_manager(transcoder: dict[str, Any], files: Sequence[descriptor_pb2.FileDescriptorProto]) -> dict[str, Any]:
     bindings = _http_bindings(files)
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "@type": _HTTP_CONNECTION_MANAGER,
             "stat_prefix": "sie",
             "codec_type": "AUTO",
             "route_config": {
@@ -119,7 +124,7 @@ def _http_connection_manager(transcoder: dict[str, Any], files: list[descriptor_
                 {
                     "name": "envoy.filters.http.grpc_json_transcoder",
                     "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
+                        "@type": _GRPC_JSON_TRANSCODER,
                         **transcoder,
                     },
                 },
@@ -183,7 +188,7 @@ def _header(key: str, value: str) -> dict[str, Any]:
     return {"header": {"key": key, "value": value}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
 
 
-def _http_bindings(files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str, list[str]]:
+def _http_bindings(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> dict[str, list[str]]:
     """Path regex -> the HTTP methods the transcoder maps on it, from the services' google.api.http rules."""
     bindings: dict[str, list[str]] = {}
     for _, verb, template, _ in _http_rules(files):
@@ -193,10 +198,10 @@ def _http_bindings(files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str,
     return bindings
 
 
-def _checked_routes(files: list[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str, list[str]]]:
+def _checked_routes(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str, list[str]]]:
     """(HTTP method, path template, the body's message or "" for none, the fields of it the path binds) of each rule."""
     messages = {f"{file.package}.{message.name}": message for file in files for message in file.message_type}
-    routes = []
+    routes: list[tuple[str, str, str, list[str]]] = []
     for method, verb, template, body in _http_rules(files):
         if not body:
             routes.append((verb, template, "", []))
@@ -210,7 +215,7 @@ def _checked_routes(files: list[descriptor_pb2.FileDescriptorProto]) -> list[tup
     return routes
 
 
-def _http_rules(files: list[descriptor_pb2.FileDescriptorProto]) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, str, str, str]]:
+def _http_rules(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, str, str, str]]:
     """(RPC, HTTP method, path template, body) of every google.api.http rule of the transcoded services."""
     for file in files:
         for service in file.service:

@@ -45,9 +45,8 @@ def lua_filter(
         messages, [message for _, _, message, _ in routes if message]
     )
     lines = ["MESSAGES = {}"]
-    for name in sorted(reachable):
-        lines.append(_lua_message(messages, name, name))
-    route_rows = []
+    lines.extend(_lua_message(messages, name, name) for name in sorted(reachable))
+    route_rows: list[str] = []
     for method, template, message, in_path in routes:
         root = message
         if in_path:
@@ -57,8 +56,7 @@ def lua_filter(
         route_rows.append(
             f"{{{_lua_string(method)}, {_lua_string(_lua_pattern(template))}, {_lua_string(root)}}}"
         )
-    route_rows = ", ".join(route_rows)
-    lines.append(f"ROUTES = {{{route_rows}}}")
+    lines.append(f"ROUTES = {{{', '.join(route_rows)}}}")
     source = (
         "\n".join(lines)
         + "\n\n"
@@ -140,9 +138,7 @@ def _reachable(
         if name in seen or name.startswith(_WELL_KNOWN):
             continue
         seen.add(name)
-        for field in messages[name].field:
-            if field.type == field.TYPE_MESSAGE:
-                pending.append(field.type_name.lstrip("."))
+        pending.extend(f.type_name.lstrip(".") for f in messages[name].field if f.type == f.TYPE_MESSAGE)
     return {name for name in seen if not messages[name].options.map_entry}
 
 

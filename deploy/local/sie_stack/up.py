@@ -19,9 +19,9 @@ import grpc
 import yaml
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
-from sie_common.edge.auth import bearer_metadata
 from sie_common.cluster.config_messages import config_to_message
-from sie_common.cluster.model_config import parse_model_config
+from sie_common.cluster.model_config import ModelConfig, parse_model_config
+from sie_common.edge.auth import bearer_metadata
 from sie_stack.envoy_config import render
 from sie_stack.processes import ChildProcess, EnvoyProcess, EtcdProcess, ServiceProcess, Standby, port_in_use
 from sie_stack.settings import StackSettings
@@ -175,7 +175,7 @@ def run(settings: StackSettings) -> int:
         stack.down()
 
 
-def demo_model_config():  # type: ignore[no-untyped-def]
+def demo_model_config() -> ModelConfig:
     """The worker's built-in demo config (weights from the bundled package when offline)."""
     from sie_worker.models.catalog import BUILTIN_MODELS_DIR
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,12 @@ def decode_pool(value: bytes) -> PoolRecord:
     return PoolRecord(**data)
 
 
-def decode_all(values: Mapping[str, bytes], decode) -> dict:  # type: ignore[no-untyped-def]
+Record = TypeVar("Record")
+
+
+def decode_all(values: Mapping[str, bytes], decode: Callable[[bytes], Record]) -> dict[str, Record]:
     """name -> record for every value that decodes; others are logged and left out."""
-    records = {}
+    records: dict[str, Record] = {}
     for name, value in values.items():
         try:
             records[name] = decode(value)

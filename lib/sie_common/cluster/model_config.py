@@ -209,9 +209,8 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
         path = Path(location)
         if ".." in path.parts:
             raise ModelConfigError(source, f"loras.{name}", f"{location!r} contains '..'; name the adapter directory without it")
-        if not path.is_absolute() and base_dir is not None and (base_dir / path).exists():
-            location = str(base_dir / path)
-        loras[name] = location
+        beside_config = base_dir / path if base_dir is not None and not path.is_absolute() else None
+        loras[name] = str(beside_config) if beside_config is not None and beside_config.exists() else location
     return loras
 
 

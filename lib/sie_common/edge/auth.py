@@ -86,8 +86,10 @@ class Authorize(grpc.aio.ServerInterceptor):
         self._checks = dict(checks)
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         check = self._checks.get(method) or self._checks.get(method[: method.rfind("/") + 1])
@@ -130,4 +132,8 @@ class PresentToken(grpc.aio.StreamStreamClientInterceptor):
         self, continuation: Callable[..., Any], client_call_details: grpc.aio.ClientCallDetails, request_iterator: Any
     ) -> Any:
         metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()), *self._metadata)
-        return await continuation(client_call_details._replace(metadata=metadata), request_iterator)
+        details = client_call_details
+        with_token = grpc.aio.ClientCallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+        )
+        return await continuation(with_token, request_iterator)

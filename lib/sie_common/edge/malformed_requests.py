@@ -8,7 +8,7 @@ services (sie.v1), so the caller learns what was wrong with what it sent.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -17,25 +17,30 @@ from sie_common.edge.errors import InvalidArgument, abort
 OWN_SERVICES = "/sie.v1."
 
 Decode = Callable[[bytes], Any]
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Any, Any] | None"]]
+# grpc.aio's behaviours are coroutine functions (stream ones async generators); types-grpcio types RpcMethodHandler's
+# attributes as grpc's synchronous ones.
+UnaryBehaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+StreamBehaviour = Callable[[AsyncIterator[Any], grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
 
 
 class RejectMalformedRequests(grpc.aio.ServerInterceptor):
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]], handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler:
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None or not handler_call_details.method.startswith(OWN_SERVICES):
             return handler
         decode = handler.request_deserializer
         if handler.unary_unary is not None:
-            behaviour = handler.unary_unary
+            behaviour = cast(UnaryBehaviour, handler.unary_unary)
 
             async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
                 return await behaviour(await _decoded(decode, raw, context), context)
 
             return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=handler.response_serializer)
         if handler.stream_stream is not None:
-            streaming = handler.stream_stream
+            streaming = cast(StreamBehaviour, handler.stream_stream)
 
             async def stream_stream(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 async def requests() -> AsyncIterator[Any]:
@@ -52,7 +57,7 @@ class RejectMalformedRequests(grpc.aio.ServerInterceptor):
 async def _decoded(decode: Decode, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
     try:
         return decode(raw)
-    except Exception as error:  # protobuf's DecodeError, or whatever a custom deserializer raises
+    except Exception as error:  # noqa: BLE001 - protobuf's DecodeError, or whatever a custom deserializer raises
         message_type = getattr(getattr(decode, "__self__", None), "DESCRIPTOR", None)
         name = message_type.full_name if message_type is not None else "request message"
         await abort(context, InvalidArgument(f"the request is not a valid {name} ({error}); send a serialized {name}", reason="MALFORMED_REQUEST"))

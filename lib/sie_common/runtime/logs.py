@@ -15,14 +15,17 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
+from types import MappingProxyType
 
 from opentelemetry import trace
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-_request: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("sie_request_fields", default={})
+_request: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "sie_request_fields", default=MappingProxyType({})
+)
 
 
 @contextlib.contextmanager
@@ -49,9 +52,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for name, value in _request.get().items():
-            if value:
-                line[name] = value
+        line.update({name: value for name, value in _request.get().items() if value})
         trace_id = current_trace_id()
         if trace_id:
             line["trace_id"] = trace_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from sie_common.runtime.logs import configure_logging
@@ -19,8 +19,8 @@ def serve_main(
     prog: str,
     description: str,
     serve_help: str,
-    settings_type: type,
-    load_serve: Callable[[], Callable[[Any], Awaitable[None]]],
+    settings_type: type[Any],
+    load_serve: Callable[[], Callable[[Any], Coroutine[Any, Any, None]]],
     startup_errors: Sequence[type[BaseException]] = (ValueError, OSError),
 ) -> int:
     """Parse `serve` and its flags, set up logging and tracing, and run the service until it stops.

@@ -16,9 +16,14 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
-T = TypeVar("T")
+
+class _Dataclass(Protocol):
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+
+T = TypeVar("T", bound=_Dataclass)
 
 # Defaults of every service's message size limits: requests are text, answers may carry many vectors.
 DEFAULT_MAX_RECEIVE_MESSAGE_BYTES = 16 * 1024 * 1024

@@ -19,9 +19,10 @@ import logging
 import os
 import time
 from collections.abc import Mapping, MutableMapping
-from typing import Any, ContextManager
+from typing import Any
 
 from opentelemetry import context, propagate, trace
+from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def configure_tracing(enabled: bool, default_service_name: str) -> None:
     """Install the SDK with the exporters OTEL_TRACES_EXPORTER names and instrument grpc.aio servers and channels.
 
     Call once, before any gRPC server or channel is made."""
-    global _enabled
+    global _enabled  # noqa: PLW0603 - one switch per process, set once at start
     if not enabled:
         return
     _enabled = True
@@ -68,7 +69,7 @@ def configure_tracing(enabled: bool, default_service_name: str) -> None:
     log.info("tracing on: service %s, exporters %s", resource.attributes[SERVICE_NAME], os.environ.get("OTEL_TRACES_EXPORTER", "otlp"))
 
 
-def span(name: str, **options: Any) -> ContextManager[Any]:
+def span(name: str, **options: Any) -> contextlib.AbstractContextManager[Any]:
     """TRACER.start_as_current_span(name, **options); with tracing off, not even the API's no-op span, whose
     context switching is measurable on a request's hot path (docs/benchmarks.md, the gateway hop)."""
     return TRACER.start_as_current_span(name, **options) if _enabled else _NO_SPAN
@@ -90,7 +91,7 @@ def recording() -> bool:
     return trace.get_current_span().is_recording()
 
 
-def record_span(name: str, start_monotonic: float, end_monotonic: float, attributes: Mapping[str, object] | None = None) -> None:
+def record_span(name: str, start_monotonic: float, end_monotonic: float, attributes: Attributes = None) -> None:
     """A finished child span of the current one, for a stretch of time measured with time.monotonic().
 
     Nothing is recorded outside a sampled span (tracing off, or not sampled)."""

@@ -9,11 +9,11 @@ from typing import TypeVar
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc
-from sie_common.edge.auth import Check, Metadata, token_check
 from sie_common.cluster.config_messages import bundle_to_message, config_from_message, config_to_message
-from sie_common.edge.errors import Internal, InvalidArgument, NotFound, PermissionDenied, SieError, Unavailable, abort
 from sie_common.cluster.etcd import EtcdUnavailable
 from sie_common.cluster.model_config import ModelConfig, ModelConfigError
+from sie_common.edge.auth import Check, Metadata, token_check
+from sie_common.edge.errors import Internal, InvalidArgument, NotFound, PermissionDenied, SieError, Unavailable, abort
 from sie_config.metrics import REQUESTS
 from sie_config.settings import ConfigSettings
 from sie_config.store import ConfigStore, request_fingerprint
@@ -64,8 +64,8 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
             except ModelConfigError as error:
                 raise InvalidArgument(str(error), reason="INVALID_MODEL_CONFIG", metadata={"field": error.field_path}) from None
             self._check_remote_code(config)
-            metadata = dict(context.invocation_metadata() or ())
-            return await self._store.add_model(config, metadata.get(IDEMPOTENCY_KEY) or None, request_fingerprint(request))
+            key = dict(context.invocation_metadata() or ()).get(IDEMPOTENCY_KEY)  # str: not a -bin header
+            return await self._store.add_model(config, str(key) if key else None, request_fingerprint(request))
 
         return await _answer(context, "AddModel", add)
 

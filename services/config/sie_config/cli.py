@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sie_common.cluster.model_config import ModelConfigError
 from sie_common.runtime.service_cli import serve_main
 from sie_config.settings import ConfigSettings
 
 
-def _load_serve() -> Callable[[ConfigSettings], Awaitable[None]]:
+def _load_serve() -> Callable[[ConfigSettings], Coroutine[Any, Any, None]]:
     from sie_config.server import serve
 
     return serve

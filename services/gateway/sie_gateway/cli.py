@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sie_common.runtime.service_cli import serve_main
 from sie_gateway.settings import GatewaySettings
 
 
-def _load_serve() -> Callable[[GatewaySettings], Awaitable[None]]:
+def _load_serve() -> Callable[[GatewaySettings], Coroutine[Any, Any, None]]:
     from sie_gateway.server import serve
 
     return serve

@@ -66,8 +66,8 @@ class ClusterView:
             self._hashes = BundleHashes()
             for bundle in self.bundles.values():
                 self._hashes.put_bundle(bundle)
-            for config in self.models.values():
-                self._hashes.put_model(config)
+            for model in self.models.values():
+                self._hashes.put_model(model)
         for change in update.changes:
             config = None if change.value is None else config_store.decode_models({change.name: change.value}).get(change.name)
             self.config_entries_decoded += change.value is not None

@@ -47,7 +47,7 @@ class _Stream:
             yield request
 
     async def _read(self) -> None:
-        error: BaseException | None = None
+        error: grpc.aio.AioRpcError | None = None
         try:
             async for response in self.call:
                 future = self.pending.pop(response.request_id, None)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from sie_common.runtime.service_cli import serve_main
 from sie_worker.settings import WorkerSettings
 
 
-def _load_serve() -> Callable[[WorkerSettings], Awaitable[None]]:
+def _load_serve() -> Callable[[WorkerSettings], Coroutine[Any, Any, None]]:
     from sie_worker.server import serve  # heavy imports (torch) after argument errors
 
     return serve

@@ -5,24 +5,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
-from sie_common.edge.auth import WORK_CALLS, Authorize, Check, inference_checks, token_check
 from sie_common.cluster.cluster_store import WorkerRecord
 from sie_common.cluster.etcd import Etcd
-from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
+from sie_common.edge.auth import WORK_CALLS, Authorize, Check, inference_checks, token_check
 from sie_common.edge.malformed_requests import RejectMalformedRequests
-from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
-from sie_worker.cluster.config_sync import ConfigSync
-from sie_worker.engine.pipeline import Engine
+from sie_common.runtime.transport import ServerTransport
 from sie_worker.api.inference import InferenceService
-from sie_worker.metrics import register_engine
-from sie_worker.cluster.registration import Registration
-from sie_worker.settings import WorkerSettings
 from sie_worker.api.work import WorkService
+from sie_worker.cluster.config_sync import ConfigSync
+from sie_worker.cluster.registration import Registration
+from sie_worker.engine.pipeline import Engine
+from sie_worker.metrics import register_engine
+from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ async def serve(settings: WorkerSettings) -> None:
     server = grpc.aio.server(interceptors=[Authorize(_checks(settings)), RejectMalformedRequests()], options=transport.server_options())
     inference = InferenceService(engine)
     inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
-    handlers = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
+    handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id, engine.limits), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
     health = await add_health_and_reflection(server, services)  # NOT_SERVING until the preloads finish

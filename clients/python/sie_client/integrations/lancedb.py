@@ -42,8 +42,12 @@ class SIEEmbeddingFunction(TextEmbeddingFunction):
 
     def ndims(self) -> int:
         """The requested dims, else the model's width (probed once)."""
-        if self._dims is None:
-            self._dims = self.dims or len(self.generate_embeddings(["dimension probe"])[0])
+        if self._dims is None and self.dims:
+            self._dims = self.dims
+        elif self._dims is None:
+            (probe,) = self.generate_embeddings(["dimension probe"])
+            assert probe is not None  # only a null row gets no vector
+            self._dims = len(probe)
         return self._dims
 
     def compute_query_embeddings(self, query: str, *args: Any, **kwargs: Any) -> list[np.ndarray | None]:

@@ -60,7 +60,8 @@ class SIEReranker(BaseDocumentCompressor):
     _client: SIEClient = PrivateAttr()
 
     def __init__(self, target: str, model: str, *, top_n: int | None = None, **client_options: Any) -> None:
-        super().__init__(target=target, model=model, top_n=top_n)
+        # pydantic: mypy types this with the parent's fields, not this model's
+        super().__init__(target=target, model=model, top_n=top_n)  # type: ignore[call-arg]
         self._client = SIEClient(target, **client_options)
 
     def compress_documents(self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None) -> Sequence[Document]:

@@ -31,7 +31,8 @@ class SIEEmbedding(BaseEmbedding):
     _client_options: dict[str, Any] = PrivateAttr()
 
     def __init__(self, target: str, model_name: str, *, dims: int | None = None, **client_options: Any) -> None:
-        super().__init__(target=target, model_name=model_name, dims=dims)
+        # pydantic: mypy types this with the parent's fields, not this model's
+        super().__init__(target=target, model_name=model_name, dims=dims)  # type: ignore[call-arg]
         self._client_options = client_options
         self._client = SIEClient(target, **client_options)
 
@@ -68,7 +69,8 @@ class SIERerank(BaseNodePostprocessor):
     _client: SIEClient = PrivateAttr()
 
     def __init__(self, target: str, model: str, *, top_n: int | None = None, **client_options: Any) -> None:
-        super().__init__(model=model, top_n=top_n)
+        # pydantic: mypy types this with the parent's fields, not this model's
+        super().__init__(model=model, top_n=top_n)  # type: ignore[call-arg]
         self._client = SIEClient(target, **client_options)
 
     @classmethod
@@ -103,7 +105,10 @@ class SIEEntityExtractor(BaseExtractor):
     def __init__(
         self, target: str, model: str, *, labels: Sequence[str] | None = None, threshold: float | None = None, **client_options: Any
     ) -> None:
-        super().__init__(target=target, model=model, labels=list(labels) if labels is not None else None, threshold=threshold)
+        # pydantic: mypy types this with the parent's fields, not this model's
+        super().__init__(  # type: ignore[call-arg]
+            target=target, model=model, labels=list(labels) if labels is not None else None, threshold=threshold
+        )
         self._client_options = client_options
 
     @classmethod

@@ -163,18 +163,22 @@ def score_settings(
     return mode, weights
 
 
+# Each similarity reads an output the score asked the encode for.
 def _dense_score(query: EncodedItem, item: EncodedItem) -> float:
+    assert query.dense is not None and item.dense is not None
     return float(np.dot(query.dense, item.dense))
 
 
 def _sparse_score(query: EncodedItem, item: EncodedItem) -> float:
     """Sum of weight products over the token ids both have (indices are ascending and unique)."""
+    assert query.sparse is not None and item.sparse is not None
     _, in_query, in_item = np.intersect1d(query.sparse.indices, item.sparse.indices, assume_unique=True, return_indices=True)
     return float(np.dot(query.sparse.values[in_query].astype(np.float64), item.sparse.values[in_item]))
 
 
 def _multivector_score(query: EncodedItem, item: EncodedItem) -> float:
     """MaxSim divided by the number of query vectors."""
+    assert query.multivector is not None and item.multivector is not None
     if len(query.multivector) == 0 or len(item.multivector) == 0:
         return 0.0
     return float((query.multivector @ item.multivector.T).max(axis=1).mean())

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from transformers import PreTrainedModel
 
 # Forward pass of a model: (input_ids, attention_mask) -> last hidden state [batch, tokens, hidden].
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -23,12 +24,13 @@ Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _PROBE = ((5, 6, 7, 8), (5, 6, 7, 9))
 
 
-def use_bidirectional(model: torch.nn.Module, forward: Forward, device: torch.device) -> None:
+def use_bidirectional(model: PreTrainedModel, forward: Forward, device: torch.device) -> None:
     """Make `model` attend in both directions; ValueError when the probe still finds it causal."""
     model.config.is_causal = False
     for module in model.modules():
         if isinstance(getattr(module, "is_causal", None), bool):
-            module.is_causal = False
+            # torch types Module.__setattr__ for tensors and modules
+            module.is_causal = False  # type: ignore[assignment]
     problems = [case for case, pad in (("without padding", 0), ("with padding", 1)) if not _attends_ahead(forward, device, pad)]
     if problems:
         raise ValueError(

@@ -88,12 +88,14 @@ class DualEncoder(ImageEncoder):
         else:
             text_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
         with torch.inference_mode():
-            return self._dense(self.model.get_text_features(**text_inputs))
+            # torch types a module's attributes as Tensor | Module
+            return self._dense(self.model.get_text_features(**text_inputs))  # type: ignore[operator]
 
     def encode_images(self, batch: Sequence[np.ndarray], output_types: Sequence[str]) -> list[EncodedItem]:
         pixels = torch.from_numpy(np.stack(batch)).to(self.device, self.model.dtype)
         with torch.inference_mode():
-            return self._dense(self.model.get_image_features(pixel_values=pixels))
+            # torch types a module's attributes as Tensor | Module
+            return self._dense(self.model.get_image_features(pixel_values=pixels))  # type: ignore[operator]
 
     def _dense(self, output: Any) -> list[EncodedItem]:
         # transformers 5 returns the projected features as pooler_output of a model output.

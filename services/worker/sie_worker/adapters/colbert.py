@@ -20,6 +20,7 @@ import string
 from collections.abc import Sequence
 
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
@@ -139,9 +140,9 @@ def _check_settings(layout: ColbertLayout) -> None:
     for name, value in (("query_length", layout.query_length), ("document_length", layout.document_length)):
         if value is not None and (type(value) is not int or value <= 0):
             raise ValueError(f"ColBERT {name} {value!r} is not a positive integer")
-    for name, value in (("query marker / prefix", layout.query_prefix), ("document marker / prefix", layout.document_prefix)):
-        if value is not None and not isinstance(value, str):  # None (PyLate): no marker
-            raise ValueError(f"ColBERT {name} {value!r} is not a string")
+    for name, marker in (("query marker / prefix", layout.query_prefix), ("document marker / prefix", layout.document_prefix)):
+        if marker is not None and not isinstance(marker, str):  # None (PyLate): no marker
+            raise ValueError(f"ColBERT {name} {marker!r} is not a string")
     bad = [word for word in layout.skiplist_words if not isinstance(word, str)]
     if bad:
         raise ValueError(f"ColBERT skiplist_words {bad[:5]!r} are not strings")
@@ -164,7 +165,7 @@ def _real_length(ids: Sequence[int], expansion_id: int) -> int:
     return length
 
 
-def _marker_id(tokenizer, marker: str) -> int | None:
+def _marker_id(tokenizer: Tokenizer, marker: str) -> int | None:
     """The token id of a marker (PyLate saves some with a trailing space); None for no marker."""
     if not marker:
         return None
@@ -172,7 +173,7 @@ def _marker_id(tokenizer, marker: str) -> int | None:
     return token_id if token_id is not None else _token_id(tokenizer, marker.strip())
 
 
-def _token_id(tokenizer, token: str | None) -> int:
+def _token_id(tokenizer: Tokenizer, token: str | None) -> int:
     token_id = tokenizer.token_to_id(token) if token else None
     if token_id is None:
         raise ValueError(f"token {token!r} is not in the tokenizer's vocabulary")

@@ -156,7 +156,7 @@ def _root_projection(directory: Path) -> torch.Tensor:
     """`linear.weight` from the root weights, next to the encoder's (read alone from safetensors)."""
     if (directory / "model.safetensors").exists():
         with safe_open(str(directory / "model.safetensors"), framework="pt") as weights:
-            if "linear.weight" in weights.keys():
+            if "linear.weight" in weights.keys():  # noqa: SIM118 - safetensors' safe_open has keys(), no __contains__
                 return weights.get_tensor("linear.weight")
     elif "linear.weight" in (weights := _bin_weights(directory)):
         return weights["linear.weight"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 
@@ -65,9 +66,10 @@ def load_dense(directory: Path, path: str, in_features: int, device: torch.devic
     name = config.get("activation_function") or _DEFAULT_ACTIVATION
     if not isinstance(name, str) or name not in ACTIVATIONS:
         raise ValueError(f"{folder}: Dense activation function {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
-    widths = [config.get("in_features"), config.get("out_features")]
-    if not all(isinstance(width, int) and not isinstance(width, bool) and width > 0 for width in widths):
-        raise ValueError(f"{folder}: Dense config.json needs positive integer in_features and out_features, got {widths}")
+    given = [config.get("in_features"), config.get("out_features")]
+    widths = [width for width in given if _is_positive_int(width)]
+    if len(widths) != len(given):
+        raise ValueError(f"{folder}: Dense config.json needs positive integer in_features and out_features, got {given}")
     if widths[0] != in_features:
         raise ValueError(f"{folder}: a Dense module takes {widths[0]} features, but what comes before it gives {in_features}")
     state = _read_weights(folder)
@@ -103,3 +105,7 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"{file}: the Dense weights are not a mapping of names to tensors")
         return state
     raise ValueError(f"{folder}: Dense module has no model.safetensors or pytorch_model.bin")
+
+
+def _is_positive_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

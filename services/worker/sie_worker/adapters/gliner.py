@@ -146,7 +146,7 @@ class GlinerExtractor(ZeroShotExtractor):
             list(texts), list(labels), threshold=self.threshold if threshold is None else threshold, batch_size=max(1, len(texts))
         )
         results = []
-        for text, entities in zip(texts, found):
+        for text, entities in zip(texts, found, strict=True):
             spans = [(e["start"], e["end"], e["label"], [float(e["score"])]) for e in entities]
             if self.merge_adjacent:
                 spans = merge_adjacent(text, spans)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel
 
 from sie_worker.adapters.base import LoadContext, TokenizedText
 from sie_worker.adapters.onednn import use_onednn
@@ -84,7 +84,7 @@ class TextTokenizer:
         pending = [index for index, text in enumerate(texts) if len(text) > length and not _chunks_final(encodings[index], chunks)]
         while pending:
             length *= 4
-            for index, encoding in zip(pending, self.rust.encode_batch([texts[index][:length] for index in pending])):
+            for index, encoding in zip(pending, self.rust.encode_batch([texts[index][:length] for index in pending]), strict=True):
                 encodings[index] = encoding
             pending = [index for index in pending if len(texts[index]) > length and not _chunks_final(encodings[index], chunks)]
         return encodings
@@ -119,7 +119,7 @@ def _chunks_final(encoding: Any, chunks: int) -> bool:
     return bool(words) and bool(last) and max(words) < last[-1]
 
 
-def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = True) -> torch.nn.Module:
+def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = True) -> PreTrainedModel:
     """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode,
     on oneDNN kernels on a CPU where the context asks for them.
     An adapter that reads no output at padded positions passes reads_padding=False, and a BERT-family
@@ -176,7 +176,7 @@ def length_groups(lengths: Sequence[int], split_tokens: int) -> list[list[int]]:
     return groups
 
 
-def by_length(batch: Sequence[TokenizedText], device: torch.device, forward: Callable[[Sequence[TokenizedText]], Sequence[Row]]) -> list[Row]:
+def by_length(batch: Sequence[TokenizedText], device: torch.device, forward: Callable[[Sequence[TokenizedText]], Iterable[Row]]) -> list[Row]:
     """`forward` over the batch, one output per item in the batch's order.
 
     On a CPU, compute grows with every padded token and a forward pass costs
@@ -188,7 +188,7 @@ def by_length(batch: Sequence[TokenizedText], device: torch.device, forward: Cal
         return list(forward(batch))
     outputs: list[Any] = [None] * len(batch)
     for group in length_groups([len(item.ids) for item in batch], CPU_SPLIT_TOKENS):
-        for index, output in zip(group, forward([batch[index] for index in group])):
+        for index, output in zip(group, forward([batch[index] for index in group]), strict=True):
             outputs[index] = output
     return outputs
 

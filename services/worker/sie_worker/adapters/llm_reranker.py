@@ -79,7 +79,7 @@ class LlmReranker(PairScorer):
         if self.template is None:  # plain pairs: the instruction goes before the query, as a CrossEncoder prompt does
             return self.tokenizer.encode_pairs((instruction or "") + query, texts)
         query, *documents = self._readable([query, *texts])
-        tail = self._template_tail(instruction)
+        tail = self._template_tail(self.template, instruction)
         # A prompt that fills the model's length before the document (a long query or instruction, a template
         # longer than the model reads) would give every document the same score: no token of it is read.
         around = len(self.untruncated.encode(self.template.render(query, "", instruction), add_special_tokens=False).ids)
@@ -100,17 +100,17 @@ class LlmReranker(PairScorer):
         """Long texts cut where the tokens a sequence can keep of them surely end (TextTokenizer.readable_prefixes),
         so a huge document costs what the model reads of it."""
         long = [index for index, text in enumerate(texts) if len(text) > self.max_sequence_length]
-        for index, text in zip(long, self.tokenizer.readable_prefixes([texts[index] for index in long])):
+        for index, text in zip(long, self.tokenizer.readable_prefixes([texts[index] for index in long]), strict=True):
             texts[index] = text
         return texts
 
-    def _template_tail(self, instruction: str | None) -> list[int]:
+    def _template_tail(self, template: PairTemplate, instruction: str | None) -> list[int]:
         """The template's tokens after the document: the common token tail of two renders that differ only in content."""
         first, second = (
-            self.untruncated.encode(self.template.render(filler, filler, instruction), add_special_tokens=False).ids for filler in _FILLERS
+            self.untruncated.encode(template.render(filler, filler, instruction), add_special_tokens=False).ids for filler in _FILLERS
         )
         common = 0
-        for left, right in zip(reversed(first), reversed(second)):
+        for left, right in zip(reversed(first), reversed(second), strict=False):
             if left != right:
                 break
             common += 1
@@ -150,7 +150,8 @@ class LlmReranker(PairScorer):
     def _head(self, final: torch.Tensor) -> torch.Tensor:
         """The model's own head on the last real tokens: the classifier, or the output-embedding rows of the score tokens."""
         if self.own_head:
-            return self.model.score(final)
+            # torch types a module's attributes as Tensor | Module
+            return self.model.score(final)  # type: ignore[operator]
         head = self.model.get_output_embeddings()
         bias = head.bias[self.token_ids] if getattr(head, "bias", None) is not None else None
         logits = torch.nn.functional.linear(final, head.weight[self.token_ids], bias)

@@ -14,6 +14,7 @@ state dict.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 from transformers.activations import GELUActivation
@@ -73,13 +74,13 @@ def use_onednn(model: torch.nn.Module) -> int:
     if not agrees:
         log.warning("oneDNN's packed matmul disagrees with PyTorch's on this machine; the model runs on plain PyTorch")
         return 0
-    for linear, weight in zip(linears, packed):
+    for linear, weight in zip(linears, packed, strict=True):
         linear.__class__ = PackedLinear
         linear.register_buffer("packed_weight", weight, persistent=False)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if _is_dense_gelu(child):
-                setattr(parent, name, DenseGelu(child.dense))
+                setattr(parent, name, DenseGelu(cast(PackedLinear, child.dense)))  # its type checked just above
     return len(linears)
 
 

@@ -59,14 +59,14 @@ class SpladeEncoder(TextEncoder):
         return self.tokenizer.encode([prompt + text for text in texts])
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
-        static = [item.is_query and self.layout.idf is not None for item in batch]
-        items: list[EncodedItem | None] = [self._static(item) if is_static else None for item, is_static in zip(batch, static)]
-        modelled = [row for row, is_static in enumerate(static) if not is_static]
+        idf = self.layout.idf
+        items = {row: self._static(item, idf) for row, item in enumerate(batch) if item.is_query and idf is not None}
+        modelled = [row for row in range(len(batch)) if row not in items]
         if modelled:
-            for row, pooled in zip(modelled, self._pooled([batch[row] for row in modelled])):
+            for row, pooled in zip(modelled, self._pooled([batch[row] for row in modelled]), strict=True):
                 indices = np.flatnonzero(pooled > 0).astype(np.uint32)
                 items[row] = EncodedItem(sparse=SparseWeights(indices, pooled[indices].astype(np.float32), self.vocab_size))
-        return items
+        return [items[row] for row in range(len(batch))]
 
     def _pooled(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         """Vocabulary weights [items, vocabulary] from one forward pass."""
@@ -80,9 +80,8 @@ class SpladeEncoder(TextEncoder):
             pooled = weights.max(dim=1).values if self.layout.pooling == "max" else weights.sum(dim=1)
             return pooled.cpu().numpy()
 
-    def _static(self, item: TokenizedText) -> EncodedItem:
+    def _static(self, item: TokenizedText, idf: np.ndarray) -> EncodedItem:
         """A query's static weights: each distinct non-special token's idf weight."""
-        idf = self.layout.idf
         ids = sorted({token for token in item.ids if token not in self.tokenizer.special_ids and token < len(idf)})
         indices = np.array([token for token in ids if idf[token] != 0], dtype=np.uint32)
         return EncodedItem(sparse=SparseWeights(indices, idf[indices].astype(np.float32), self.vocab_size))

@@ -29,7 +29,9 @@ class TokenClassificationExtractor(TokenClassifier):
         self.device = context.device
         self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
         self.max_sequence_length = self.tokenizer.max_length
-        self.labels = [self.model.config.id2label[index] for index in range(self.model.config.num_labels)]
+        # transformers types id2label as it may be given (str keys, or none) and num_labels as optional; a loaded
+        # model's config has both, with int keys.
+        self.labels = [self.model.config.id2label[index] for index in range(self.model.config.num_labels)]  # type: ignore[index, arg-type]
 
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         return self.tokenizer.encode(texts)

@@ -18,11 +18,15 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 
+# The modules below are BERT-family ones whose layout _is_bert_family checks at run time; torch types a module's
+# attributes as `Tensor | Module`, so they are `BertLike` (Any) here.
+BertLike = Any
+
 
 def use_unpadded(model: torch.nn.Module) -> bool:
     """Make `model`'s base encoder skip padded positions; False (model unchanged) where its layers are not
     the BERT-family layout this forward reproduces."""
-    base = model.base_model
+    base: BertLike = model.base_model
     if not _is_bert_family(base):
         return False
     # An instance attribute, so transformers' heads and peft's wrappers, which call the base model, reach it.
@@ -31,7 +35,7 @@ def use_unpadded(model: torch.nn.Module) -> bool:
 
 
 def _forward(
-    base: torch.nn.Module,
+    base: BertLike,
     padded_forward: Any,
     input_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
@@ -59,7 +63,7 @@ def _forward(
     return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=sequence, pooler_output=pooled)
 
 
-def _self_attention(module: torch.nn.Module, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def _self_attention(module: BertLike, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Multi-head self-attention of the real tokens `hidden` [T, width]: padded to [B, heads, L, head size]
     for SDPA, with padded keys masked, and the real rows taken back."""
     batch, length = keys.shape[0], keys.shape[-1]
@@ -79,7 +83,7 @@ def _self_attention(module: torch.nn.Module, hidden: torch.Tensor, positions: to
 _MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra"})
 
 
-def _is_bert_family(base: torch.nn.Module) -> bool:
+def _is_bert_family(base: BertLike) -> bool:
     """BERT's own layout, module for module: embeddings then post-LayerNorm layers of attention.self (query, key,
     value) + attention.output, intermediate, output; absolute positions; no decoder, no cross-attention, and
     nothing between the embeddings and the layers (ELECTRA's embedding projection, for one)."""
@@ -93,7 +97,7 @@ def _is_bert_family(base: torch.nn.Module) -> bool:
     return len(base.encoder.layer) > 0 and all(_is_bert_layer(layer) for layer in base.encoder.layer)
 
 
-def _is_bert_layer(layer: torch.nn.Module) -> bool:
+def _is_bert_layer(layer: BertLike) -> bool:
     if _children(layer) != {"attention", "intermediate", "output"} or _children(layer.attention) != {"self", "output"}:
         return False
     self_attention = layer.attention.self

@@ -356,7 +356,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
 
 Outcome = TypeVar("Outcome")
-Response = TypeVar("Response")
+Response = TypeVar("Response", inference_pb2.EncodeResponse, inference_pb2.ScoreResponse, inference_pb2.ExtractResponse)
 
 
 async def _guarded(

@@ -64,7 +64,7 @@ class WorkService(worker_pb2_grpc.WorkerServicer):
     async def _run(self, work: worker_pb2.WorkRequest, task: str | None) -> worker_pb2.WorkResponse:
         handler = self._handlers.get(task or "")
         try:
-            if handler is None:
+            if handler is None or task is None:
                 raise Unimplemented(f"this worker does not serve {task or 'empty'} work", reason="TASK_NOT_SERVED")
             timeout = work_timeout(work.timeout, self._limits) if work.HasField("timeout") else None
             try:

@@ -92,7 +92,8 @@ class ConfigSync:
         return not self._settings.model_filter or config.id in self._settings.model_filter
 
     def _report(self, revision: int) -> None:
-        config_hash = self._hashes.hash(self._bundle.id) if self._bundle is not None else None
-        if config_hash is not None and config_hash != self.bundle_config_hash:
+        bundle = self._bundle
+        config_hash = self._hashes.hash(bundle.id) if bundle is not None else None
+        if bundle is not None and config_hash is not None and config_hash != self.bundle_config_hash:
             self.bundle_config_hash = config_hash
-            log.info("bundle %s config hash %s at etcd revision %d", self._bundle.id, config_hash, revision)
+            log.info("bundle %s config hash %s at etcd revision %d", bundle.id, config_hash, revision)

@@ -100,6 +100,7 @@ class LoraAdapters:
             evicted_since = name not in self._loaded
         if evicted_since:
             self._load(name)
+        assert self._peft is not None  # made by the first adapter's load
         self._peft.set_adapter(name)
         return forward(items)
 
@@ -117,6 +118,7 @@ class LoraAdapters:
         with self._lock:
             while len(self._loaded) >= self._capacity:
                 evicted, _ = self._loaded.popitem(last=False)
+                assert self._peft is not None  # made by the first adapter's load
                 self._peft.delete_adapter(evicted)
                 log.info("evicted LoRA %s of %s (SIE_MAX_LORAS_PER_MODEL=%d)", evicted, self.model_id, self._capacity)
         with LOAD_LOCK:

@@ -57,7 +57,7 @@ class LocalCache:
         os.utime(marker)
         return folder
 
-    def fill(self, key: str, write: Callable[[Path], None]) -> Path:
+    def fill(self, key: str, write: Callable[[Path], object]) -> Path:
         """Run `write(staging_dir)`, then publish the staging dir as `key` atomically."""
         self.root.mkdir(parents=True, exist_ok=True)
         staging = self.root / f".staging-{key}-{uuid.uuid4().hex[:8]}"

@@ -18,10 +18,10 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
 from sie_common.cluster.model_config import ModelConfig
-from sie_worker.weights.s3 import S3Location, S3Store
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.cache import ClusterCache, LocalCache, weights_key
 from sie_worker.weights.roots import WeightRoots, bundled_directory, default_roots
+from sie_worker.weights.s3 import S3Location, S3Store
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +74,16 @@ class WeightResolver:
             return ResolvedWeights(found, "local cache")
         tried.append(f"local cache {self.local.root}: no {key}")
 
-        if self.cluster is not None:
+        if (cluster := self.cluster) is not None:
             try:
-                if self.cluster.has(key):
-                    folder = self.local.fill(key, lambda staging: self.cluster.download(key, staging))
+                if cluster.has(key):
+                    folder = self.local.fill(key, lambda staging: cluster.download(key, staging))
                     self.local.trim(keep | {key})
                     return ResolvedWeights(folder, "cluster cache")
-                tried.append(f"cluster cache {self.cluster.location}: no {key}")
-            except Exception as error:  # botocore raises many types; any of them is a fault, not a miss
+                tried.append(f"cluster cache {cluster.location}: no {key}")
+            except Exception as error:  # noqa: BLE001 - botocore raises many types; any of them is a fault, not a miss
                 retryable = True
-                tried.append(f"cluster cache {self.cluster.location}: {type(error).__name__}: {error}")
+                tried.append(f"cluster cache {cluster.location}: {type(error).__name__}: {error}")
         else:
             tried.append("cluster cache: not configured (SIE_CLUSTER_CACHE)")
 
@@ -93,7 +93,7 @@ class WeightResolver:
         if self.cluster is not None:
             try:
                 self.cluster.upload(key, origin.path)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - the weights are served anyway; the upload is a courtesy
                 log.warning("could not upload %s to the cluster cache: %s", key, error)
         return origin
 
@@ -127,6 +127,6 @@ class WeightResolver:
             return None
         try:
             return Path(snapshot_download(config.hf_id, revision=config.revision, cache_dir=self._hf_cache, local_files_only=True))
-        except Exception:  # huggingface_hub raises several types for "not cached"
+        except Exception:  # noqa: BLE001 - huggingface_hub raises several types for "not cached"
             return None
 

@@ -15,7 +15,7 @@ import boto3
 
 
 def is_s3_url(location: str | None) -> bool:
-    return bool(location) and location.startswith("s3://")
+    return location is not None and location.startswith("s3://")
 
 
 @dataclass(frozen=True)
