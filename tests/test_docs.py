@@ -35,3 +35,35 @@ def test_every_error_reason_is_documented() -> None:
     assert reasons, "no reasons found"
     missing = sorted(reason for reason in reasons if f"`{reason}`" not in documented)
     assert not missing, f"undocumented error reasons: {missing}"
+
+
+# Where each first-party package's folder is, for paths the docs name from the package down.
+PACKAGE_ROOTS = {
+    "sie_worker": "services/worker",
+    "sie_gateway": "services/gateway",
+    "sie_config": "services/config",
+    "sie_common": "lib",
+    "sie_client": "clients/python",
+    "sie_contract": "contract/python",
+    "sie_stack": "deploy/local",
+}
+
+
+@pytest.mark.parametrize("doc", ["docs/architecture.md", "README.md"])
+def test_every_source_path_the_docs_name_exists(doc: str) -> None:
+    """docs/architecture.md and the README's layout name the file that owns each step: after a move they must follow."""
+    import re
+
+    root = DOCS.parent
+    text = (root / doc).read_text()
+    paths = set(re.findall(r"`((?:[\w.-]+/)+[\w.-]*)`", text))
+    top_level = {entry.name for entry in root.iterdir() if not entry.name.startswith(".")}
+    missing = []
+    for path in sorted(paths):
+        first = path.split("/")[0]
+        if first in PACKAGE_ROOTS:
+            if not (root / PACKAGE_ROOTS[first] / path).exists():
+                missing.append(path)
+        elif first in top_level and not (root / path).exists():
+            missing.append(path)
+    assert not missing, f"{doc} names paths that do not exist: {missing}"
