@@ -10,10 +10,12 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format, struct_pb2
-
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.cluster.model_config import OUTPUT_TYPES
 from sie_common.edge import openai_embeddings
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_answer
+from sie_common.edge.encode_stream import serve_encode_stream
+from sie_common.edge.errors import Internal, InvalidArgument, SieError, abort, clipped
 from sie_common.edge.request_bounds import (
     check_instruction,
     check_item_count,
@@ -23,13 +25,11 @@ from sie_common.edge.request_bounds import (
     check_text,
     check_threshold,
 )
-from sie_common.edge.encode_stream import serve_encode_stream
 from sie_common.edge.request_params import merged_request
-from sie_common.edge.errors import Internal, InvalidArgument, SieError, abort, clipped
-from sie_common.cluster.model_config import OUTPUT_TYPES
 from sie_contract.tensors import to_tensor
+
+from sie_worker.api.convert import describe_model
 from sie_worker.batching.stats import BatchStats
-from sie_worker.engine.pipeline import Engine
 from sie_worker.engine.jobs import (
     EncodedOutput,
     EncodeJob,
@@ -43,8 +43,9 @@ from sie_worker.engine.jobs import (
     Timing,
 )
 from sie_worker.engine.limits import Limits
-from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
+from sie_worker.engine.pipeline import Engine
 from sie_worker.engine.postprocess import OUTPUT_DTYPES, Quantized
+from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
         registry = self._engine.registry
         return inference_pb2.ListModelsResponse(
-            models=[registry.describe(model) for model in registry.model_ids],
+            models=[describe_model(registry, model) for model in registry.model_ids],
             config_problems=[
                 inference_pb2.ConfigProblem(source=problem.source, message=problem.message) for problem in registry.catalog.problems
             ],
@@ -350,7 +351,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
         try:
             _require_model(request.model, self._limits)
-            return self._engine.registry.describe(request.model)
+            return describe_model(self._engine.registry, request.model)
         except SieError as error:
             await abort(context, error)
 

@@ -3,36 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sie_common.edge.errors import InvalidArgument
 from sie_common.cluster.model_config import ModelConfig
-from sie_worker.adapters.base import ImageEncoder
+from sie_common.edge.errors import InvalidArgument
+
 from sie_worker.engine.jobs import ItemInput
 from sie_worker.engine.postprocess import MuveraParams
-
-if TYPE_CHECKING:
-    from sie_worker.adapters.base import ModelAdapter
-    from sie_worker.models.registry import LoadedModel
-
-
-def check_adapter_serves(config: ModelConfig, adapter_name: str, adapter: ModelAdapter) -> None:
-    """At load: the config's tasks and output types must be ones its adapter provides (ValueError otherwise)."""
-    missing_tasks = [task for task in config.tasks if task not in adapter.tasks]
-    if missing_tasks:
-        raise ValueError(
-            f"tasks: adapter {adapter_name} does not do {', '.join(missing_tasks)}; it does: {', '.join(adapter.tasks)}"
-        )
-    if "image" in config.inputs and not isinstance(adapter, ImageEncoder):
-        raise ValueError(f"inputs: adapter {adapter_name} does not take images; it takes: text")
-    if "encode" not in config.tasks:
-        return
-    produced = set(adapter.output_types) | ({"dense"} if "multivector" in adapter.output_types else set())
-    missing = [output for output in config.output_types if output not in produced]
-    if missing:
-        raise ValueError(
-            f"output_types: adapter {adapter_name} does not produce {', '.join(missing)}; it produces: {', '.join(sorted(produced))}"
-        )
+from sie_worker.models.registry import LoadedModel
 
 
 def check_task(config: ModelConfig, task: str) -> None:

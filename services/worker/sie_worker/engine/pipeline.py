@@ -23,18 +23,36 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
-from sie_common.edge.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
+from sie_common.edge.errors import (
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    ResourceExhausted,
+    SieError,
+    Unavailable,
+)
 from sie_common.runtime.tracing import record_span, recording, span
-from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, MultivectorCounter, OptionScorer, PairScorer, TokenizedText, ZeroShotExtractor
-from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
+
+from sie_worker.adapters.base import (
+    EncodedItem,
+    Entity,
+    ImageEncoder,
+    MultivectorCounter,
+    OptionScorer,
+    PairScorer,
+    TokenizedText,
+    ZeroShotExtractor,
+)
+from sie_worker.batching.adaptive import BatchPolicy, batching_for
 from sie_worker.batching.former import Batch, BatchFormer, PendingItem
+from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
 from sie_worker.engine.capabilities import (
     check_inputs,
     check_lora,
@@ -46,7 +64,7 @@ from sie_worker.engine.capabilities import (
     muvera_params,
     uses_muvera,
 )
-from sie_worker.models.device import select_device
+from sie_worker.engine.images import decode_image
 from sie_worker.engine.jobs import (
     EncodedOutput,
     EncodeJob,
@@ -60,12 +78,12 @@ from sie_worker.engine.jobs import (
     Timing,
     canonical_options,
 )
-from sie_worker.engine.images import decode_image
-from sie_worker.engine.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
 from sie_worker.engine.limits import Limits, check_held_multivectors, check_muvera
-from sie_worker.models.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
+from sie_worker.engine.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.models.catalog import read_catalog
+from sie_worker.models.device import select_device
+from sie_worker.models.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
 from sie_worker.models.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
 
@@ -87,9 +105,11 @@ IMAGE_COST = 1
 
 @dataclass(frozen=True)
 class _DeviceWork:
-    """What a batch runs: `forward` over its items' payloads, with one LoRA adapter active."""
+    """What a batch runs: `forward` over its items' payloads, with one LoRA adapter active, under the model's batch
+    policy."""
 
     model: LoadedModel
+    policy: BatchPolicy
     lora: str
     forward: Callable[[Sequence[Any]], Sequence[Any]]
 
@@ -136,6 +156,8 @@ class Engine:
         # One inference thread per device serializes device work (forward passes and LoRA loads).
         self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
         self._background: list[asyncio.Task[None]] = []
+        # Each loaded model's batch policy, for as long as it stays loaded (a reload starts afresh).
+        self._policies: weakref.WeakKeyDictionary[LoadedModel, BatchPolicy] = weakref.WeakKeyDictionary()
         self._in_flight = 0
         self._batches = 0
         self._draining = False
@@ -307,7 +329,7 @@ class Engine:
         assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
         pixels = await self._prepare_images(clock, encoder, items)
         key = (model.config.id, model.profile, "encode", lora, outputs, "image", canonical_options(options))
-        work = _DeviceWork(model, lora, lambda batch: encoder.encode_images(batch, outputs))
+        work = self._work(model, lora, lambda batch: encoder.encode_images(batch, outputs))
         results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
         return [result.output for result in results], results
 
@@ -348,7 +370,7 @@ class Engine:
         if check_tokenized is not None:
             check_tokenized(tokenized)
         key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
-        work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
+        work = self._work(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [result.output for result in results], results
 
@@ -384,7 +406,7 @@ class Engine:
         chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
         tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts, job.instruction), len(texts), chars)
         key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
-        work = _DeviceWork(model, job.lora, scorer.score)
+        work = self._work(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [float(result.output) for result in results], results
 
@@ -424,12 +446,12 @@ class Engine:
             if isinstance(extractor, ZeroShotExtractor):
                 if not job.labels:
                     raise InvalidArgument(f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS")
-                work = _DeviceWork(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
+                work = self._work(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
                 results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
                 entities: list[list[Entity]] = [result.output for result in results]
             else:
                 tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts)))
-                work = _DeviceWork(model, job.lora, extractor.classify)
+                work = self._work(model, job.lora, extractor.classify)
                 results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
                 entities = await self._postprocess(
                     lambda: [
@@ -466,6 +488,13 @@ class Engine:
         clock.postprocessing_ms += _ms_since(started)
         return result
 
+    def _work(self, model: LoadedModel, lora: str, forward: Callable[[Sequence[Any]], Sequence[Any]]) -> _DeviceWork:
+        """`forward` on `model` with `lora`, under the model's batch policy."""
+        policy = self._policies.get(model)
+        if policy is None:
+            policy = self._policies[model] = batching_for(self.settings, model.config.profile(model.profile))
+        return _DeviceWork(model, policy, lora, forward)
+
     @staticmethod
     def _count(model: LoadedModel, items: int) -> None:
         model.stats.requests += 1
@@ -474,7 +503,7 @@ class Engine:
     async def _run_on_device(self, work: _DeviceWork, key: tuple, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
         loop = asyncio.get_running_loop()
         pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
-        self._former.add(pending, work.model.batching)
+        self._former.add(pending, work.policy)
         QUEUE_DEPTH.set(self._former.pending)
         try:
             results = list(await asyncio.gather(*(item.future for item in pending)))
@@ -522,7 +551,7 @@ class Engine:
                     task.cancel()
         if newer.done() and not newer.cancelled():
             if behind.running.cancel():
-                self._former.give_back(behind.batch, behind.work.model.batching)
+                self._former.give_back(behind.batch, behind.work.policy)
                 if slot.done() and not slot.cancelled():
                     slots.release()  # the batch given back holds a slot already, now this one's
             elif not (slot.done() and not slot.cancelled()):
@@ -559,9 +588,9 @@ class Engine:
         outputs, started, finished = running.result()
         model.stats.forward_passes += 1
         record_batch(model.config.id, model.profile, len(batch), batch.tokens, finished - started)
-        stats = describe(batch_id, batch, model.batching, started, finished)
-        model.batching.observe(batch, started, finished)
-        publish_setting(model.config.id, model.profile, model.batching)
+        stats = describe(batch_id, batch, work.policy, started, finished)
+        work.policy.observe(batch, started, finished)
+        publish_setting(model.config.id, model.profile, work.policy)
         if self.settings.instrumentation:
             record(model.config.id, model.profile, stats)
         for row, item in enumerate(batch):
