@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sie.v1 import inference_pb2
 
-from sie_worker.engine.capabilities import dense_dims
+from sie_worker.engine.plan import dense_dims
 from sie_worker.models.registry import ModelRegistry, ModelState
 
 _MODEL_STATES = {state: inference_pb2.ModelState.Value(f"MODEL_STATE_{state.name}") for state in ModelState}
