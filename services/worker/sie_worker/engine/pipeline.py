@@ -1,17 +1,20 @@
 """The pipeline of one worker, for encode, score and extract.
 
-    admission -> tokenize (CPU pool) / decode and preprocess images (image pool)
+    admission -> plan (sie_worker.engine.plan: the model and what the request computes, checked once)
+              -> tokenize (CPU pool) / decode and preprocess images (image pool)
               -> BatchFormer -> device thread -> postprocess (CPU pool)
 
 While one batch runs on the device the next is formed and queued behind it,
 so the device goes from one forward pass to the next without waiting on the
 event loop; until it starts, a batch led by a request that came after it was
-formed takes its place (fair queuing, sie_worker.batching.former). Each model's batch policy (sie_worker.batching.adaptive) sets the wait and
-token budget its batches are formed under.
+formed takes its place (fair queuing, sie_worker.batching.former). Each loaded
+model's batch policy (sie_worker.batching.adaptive, made when the model first
+batches) sets the wait and token budget its batches are formed under.
 
-Items of concurrent requests share forward passes when their batch key
-matches: model, profile, operation, LoRA, output types, instruction,
-is_query and run-time options (as canonical JSON); image items have keys of
+Items of concurrent requests share forward passes when their BatchKey
+(sie_worker.engine.batch_key) matches: model, profile, operation, LoRA,
+run-time options (as canonical JSON), modality, output types, instruction,
+is_query, and an extract's labels and threshold; image items have keys of
 their own (modality "image"). Each caller gets its own items back in its own
 order.
 """
@@ -50,6 +53,7 @@ from sie_worker.adapters.base import (
 from sie_worker.batching.adaptive import BatchPolicy, batching_for
 from sie_worker.batching.former import Batch, BatchFormer, PendingItem
 from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
+from sie_worker.engine.batch_key import BatchKey, canonical_options
 from sie_worker.engine.images import decode_image
 from sie_worker.engine.jobs import (
     EncodedOutput,
@@ -62,7 +66,6 @@ from sie_worker.engine.jobs import (
     ScoreJob,
     ScoreOutcome,
     Timing,
-    canonical_options,
 )
 from sie_worker.engine.limits import Limits, check_held_multivectors
 from sie_worker.engine.plan import Planner, RequestPlan, Similarity
@@ -223,18 +226,18 @@ class Engine:
             encoded, results = await self._encode_items(
                 model, job.items, plan.device_outputs, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
-                check_tokenized=lambda tokenized: self._check_multivector_estimate(job, plan, tokenized),
+                check_tokenized=lambda tokenized: self._check_multivector_estimate(plan, tokenized),
             )
 
             outputs = await self._postprocess(
-                lambda: [_finish(item, job, plan, normalized=model.encoder.normalized) for item in encoded], clock, len(encoded)
+                lambda: [_finish(item, plan, is_query=job.is_query) for item in encoded], clock, len(encoded)
             )
             self._count(model, len(job.items))
         return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
 
-    def _check_multivector_estimate(self, job: EncodeJob, plan: RequestPlan, tokenized: Sequence[TokenizedText]) -> None:
+    def _check_multivector_estimate(self, plan: RequestPlan, tokenized: Sequence[TokenizedText]) -> None:
         """Before the forward pass, for the encoders that count their rows from the tokens (MultivectorCounter):
-        RESPONSE_TOO_LARGE when the job's multivectors alone could not be sent, and INVALID_ARGUMENT when those it
+        RESPONSE_TOO_LARGE when the plan's multivectors alone could not be sent, and INVALID_ARGUMENT when those it
         computes (for MUVERA too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold
         (an answer may be far smaller than that: MUVERA, a binary dtype), so no vectors are computed and held for an
         answer that cannot go out or that a request may not hold."""
@@ -242,7 +245,7 @@ class Engine:
         if "multivector" in plan.device_outputs and isinstance(encoder, MultivectorCounter):
             rows = sum(encoder.multivector_rows(item) for item in tokenized)
             if "multivector" in plan.outputs:
-                check_dense_estimate(rows, encoder.multivector_dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+                check_dense_estimate(rows, encoder.multivector_dims, plan.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
             check_held_multivectors(rows, encoder.multivector_dims, self.limits, "encode")
 
     async def _encode_items(
@@ -279,7 +282,7 @@ class Engine:
         encoder = model.encoder
         assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
         pixels = await self._prepare_images(clock, encoder, items)
-        key = (model.config.id, model.profile, "encode", lora, outputs, "image", canonical_options(options))
+        key = BatchKey(model.config.id, model.profile, "encode", lora, canonical_options(options), modality="image", outputs=outputs)
         work = self._work(model, lora, lambda batch: encoder.encode_images(batch, outputs))
         results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
         return [result.output for result in results], results
@@ -320,7 +323,10 @@ class Engine:
         tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts), sum(map(len, texts)) + len(prompt) * len(texts))
         if check_tokenized is not None:
             check_tokenized(tokenized)
-        key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
+        key = BatchKey(
+            model.config.id, model.profile, "encode", lora, canonical_options(options),
+            outputs=outputs, instruction=instruction, is_query=is_query,
+        )
         work = self._work(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [result.output for result in results], results
@@ -346,7 +352,7 @@ class Engine:
         texts = [item.text or "" for item in job.items]
         chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
         tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts, job.instruction), len(texts), chars)
-        key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
+        key = BatchKey(job.model, model.profile, "score", job.lora, canonical_options(job.options), instruction=job.instruction)
         work = self._work(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [float(result.output) for result in results], results
@@ -383,7 +389,10 @@ class Engine:
         with self.admitted(), contextlib.ExitStack() as holds:
             model = self._planner.plan(job, holds).model
             extractor = model.encoder
-            key = (job.model, model.profile, "extract", job.lora, job.labels, job.threshold, False, canonical_options(job.options))
+            key = BatchKey(
+                job.model, model.profile, "extract", job.lora, canonical_options(job.options),
+                labels=job.labels, threshold=job.threshold,
+            )
             if isinstance(extractor, ZeroShotExtractor):
                 work = self._work(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
                 results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
@@ -439,7 +448,7 @@ class Engine:
         model.stats.requests += 1
         model.stats.items += items
 
-    async def _run_on_device(self, work: _DeviceWork, key: tuple, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
+    async def _run_on_device(self, work: _DeviceWork, key: BatchKey, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
         loop = asyncio.get_running_loop()
         pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
         self._former.add(pending, work.policy)
@@ -588,18 +597,18 @@ def _record_device_spans(pending: Sequence[PendingItem], results: Sequence[_Item
         record_span("inference", start, start + seconds, {"sie.batch_id": batch_id, "sie.items": items})
 
 
-def _finish(item: EncodedItem, job: EncodeJob, plan: RequestPlan, *, normalized: bool) -> EncodedOutput:
+def _finish(item: EncodedItem, plan: RequestPlan, *, is_query: bool) -> EncodedOutput:
     """One item's requested outputs after MUVERA, `dims` and the output dtype."""
     dense = None
     if "dense" in plan.outputs:
         if plan.muvera is None:
-            dense = truncate(item.dense, dims=job.dims, normalized=normalized)
+            dense = truncate(item.dense, dims=plan.dims, normalized=plan.model.encoder.normalized)
         else:
-            dense = truncate(muvera(item.multivector, plan.muvera, is_query=job.is_query), dims=job.dims, normalized=False)
+            dense = truncate(muvera(item.multivector, plan.muvera, is_query=is_query), dims=plan.dims, normalized=False)
     return EncodedOutput(
-        dense=None if dense is None else quantize(dense, job.output_dtype),
+        dense=None if dense is None else quantize(dense, plan.output_dtype),
         sparse=item.sparse if "sparse" in plan.outputs else None,
-        multivector=quantize(item.multivector, job.output_dtype) if "multivector" in plan.outputs else None,
+        multivector=quantize(item.multivector, plan.output_dtype) if "multivector" in plan.outputs else None,
     )
 
 

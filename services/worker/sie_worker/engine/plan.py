@@ -40,6 +40,9 @@ class RequestPlan:
     device_outputs: tuple[str, ...] = ()
     # Encode: MUVERA's parameters when dense comes from multivectors.
     muvera: MuveraParams | None = None
+    # Encode: the width dense vectors are cut to (None: the model's), and the dtype the answer's vectors take.
+    dims: int | None = None
+    output_dtype: str = "float32"
     # Score: how a query's and an item's embeddings compare; None where the model scores pairs itself.
     similarity: Similarity | None = None
 
@@ -84,7 +87,7 @@ class Planner:
             )
         self._check_answer_estimate(job, outputs, dense_dims(model, job.options))
         _check_one_input_per_item(model, job.items)
-        return RequestPlan(model, "encode", outputs, needed, muvera)
+        return RequestPlan(model, "encode", outputs, needed, muvera, job.dims, job.output_dtype)
 
     def _check_answer_estimate(self, job: EncodeJob, outputs: tuple[str, ...], model_dims: int | None) -> None:
         """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent."""
