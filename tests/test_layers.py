@@ -5,6 +5,8 @@
   batching, models -> weights -> adapters. settings and metrics are leaves: any layer may import them and
   they import nothing of sie_worker. No module imports a layer above its own or a sibling of its own rank
   (batching and models do not import each other; nothing in engine imports api).
+- Proto conversion lives in the worker's api/: below it, nothing imports the sie.v1 messages, protobuf or
+  sie_contract.
 - No import cycle among the first-party modules.
 - sie_client imports nothing of the services or sie_common.
 """
@@ -39,6 +41,9 @@ WORKER_RANKS = {
 TOP = {"__main__", "cli", "server"}
 # Leaves: any layer imports them; they import nothing of sie_worker.
 WORKER_LEAVES = {"settings", "metrics"}
+# Layers that work on the worker's own types: messages are converted in api/ (sie_worker.api.convert).
+PROTO_FREE = {"engine", "batching", "models", "weights", "adapters"}
+PROTO_MODULES = ("sie", "sie_contract", "google.protobuf")
 # What the client distribution may import of first-party code.
 CLIENT_MAY_IMPORT = ("sie_client", "sie_contract", "sie")
 
@@ -156,6 +161,17 @@ def layer_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
     return found
 
 
+def proto_violations(modules: Mapping[str, Path]) -> list[str]:
+    """Imports of messages (or their conversions) by worker modules below api/."""
+    return [
+        f"{module} imports {name}"
+        for module, path in sorted(modules.items())
+        if module.startswith("sie_worker.") and worker_layer(module) in PROTO_FREE
+        for name in sorted(imported_names(module, path))
+        if any(name == proto or name.startswith(proto + ".") for proto in PROTO_MODULES)
+    ]
+
+
 def client_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
     return [
         f"{module} imports {target}"
@@ -166,11 +182,15 @@ def client_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
     ]
 
 
-def first_party_graph() -> Graph:
+def first_party_modules() -> dict[str, Path]:
     modules = {}
     for package, folder in PACKAGES.items():
         modules |= module_names(package, folder)
-    return module_graph(modules)
+    return modules
+
+
+def first_party_graph() -> Graph:
+    return module_graph(first_party_modules())
 
 
 def test_every_worker_module_has_a_layer() -> None:
@@ -180,6 +200,11 @@ def test_every_worker_module_has_a_layer() -> None:
 
 def test_the_worker_imports_only_downward() -> None:
     violations = layer_violations(first_party_graph())
+    assert not violations, "\n".join(violations)
+
+
+def test_protos_are_converted_in_api() -> None:
+    violations = proto_violations(first_party_modules())
     assert not violations, "\n".join(violations)
 
 
@@ -202,7 +227,7 @@ def test_the_checks_catch_planted_violations(tmp_path: Path) -> None:
         "sie_worker/api/__init__.py": "",
         "sie_worker/api/convert.py": "def f():\n    import sie_worker.engine.pipeline\n",
         "sie_worker/models/registry.py": "from sie_worker.batching.former import BatchFormer\n",
-        "sie_worker/batching/former.py": "",
+        "sie_worker/batching/former.py": "def f():\n    from sie.v1 import inference_pb2\n",
         "sie_worker/metrics.py": "from sie_worker.engine import pipeline\n",
         "sie_client/client.py": "from sie_common.edge.errors import InvalidArgument\nimport sie_contract.tensors\n",
     }
@@ -222,3 +247,4 @@ def test_the_checks_catch_planted_violations(tmp_path: Path) -> None:
         "sie_worker.models.registry (models) imports sie_worker.batching.former (batching): not a layer below its own",
     ]
     assert client_violations(graph) == ["sie_client.client imports sie_common.edge.errors"]
+    assert proto_violations(modules) == ["sie_worker.batching.former imports sie.v1.inference_pb2"]
