@@ -8,7 +8,7 @@
 - Proto conversion lives in the worker's api/: below it, nothing imports the sie.v1 messages, protobuf or
   sie_contract.
 - No import cycle among the first-party modules.
-- sie_client imports nothing of the services or sie_common.
+- sie_client imports nothing of the services or sie_common, nor the worker's heavy dependencies (torch...).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ PROTO_FREE = {"engine", "batching", "models", "weights", "adapters"}
 PROTO_MODULES = ("sie", "sie_contract", "google.protobuf")
 # What the client distribution may import of first-party code.
 CLIENT_MAY_IMPORT = ("sie_client", "sie_contract", "sie")
+# The worker's heavy dependencies, which the client's environment does not have.
+CLIENT_MUST_NOT_IMPORT = ("torch", "transformers", "peft", "boto3")
 
 Graph = dict[str, set[str]]
 
@@ -216,6 +218,16 @@ def test_no_import_cycle() -> None:
 def test_the_client_imports_no_service() -> None:
     violations = client_violations(first_party_graph())
     assert not violations, "\n".join(violations)
+
+
+def test_the_client_imports_none_of_the_workers_dependencies() -> None:
+    imported = {
+        f"{module} imports {name}"
+        for module, path in module_names("sie_client", PACKAGES["sie_client"]).items()
+        for name in imported_names(module, path)
+        if name.split(".")[0] in CLIENT_MUST_NOT_IMPORT
+    }
+    assert not imported, "\n".join(sorted(imported))
 
 
 def test_the_checks_catch_planted_violations(tmp_path: Path) -> None:
