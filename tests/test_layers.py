@@ -235,7 +235,9 @@ def test_the_checks_catch_planted_violations(tmp_path: Path) -> None:
     files = {
         "sie_worker/__init__.py": "",
         "sie_worker/engine/__init__.py": "",
-        "sie_worker/engine/pipeline.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..api import convert\n",
+        "sie_worker/engine/pipeline.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..api import convert\n"
+        ),
         "sie_worker/api/__init__.py": "",
         "sie_worker/api/convert.py": "def f():\n    import sie_worker.engine.pipeline\n",
         "sie_worker/models/registry.py": "from sie_worker.batching.former import BatchFormer\n",

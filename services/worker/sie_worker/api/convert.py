@@ -70,7 +70,10 @@ def describe_model(registry: ModelRegistry, model_id: str) -> inference_pb2.Mode
     if state is ModelState.FAILED and failure is not None:
         described.failure.CopyFrom(
             inference_pb2.ModelLoadFailure(
-                error=failure.error, attempts=failure.attempts, permanent=failure.permanent, retry_in_s=failure.retry_in_s()
+                error=failure.error,
+                attempts=failure.attempts,
+                permanent=failure.permanent,
+                retry_in_s=failure.retry_in_s(),
             )
         )
     return described
@@ -120,7 +123,9 @@ def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
     request = merged_request(request, limits)
     require_model(request.model, limits)
     if not request.query.HasField("text") and not request.query.images:
-        raise InvalidArgument("query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY")
+        raise InvalidArgument(
+            "query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY"
+        )
     if request.HasField("top_k") and request.top_k < 0:
         raise InvalidArgument(f"top_k must be 0 (all) or positive, got {request.top_k}", reason="INVALID_TOP_K")
     lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
@@ -178,7 +183,9 @@ def _item(message: types_pb2.Item, index: int | None, limits: Limits) -> ItemInp
     images = tuple(ImageInput(image.data, image.format) for image in message.images) if message.images else ()
     item = ItemInput(text, images, message.id, index)  # positional: this runs for every item of every request
     if text is None and not images:
-        raise InvalidArgument(f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata)
+        raise InvalidArgument(
+            f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata
+        )
     if text is not None:
         check_text(text, item.label, item.metadata, limits)
     return item
@@ -199,7 +206,9 @@ def _texts(items: Sequence[types_pb2.Item], limits: Limits) -> list[str]:
     return texts
 
 
-def _lora_and_options(lora: str, options: struct_pb2.Struct, profile: str, limits: Limits) -> tuple[str, dict[str, Any]]:
+def _lora_and_options(
+    lora: str, options: struct_pb2.Struct, profile: str, limits: Limits
+) -> tuple[str, dict[str, Any]]:
     """The request's LoRA and run-time options, within `limits` (with the profile name, the other short
     name every request has). `options.lora` was folded into `lora` before (sie_common.edge.request_params)."""
     check_name("profile", profile, limits)
@@ -207,7 +216,10 @@ def _lora_and_options(lora: str, options: struct_pb2.Struct, profile: str, limit
     check_options(options, limits)
     try:
         values = json_format.MessageToDict(options)
-    except (json_format.SerializeToJsonError, ValueError) as error:  # NaN or Infinity in a number value (a bare Struct raises ValueError)
+    except (
+        json_format.SerializeToJsonError,
+        ValueError,
+    ) as error:  # NaN or Infinity in a number value (a bare Struct raises ValueError)
         raise InvalidArgument(f"options must be plain JSON values: {error}", reason="INVALID_OPTIONS") from None
     return lora, values
 
@@ -230,7 +242,9 @@ def _encode_result(item_id: str, output: EncodedOutput) -> inference_pb2.EncodeR
         result.multivector.CopyFrom(_tensor(output.multivector))
     if output.sparse is not None:
         result.sparse.CopyFrom(
-            types_pb2.SparseVector(indices=output.sparse.indices.tolist(), values=output.sparse.values.tolist(), dims=output.sparse.dims)
+            types_pb2.SparseVector(
+                indices=output.sparse.indices.tolist(), values=output.sparse.values.tolist(), dims=output.sparse.dims
+            )
         )
     return result
 
@@ -244,7 +258,9 @@ def score_response(request: inference_pb2.ScoreRequest, outcome: ScoreOutcome) -
         request_id=request.request_id,
         model=outcome.model,
         scores=[
-            inference_pb2.ScoreEntry(item_id=request.items[entry.index].id, index=entry.index, score=entry.score, rank=rank)
+            inference_pb2.ScoreEntry(
+                item_id=request.items[entry.index].id, index=entry.index, score=entry.score, rank=rank
+            )
             for rank, entry in enumerate(outcome.ranked)
         ],
         timing=_timing(outcome.timing),
@@ -259,7 +275,8 @@ def extract_response(request: inference_pb2.ExtractRequest, outcome: ExtractOutc
             inference_pb2.ExtractResult(
                 id=item.id,
                 entities=[
-                    inference_pb2.Entity(text=e.text, label=e.label, score=e.score, start=e.start, end=e.end) for e in entities
+                    inference_pb2.Entity(text=e.text, label=e.label, score=e.score, start=e.start, end=e.end)
+                    for e in entities
                 ],
             )
             for item, entities in zip(request.items, outcome.entities)

@@ -122,11 +122,19 @@ class Planner:
         config = self.registry.config(job.model)
         model = self._model(holds, config, job.profile, "extract", job.lora)
         if isinstance(model.encoder, ZeroShotExtractor) and not job.labels:
-            raise InvalidArgument(f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS")
+            raise InvalidArgument(
+                f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS"
+            )
         return RequestPlan(model, "extract")
 
     def _model(
-        self, holds: contextlib.ExitStack, config: ModelConfig, profile: str, task: str, lora: str, items: Sequence[ItemInput] = ()
+        self,
+        holds: contextlib.ExitStack,
+        config: ModelConfig,
+        profile: str,
+        task: str,
+        lora: str,
+        items: Sequence[ItemInput] = (),
     ) -> LoadedModel:
         """The loaded model (held until `holds` closes), after checking it does `task`, takes the inputs of `items`
         and has `lora`, which is then made ready."""
@@ -154,7 +162,8 @@ def _check_inputs(config: ModelConfig, items: Sequence[ItemInput]) -> None:
         for kind in given:
             if kind not in config.inputs:
                 raise InvalidArgument(
-                    f"{item.label}: model {config.id} does not take {kind} input; its inputs: {', '.join(config.inputs)}",
+                    f"{item.label}: model {config.id} does not take {kind} input; "
+                    f"its inputs: {', '.join(config.inputs)}",
                     reason="INPUT_NOT_SUPPORTED",
                     metadata={**item.metadata, "input": kind, "model": config.id},
                 )
@@ -164,7 +173,9 @@ def _check_one_input_per_item(model: LoadedModel, items: Sequence[ItemInput]) ->
     """A dual encoder embeds each item from one text or one image: mixing them in an item has no meaning."""
     for item in items:
         if len(item.images) > 1 or (item.images and item.text is not None):
-            has = f"{'text and ' if item.text is not None else ''}{len(item.images)} image{'s' * (len(item.images) > 1)}"
+            has = (
+                f"{'text and ' if item.text is not None else ''}{len(item.images)} image{'s' * (len(item.images) > 1)}"
+            )
             raise InvalidArgument(
                 f"{item.label}: model {model.config.id} embeds one text or one image per item; this item has {has}. "
                 "Send each input as an item of its own",
@@ -176,7 +187,8 @@ def _check_one_input_per_item(model: LoadedModel, items: Sequence[ItemInput]) ->
 def _check_lora(config: ModelConfig, lora: str) -> None:
     if lora and lora not in config.loras:
         raise InvalidArgument(
-            f"lora: model {config.id} has no LoRA adapter {lora!r}; it has: {', '.join(sorted(config.loras)) or 'none'}",
+            f"lora: model {config.id} has no LoRA adapter {lora!r}; "
+            f"it has: {', '.join(sorted(config.loras)) or 'none'}",
             reason="LORA_NOT_FOUND",
             metadata={"lora": lora},
         )
