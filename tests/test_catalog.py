@@ -12,7 +12,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-
 from conftest import MINILM
 from grpc_helpers import call_until_loaded, encode_request, encode_when_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc
@@ -20,7 +19,7 @@ from sie_common.cluster.bundles import load_bundles
 from sie_common.cluster.model_config import ModelConfig, load_model_config
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext
-from sie_worker.engine.capabilities import check_adapter_serves
+from sie_worker.models.serves import check_adapter_serves
 from tiny_models import build_tiny_gliner, build_tiny_head_model, build_tiny_model
 from worker_process import WorkerProcess
 

@@ -1,0 +1,2 @@
+"""Request-facing helpers every service shares: error answers, request bounds and parameters, auth, answer sizes,
+streams and request metrics."""

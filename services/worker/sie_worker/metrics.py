@@ -9,18 +9,14 @@ when Prometheus scrapes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from sie_common.runtime.metrics_server import LATENCY_BUCKETS_S
 from sie_common.edge.request_metrics import RequestMetrics
-
-if TYPE_CHECKING:
-    from sie_worker.engine.pipeline import Engine
+from sie_common.runtime.metrics_server import LATENCY_BUCKETS_S
 
 T = TypeVar("T")
 
@@ -48,10 +44,33 @@ def record_batch(model: str, profile: str, items: int, tokens: int, inference_s:
     INFERENCE_SECONDS.labels(model).observe(inference_s)
 
 
+class LoadedModels(Protocol):
+    """What the collector reads of the model registry."""
+
+    @property
+    def loaded_model_ids(self) -> frozenset[str]: ...
+
+    @property
+    def loaded_bytes(self) -> int: ...
+
+
+class Served(Protocol):
+    """What the collector reads of the engine (sie_worker.engine.pipeline.Engine)."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def registry(self) -> LoadedModels: ...
+
+
 class EngineCollector(Collector):
     """Read at scrape time: requests in flight, loaded models, their weight bytes and CUDA device memory."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Served) -> None:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -83,5 +102,5 @@ def _read_while_still(read: Callable[[], T]) -> T:
     return read()
 
 
-def register_engine(engine: Engine) -> None:
+def register_engine(engine: Served) -> None:
     REGISTRY.register(EngineCollector(engine))

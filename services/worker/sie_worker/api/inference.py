@@ -3,258 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf import json_format, struct_pb2
-
-from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.edge import openai_embeddings
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_answer
-from sie_common.edge.request_bounds import (
-    check_instruction,
-    check_item_count,
-    check_labels,
-    check_name,
-    check_options,
-    check_text,
-    check_threshold,
-)
 from sie_common.edge.encode_stream import serve_encode_stream
-from sie_common.edge.request_params import merged_request
-from sie_common.edge.errors import Internal, InvalidArgument, SieError, abort, clipped
-from sie_common.cluster.model_config import OUTPUT_TYPES
-from sie_contract.tensors import to_tensor
-from sie_worker.batching.stats import BatchStats
-from sie_worker.engine.pipeline import Engine
-from sie_worker.engine.jobs import (
-    EncodedOutput,
-    EncodeJob,
-    EncodeOutcome,
-    ExtractJob,
-    ExtractOutcome,
-    ImageInput,
-    ItemInput,
-    ScoreJob,
-    ScoreOutcome,
-    Timing,
+from sie_common.edge.errors import Internal, SieError, abort
+
+from sie_worker.api.convert import (
+    describe_model,
+    encode_job,
+    encode_response,
+    extract_job,
+    extract_response,
+    require_model,
+    score_job,
+    score_response,
 )
-from sie_worker.engine.limits import Limits
+from sie_worker.engine.pipeline import Engine
 from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
-from sie_worker.engine.postprocess import OUTPUT_DTYPES, Quantized
 
 log = logging.getLogger(__name__)
-
-
-def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
-    """Validate an EncodeRequest's own fields, within `limits` (the model checks its part later)."""
-    request = merged_request(request, limits)
-    _require_model(request.model, limits)
-    items = _items(request.items, limits)
-    output_types = tuple(dict.fromkeys(request.output_types))  # none: the model's default (engine)
-    for output in output_types:
-        if output not in OUTPUT_TYPES:
-            raise InvalidArgument(
-                f"output_types: unknown output type {clipped(output)!r}; known: {', '.join(OUTPUT_TYPES)}",
-                reason="UNKNOWN_OUTPUT_TYPE",
-                metadata={"output_type": clipped(output)},
-            )
-    dtype = request.output_dtype or "float32"
-    if dtype not in OUTPUT_DTYPES:
-        raise InvalidArgument(
-            f"output_dtype: {clipped(dtype)!r} is not one of {', '.join(OUTPUT_DTYPES)}",
-            reason="UNKNOWN_OUTPUT_DTYPE",
-            metadata={"output_dtype": clipped(dtype)},
-        )
-    if request.HasField("dims") and request.dims <= 0:
-        raise InvalidArgument(f"dims must be positive, got {request.dims}", reason="INVALID_DIMS")
-    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
-    if request.HasField("instruction"):
-        check_instruction(request.instruction, limits)
-    return EncodeJob(
-        model=request.model,
-        items=items,
-        output_types=output_types,
-        output_dtype=dtype,
-        instruction=request.instruction if request.HasField("instruction") else None,
-        is_query=request.is_query,
-        dims=request.dims if request.HasField("dims") else None,
-        profile=request.profile,
-        lora=lora,
-        options=options,
-        debug=request.debug,
-    )
-
-
-def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
-    request = merged_request(request, limits)
-    _require_model(request.model, limits)
-    if not request.query.HasField("text") and not request.query.images:
-        raise InvalidArgument("query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY")
-    if request.HasField("top_k") and request.top_k < 0:
-        raise InvalidArgument(f"top_k must be 0 (all) or positive, got {request.top_k}", reason="INVALID_TOP_K")
-    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
-    if request.HasField("instruction"):
-        check_instruction(request.instruction, limits)
-    return ScoreJob(
-        model=request.model,
-        query=_item(request.query, None, limits),
-        items=_items(request.items, limits),
-        top_k=request.top_k or None,
-        instruction=request.instruction if request.HasField("instruction") else None,
-        profile=request.profile,
-        lora=lora,
-        options=options,
-        debug=request.debug,
-    )
-
-
-def extract_job(request: inference_pb2.ExtractRequest, limits: Limits) -> ExtractJob:
-    request = merged_request(request, limits)
-    _require_model(request.model, limits)
-    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
-    labels = tuple(dict.fromkeys(request.labels))
-    check_labels(labels, limits)
-    if request.HasField("threshold"):
-        check_threshold(request.threshold)
-    return ExtractJob(
-        model=request.model,
-        texts=_texts(request.items, limits),
-        labels=labels,
-        threshold=request.threshold if request.HasField("threshold") else None,
-        profile=request.profile,
-        lora=lora,
-        options=options,
-        debug=request.debug,
-    )
-
-
-def _require_model(model: str, limits: Limits) -> None:
-    if not model:
-        raise InvalidArgument("model is required", reason="MISSING_MODEL")
-    check_name("model", model, limits)
-
-
-def _items(items: Sequence[types_pb2.Item], limits: Limits) -> list[ItemInput]:
-    """The request's items; whether the model takes their inputs (text, images) is checked against its config later."""
-    if not items:
-        raise InvalidArgument("items: at least one item is required", reason="NO_ITEMS")
-    check_item_count(len(items), limits)
-    return [_item(item, index, limits) for index, item in enumerate(items)]
-
-
-def _item(message: types_pb2.Item, index: int | None, limits: Limits) -> ItemInput:
-    text = message.text if message.HasField("text") else None
-    images = tuple(ImageInput(image.data, image.format) for image in message.images) if message.images else ()
-    item = ItemInput(text, images, message.id, index)  # positional: this runs for every item of every request
-    if text is None and not images:
-        raise InvalidArgument(f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata)
-    if text is not None:
-        check_text(text, item.label, item.metadata, limits)
-    return item
-
-
-def _texts(items: Sequence[types_pb2.Item], limits: Limits) -> list[str]:
-    """Texts of extract items: extraction reads text only."""
-    texts = []
-    for item in _items(items, limits):
-        if item.images:
-            raise InvalidArgument(
-                f"{item.label}: extract reads text; send the item without images",
-                reason="INPUT_NOT_SUPPORTED",
-                metadata={**item.metadata, "input": "image"},
-            )
-        assert item.text is not None
-        texts.append(item.text)
-    return texts
-
-
-def _lora_and_options(lora: str, options: struct_pb2.Struct, profile: str, limits: Limits) -> tuple[str, dict[str, Any]]:
-    """The request's LoRA and run-time options, within `limits` (with the profile name, the other short
-    name every request has). `options.lora` was folded into `lora` before (sie_common.edge.request_params)."""
-    check_name("profile", profile, limits)
-    check_name("lora", lora, limits)
-    check_options(options, limits)
-    try:
-        values = json_format.MessageToDict(options)
-    except (json_format.SerializeToJsonError, ValueError) as error:  # NaN or Infinity in a number value (a bare Struct raises ValueError)
-        raise InvalidArgument(f"options must be plain JSON values: {error}", reason="INVALID_OPTIONS") from None
-    return lora, values
-
-
-def encode_response(request: inference_pb2.EncodeRequest, outcome: EncodeOutcome) -> inference_pb2.EncodeResponse:
-    return inference_pb2.EncodeResponse(
-        request_id=request.request_id,
-        model=outcome.model,
-        results=[_encode_result(item.id, output) for item, output in zip(request.items, outcome.items)],
-        timing=_timing(outcome.timing),
-        tokens=outcome.tokens,
-    )
-
-
-def _encode_result(item_id: str, output: EncodedOutput) -> inference_pb2.EncodeResult:
-    result = inference_pb2.EncodeResult(id=item_id)
-    if output.dense is not None:
-        result.dense.CopyFrom(_tensor(output.dense))
-    if output.multivector is not None:
-        result.multivector.CopyFrom(_tensor(output.multivector))
-    if output.sparse is not None:
-        result.sparse.CopyFrom(
-            types_pb2.SparseVector(indices=output.sparse.indices.tolist(), values=output.sparse.values.tolist(), dims=output.sparse.dims)
-        )
-    return result
-
-
-def _tensor(quantized: Quantized) -> types_pb2.Tensor:
-    return to_tensor(quantized.values, quantized.dtype, scale=quantized.scale, offset=quantized.offset)
-
-
-def score_response(request: inference_pb2.ScoreRequest, outcome: ScoreOutcome) -> inference_pb2.ScoreResponse:
-    return inference_pb2.ScoreResponse(
-        request_id=request.request_id,
-        model=outcome.model,
-        scores=[
-            inference_pb2.ScoreEntry(item_id=request.items[entry.index].id, index=entry.index, score=entry.score, rank=rank)
-            for rank, entry in enumerate(outcome.ranked)
-        ],
-        timing=_timing(outcome.timing),
-    )
-
-
-def extract_response(request: inference_pb2.ExtractRequest, outcome: ExtractOutcome) -> inference_pb2.ExtractResponse:
-    return inference_pb2.ExtractResponse(
-        request_id=request.request_id,
-        model=outcome.model,
-        results=[
-            inference_pb2.ExtractResult(
-                id=item.id,
-                entities=[
-                    inference_pb2.Entity(text=e.text, label=e.label, score=e.score, start=e.start, end=e.end) for e in entities
-                ],
-            )
-            for item, entities in zip(request.items, outcome.entities)
-        ],
-        timing=_timing(outcome.timing),
-    )
-
-
-def _timing(timing: Timing) -> types_pb2.Timing:
-    return types_pb2.Timing(
-        queue_ms=timing.queue_ms,
-        tokenization_ms=timing.tokenization_ms,
-        inference_ms=timing.inference_ms,
-        postprocessing_ms=timing.postprocessing_ms,
-        total_ms=timing.total_ms,
-        batches=[_batch_stats(batch) for batch in timing.batches],
-    )
-
-
-def _batch_stats(stats: BatchStats) -> types_pb2.BatchStats:
-    """The dataclass's fields are the message's, by name; padding_fraction is derived."""
-    return types_pb2.BatchStats(**dataclasses.asdict(stats), padding_fraction=stats.padding_fraction)
 
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
@@ -338,7 +111,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
         registry = self._engine.registry
         return inference_pb2.ListModelsResponse(
-            models=[registry.describe(model) for model in registry.model_ids],
+            models=[describe_model(registry, model) for model in registry.model_ids],
             config_problems=[
                 inference_pb2.ConfigProblem(source=problem.source, message=problem.message) for problem in registry.catalog.problems
             ],
@@ -349,8 +122,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
 
     async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
         try:
-            _require_model(request.model, self._limits)
-            return self._engine.registry.describe(request.model)
+            require_model(request.model, self._limits)
+            return describe_model(self._engine.registry, request.model)
         except SieError as error:
             await abort(context, error)
 

@@ -20,7 +20,8 @@ from sie.v1 import worker_pb2, worker_pb2_grpc
 from sie_common.edge.concurrent_answers import ConcurrentAnswers
 from sie_common.edge.errors import DeadlineExceeded, InvalidArgument, SieError, Unimplemented
 from sie_common.runtime.tracing import WORK_METHOD, extract, span
-from sie_worker.engine.limits import Limits, work_timeout
+from sie_worker.api.convert import work_timeout
+from sie_worker.engine.limits import Limits
 from sie_worker.metrics import WORK_STREAMS
 
 # Task name in WorkRequest ("encode", "score", "extract") -> the API call that serves it.

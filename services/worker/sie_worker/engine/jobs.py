@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -150,7 +149,3 @@ class ExtractOutcome:
     entities: list[list[Entity]]  # per item
     timing: Timing
 
-
-def canonical_options(options: Mapping[str, Any]) -> str:
-    """Options as canonical JSON: equal options give equal batch keys."""
-    return json.dumps(options, sort_keys=True, separators=(",", ":"), default=str)

@@ -16,8 +16,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from google.protobuf import duration_pb2
-
 from sie_common.edge.request_bounds import RequestBounds, over_limit
 from sie_worker.engine.postprocess import MuveraParams
 from sie_worker.settings import WorkerSettings
@@ -157,10 +155,3 @@ def check_jpeg_scans(data: bytes, where: str, metadata: Mapping[str, str], limit
             f"{where}: JPEG of more than {limits.jpeg_scans} scans (or {JPEG_MARKERS_PER_SCAN} times as many markers)", reason="IMAGE_TOO_MANY_SCANS", limit=limits.jpeg_scans,
             setting="SIE_MAX_JPEG_SCANS", metadata=metadata, advice="re-encode it (a progressive JPEG has about 10)",
         )
-
-
-def work_timeout(timeout: duration_pb2.Duration, limits: Limits) -> float:
-    """A Work request's timeout in seconds, cut to SIE_MAX_REQUEST_TIMEOUT_S (0 or less: already expired).
-
-    Read from the fields as they are: any int64 seconds is a number here, where Duration.ToTimedelta overflows."""
-    return min(timeout.seconds + timeout.nanos / 1e9, limits.request_timeout_s)

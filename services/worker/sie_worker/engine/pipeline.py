@@ -1,17 +1,20 @@
 """The pipeline of one worker, for encode, score and extract.
 
-    admission -> tokenize (CPU pool) / decode and preprocess images (image pool)
+    admission -> plan (sie_worker.engine.plan: the model and what the request computes, checked once)
+              -> tokenize (CPU pool) / decode and preprocess images (image pool)
               -> BatchFormer -> device thread -> postprocess (CPU pool)
 
 While one batch runs on the device the next is formed and queued behind it,
 so the device goes from one forward pass to the next without waiting on the
 event loop; until it starts, a batch led by a request that came after it was
-formed takes its place (fair queuing, sie_worker.batching.former). Each model's batch policy (sie_worker.batching.adaptive) sets the wait and
-token budget its batches are formed under.
+formed takes its place (fair queuing, sie_worker.batching.former). Each loaded
+model's batch policy (sie_worker.batching.adaptive, made when the model first
+batches) sets the wait and token budget its batches are formed under.
 
-Items of concurrent requests share forward passes when their batch key
-matches: model, profile, operation, LoRA, output types, instruction,
-is_query and run-time options (as canonical JSON); image items have keys of
+Items of concurrent requests share forward passes when their BatchKey
+(sie_worker.engine.batch_key) matches: model, profile, operation, LoRA,
+run-time options (as canonical JSON), modality, output types, instruction,
+is_query, and an extract's labels and threshold; image items have keys of
 their own (modality "image"). Each caller gets its own items back in its own
 order.
 """
@@ -23,30 +26,35 @@ import contextlib
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
-from sie_common.edge.errors import FailedPrecondition, Internal, InvalidArgument, ResourceExhausted, SieError, Unavailable
-from sie_common.runtime.tracing import record_span, recording, span
-from sie_worker.adapters.base import EncodedItem, Entity, ImageEncoder, MultivectorCounter, OptionScorer, PairScorer, TokenizedText, ZeroShotExtractor
-from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
-from sie_worker.batching.former import Batch, BatchFormer, PendingItem
-from sie_worker.engine.capabilities import (
-    check_inputs,
-    check_lora,
-    check_one_input_per_item,
-    check_outputs,
-    check_task,
-    dense_dims,
-    device_outputs,
-    muvera_params,
-    uses_muvera,
+from sie_common.edge.errors import (
+    FailedPrecondition,
+    Internal,
+    ResourceExhausted,
+    SieError,
+    Unavailable,
 )
-from sie_worker.models.device import select_device
+from sie_common.runtime.tracing import record_span, recording, span
+
+from sie_worker.adapters.base import (
+    EncodedItem,
+    Entity,
+    ImageEncoder,
+    MultivectorCounter,
+    TokenizedText,
+    ZeroShotExtractor,
+)
+from sie_worker.batching.adaptive import BatchPolicy, batching_for
+from sie_worker.batching.former import Batch, BatchFormer, PendingItem
+from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
+from sie_worker.engine.batch_key import BatchKey, canonical_options
+from sie_worker.engine.images import decode_image
 from sie_worker.engine.jobs import (
     EncodedOutput,
     EncodeJob,
@@ -58,14 +66,14 @@ from sie_worker.engine.jobs import (
     ScoreJob,
     ScoreOutcome,
     Timing,
-    canonical_options,
 )
-from sie_worker.engine.images import decode_image
-from sie_worker.engine.postprocess import MuveraParams, cosine, maxsim, muvera, quantize, truncate
-from sie_worker.engine.limits import Limits, check_held_multivectors, check_muvera
-from sie_worker.models.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
+from sie_worker.engine.limits import Limits, check_held_multivectors
+from sie_worker.engine.plan import Planner, RequestPlan, Similarity
+from sie_worker.engine.postprocess import muvera, quantize, truncate
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.models.catalog import read_catalog
+from sie_worker.models.device import select_device
+from sie_worker.models.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
 from sie_worker.models.registry import LoadedModel, ModelRegistry
 from sie_worker.settings import WorkerSettings
 
@@ -87,9 +95,11 @@ IMAGE_COST = 1
 
 @dataclass(frozen=True)
 class _DeviceWork:
-    """What a batch runs: `forward` over its items' payloads, with one LoRA adapter active."""
+    """What a batch runs: `forward` over its items' payloads, with one LoRA adapter active, under the model's batch
+    policy."""
 
     model: LoadedModel
+    policy: BatchPolicy
     lora: str
     forward: Callable[[Sequence[Any]], Sequence[Any]]
 
@@ -136,6 +146,9 @@ class Engine:
         # One inference thread per device serializes device work (forward passes and LoRA loads).
         self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
         self._background: list[asyncio.Task[None]] = []
+        self._planner = Planner(self.registry, self.limits, settings.max_send_message_bytes, self._device_thread)
+        # Each loaded model's batch policy, for as long as it stays loaded (a reload starts afresh).
+        self._policies: weakref.WeakKeyDictionary[LoadedModel, BatchPolicy] = weakref.WeakKeyDictionary()
         self._in_flight = 0
         self._batches = 0
         self._draining = False
@@ -203,72 +216,36 @@ class Engine:
             )
         return _Clock(time.perf_counter(), debug=debug)
 
-    async def _model_for(
-        self, holds: contextlib.ExitStack, model_id: str, profile: str, task: str, lora: str, items: Sequence[ItemInput] = ()
-    ) -> LoadedModel:
-        """The loaded model for a request (held until `holds` closes), after checking it supports `task`, the
-        inputs of `items` and has `lora` ready."""
-        config = self.registry.config(model_id)
-        check_task(config, task)
-        check_inputs(config, items)
-        check_lora(config, lora)
-        model = holds.enter_context(self.registry.use(model_id, profile))
-        model.loras.require(lora, self._device_thread)
-        return model
-
     # -- encode ---------------------------------------------------------------
 
     async def encode(self, job: EncodeJob) -> EncodeOutcome:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
-            config = self.registry.config(job.model)
-            if not job.output_types:
-                job = replace(job, output_types=config.default_output_types)
-            check_outputs(config, job.output_types)
-            self._check_answer_estimate(job, config.dims)  # before loading: with the dims the config states
-            model = await self._model_for(holds, job.model, job.profile, "encode", job.lora, job.items)
-            needed = device_outputs(model, job.output_types)
-            muvera_config = muvera_params(model, job.options) if "dense" in job.output_types and uses_muvera(model) else None
-            if muvera_config is not None:
-                check_muvera(muvera_config, self.limits)
-            if job.dims is not None and "dense" in job.output_types and job.dims > dense_dims(model, job.options):
-                raise InvalidArgument(
-                    f"dims {job.dims} exceeds the {dense_dims(model, job.options)} dimensions of {job.model}",
-                    reason="DIMS_TOO_LARGE",
-                    metadata={"dims": str(job.dims)},
-                )
-            self._check_answer_estimate(job, dense_dims(model, job.options))
+            plan = self._planner.plan(job, holds)
+            model = plan.model
             encoded, results = await self._encode_items(
-                model, job.items, needed, clock,
+                model, job.items, plan.device_outputs, clock,
                 is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
-                check_tokenized=lambda tokenized: self._check_multivector_estimate(job, model, needed, tokenized),
+                check_tokenized=lambda tokenized: self._check_multivector_estimate(plan, tokenized),
             )
 
             outputs = await self._postprocess(
-                lambda: [_finish(item, job, muvera_config, normalized=model.encoder.normalized) for item in encoded], clock, len(encoded)
+                lambda: [_finish(item, plan, is_query=job.is_query) for item in encoded], clock, len(encoded)
             )
             self._count(model, len(job.items))
         return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
 
-    def _check_answer_estimate(self, job: EncodeJob, model_dims: int | None) -> None:
-        """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent."""
-        if "dense" in job.output_types:
-            # a lower bound: job.dims alone says nothing where the model's own dims are not known yet
-            # (dims 2**31-1 read as an 8 GB answer, RESOURCE_EXHAUSTED, where DIMS_TOO_LARGE is the answer)
-            dims = min(job.dims or model_dims, model_dims) if model_dims else 0
-            check_dense_estimate(len(job.items), dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
-
-    def _check_multivector_estimate(self, job: EncodeJob, model: LoadedModel, needed: tuple[str, ...], tokenized: Sequence[TokenizedText]) -> None:
+    def _check_multivector_estimate(self, plan: RequestPlan, tokenized: Sequence[TokenizedText]) -> None:
         """Before the forward pass, for the encoders that count their rows from the tokens (MultivectorCounter):
-        RESPONSE_TOO_LARGE when the job's multivectors alone could not be sent, and INVALID_ARGUMENT when those it
-        computes (`needed`: for MUVERA too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold
+        RESPONSE_TOO_LARGE when the plan's multivectors alone could not be sent, and INVALID_ARGUMENT when those it
+        computes (for MUVERA too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold
         (an answer may be far smaller than that: MUVERA, a binary dtype), so no vectors are computed and held for an
         answer that cannot go out or that a request may not hold."""
-        encoder = model.encoder
-        if "multivector" in needed and isinstance(encoder, MultivectorCounter):
+        encoder = plan.model.encoder
+        if "multivector" in plan.device_outputs and isinstance(encoder, MultivectorCounter):
             rows = sum(encoder.multivector_rows(item) for item in tokenized)
-            if "multivector" in job.output_types:
-                check_dense_estimate(rows, encoder.multivector_dims, job.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+            if "multivector" in plan.outputs:
+                check_dense_estimate(rows, encoder.multivector_dims, plan.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
             check_held_multivectors(rows, encoder.multivector_dims, self.limits, "encode")
 
     async def _encode_items(
@@ -290,7 +267,6 @@ class Engine:
         image_rows = [row for row, item in enumerate(items) if item.images]
         if not image_rows:
             return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, check_tokenized=check_tokenized, **common)
-        check_one_input_per_item(model, items)
         text_rows = [row for row, item in enumerate(items) if not item.images]
         (texts, text_results), (images, image_results) = await _all_or_none(
             self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, check_tokenized=check_tokenized, **common),
@@ -306,8 +282,8 @@ class Engine:
         encoder = model.encoder
         assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
         pixels = await self._prepare_images(clock, encoder, items)
-        key = (model.config.id, model.profile, "encode", lora, outputs, "image", canonical_options(options))
-        work = _DeviceWork(model, lora, lambda batch: encoder.encode_images(batch, outputs))
+        key = BatchKey(model.config.id, model.profile, "encode", lora, canonical_options(options), modality="image", outputs=outputs)
+        work = self._work(model, lora, lambda batch: encoder.encode_images(batch, outputs))
         results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
         return [result.output for result in results], results
 
@@ -347,8 +323,11 @@ class Engine:
         tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts), sum(map(len, texts)) + len(prompt) * len(texts))
         if check_tokenized is not None:
             check_tokenized(tokenized)
-        key = (model.config.id, model.profile, "encode", lora, outputs, instruction, is_query, canonical_options(options))
-        work = _DeviceWork(model, lora, lambda batch: encoder.encode(batch, outputs))
+        key = BatchKey(
+            model.config.id, model.profile, "encode", lora, canonical_options(options),
+            outputs=outputs, instruction=instruction, is_query=is_query,
+        )
+        work = self._work(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [result.output for result in results], results
 
@@ -357,24 +336,14 @@ class Engine:
     async def score(self, job: ScoreJob) -> ScoreOutcome:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
-            model = await self._model_for(holds, job.model, job.profile, "score", job.lora, [job.query, *job.items])
-            if isinstance(model.encoder, PairScorer):
-                scores, results = await self._score_pairs(model, job, clock)
-            elif isinstance(model.encoder, ImageEncoder):
-                scores, results = await self._score_encoded(model, job, clock, ("dense",), lambda query, item: cosine(query.dense, item.dense))
-            elif isinstance(model.encoder, OptionScorer):
-                try:
-                    outputs, similarity = model.encoder.scoring(job.options)
-                except ValueError as error:
-                    raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
-                scores, results = await self._score_encoded(model, job, clock, outputs, similarity)
+            plan = self._planner.plan(job, holds)
+            if plan.similarity is None:
+                scores, results = await self._score_pairs(plan.model, job, clock)
             else:
-                scores, results = await self._score_encoded(
-                    model, job, clock, ("multivector",), lambda query, item: maxsim(query.multivector, item.multivector)
-                )
+                scores, results = await self._score_encoded(plan, job, clock, plan.similarity)
             order = sorted(range(len(scores)), key=lambda index: -scores[index])
             ranked = [ScoredItem(index, float(scores[index])) for index in order[: job.top_k or None]]
-            self._count(model, len(job.items))
+            self._count(plan.model, len(job.items))
         return ScoreOutcome(model=job.model, ranked=ranked, timing=clock.timing(results))
 
     async def _score_pairs(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
@@ -383,22 +352,22 @@ class Engine:
         texts = [item.text or "" for item in job.items]
         chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
         tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts, job.instruction), len(texts), chars)
-        key = (job.model, model.profile, "score", job.lora, (), job.instruction, False, canonical_options(job.options))
-        work = _DeviceWork(model, job.lora, scorer.score)
+        key = BatchKey(job.model, model.profile, "score", job.lora, canonical_options(job.options), instruction=job.instruction)
+        work = self._work(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [float(result.output) for result in results], results
 
     async def _score_encoded(
-        self, model: LoadedModel, job: ScoreJob, clock: _Clock, outputs: tuple[str, ...], similarity: Callable[[EncodedItem, EncodedItem], float]
+        self, plan: RequestPlan, job: ScoreJob, clock: _Clock, similarity: Similarity
     ) -> tuple[list[float], list[_ItemResult]]:
-        """Encode the query (as a query) and the items with `outputs`, then score each item against the query:
+        """Encode the query (as a query) and the items with the plan's outputs, then score each item against the query:
         MaxSim of multivectors (late interaction), cosine of dense embeddings (dual encoders, text or image), or
         what the model's options pick (BGE-M3).
 
         An instruction is the query's (retrieval models encode documents with their document prompt), except on a
         dual encoder, where it is the prompt of every text (`a photo of `), the items included."""
         common = {"lora": job.lora, "options": job.options}
-        encoder = model.encoder
+        encoder, outputs = plan.model.encoder, plan.device_outputs
         item_instruction = job.instruction if isinstance(encoder, ImageEncoder) else None
         check_items = None
         if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
@@ -407,8 +376,8 @@ class Engine:
                 check_held_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits, "score")
 
         (query, query_results), (items, item_results) = await _all_or_none(
-            self._encode_items(model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common),
-            self._encode_items(model, job.items, outputs, clock, is_query=False, instruction=item_instruction, check_tokenized=check_items, **common),
+            self._encode_items(plan.model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common),
+            self._encode_items(plan.model, job.items, outputs, clock, is_query=False, instruction=item_instruction, check_tokenized=check_items, **common),
         )
         scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
         return scores, query_results + item_results
@@ -418,18 +387,19 @@ class Engine:
     async def extract(self, job: ExtractJob) -> ExtractOutcome:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
-            model = await self._model_for(holds, job.model, job.profile, "extract", job.lora)
+            model = self._planner.plan(job, holds).model
             extractor = model.encoder
-            key = (job.model, model.profile, "extract", job.lora, job.labels, job.threshold, False, canonical_options(job.options))
+            key = BatchKey(
+                job.model, model.profile, "extract", job.lora, canonical_options(job.options),
+                labels=job.labels, threshold=job.threshold,
+            )
             if isinstance(extractor, ZeroShotExtractor):
-                if not job.labels:
-                    raise InvalidArgument(f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS")
-                work = _DeviceWork(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
+                work = self._work(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
                 results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
                 entities: list[list[Entity]] = [result.output for result in results]
             else:
                 tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts)))
-                work = _DeviceWork(model, job.lora, extractor.classify)
+                work = self._work(model, job.lora, extractor.classify)
                 results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
                 entities = await self._postprocess(
                     lambda: [
@@ -466,15 +436,22 @@ class Engine:
         clock.postprocessing_ms += _ms_since(started)
         return result
 
+    def _work(self, model: LoadedModel, lora: str, forward: Callable[[Sequence[Any]], Sequence[Any]]) -> _DeviceWork:
+        """`forward` on `model` with `lora`, under the model's batch policy."""
+        policy = self._policies.get(model)
+        if policy is None:
+            policy = self._policies[model] = batching_for(self.settings, model.config.profile(model.profile))
+        return _DeviceWork(model, policy, lora, forward)
+
     @staticmethod
     def _count(model: LoadedModel, items: int) -> None:
         model.stats.requests += 1
         model.stats.items += items
 
-    async def _run_on_device(self, work: _DeviceWork, key: tuple, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
+    async def _run_on_device(self, work: _DeviceWork, key: BatchKey, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
         loop = asyncio.get_running_loop()
         pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
-        self._former.add(pending, work.model.batching)
+        self._former.add(pending, work.policy)
         QUEUE_DEPTH.set(self._former.pending)
         try:
             results = list(await asyncio.gather(*(item.future for item in pending)))
@@ -522,7 +499,7 @@ class Engine:
                     task.cancel()
         if newer.done() and not newer.cancelled():
             if behind.running.cancel():
-                self._former.give_back(behind.batch, behind.work.model.batching)
+                self._former.give_back(behind.batch, behind.work.policy)
                 if slot.done() and not slot.cancelled():
                     slots.release()  # the batch given back holds a slot already, now this one's
             elif not (slot.done() and not slot.cancelled()):
@@ -559,9 +536,9 @@ class Engine:
         outputs, started, finished = running.result()
         model.stats.forward_passes += 1
         record_batch(model.config.id, model.profile, len(batch), batch.tokens, finished - started)
-        stats = describe(batch_id, batch, model.batching, started, finished)
-        model.batching.observe(batch, started, finished)
-        publish_setting(model.config.id, model.profile, model.batching)
+        stats = describe(batch_id, batch, work.policy, started, finished)
+        work.policy.observe(batch, started, finished)
+        publish_setting(model.config.id, model.profile, work.policy)
         if self.settings.instrumentation:
             record(model.config.id, model.profile, stats)
         for row, item in enumerate(batch):
@@ -620,18 +597,18 @@ def _record_device_spans(pending: Sequence[PendingItem], results: Sequence[_Item
         record_span("inference", start, start + seconds, {"sie.batch_id": batch_id, "sie.items": items})
 
 
-def _finish(item: EncodedItem, job: EncodeJob, muvera_config: MuveraParams | None, *, normalized: bool) -> EncodedOutput:
+def _finish(item: EncodedItem, plan: RequestPlan, *, is_query: bool) -> EncodedOutput:
     """One item's requested outputs after MUVERA, `dims` and the output dtype."""
     dense = None
-    if "dense" in job.output_types:
-        if muvera_config is None:
-            dense = truncate(item.dense, dims=job.dims, normalized=normalized)
+    if "dense" in plan.outputs:
+        if plan.muvera is None:
+            dense = truncate(item.dense, dims=plan.dims, normalized=plan.model.encoder.normalized)
         else:
-            dense = truncate(muvera(item.multivector, muvera_config, is_query=job.is_query), dims=job.dims, normalized=False)
+            dense = truncate(muvera(item.multivector, plan.muvera, is_query=is_query), dims=plan.dims, normalized=False)
     return EncodedOutput(
-        dense=None if dense is None else quantize(dense, job.output_dtype),
-        sparse=item.sparse if "sparse" in job.output_types else None,
-        multivector=quantize(item.multivector, job.output_dtype) if "multivector" in job.output_types else None,
+        dense=None if dense is None else quantize(dense, plan.output_dtype),
+        sparse=item.sparse if "sparse" in plan.outputs else None,
+        multivector=quantize(item.multivector, plan.output_dtype) if "multivector" in plan.outputs else None,
     )
 
 

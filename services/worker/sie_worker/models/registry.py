@@ -21,27 +21,25 @@ import gc
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from typing import NoReturn
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
-
-from sie.v1 import inference_pb2
 from sie_common.cluster.config_store import is_from_etcd
-from sie_common.edge.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
 from sie_common.cluster.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
+from sie_common.edge.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
+
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
 from sie_worker.adapters.hf_text import LOAD_LOCK
-from sie_worker.batching.adaptive import BatchPolicy, batching_for
-from sie_worker.engine.capabilities import check_adapter_serves, dense_dims
+from sie_worker.models.catalog import Catalog
 from sie_worker.models.device import compute_dtype
 from sie_worker.models.lora import LoraAdapters
 from sie_worker.models.memory import MemoryPressure, module_bytes, release_cuda_cache, weight_file_bytes
-from sie_worker.models.catalog import Catalog
 from sie_worker.models.passing_thread import in_passing_thread
+from sie_worker.models.serves import check_adapter_serves
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.cache import weights_key
 from sie_worker.weights.resolver import ResolvedWeights, WeightResolver, WeightsNotFound
@@ -60,11 +58,11 @@ Key = tuple[str, str]  # (model id, profile)
 
 
 class ModelState(enum.Enum):
-    AVAILABLE = inference_pb2.MODEL_STATE_AVAILABLE
-    LOADING = inference_pb2.MODEL_STATE_LOADING
-    LOADED = inference_pb2.MODEL_STATE_LOADED
-    UNLOADING = inference_pb2.MODEL_STATE_UNLOADING
-    FAILED = inference_pb2.MODEL_STATE_FAILED
+    AVAILABLE = enum.auto()
+    LOADING = enum.auto()
+    LOADED = enum.auto()
+    UNLOADING = enum.auto()
+    FAILED = enum.auto()
 
 
 @dataclass
@@ -92,7 +90,6 @@ class LoadedModel:
     config: ModelConfig
     profile: str
     encoder: ModelAdapter  # the model's adapter, whatever its tasks
-    batching: BatchPolicy
     stats: ModelStats
     loras: LoraAdapters
     weights_key: str = ""
@@ -353,7 +350,7 @@ class ModelRegistry:
             roots=self._catalog.weight_roots,
         )
         return LoadedModel(
-            config, profile_name, adapter, batching_for(self._settings, profile), self._stats[config.id], loras,
+            config, profile_name, adapter, self._stats[config.id], loras,
             weights_key=weights_key(config), memory_bytes=module_bytes(adapter),
         )
 
@@ -435,35 +432,16 @@ class ModelRegistry:
             return ModelState.FAILED
         return ModelState.AVAILABLE
 
-    def describe(self, model_id: str) -> inference_pb2.Model:
-        config = self.config(model_id)
-        loaded = [model for (model_id_, _), model in self._loaded.items() if model_id_ == model_id]
-        state = self.state(model_id)
-        stats = self._stats[model_id]
-        encoder = loaded[0].encoder if loaded else None
-        described = inference_pb2.Model(
-            id=config.id,
-            tasks=config.tasks,
-            output_types=config.output_types,
-            dims=config.dims or (dense_dims(loaded[0], {}) if loaded else 0),
-            # Loaded, what the model really reads (a config's value is capped at its position table).
-            max_sequence_length=encoder.max_sequence_length if encoder else config.max_sequence_length or 0,
-            profiles=sorted(config.profiles),
-            state=state.value,
-            stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),
-            inputs=config.inputs,
-            memory_bytes=sum(model.memory_bytes for model in loaded),
-            loras=sorted(config.loras),
-            loaded_loras=loaded[0].loras.loaded if loaded else [],
-        )
-        failure = next((failure for (model_id_, _), failure in self._failures.items() if model_id_ == model_id), None)
-        if state is ModelState.FAILED and failure is not None:
-            described.failure.CopyFrom(
-                inference_pb2.ModelLoadFailure(
-                    error=failure.error, attempts=failure.attempts, permanent=failure.permanent, retry_in_s=failure.retry_in_s()
-                )
-            )
-        return described
+    def loaded(self, model_id: str) -> list[LoadedModel]:
+        """The model's loaded profiles."""
+        return [model for (model_id_, _), model in self._loaded.items() if model_id_ == model_id]
+
+    def stats(self, model_id: str) -> ModelStats:
+        return self._stats[model_id]
+
+    def failure(self, model_id: str) -> LoadFailure | None:
+        """The last load failure of one of the model's profiles, if any."""
+        return next((failure for (model_id_, _), failure in self._failures.items() if model_id_ == model_id), None)
 
 
 def _free_memory() -> None:
