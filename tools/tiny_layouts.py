@@ -26,7 +26,12 @@ def minilm_tokenizer() -> PreTrainedTokenizerBase:
 
 def tiny_bert_config(vocab_size: int) -> BertConfig:
     return BertConfig(
-        vocab_size=vocab_size, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, max_position_embeddings=128
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
     )
 
 
@@ -46,7 +51,9 @@ def build_pylate_colbert(directory: Path, *, query_length: int, document_length:
     tokenizer.save_pretrained(raw)
     modules = [Transformer(str(raw)), Dense(HIDDEN, COLBERT_DIMS, bias=False, activation_function=torch.nn.Identity())]
     SentenceTransformer(modules=modules).save(str(directory))
-    _write_json(directory / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": False})
+    _write_json(
+        directory / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": False}
+    )
     _write_json(
         directory / "modules.json",
         [
@@ -189,7 +196,9 @@ def opensearch_sparse_encoder(directory: Path, *, activation: Literal["relu", "l
 
     document = Transformer(str(directory), transformer_task="fill-mask")
     query = SparseStaticEmbedding.from_json(str(directory / "idf.json"), tokenizer=document.tokenizer, frozen=True)
-    router = Router.for_query_document(query_modules=[query], document_modules=[document, SpladePooling("max", activation_function=activation)])
+    router = Router.for_query_document(
+        query_modules=[query], document_modules=[document, SpladePooling("max", activation_function=activation)]
+    )
     return SparseEncoder(modules=[router], similarity_fn_name="dot", device="cpu")
 
 

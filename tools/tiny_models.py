@@ -31,7 +31,10 @@ def build_tiny_model(directory: Path, *, pooling: str, normalize: bool, include_
     torch.manual_seed(seed)
     BertModel(_tiny_bert_config(tokenizer)).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
-    modules = [Transformer(str(raw), max_seq_length=TINY_MAX_LENGTH), Pooling(32, pooling_mode=pooling, include_prompt=include_prompt)]
+    modules = [
+        Transformer(str(raw), max_seq_length=TINY_MAX_LENGTH),
+        Pooling(32, pooling_mode=pooling, include_prompt=include_prompt),
+    ]
     if normalize:
         modules.append(Normalize())
     model_dir = directory / "model"
@@ -87,7 +90,9 @@ def build_tiny_head_model(directory: Path, kind: str, *, seed: int = 0) -> Path:
     elif kind == "ner":
         labels = dict(enumerate(NER_LABELS))
         model = BertForTokenClassification(
-            _tiny_bert_config(tokenizer, num_labels=len(labels), id2label=labels, label2id={v: k for k, v in labels.items()})
+            _tiny_bert_config(
+                tokenizer, num_labels=len(labels), id2label=labels, label2id={v: k for k, v in labels.items()}
+            )
         )
     else:
         raise ValueError(kind)
@@ -108,7 +113,9 @@ def build_tiny_colbert(directory: Path, *, seed: int = 0) -> Path:
     tokenizer.save_pretrained(directory)
     (directory / "1_Dense").mkdir()
     save_file({"linear.weight": torch.randn(COLBERT_DIMS, 32)}, str(directory / "1_Dense" / "model.safetensors"))
-    (directory / "1_Dense" / "config.json").write_text(json.dumps({"in_features": 32, "out_features": COLBERT_DIMS, "bias": False}))
+    (directory / "1_Dense" / "config.json").write_text(
+        json.dumps({"in_features": 32, "out_features": COLBERT_DIMS, "bias": False})
+    )
     (directory / "modules.json").write_text(
         json.dumps(
             [
@@ -222,7 +229,9 @@ def build_tiny_gliner(directory: Path, *, bi_encoder: bool, seed: int = 0) -> Pa
         tokenizer.save_pretrained(directory / name)
         backbones[name] = str(directory / name)
     labels = {"labels_encoder": backbones["labels-backbone"]} if bi_encoder else {}
-    config = GLiNERConfig(model_name=backbones["backbone"], hidden_size=32, max_width=GLINER_MAX_WIDTH, max_len=64, dropout=0.0, **labels)
+    config = GLiNERConfig(
+        model_name=backbones["backbone"], hidden_size=32, max_width=GLINER_MAX_WIDTH, max_len=64, dropout=0.0, **labels
+    )
     torch.manual_seed(seed)
     model = GLiNER.from_config(config)
     with torch.no_grad():

@@ -24,15 +24,21 @@ from transformers import (
 )
 
 QWEN3_SYSTEM = (
-    'Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".'
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. Note "
+    'that the answer can only be "yes" or "no".'
 )
 QWEN3_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 MXBAI_TASK = (
-    "You are a search relevance expert who evaluates how well documents match search queries. For each query-document pair, "
-    "carefully analyze the semantic relationship between them, then provide your binary relevance judgment (0 for not relevant, 1 for relevant).\n"
+    "You are a search relevance expert who evaluates how well documents match search queries. For each "
+    "query-document pair, "
+    "carefully analyze the semantic relationship between them, then provide your binary relevance judgment (0 for "
+    "not relevant, 1 for relevant).\n"
     "Relevance:"
 )
-MXBAI_PREFIX = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+MXBAI_PREFIX = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+    "assistant.<|im_end|>\n<|im_start|>user\n"
+)
 MXBAI_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
 # The mxbai-rerank-v2 prompt as a model config's load_options.template and run_options.instruction_prompt.
 MXBAI_TEMPLATE = MXBAI_PREFIX + "{instruction}query: {query}\ndocument: {document}\n" + MXBAI_TASK + MXBAI_SUFFIX
@@ -48,7 +54,11 @@ def _chat_template(default_instruction: str, instruction_prompt: str, *parts: st
     return (
         "{%- set ns = namespace(instruction=" + json.dumps(default_instruction) + ", query='', document='') -%}"
         "{%- for message in messages -%}"
-        "{%- if message.role == 'system' -%}{%- set ns.instruction = " + before + " ~ message.content ~ " + after + " -%}"
+        "{%- if message.role == 'system' -%}{%- set ns.instruction = "
+        + before
+        + " ~ message.content ~ "
+        + after
+        + " -%}"
         "{%- elif message.role == 'query' -%}{%- set ns.query = message.content -%}"
         "{%- elif message.role == 'document' -%}{%- set ns.document = message.content -%}{%- endif -%}"
         "{%- endfor -%}"
@@ -102,7 +112,9 @@ def chatml_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
     tokenizer.add_tokens(["<think>", "</think>"])
     for token in ("yes", "no", "0", "1"):
         assert tokenizer.token_to_id(token) is not None, token
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=max_length)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=max_length
+    )
 
 
 Config = TypeVar("Config")
@@ -118,7 +130,9 @@ def _decoder_config(config_class: Callable[..., Config], tokenizer: PreTrainedTo
     )  # fmt: skip
 
 
-def build_tiny_qwen3_reranker(directory: Path, *, max_length: int = 128, classifier: bool = False, chat_template: bool = True, seed: int = 0) -> Path:
+def build_tiny_qwen3_reranker(
+    directory: Path, *, max_length: int = 128, classifier: bool = False, chat_template: bool = True, seed: int = 0
+) -> Path:
     """A Qwen3-Reranker replica saved by sentence-transformers as a causal-LM CrossEncoder (LogitScore on yes / no);
     with `classifier`, as a one-label `Qwen3ForSequenceClassification` (the `-seq-cls` conversions' layout); without
     `chat_template`, a tokenizer with none (the CrossEncoder then reads plain text pairs)."""
@@ -139,7 +153,9 @@ def build_tiny_qwen3_reranker(directory: Path, *, max_length: int = 128, classif
     return saved
 
 
-def build_tiny_mxbai_reranker(directory: Path, *, max_length: int = 128, identity: bool = False, seed: int = 0) -> tuple[Path, Path]:
+def build_tiny_mxbai_reranker(
+    directory: Path, *, max_length: int = 128, identity: bool = False, seed: int = 0
+) -> tuple[Path, Path]:
     """An mxbai-rerank-v2 replica: a Qwen2 causal LM with no chat template and no sentence-transformers files (as
     the Hub has it: the prompt comes from the model config), and the same weights saved as a CrossEncoder whose
     chat template renders the same prompt and whose LogitScore reads "1" against "0", as the reference.
@@ -160,5 +176,7 @@ def build_tiny_mxbai_reranker(directory: Path, *, max_length: int = 128, identit
     transformer = Transformer(str(reference), transformer_task="text-generation")
     vocab = tokenizer.get_vocab()
     modules = [transformer, LogitScore(true_token_id=vocab["1"], false_token_id=vocab["0"])]
-    CrossEncoder(modules=modules, device="cpu", activation_fn=torch.nn.Identity() if identity else None).save(str(reference))
+    CrossEncoder(modules=modules, device="cpu", activation_fn=torch.nn.Identity() if identity else None).save(
+        str(reference)
+    )
     return plain, reference

@@ -1,8 +1,8 @@
 """The SIE Python client: encode, score and extract with numpy results.
 
-    from sie_client import SIEClient, Item
-    client = SIEClient("http://localhost:8080")  # or "localhost:50061", or base_url=...
-    vector = client.encode("sentence-transformers/all-MiniLM-L6-v2", Item(text="hello"))["dense"]
+from sie_client import SIEClient, Item
+client = SIEClient("http://localhost:8080")  # or "localhost:50061", or base_url=...
+vector = client.encode("sentence-transformers/all-MiniLM-L6-v2", Item(text="hello"))["dense"]
 """
 
 from sie_client.client import AsyncSIEClient

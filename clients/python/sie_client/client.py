@@ -98,7 +98,9 @@ class AsyncSIEClient:
         if not 0 < timeout_s < math.inf:
             raise ValueError(f"timeout_s must be a positive, finite number of seconds, not {timeout_s}")
         if stream_batch_size < 1 or stream_window < 1:  # a window of 0 would never send a request
-            raise ValueError(f"stream_batch_size and stream_window must be >= 1, not {stream_batch_size} and {stream_window}")
+            raise ValueError(
+                f"stream_batch_size and stream_window must be >= 1, not {stream_batch_size} and {stream_window}"
+            )
         tls = tls or bool(root_certificates or certificate_chain or private_key)
         parsed = parse_target(target or base_url or "", tls=tls)
         self.target = parsed.address
@@ -111,7 +113,10 @@ class AsyncSIEClient:
         self._gpu = gpu
         self._pool = pool
         self._metadata = self._routing()
-        channel_options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        channel_options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
         if parsed.tls:
             credentials = grpc.ssl_channel_credentials(root_certificates, private_key, certificate_chain)
             self._channel = grpc.aio.secure_channel(self.target, credentials, options=channel_options)
@@ -173,7 +178,11 @@ class AsyncSIEClient:
         `gpu` / `pool` route this call (machine profile, resource pool) instead of the client's.
         """
         single, batch = is_single(items), as_batch(items)
-        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
+        policy = RetryPolicy(
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=max_oom_retries,
+        )
         if not batch:
             return []  # a list in, a list out: no request (the server refuses one without items)
         chunks = [
@@ -218,7 +227,8 @@ class AsyncSIEClient:
         max_oom_retries: int = 3,
         debug: bool = False,
     ) -> ScoreResult:
-        """Relevance of each item to `query`, best first: {model, query_id, scores: [{item_id, index, score, rank}], timing}."""
+        """Relevance of each item to `query`, best first: {model, query_id, scores: [{item_id, index, score, rank}],
+        timing}."""
         merged = {**self.options, **(options or {})}
         query_message = messages.item_message(query)
         request = inference_pb2.ScoreRequest(
@@ -235,7 +245,11 @@ class AsyncSIEClient:
             request.instruction = instruction
         if (struct := messages.options_struct(merged)) is not None:
             request.options.CopyFrom(struct)
-        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
+        policy = RetryPolicy(
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=max_oom_retries,
+        )
         response = await self._call(self._stub.Score, request, policy, self._routing(gpu, pool))
         return messages.score_result(response, query_message.id or None)
 
@@ -269,12 +283,18 @@ class AsyncSIEClient:
         if not batch:
             return []
         merged = {**self.options, **(options or {})}
-        shared = inference_pb2.ExtractRequest(model=model, labels=list(labels or ()), profile=profile or "", lora=lora or "", debug=debug)
+        shared = inference_pb2.ExtractRequest(
+            model=model, labels=list(labels or ()), profile=profile or "", lora=lora or "", debug=debug
+        )
         if threshold is not None:
             shared.threshold = threshold
         if (struct := messages.options_struct(merged)) is not None:
             shared.options.CopyFrom(struct)
-        policy = RetryPolicy(wait_for_capacity=wait_for_capacity, provision_timeout_s=provision_timeout_s, max_oom_retries=max_oom_retries)
+        policy = RetryPolicy(
+            wait_for_capacity=wait_for_capacity,
+            provision_timeout_s=provision_timeout_s,
+            max_oom_retries=max_oom_retries,
+        )
         metadata = self._routing(gpu, pool)
         window = asyncio.Semaphore(self._stream_window)
 
@@ -288,7 +308,10 @@ class AsyncSIEClient:
         # Lists longer than stream_batch_size go as several requests (as encode's do), stream_window at a time.
         items_sent = [messages.item_message(item) for item in batch]  # every item checked before any is sent
         size = self._stream_batch_size
-        tasks = [asyncio.ensure_future(extract_chunk(items_sent[start : start + size])) for start in range(0, len(items_sent), size)]
+        tasks = [
+            asyncio.ensure_future(extract_chunk(items_sent[start : start + size]))
+            for start in range(0, len(items_sent), size)
+        ]
         try:
             parts = await asyncio.gather(*tasks)
         except BaseException:  # the first failure is the call's; the other chunks are not left running
@@ -336,7 +359,10 @@ class AsyncSIEClient:
         try:
             while len(pool.get("workers", ())) < min_workers:
                 if time.monotonic() > deadline:
-                    raise _capacity_timeout(f"pool {name!r} has {len(pool.get('workers', ()))} of min_workers={min_workers} workers after {timeout_s} s")
+                    raise _capacity_timeout(
+                        f"pool {name!r} has {len(pool.get('workers', ()))} of min_workers={min_workers} workers "
+                        f"after {timeout_s} s"
+                    )
                 await asyncio.sleep(poll_s)
                 pool = await self.get_pool(name)
         except BaseException:
@@ -366,13 +392,16 @@ class AsyncSIEClient:
             pools = []
         return {
             "models": {
-                m["id"]: {"loaded": m["loaded"], "loaded_on": m.get("loaded_on", []), "state": m.get("state", "")} for m in models
+                m["id"]: {"loaded": m["loaded"], "loaded_on": m.get("loaded_on", []), "state": m.get("state", "")}
+                for m in models
             },
             "workers": sorted({worker for m in models for worker in m.get("loaded_on", ())}),
             "pools": [messages.as_dict(pool) for pool in pools],
         }
 
-    async def wait_for_capacity(self, model: str | None = None, *, timeout_s: float = 300.0, poll_s: float = 0.5) -> dict[str, Any]:
+    async def wait_for_capacity(
+        self, model: str | None = None, *, timeout_s: float = 300.0, poll_s: float = 0.5
+    ) -> dict[str, Any]:
         """Poll get_capacity until `model` (or, without one, any model) is loaded somewhere, and return it;
         ProvisioningTimeoutError after `timeout_s`. Loading starts with a model's first request (or preloading)."""
         _check_wait(timeout_s, poll_s)
@@ -394,7 +423,9 @@ class AsyncSIEClient:
         while True:
             await asyncio.sleep(every_s)
             try:
-                await self._stub.RenewPool(inference_pb2.RenewPoolRequest(name=name), metadata=self._metadata, timeout=self.timeout_s)
+                await self._stub.RenewPool(
+                    inference_pb2.RenewPoolRequest(name=name), metadata=self._metadata, timeout=self.timeout_s
+                )
             except grpc.aio.AioRpcError as error:
                 if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED):
                     if self._renewals.get(name) is asyncio.current_task():
@@ -407,14 +438,20 @@ class AsyncSIEClient:
             task.cancel()
 
     async def _call(
-        self, method: Callable[..., Awaitable[Response]], request: Any, policy: RetryPolicy, metadata: tuple[tuple[str, str], ...] | None = None
+        self,
+        method: Callable[..., Awaitable[Response]],
+        request: Any,
+        policy: RetryPolicy,
+        metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> Response:
         started = time.monotonic()
         attempt = 0
         while True:
             attempt += 1
             try:
-                return await method(request, metadata=self._metadata if metadata is None else metadata, timeout=self.timeout_s)
+                return await method(
+                    request, metadata=self._metadata if metadata is None else metadata, timeout=self.timeout_s
+                )
             except grpc.aio.AioRpcError as error:
                 status = call_status(error)
             await asyncio.sleep(self._delay_or_raise(status, policy, attempt, started))
@@ -427,7 +464,8 @@ class AsyncSIEClient:
             return delay
         if policy.wait_for_capacity and status.reason in CAPACITY_REASONS:
             raise ProvisioningTimeoutError(
-                f"no capacity after {waited:.1f} s (provision_timeout_s={policy.provision_timeout_s}): {status.message}",
+                f"no capacity after {waited:.1f} s (provision_timeout_s={policy.provision_timeout_s}): "
+                f"{status.message}",
                 code=status.code,
                 reason=status.reason,
                 metadata=status.metadata,
@@ -435,7 +473,11 @@ class AsyncSIEClient:
         raise status.error()
 
     async def _encode_streamed(
-        self, requests: list[inference_pb2.EncodeRequest], policy: RetryPolicy, progress: bool, metadata: tuple[tuple[str, str], ...]
+        self,
+        requests: list[inference_pb2.EncodeRequest],
+        policy: RetryPolicy,
+        progress: bool,
+        metadata: tuple[tuple[str, str], ...],
     ) -> list[inference_pb2.EncodeResponse]:
         """Send the requests over one EncodeStream, `stream_window` in flight, and return the answers in order."""
         outgoing: asyncio.Queue[inference_pb2.EncodeRequest | None] = asyncio.Queue()
@@ -460,7 +502,8 @@ class AsyncSIEClient:
         feeder = asyncio.create_task(feed())
         remaining = len(requests)
         # The stream has no deadline (a long list takes as long as it takes), but each answer does: `timeout_s`
-        # after the previous one, or after the last retry is due; a server that stops answering is not waited on for ever.
+        # after the previous one, or after the last retry is due; a server that stops answering is not waited on for
+        # ever.
         retries_due = loop.time()
         try:
             while True:
@@ -469,7 +512,8 @@ class AsyncSIEClient:
                     answer = await asyncio.wait_for(call.read(), wait_s)
                 except TimeoutError:
                     raise ServerError(
-                        f"EncodeStream: no answer in {wait_s:.1f} s (timeout_s={self.timeout_s}) with {remaining} requests outstanding",
+                        f"EncodeStream: no answer in {wait_s:.1f} s (timeout_s={self.timeout_s}) with {remaining} "
+                        f"requests outstanding",
                         code=grpc.StatusCode.DEADLINE_EXCEEDED,
                     ) from None
                 if answer is grpc.aio.EOF:

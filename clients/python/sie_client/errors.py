@@ -15,7 +15,9 @@ import grpc
 
 
 class SIEError(Exception):
-    def __init__(self, message: str, *, code: grpc.StatusCode, reason: str = "", metadata: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: grpc.StatusCode, reason: str = "", metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -75,10 +77,13 @@ class ProvisioningTimeoutError(ProvisioningError):
 
 
 class ItemError(RequestError, ValueError):
-    """An item the client cannot send (an unknown or unsupported field, or one of the wrong type); raised before any call."""
+    """An item the client cannot send (an unknown or unsupported field, or one of the wrong type); raised before any
+    call."""
 
     def __init__(self, message: str, *, field: str) -> None:
-        super().__init__(message, code=grpc.StatusCode.INVALID_ARGUMENT, reason="INVALID_ITEM_FIELD", metadata={"field": field})
+        super().__init__(
+            message, code=grpc.StatusCode.INVALID_ARGUMENT, reason="INVALID_ITEM_FIELD", metadata={"field": field}
+        )
 
 
 class AuthError(SIEError):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
 # Union, not `|`: pillow is optional, so "Image.Image" is a forward reference, which `|` cannot join at run time.
-ImageLike = Union[bytes, str, os.PathLike, "Image.Image", np.ndarray]  # noqa: UP007
+ImageLike = Union[bytes, str, os.PathLike, "Image.Image", np.ndarray]
 
 # A file's suffix -> the format hint sent with its bytes (the server decides from the bytes either way).
 _FORMAT_BY_SUFFIX = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp"}

@@ -55,7 +55,9 @@ def item_message(item: ItemLike) -> types_pb2.Item:
     if item.images is not None and not isinstance(item.images, (list, tuple)):
         # A str would be read as one file per character, bytes as one image per byte.
         raise ItemError(f"item field 'images' is a list of images, not {type(item.images).__name__}", field="images")
-    if item.metadata is not None and not (isinstance(item.metadata, Mapping) and all(isinstance(key, str) for key in item.metadata)):
+    if item.metadata is not None and not (
+        isinstance(item.metadata, Mapping) and all(isinstance(key, str) for key in item.metadata)
+    ):
         raise ItemError("item field 'metadata' is a dict with str keys", field="metadata")
     message = types_pb2.Item(id=item.id or "")
     if item.text is not None:
@@ -67,7 +69,8 @@ def item_message(item: ItemLike) -> types_pb2.Item:
 
 
 def options_struct(options: Mapping[str, Any] | None) -> struct_pb2.Struct | None:
-    """The options as sent: unchanged, so the server sees the reference SDK's keys (`lora`, `is_query`, ...) as given."""
+    """The options as sent: unchanged, so the server sees the reference SDK's keys (`lora`, `is_query`, ...) as
+    given."""
     if not options:
         return None
     struct = struct_pb2.Struct()
@@ -119,7 +122,9 @@ def timing(message: types_pb2.Timing) -> Timing:
     )
     if message.batches:
         # Every field with its Python value (MessageToDict would drop zeros and turn uint64 into strings).
-        result["batches"] = [{field.name: getattr(batch, field.name) for field in batch.DESCRIPTOR.fields} for batch in message.batches]
+        result["batches"] = [
+            {field.name: getattr(batch, field.name) for field in batch.DESCRIPTOR.fields} for batch in message.batches
+        ]
     return result
 
 

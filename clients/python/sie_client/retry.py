@@ -11,7 +11,8 @@ from sie_client.status import CallStatus
 
 # UNAVAILABLE reasons that mean "capacity is on its way": waited out with wait_for_capacity.
 CAPACITY_REASONS = frozenset({"PROVISIONING", "MODEL_LOADING"})
-# RESOURCE_EXHAUSTED reason of an item that did not fit in device memory even alone (the worker already split its batch).
+# RESOURCE_EXHAUSTED reason of an item that did not fit in device memory even alone (the worker already split its
+# batch).
 OOM_REASON = "DEVICE_OUT_OF_MEMORY"
 # RESOURCE_EXHAUSTED reasons the same call would get again (the answer is too large, the caller's pool quota is held).
 FINAL_EXHAUSTED_REASONS = frozenset({"RESPONSE_TOO_LARGE", "POOL_QUOTA_EXCEEDED"})
@@ -55,7 +56,9 @@ class RetryPolicy:
                 return hinted if attempt < self.busy_attempts else None
             return self._backoff(attempt)
         if status.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            if status.reason in FINAL_EXHAUSTED_REASONS or (not status.reason and any(s in status.message for s in _SIZE_REFUSALS)):
+            if status.reason in FINAL_EXHAUSTED_REASONS or (
+                not status.reason and any(s in status.message for s in _SIZE_REFUSALS)
+            ):
                 return None
             if status.reason == OOM_REASON:
                 return None if attempt > self.max_oom_retries else max(self._jittered(attempt), hinted or 0.0)

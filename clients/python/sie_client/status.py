@@ -20,7 +20,9 @@ class CallStatus:
     retry_after_s: float | None = None
 
     def error(self) -> SIEError:
-        return error_class(self.code, self.reason)(self.message, code=self.code, reason=self.reason, metadata=self.metadata)
+        return error_class(self.code, self.reason)(
+            self.message, code=self.code, reason=self.reason, metadata=self.metadata
+        )
 
 
 def call_status(error: grpc.RpcError) -> CallStatus:
@@ -33,7 +35,9 @@ def call_status(error: grpc.RpcError) -> CallStatus:
     return status_from_trailers(code, message, trailers)  # type: ignore[arg-type]
 
 
-def status_from_trailers(code: grpc.StatusCode, message: str, trailers: Iterable[tuple[str, str | bytes]]) -> CallStatus:
+def status_from_trailers(
+    code: grpc.StatusCode, message: str, trailers: Iterable[tuple[str, str | bytes]]
+) -> CallStatus:
     details = next((value for key, value in trailers if key == "grpc-status-details-bin"), None)
     if details is None:
         return CallStatus(code, message)

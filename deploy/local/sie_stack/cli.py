@@ -14,7 +14,6 @@ from sie_common.runtime.settings import (
     add_flags,
     load_settings,
 )
-
 from sie_stack.settings import StackSettings
 
 
@@ -31,11 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     envoy.add_argument("--listen-host", default="0.0.0.0")
     envoy.add_argument("--descriptor", help="descriptor set path (default: the one shipped in the sie package)")
     envoy.add_argument(
-        "--max-request-bytes", type=int, default=DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
         help="largest HTTP body transcoded (larger: 413); the services' SIE_MAX_RECEIVE_MESSAGE_BYTES",
     )
     envoy.add_argument(
-        "--max-response-bytes", type=int, default=DEFAULT_MAX_SEND_MESSAGE_BYTES,
+        "--max-response-bytes",
+        type=int,
+        default=DEFAULT_MAX_SEND_MESSAGE_BYTES,
         help="largest gRPC answer transcoded to JSON; the gateway's SIE_MAX_SEND_MESSAGE_BYTES",
     )
     args = parser.parse_args(argv)
@@ -47,8 +50,13 @@ def main(argv: list[str] | None = None) -> int:
 
         descriptor = Path(args.descriptor) if args.descriptor else None
         rendered = render(
-            listen_port=args.listen_port, admin_port=args.admin_port, gateway=args.gateway, config=args.config,
-            descriptor=descriptor, host=args.listen_host, max_request_bytes=args.max_request_bytes,
+            listen_port=args.listen_port,
+            admin_port=args.admin_port,
+            gateway=args.gateway,
+            config=args.config,
+            descriptor=descriptor,
+            host=args.listen_host,
+            max_request_bytes=args.max_request_bytes,
             max_response_bytes=args.max_response_bytes,
         )
         print(json.dumps(rendered, indent=2))

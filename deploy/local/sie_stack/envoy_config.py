@@ -30,9 +30,9 @@ from typing import Any
 
 from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
+
 from sie_common.edge.errors import ERROR_DOMAIN
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
-
 from sie_stack.unknown_fields import lua_filter, template_fields, template_parts
 
 SERVICES = ("sie.v1.Inference", "sie.v1.ConfigService")
@@ -54,8 +54,15 @@ def descriptor_path() -> Path:
 
 
 def render(
-    *, listen_port: int, admin_port: int, gateway: str, config: str, descriptor: Path | None = None, host: str = "127.0.0.1",
-    inline_descriptor: bool = False, max_request_bytes: int = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
+    *,
+    listen_port: int,
+    admin_port: int,
+    gateway: str,
+    config: str,
+    descriptor: Path | None = None,
+    host: str = "127.0.0.1",
+    inline_descriptor: bool = False,
+    max_request_bytes: int = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
     max_response_bytes: int = DEFAULT_MAX_SEND_MESSAGE_BYTES,
 ) -> dict[str, Any]:
     """The Envoy bootstrap as plain data (dump it as YAML or JSON). With `inline_descriptor` the
@@ -66,7 +73,11 @@ def render(
     and SIE_MAX_SEND_MESSAGE_BYTES."""
     descriptor = descriptor or descriptor_path()
     descriptor_bytes = descriptor.read_bytes()
-    source = {"proto_descriptor_bin": base64.b64encode(descriptor_bytes).decode()} if inline_descriptor else {"proto_descriptor": str(descriptor)}
+    source = (
+        {"proto_descriptor_bin": base64.b64encode(descriptor_bytes).decode()}
+        if inline_descriptor
+        else {"proto_descriptor": str(descriptor)}
+    )
     files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_bytes).file
     transcoder = {
         **source,
@@ -81,22 +92,26 @@ def render(
     return {
         "admin": {"address": _address(host, admin_port)},
         "static_resources": {
-            "listeners": [{
-                "name": "sie",
-                "address": _address(host, listen_port),
-                # A second Envoy (another stack, an orphan) must fail to bind, not share the port.
-                "enable_reuse_port": False,
-                # The unknown-field check reads a whole JSON body before the transcoder does: the
-                # same limit as the transcoder's (the default, 1 MiB, would refuse larger bodies).
-                "per_connection_buffer_limit_bytes": max_request_bytes,
-                "filter_chains": [{"filters": [_http_connection_manager(transcoder, files)]}],
-            }],
+            "listeners": [
+                {
+                    "name": "sie",
+                    "address": _address(host, listen_port),
+                    # A second Envoy (another stack, an orphan) must fail to bind, not share the port.
+                    "enable_reuse_port": False,
+                    # The unknown-field check reads a whole JSON body before the transcoder does: the
+                    # same limit as the transcoder's (the default, 1 MiB, would refuse larger bodies).
+                    "per_connection_buffer_limit_bytes": max_request_bytes,
+                    "filter_chains": [{"filters": [_http_connection_manager(transcoder, files)]}],
+                }
+            ],
             "clusters": [_cluster("gateway", gateway, health_checked=True), _cluster("config", config)],
         },
     }
 
 
-def _http_connection_manager(transcoder: dict[str, Any], files: Sequence[descriptor_pb2.FileDescriptorProto]) -> dict[str, Any]:
+def _http_connection_manager(
+    transcoder: dict[str, Any], files: Sequence[descriptor_pb2.FileDescriptorProto]
+) -> dict[str, Any]:
     bindings = _http_bindings(files)
     return {
         "name": "envoy.filters.network.http_connection_manager",
@@ -105,18 +120,29 @@ def _http_connection_manager(transcoder: dict[str, Any], files: Sequence[descrip
             "stat_prefix": "sie",
             "codec_type": "AUTO",
             "route_config": {
-                "virtual_hosts": [{
-                    "name": "sie",
-                    "domains": ["*"],
-                    "routes": [
-                        # Matched after transcoding, on the gRPC path: only gRPC calls reach the services.
-                        {"match": {"prefix": "/sie.v1.ConfigService/", "grpc": {}}, "route": {"cluster": "config", "timeout": "0s"}},
-                        {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
-                        *(_alive(path) for path in LIVENESS_PATHS),
-                        *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
-                        _refusal({"prefix": "/"}, 404, _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"),
-                    ],
-                }],
+                "virtual_hosts": [
+                    {
+                        "name": "sie",
+                        "domains": ["*"],
+                        "routes": [
+                            # Matched after transcoding, on the gRPC path: only gRPC calls reach the services.
+                            {
+                                "match": {"prefix": "/sie.v1.ConfigService/", "grpc": {}},
+                                "route": {"cluster": "config", "timeout": "0s"},
+                            },
+                            {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
+                            *(_alive(path) for path in LIVENESS_PATHS),
+                            *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
+                            _refusal(
+                                {"prefix": "/"},
+                                404,
+                                _NOT_FOUND,
+                                "ROUTE_NOT_FOUND",
+                                "no HTTP route here: the paths are in docs/http.md",
+                            ),
+                        ],
+                    }
+                ],
             },
             "http_filters": [
                 _readiness(),
@@ -142,9 +168,13 @@ def _method_not_allowed(path_regex: str, methods: list[str]) -> dict[str, Any]:
     allow = ", ".join(methods)
     match = {
         "safe_regex": {"regex": path_regex},
-        "headers": [{"name": ":method", "string_match": {"safe_regex": {"regex": "|".join(methods)}}, "invert_match": True}],
+        "headers": [
+            {"name": ":method", "string_match": {"safe_regex": {"regex": "|".join(methods)}}, "invert_match": True}
+        ],
     }
-    route = _refusal(match, 405, _UNIMPLEMENTED, "METHOD_NOT_ALLOWED", f"this path takes {allow} only", {"allow": allow})
+    route = _refusal(
+        match, 405, _UNIMPLEMENTED, "METHOD_NOT_ALLOWED", f"this path takes {allow} only", {"allow": allow}
+    )
     route["response_headers_to_add"].append(_header("allow", allow))
     return route
 
@@ -153,7 +183,12 @@ def _refusal(
     match: dict[str, Any], status: int, code: int, reason: str, message: str, metadata: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A route Envoy answers itself, with the JSON error body the transcoder gives gRPC errors."""
-    info = {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": ERROR_DOMAIN, "metadata": metadata or {}}
+    info = {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": reason,
+        "domain": ERROR_DOMAIN,
+        "metadata": metadata or {},
+    }
     body = json.dumps({"code": code, "message": message, "details": [info]})
     return {
         "match": match,
@@ -215,7 +250,9 @@ def _checked_routes(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> list
     return routes
 
 
-def _http_rules(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, str, str, str]]:
+def _http_rules(
+    files: Sequence[descriptor_pb2.FileDescriptorProto],
+) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, str, str, str]]:
     """(RPC, HTTP method, path template, body) of every google.api.http rule of the transcoded services."""
     for file in files:
         for service in file.service:
@@ -238,12 +275,16 @@ def _rules(rule: Any) -> Iterator[tuple[str, str, str]]:
 
 def _path_regex(template: str) -> str:
     """A google.api.http path template as a regex over the whole path: `*` one segment, `**` the rest."""
-    return "".join(".+" if part == "**" else "[^/]+" if part == "*" else re.escape(part) for part in template_parts(template))
+    return "".join(
+        ".+" if part == "**" else "[^/]+" if part == "*" else re.escape(part) for part in template_parts(template)
+    )
 
 
 def _cluster(name: str, address: str, health_checked: bool = False) -> dict[str, Any]:
     host, _, port = address.rpartition(":")
-    checks = [{"timeout": "1s", "interval": "2s", "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {}}]
+    checks = [
+        {"timeout": "1s", "interval": "2s", "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {}}
+    ]
     return {
         **({"health_checks": checks} if health_checked else {}),
         "name": name,

@@ -128,8 +128,11 @@ class Standby:
     def _start(self) -> subprocess.Popen[bytes]:
         self.ready_path.unlink(missing_ok=True)
         return subprocess.Popen(
-            [sys.executable, "-m", "sie_stack.standby", self._module, str(self.ready_path)], env=self._env,
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [sys.executable, "-m", "sie_stack.standby", self._module, str(self.ready_path)],
+            env=self._env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes] | None:
@@ -151,7 +154,11 @@ class Standby:
 
 
 # Each service's variable for its /metrics, /healthz and /readyz port.
-METRICS_PORT_ENV = {"sie_worker": "SIE_WORKER_METRICS_PORT", "sie_gateway": "SIE_GATEWAY_METRICS_PORT", "sie_config": "SIE_CONFIG_METRICS_PORT"}
+METRICS_PORT_ENV = {
+    "sie_worker": "SIE_WORKER_METRICS_PORT",
+    "sie_gateway": "SIE_GATEWAY_METRICS_PORT",
+    "sie_config": "SIE_CONFIG_METRICS_PORT",
+}
 
 
 class ServiceProcess(ChildProcess):
@@ -177,7 +184,13 @@ class ServiceProcess(ChildProcess):
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         metrics_env = METRICS_PORT_ENV[module]
-        full_env = {**os.environ, "SIE_HOST": "127.0.0.1", "SIE_PORT": str(self.port), metrics_env: str(free_port()), **env}
+        full_env = {
+            **os.environ,
+            "SIE_HOST": "127.0.0.1",
+            "SIE_PORT": str(self.port),
+            metrics_env: str(free_port()),
+            **env,
+        }
         self.metrics_port = int(full_env[metrics_env] or 0)
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}" if self.metrics_port else None
         self.standby: Standby | None = None  # restarts take this waiting process when set
@@ -226,17 +239,27 @@ class EtcdProcess(ChildProcess):
     def start(self, timeout_s: float = 60) -> None:
         client_url = f"http://{self.endpoint}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
-        self._spawn([
-            str(ETCD_BINARY),
-            "--name", "sie",
-            "--data-dir", str(self.data_dir),
-            "--listen-client-urls", client_url,
-            "--advertise-client-urls", client_url,
-            "--listen-peer-urls", peer_url,
-            "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"sie={peer_url}",
-            "--log-level", "warn",
-        ])
+        self._spawn(
+            [
+                str(ETCD_BINARY),
+                "--name",
+                "sie",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen-client-urls",
+                client_url,
+                "--advertise-client-urls",
+                client_url,
+                "--listen-peer-urls",
+                peer_url,
+                "--initial-advertise-peer-urls",
+                peer_url,
+                "--initial-cluster",
+                f"sie={peer_url}",
+                "--log-level",
+                "warn",
+            ]
+        )
         self._wait(self._healthy, timeout_s)
 
     def _healthy(self) -> bool:
@@ -263,10 +286,18 @@ class EnvoyProcess(ChildProcess):
     def __init__(self, config_path: Path, log_path: Path, admin_port: int) -> None:
         super().__init__(log_path)
         self.admin_port = admin_port
-        self._spawn([
-            envoy_binary(), "-c", str(config_path), "--log-level", "warn",
-            "--use-dynamic-base-id", "--base-id-path", str(config_path.with_suffix(".base-id")),
-        ])
+        self._spawn(
+            [
+                envoy_binary(),
+                "-c",
+                str(config_path),
+                "--log-level",
+                "warn",
+                "--use-dynamic-base-id",
+                "--base-id-path",
+                str(config_path.with_suffix(".base-id")),
+            ]
+        )
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         def live() -> bool:

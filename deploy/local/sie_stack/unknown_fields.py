@@ -41,9 +41,7 @@ def lua_filter(
     leave out). No route takes a query string."""
     routes = list(routes)
     messages = _messages(files)
-    reachable = _reachable(
-        messages, [message for _, _, message, _ in routes if message]
-    )
+    reachable = _reachable(messages, [message for _, _, message, _ in routes if message])
     lines = ["MESSAGES = {}"]
     lines.extend(_lua_message(messages, name, name) for name in sorted(reachable))
     route_rows: list[str] = []
@@ -53,15 +51,9 @@ def lua_filter(
             # The transcoder lets a body field override the path's (`model`, a pool's `name`).
             root = f"{message} without {' '.join(in_path)}"
             lines.append(_lua_message(messages, message, root, in_path))
-        route_rows.append(
-            f"{{{_lua_string(method)}, {_lua_string(_lua_pattern(template))}, {_lua_string(root)}}}"
-        )
+        route_rows.append(f"{{{_lua_string(method)}, {_lua_string(_lua_pattern(template))}, {_lua_string(root)}}}")
     lines.append(f"ROUTES = {{{', '.join(route_rows)}}}")
-    source = (
-        "\n".join(lines)
-        + "\n\n"
-        + resources.files("sie_stack").joinpath("unknown_fields.lua").read_text()
-    )
+    source = "\n".join(lines) + "\n\n" + resources.files("sie_stack").joinpath("unknown_fields.lua").read_text()
     return {
         "name": "envoy.filters.http.lua",
         "typed_config": {
@@ -85,15 +77,9 @@ def _lua_message(
         for key in (field.name, field.json_name or field.name)
     }
     fields = ", ".join(
-        f"[{_lua_string(key)}] = {value}"
-        for key, value in _fields(messages, name)
-        if key not in path_keys
+        f"[{_lua_string(key)}] = {value}" for key, value in _fields(messages, name) if key not in path_keys
     )
-    known = _lua_string(
-        " ".join(
-            field.name for field in messages[name].field if field.name not in in_path
-        )
-    )
+    known = _lua_string(" ".join(field.name for field in messages[name].field if field.name not in in_path))
     # a JSON name -> the proto name, so a field given under both counts twice
     proto = ", ".join(
         f"[{_lua_string(field.json_name)}] = {_lua_string(field.name)}"
@@ -102,11 +88,7 @@ def _lua_message(
     )
     row = f"MESSAGES[{_lua_string(entry)}] = {{fields = {{{fields}}}, known = {known}, proto = {{{proto}}}"
     if path_keys:
-        row += (
-            ", in_path = {"
-            + ", ".join(f"[{_lua_string(key)}] = true" for key in sorted(path_keys))
-            + "}"
-        )
+        row += ", in_path = {" + ", ".join(f"[{_lua_string(key)}] = true" for key in sorted(path_keys)) + "}"
     return row + "}"
 
 
@@ -128,9 +110,7 @@ def _messages(
     return found
 
 
-def _reachable(
-    messages: dict[str, descriptor_pb2.DescriptorProto], roots: list[str]
-) -> set[str]:
+def _reachable(messages: dict[str, descriptor_pb2.DescriptorProto], roots: list[str]) -> set[str]:
     seen: set[str] = set()
     pending = list(roots)
     while pending:
@@ -142,9 +122,7 @@ def _reachable(
     return {name for name in seen if not messages[name].options.map_entry}
 
 
-def _fields(
-    messages: dict[str, descriptor_pb2.DescriptorProto], name: str
-) -> Iterator[tuple[str, str]]:
+def _fields(messages: dict[str, descriptor_pb2.DescriptorProto], name: str) -> Iterator[tuple[str, str]]:
     """(JSON key, Lua value) of each field, under its proto name and its lowerCamel JSON name."""
     for field in messages[name].field:
         value = _lua_child(messages, field)
@@ -173,14 +151,7 @@ def _lua_pattern(template: str) -> str:
     parts = template_parts(template)
     return (
         "^"
-        + "".join(
-            ".+"
-            if p == "**"
-            else "[^/]+"
-            if p == "*"
-            else re.sub(r"([^A-Za-z0-9])", r"%\1", p)
-            for p in parts
-        )
+        + "".join(".+" if p == "**" else "[^/]+" if p == "*" else re.sub(r"([^A-Za-z0-9])", r"%\1", p) for p in parts)
         + "$"
     )
 

@@ -71,7 +71,11 @@ class Stack:
             request = config_pb2.AddModelRequest(config=config_to_message(demo_model_config()))
             admin.AddModel(request, timeout=30, metadata=bearer_metadata(self.admin_token))
         # Gateways and workers check the same inference tokens; Work streams carry the stack's worker token.
-        inference = {"SIE_AUTH_MODE": s.auth_mode, "SIE_AUTH_TOKENS": ",".join(s.auth_tokens), "SIE_WORKER_TOKEN": self.worker_token}
+        inference = {
+            "SIE_AUTH_MODE": s.auth_mode,
+            "SIE_AUTH_TOKENS": ",".join(s.auth_tokens),
+            "SIE_WORKER_TOKEN": self.worker_token,
+        }
         workers = [
             self._service(
                 "sie_worker",
@@ -83,9 +87,17 @@ class Stack:
         ]
         gateway = self._service("sie_gateway", s.gateway_port, {**env, **inference})
         envoy_config = self.state / "envoy.json"
-        envoy_config.write_text(json.dumps(render(
-            listen_port=s.http_port, admin_port=s.envoy_admin_port, gateway=gateway.address, config=config.address,
-        ), indent=2))
+        envoy_config.write_text(
+            json.dumps(
+                render(
+                    listen_port=s.http_port,
+                    admin_port=s.envoy_admin_port,
+                    gateway=gateway.address,
+                    config=config.address,
+                ),
+                indent=2,
+            )
+        )
         envoy = EnvoyProcess(envoy_config, self.logs / "envoy.log", s.envoy_admin_port)
         self.started.append(envoy)
         envoy.wait_ready()
@@ -125,26 +137,34 @@ class Stack:
             f"  state and logs      {self.state}\n"
             f"{self._token_lines()}"
             "Try:\n"
-            f"  curl -s http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d '{{\"items\": [{{\"text\": \"hello\"}}]}}'\n"
-            f"  curl -s http://127.0.0.1:{s.http_port}/v1/embeddings -d '{{\"model\": \"{DEMO_MODEL}\", \"input\": \"hello\"}}'\n"
+            f'  curl -s http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d \'{{"items": [{{"text": '
+            f'"hello"}}]}}\'\n'
+            f'  curl -s http://127.0.0.1:{s.http_port}/v1/embeddings -d \'{{"model": "{DEMO_MODEL}", "input": '
+            f'"hello"}}\'\n'
             "Ctrl-C stops everything."
         )
 
-
     def _token_lines(self) -> str:
         """Which tokens the stack wants, for the banner (a token made for this session is shown)."""
-        where = f"{self.admin_token}   (kept in {self.admin_token_file})" if self.admin_token_file else "SIE_ADMIN_TOKEN"
+        where = (
+            f"{self.admin_token}   (kept in {self.admin_token_file})" if self.admin_token_file else "SIE_ADMIN_TOKEN"
+        )
         lines = f"  admin token         {where}: AddModel and config reads need 'authorization: Bearer <token>'\n"
         if self.settings.auth_mode == "static":
-            lines += "  inference tokens    SIE_AUTH_TOKENS: every Inference call needs 'authorization: Bearer <token>'\n"
+            lines += (
+                "  inference tokens    SIE_AUTH_TOKENS: every Inference call needs 'authorization: Bearer <token>'\n"
+            )
         return lines
 
     def _metrics_endpoints(self) -> str:
         """`name :port` of each service's metrics port (config, workers, gateway), in start order."""
         names = {"sie_config": "config", "sie_gateway": "gateway"}
-        return ", ".join(
-            f"{names.get(p.module, p.log_path.stem)} :{p.metrics_port}" for p in self.services if p.metrics_port
-        ) or "off"
+        return (
+            ", ".join(
+                f"{names.get(p.module, p.log_path.stem)} :{p.metrics_port}" for p in self.services if p.metrics_port
+            )
+            or "off"
+        )
 
 
 def run(settings: StackSettings) -> int:
@@ -199,7 +219,9 @@ def _wait_until_served(gateway: str, metadata: tuple[tuple[str, str], ...], time
     with grpc.insecure_channel(gateway) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         while time.monotonic() < deadline:
-            if stub.GetModel(inference_pb2.GetModelRequest(model=DEMO_MODEL), timeout=5, metadata=metadata).model.loaded_on:
+            if stub.GetModel(
+                inference_pb2.GetModelRequest(model=DEMO_MODEL), timeout=5, metadata=metadata
+            ).model.loaded_on:
                 return
             time.sleep(0.2)
     raise TimeoutError(f"no worker registered {DEMO_MODEL} as loaded within {timeout_s} s")

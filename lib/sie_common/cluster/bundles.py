@@ -51,7 +51,12 @@ class Bundle:
         return config.profile().adapter in self.adapters
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"id": self.id, "adapters": list(self.adapters), "models": list(self.models), "priority": self.priority}
+        data: dict[str, Any] = {
+            "id": self.id,
+            "adapters": list(self.adapters),
+            "models": list(self.models),
+            "priority": self.priority,
+        }
         if self.exclude_models:  # left out when empty, so bundles without it hash as before
             data["exclude_models"] = list(self.exclude_models)
         return data
@@ -78,7 +83,9 @@ def parse_bundle(data: Any, *, source: str) -> Bundle:
         raise ModelConfigError(source, "exclude_models", "must be a list of model ids")
     both = sorted(set(models) & set(excluded))
     if both:
-        raise ModelConfigError(source, "exclude_models", f"lists {both[0]!r}, which models lists too (no bundle would serve it)")
+        raise ModelConfigError(
+            source, "exclude_models", f"lists {both[0]!r}, which models lists too (no bundle would serve it)"
+        )
     priority = data.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ModelConfigError(source, "priority", f"must be an integer, got {priority!r}")

@@ -81,7 +81,9 @@ class Etcd:
         errors = []
         for endpoint in self.endpoints:
             host, _, port = endpoint.removeprefix("http://").rpartition(":")
-            client = aetcd.Client(host=host or "localhost", port=int(port), timeout=self._timeout_s, options=RECONNECT_OPTIONS)
+            client = aetcd.Client(
+                host=host or "localhost", port=int(port), timeout=self._timeout_s, options=RECONNECT_OPTIONS
+            )
             try:
                 await client.connect()
                 await client.kvstub.Range(rpc.RangeRequest(key=b"\0", count_only=True), timeout=self._timeout_s)
@@ -118,7 +120,7 @@ class Etcd:
         return self.ops.mod(key, prefix_range_end(key)) < revision + 1
 
     def _name(self, key: bytes) -> str:
-        return key.decode()[len(self.prefix):]
+        return key.decode()[len(self.prefix) :]
 
     async def get(self, name: str, revision: int = 0) -> Entry | None:
         """One key as of `revision` (0: now)."""

@@ -82,8 +82,10 @@ class PrefixMirror:
             except EtcdUnavailable as error:
                 log.warning("etcd mirror %s: %s; resuming from revision %d", self._prefix, error, self.revision)
                 await asyncio.sleep(self._retry_s)
-            except Exception:  # noqa: BLE001 - the mirror must outlive any one failure
-                log.exception("etcd mirror %s: unexpected failure; resuming from revision %d", self._prefix, self.revision)
+            except Exception:
+                log.exception(
+                    "etcd mirror %s: unexpected failure; resuming from revision %d", self._prefix, self.revision
+                )
                 await asyncio.sleep(self._retry_s)
 
     async def _retrying(self, step: Callable[[], Awaitable[None]]) -> None:
@@ -96,7 +98,7 @@ class PrefixMirror:
 
     async def _full_read(self) -> None:
         entries, revision = await self._etcd.read_prefix(self._prefix)
-        self.state = {entry.name[len(self._prefix):]: entry.value for entry in entries}
+        self.state = {entry.name[len(self._prefix) :]: entry.value for entry in entries}
         self.full_reads += 1
         await self._advance(MirrorUpdate(revision, MappingProxyType(self.state), (), True))
 
@@ -105,7 +107,7 @@ class PrefixMirror:
         for change in batch.changes:
             if change.revision <= self.revision:
                 continue  # already in the state (read or applied before)
-            name = change.name[len(self._prefix):]
+            name = change.name[len(self._prefix) :]
             if change.value is None:
                 self.state.pop(name, None)
             else:

@@ -25,11 +25,29 @@ TRUST_REMOTE_CODE = "trust_remote_code"
 
 _MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 _TOP_LEVEL_KEYS = {
-    "id", "hf_id", "revision", "path", "bundled_weights", "inputs", "tasks",
-    "output_types", "dims", "max_sequence_length", "profiles", "loras",
+    "id",
+    "hf_id",
+    "revision",
+    "path",
+    "bundled_weights",
+    "inputs",
+    "tasks",
+    "output_types",
+    "dims",
+    "max_sequence_length",
+    "profiles",
+    "loras",
 }
 _LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_PROFILE_KEYS = {"extends", "adapter", "load_options", "run_options", "max_batch_tokens", "compute_precision", "adaptive_batching"}
+_PROFILE_KEYS = {
+    "extends",
+    "adapter",
+    "load_options",
+    "run_options",
+    "max_batch_tokens",
+    "compute_precision",
+    "adaptive_batching",
+}
 
 
 class ModelConfigError(ValueError):
@@ -52,7 +70,8 @@ class Profile:
     run_options: Mapping[str, Any] = field(default_factory=dict)
     max_batch_tokens: int | None = None
     compute_precision: str | None = None
-    # False pins the batch wait to SIE_MAX_BATCH_WAIT_MS and the budget to max_batch_tokens; None inherits (else SIE_ADAPTIVE_BATCHING).
+    # False pins the batch wait to SIE_MAX_BATCH_WAIT_MS and the budget to max_batch_tokens; None inherits (else
+    # SIE_ADAPTIVE_BATCHING).
     adaptive_batching: bool | None = None
 
     @property
@@ -122,7 +141,9 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
     model_id = _string(data, "id", source, required=True)
     assert model_id is not None
     if not _MODEL_ID.match(model_id) or ".." in model_id.split("/"):
-        raise ModelConfigError(source, "id", f"{model_id!r} is not a model id (letters, digits, '.', '_', '-', '/'-separated)")
+        raise ModelConfigError(
+            source, "id", f"{model_id!r} is not a model id (letters, digits, '.', '_', '-', '/'-separated)"
+        )
     path = _string(data, "path", source)
     if path and ".." in Path(path).parts:
         raise ModelConfigError(source, "path", f"{path!r} contains '..'; name the weights directory without it")
@@ -151,7 +172,11 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
     if config.bundled_weights:
         subdir = Path(config.bundled_weights.partition(":")[2])
         if subdir.is_absolute() or ".." in subdir.parts:
-            raise ModelConfigError(source, "bundled_weights", f"subdir {str(subdir)!r} must be a relative path inside the package, without '..'")
+            raise ModelConfigError(
+                source,
+                "bundled_weights",
+                f"subdir {str(subdir)!r} must be a relative path inside the package, without '..'",
+            )
     for name in config.profiles:
         try:
             resolved = config.profile(name)
@@ -175,7 +200,9 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
         _no_unknown_keys(body, _PROFILE_KEYS, source, where + ".")
         precision = _string(body, "compute_precision", source, prefix=where + ".")
         if precision is not None and precision not in COMPUTE_PRECISIONS:
-            raise ModelConfigError(source, f"{where}.compute_precision", f"{precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}")
+            raise ModelConfigError(
+                source, f"{where}.compute_precision", f"{precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}"
+            )
         load_options = _mapping(body, "load_options", source, where + ".")
         if not isinstance(load_options.get(TRUST_REMOTE_CODE, False), bool):
             raise ModelConfigError(source, f"{where}.load_options.{TRUST_REMOTE_CODE}", "must be true or false")
@@ -208,7 +235,9 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
             raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {location!r}")
         path = Path(location)
         if ".." in path.parts:
-            raise ModelConfigError(source, f"loras.{name}", f"{location!r} contains '..'; name the adapter directory without it")
+            raise ModelConfigError(
+                source, f"loras.{name}", f"{location!r} contains '..'; name the adapter directory without it"
+            )
         beside_config = base_dir / path if base_dir is not None and not path.is_absolute() else None
         loras[name] = str(beside_config) if beside_config is not None and beside_config.exists() else location
     return loras
@@ -247,7 +276,9 @@ def _resolve(profiles: Mapping[str, Profile], name: str, seen: tuple[str, ...]) 
 def _no_unknown_keys(data: Mapping, allowed: set[str], source: str, prefix: str) -> None:
     unknown = sorted(str(key) for key in data if key not in allowed)
     if unknown:
-        raise ModelConfigError(source, prefix + unknown[0], f"unknown field; expected one of {', '.join(sorted(allowed))}")
+        raise ModelConfigError(
+            source, prefix + unknown[0], f"unknown field; expected one of {', '.join(sorted(allowed))}"
+        )
 
 
 def _string(data: Mapping, key: str, source: str, *, required: bool = False, prefix: str = "") -> str | None:
@@ -277,7 +308,9 @@ def _bool(data: Mapping, key: str, source: str, *, prefix: str = "") -> bool | N
     raise ModelConfigError(source, prefix + key, f"must be true or false, got {value!r}")
 
 
-def _choices(data: Mapping, key: str, allowed: tuple[str, ...], default: tuple[str, ...], source: str) -> tuple[str, ...]:
+def _choices(
+    data: Mapping, key: str, allowed: tuple[str, ...], default: tuple[str, ...], source: str
+) -> tuple[str, ...]:
     value = data.get(key)
     if value is None:
         return default

@@ -12,8 +12,8 @@ from __future__ import annotations
 from google.protobuf.message import Message
 
 from sie.v1 import inference_pb2
-from sie_common.edge.errors import ResourceExhausted
 from sie_common.cluster.model_config import ModelConfig
+from sie_common.edge.errors import ResourceExhausted
 
 REASON = "RESPONSE_TOO_LARGE"
 # The setting that bounds an answer's size on every server, named in RESPONSE_TOO_LARGE.
@@ -51,10 +51,14 @@ def check_encode_estimate(
     if "dense" not in (request.output_types or config.default_output_types):
         return
     stated = [dims for dims in (request.dims if request.HasField("dims") else None, config.dims) if dims]
-    check_dense_estimate(len(request.items), min(stated, default=0), request.output_dtype or "float32", limit, setting, value_bytes)
+    check_dense_estimate(
+        len(request.items), min(stated, default=0), request.output_dtype or "float32", limit, setting, value_bytes
+    )
 
 
-def check_dense_estimate(items: int, dims: int, dtype: str, limit: int, setting: str, value_bytes: int | None = None) -> None:
+def check_dense_estimate(
+    items: int, dims: int, dtype: str, limit: int, setting: str, value_bytes: int | None = None
+) -> None:
     """RESOURCE_EXHAUSTED/RESPONSE_TOO_LARGE when `items` dense vectors of `dims` values alone exceed `limit` bytes.
 
     A lower bound on the answer (0 dims or an unknown dtype: nothing to refuse),

@@ -30,7 +30,7 @@ def bearer_token(metadata: Metadata) -> str | None:
     """The token of the request's `authorization: Bearer ...` header, if there is one."""
     for key, value in metadata or ():
         if key.lower() == "authorization" and isinstance(value, str) and value[: len(_SCHEME)].lower() == _SCHEME:
-            return value[len(_SCHEME):].strip()
+            return value[len(_SCHEME) :].strip()
     return None
 
 

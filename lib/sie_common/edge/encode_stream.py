@@ -46,9 +46,12 @@ async def serve_encode_stream(
             ordinal += 1
             if not answers.start(request.request_id, answer(request)):
                 duplicate = InvalidArgument(
-                    f"request_id {request.request_id!r} is already in flight on this stream", reason="DUPLICATE_REQUEST_ID"
+                    f"request_id {request.request_id!r} is already in flight on this stream",
+                    reason="DUPLICATE_REQUEST_ID",
                 )
-                answers.reply(inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=duplicate.to_status()))
+                answers.reply(
+                    inference_pb2.EncodeStreamResponse(request_id=request.request_id, error=duplicate.to_status())
+                )
             await answers.room()
 
     async for response in answers.stream(feed()):

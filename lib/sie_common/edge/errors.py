@@ -19,7 +19,12 @@ class SieError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
     def __init__(
-        self, message: str, *, reason: str, metadata: Mapping[str, str] | None = None, retry_after_s: float | None = None
+        self,
+        message: str,
+        *,
+        reason: str,
+        metadata: Mapping[str, str] | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -78,7 +83,9 @@ class Unavailable(SieError):
 
     code = grpc.StatusCode.UNAVAILABLE
 
-    def __init__(self, message: str, *, reason: str, retry_after_s: float, metadata: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, reason: str, retry_after_s: float, metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(message, reason=reason, metadata=metadata, retry_after_s=retry_after_s)
 
 

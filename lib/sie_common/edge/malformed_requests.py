@@ -29,7 +29,11 @@ class RejectMalformedRequests(grpc.aio.ServerInterceptor):
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None or not handler_call_details.method.startswith(OWN_SERVICES):
+        if (
+            handler is None
+            or handler.request_deserializer is None
+            or not handler_call_details.method.startswith(OWN_SERVICES)
+        ):
             return handler
         decode = handler.request_deserializer
         if handler.unary_unary is not None:
@@ -42,7 +46,9 @@ class RejectMalformedRequests(grpc.aio.ServerInterceptor):
         if handler.stream_stream is not None:
             streaming = cast(StreamBehaviour, handler.stream_stream)
 
-            async def stream_stream(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async def stream_stream(
+                raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[Any]:
                 async def requests() -> AsyncIterator[Any]:
                     async for raw in raw_requests:
                         yield await _decoded(decode, raw, context)
@@ -60,4 +66,9 @@ async def _decoded(decode: Decode, raw: bytes, context: grpc.aio.ServicerContext
     except Exception as error:  # noqa: BLE001 - protobuf's DecodeError, or whatever a custom deserializer raises
         message_type = getattr(getattr(decode, "__self__", None), "DESCRIPTOR", None)
         name = message_type.full_name if message_type is not None else "request message"
-        await abort(context, InvalidArgument(f"the request is not a valid {name} ({error}); send a serialized {name}", reason="MALFORMED_REQUEST"))
+        await abort(
+            context,
+            InvalidArgument(
+                f"the request is not a valid {name} ({error}); send a serialized {name}", reason="MALFORMED_REQUEST"
+            ),
+        )

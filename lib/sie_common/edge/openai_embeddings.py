@@ -41,7 +41,9 @@ def value_bytes(request: inference_pb2.CreateEmbeddingsRequest) -> int:
     return 6 if request.encoding_format == "base64" else 11
 
 
-def embeddings_response(request: inference_pb2.CreateEmbeddingsRequest, response: inference_pb2.EncodeResponse) -> inference_pb2.CreateEmbeddingsResponse:
+def embeddings_response(
+    request: inference_pb2.CreateEmbeddingsRequest, response: inference_pb2.EncodeResponse
+) -> inference_pb2.CreateEmbeddingsResponse:
     as_base64 = request.encoding_format == "base64"
     data = []
     for index, result in enumerate(response.results):

@@ -27,14 +27,36 @@ from sie_common.runtime.settings import SettingsError, setting
 class RequestBoundSettings:
     """The settings of the bounds both the gateway and the worker check; each service's settings extend it."""
 
-    max_items_per_request: int = setting(8192, env="SIE_MAX_ITEMS_PER_REQUEST", help="most items in one encode, score or extract request")
-    max_text_bytes: int = setting(2 * 2**20, env="SIE_MAX_TEXT_BYTES", help="longest item text (and score query) accepted, in UTF-8 bytes; the model truncates what it reads to its token limit")
-    max_instruction_bytes: int = setting(16384, env="SIE_MAX_INSTRUCTION_BYTES", help="longest instruction accepted, in UTF-8 bytes (it is prepended to every item)")
-    max_name_bytes: int = setting(256, env="SIE_MAX_NAME_BYTES", help="longest model id, profile name, LoRA name and extract label accepted (on a gateway also pool names, bundles, machine profiles and routing headers), in UTF-8 bytes")
+    max_items_per_request: int = setting(
+        8192, env="SIE_MAX_ITEMS_PER_REQUEST", help="most items in one encode, score or extract request"
+    )
+    max_text_bytes: int = setting(
+        2 * 2**20,
+        env="SIE_MAX_TEXT_BYTES",
+        help="longest item text (and score query) accepted, in UTF-8 bytes; the model truncates what it reads to its "
+        "token limit",
+    )
+    max_instruction_bytes: int = setting(
+        16384,
+        env="SIE_MAX_INSTRUCTION_BYTES",
+        help="longest instruction accepted, in UTF-8 bytes (it is prepended to every item)",
+    )
+    max_name_bytes: int = setting(
+        256,
+        env="SIE_MAX_NAME_BYTES",
+        help="longest model id, profile name, LoRA name and extract label accepted (on a gateway also pool names, "
+        "bundles, machine profiles and routing headers), in UTF-8 bytes",
+    )
     max_labels: int = setting(128, env="SIE_MAX_LABELS", help="most labels in one extract request")
-    max_options_bytes: int = setting(16384, env="SIE_MAX_OPTIONS_BYTES", help="largest options struct accepted, in serialized protobuf bytes")
-    max_options_depth: int = setting(8, env="SIE_MAX_OPTIONS_DEPTH", help="deepest nesting of objects and lists accepted in options")
-    max_image_bytes: int = setting(10 * 2**20, env="SIE_MAX_IMAGE_BYTES", help="largest encoded image accepted, in bytes")
+    max_options_bytes: int = setting(
+        16384, env="SIE_MAX_OPTIONS_BYTES", help="largest options struct accepted, in serialized protobuf bytes"
+    )
+    max_options_depth: int = setting(
+        8, env="SIE_MAX_OPTIONS_DEPTH", help="deepest nesting of objects and lists accepted in options"
+    )
+    max_image_bytes: int = setting(
+        10 * 2**20, env="SIE_MAX_IMAGE_BYTES", help="largest encoded image accepted, in bytes"
+    )
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(RequestBoundSettings):
@@ -72,7 +94,13 @@ class RequestBounds:
 
 
 def over_limit(
-    message: str, *, reason: str, limit: float, setting: str, metadata: Mapping[str, str] | None = None, advice: str = ""
+    message: str,
+    *,
+    reason: str,
+    limit: float,
+    setting: str,
+    metadata: Mapping[str, str] | None = None,
+    advice: str = "",
 ) -> InvalidArgument:
     """INVALID_ARGUMENT for a value over `limit`: the message and metadata name the limit and its setting."""
     shown = str(int(limit)) if float(limit).is_integer() else f"{limit:g}"
@@ -85,7 +113,12 @@ def over_limit(
 
 def check_item_count(count: int, bounds: RequestBounds) -> None:
     if count > bounds.items:
-        raise over_limit(f"items: {count} items in one request", reason="TOO_MANY_ITEMS", limit=bounds.items, setting="SIE_MAX_ITEMS_PER_REQUEST")
+        raise over_limit(
+            f"items: {count} items in one request",
+            reason="TOO_MANY_ITEMS",
+            limit=bounds.items,
+            setting="SIE_MAX_ITEMS_PER_REQUEST",
+        )
 
 
 def _utf8_bytes(text: str, limit: int) -> int:
@@ -97,7 +130,13 @@ def check_text(text: str, where: str, metadata: Mapping[str, str], bounds: Reque
     """An item's (or the score query's) text: at most SIE_MAX_TEXT_BYTES."""
     size = _utf8_bytes(text, bounds.text_bytes)
     if size > bounds.text_bytes:
-        raise over_limit(f"{where}: text of {size} bytes", reason="TEXT_TOO_LONG", limit=bounds.text_bytes, setting="SIE_MAX_TEXT_BYTES", metadata=metadata)
+        raise over_limit(
+            f"{where}: text of {size} bytes",
+            reason="TEXT_TOO_LONG",
+            limit=bounds.text_bytes,
+            setting="SIE_MAX_TEXT_BYTES",
+            metadata=metadata,
+        )
 
 
 def check_instruction(instruction: str, bounds: RequestBounds) -> None:
@@ -105,7 +144,9 @@ def check_instruction(instruction: str, bounds: RequestBounds) -> None:
     if size > bounds.instruction_bytes:
         raise over_limit(
             f"instruction of {size} bytes (it is prepended to every item)",
-            reason="INSTRUCTION_TOO_LONG", limit=bounds.instruction_bytes, setting="SIE_MAX_INSTRUCTION_BYTES",
+            reason="INSTRUCTION_TOO_LONG",
+            limit=bounds.instruction_bytes,
+            setting="SIE_MAX_INSTRUCTION_BYTES",
         )
 
 
@@ -113,12 +154,20 @@ def check_name(field: str, value: str, bounds: RequestBounds) -> None:
     """A model id, profile name, LoRA name or extract label: at most SIE_MAX_NAME_BYTES."""
     size = _utf8_bytes(value, bounds.name_bytes)
     if size > bounds.name_bytes:
-        raise over_limit(f"{field}: {size} bytes", reason="NAME_TOO_LONG", limit=bounds.name_bytes, setting="SIE_MAX_NAME_BYTES", metadata={"field": field})
+        raise over_limit(
+            f"{field}: {size} bytes",
+            reason="NAME_TOO_LONG",
+            limit=bounds.name_bytes,
+            setting="SIE_MAX_NAME_BYTES",
+            metadata={"field": field},
+        )
 
 
 def check_labels(labels: Sequence[str], bounds: RequestBounds) -> None:
     if len(labels) > bounds.labels:
-        raise over_limit(f"labels: {len(labels)} labels", reason="TOO_MANY_LABELS", limit=bounds.labels, setting="SIE_MAX_LABELS")
+        raise over_limit(
+            f"labels: {len(labels)} labels", reason="TOO_MANY_LABELS", limit=bounds.labels, setting="SIE_MAX_LABELS"
+        )
     for label in labels:
         check_name("labels", label, bounds)
 
@@ -130,18 +179,27 @@ def check_threshold(threshold: float) -> None:
 
 
 def check_options(options: struct_pb2.Struct, bounds: RequestBounds) -> None:
-    """The options struct: at most SIE_MAX_OPTIONS_BYTES serialized, objects and lists at most SIE_MAX_OPTIONS_DEPTH deep.
+    """The options struct: at most SIE_MAX_OPTIONS_BYTES serialized, objects and lists at most SIE_MAX_OPTIONS_DEPTH
+    deep.
 
     Walked without recursion, before anything converts it."""
     size = options.ByteSize()
     if size > bounds.options_bytes:
-        raise over_limit(f"options: {size} bytes", reason="OPTIONS_TOO_LARGE", limit=bounds.options_bytes, setting="SIE_MAX_OPTIONS_BYTES")
+        raise over_limit(
+            f"options: {size} bytes",
+            reason="OPTIONS_TOO_LARGE",
+            limit=bounds.options_bytes,
+            setting="SIE_MAX_OPTIONS_BYTES",
+        )
     pending: list[tuple[struct_pb2.Struct | struct_pb2.ListValue, int]] = [(options, 1)]
     while pending:
         container, depth = pending.pop()
         if depth > bounds.options_depth:
             raise over_limit(
-                f"options: nested {depth} levels deep", reason="OPTIONS_TOO_LARGE", limit=bounds.options_depth, setting="SIE_MAX_OPTIONS_DEPTH"
+                f"options: nested {depth} levels deep",
+                reason="OPTIONS_TOO_LARGE",
+                limit=bounds.options_depth,
+                setting="SIE_MAX_OPTIONS_DEPTH",
             )
         values = container.fields.values() if isinstance(container, struct_pb2.Struct) else container.values
         for value in values:
@@ -155,7 +213,11 @@ def check_options(options: struct_pb2.Struct, bounds: RequestBounds) -> None:
 def check_image_bytes(size: int, where: str, metadata: Mapping[str, str], bounds: RequestBounds) -> None:
     if size > bounds.image_bytes:
         raise over_limit(
-            f"{where}: image of {size} bytes", reason="IMAGE_TOO_LARGE", limit=bounds.image_bytes, setting="SIE_MAX_IMAGE_BYTES", metadata=metadata,
+            f"{where}: image of {size} bytes",
+            reason="IMAGE_TOO_LARGE",
+            limit=bounds.image_bytes,
+            setting="SIE_MAX_IMAGE_BYTES",
+            metadata=metadata,
             advice="compress or downscale it",
         )
 

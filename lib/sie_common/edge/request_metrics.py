@@ -18,7 +18,6 @@ from sie_common.edge.errors import SieError
 from sie_common.runtime.logs import request_fields
 from sie_common.runtime.metrics_server import LATENCY_BUCKETS_S
 
-
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -49,7 +48,9 @@ class RequestMetrics:
     def __init__(self, service: str) -> None:
         """Metrics `sie_<service>_requests_total` and `sie_<service>_request_duration_seconds`."""
         self.requests = Counter(
-            f"sie_{service}_requests", "Requests answered, by model, operation and gRPC status code", ["model", "operation", "status"]
+            f"sie_{service}_requests",
+            "Requests answered, by model, operation and gRPC status code",
+            ["model", "operation", "status"],
         )
         self.seconds = Histogram(
             f"sie_{service}_request_duration_seconds",
@@ -89,4 +90,3 @@ class RequestMetrics:
         self.requests.labels(model, operation, status).inc()
         self.seconds.labels(model, operation).observe(seconds)
         self._log.debug("%s answered %s", operation, status, extra={"latency_ms": seconds * 1000})
-

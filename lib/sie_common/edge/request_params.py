@@ -103,9 +103,7 @@ def _fold_option(request: Any, key: str, given: dict[str, tuple[Any, str]]) -> N
     _set(request, key, value, f"options.{key}", given)
 
 
-def _set(
-    request: Any, name: str, value: Any, source: str, given: dict[str, tuple[Any, str]]
-) -> None:
+def _set(request: Any, name: str, value: Any, source: str, given: dict[str, tuple[Any, str]]) -> None:
     """Set field `name` to `value` (from `source`) unless it holds, or was given, another value already."""
     field = request.DESCRIPTOR.fields_by_name[name]
     if name in given:
@@ -143,7 +141,8 @@ def _value_of(field: descriptor.FieldDescriptor, value: Any) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal, NaN to NaN too: the same NaN in two places is the bound's to refuse (INVALID_THRESHOLD), not a conflict."""
+    """Equal, NaN to NaN too: the same NaN in two places is the bound's to refuse (INVALID_THRESHOLD), not a
+    conflict."""
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 

@@ -46,7 +46,10 @@ def start_metrics_server(host: str, port: int, ready: Callable[[], bool]) -> Met
     try:
         server = MetricsServer(host, port, ready).start()
     except OSError as error:
-        raise OSError(f"cannot serve metrics on {host}:{port}: {error.strerror or error}; set another metrics port, or 0 to turn it off") from None
+        raise OSError(
+            f"cannot serve metrics on {host}:{port}: {error.strerror or error}; set another metrics port, or 0 to "
+            f"turn it off"
+        ) from None
     log.info("metrics, /healthz and /readyz on http://%s:%d", host, server.port)
     return server
 
@@ -54,7 +57,7 @@ def start_metrics_server(host: str, port: int, ready: Callable[[], bool]) -> Met
 class _Handler(BaseHTTPRequestHandler):
     ready: Callable[[], bool]
 
-    def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+    def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._answer(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)

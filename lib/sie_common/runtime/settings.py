@@ -102,6 +102,7 @@ class ServiceSettings:
         help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)",
     )
 
+
 def add_flags(parser: argparse.ArgumentParser, settings_type: type) -> None:
     """Add a `--kebab-case` flag per field; unset flags fall back to the environment."""
     hints = typing.get_type_hints(settings_type)
@@ -109,7 +110,9 @@ def add_flags(parser: argparse.ArgumentParser, settings_type: type) -> None:
         flag = "--" + field.name.replace("_", "-")
         help_text = f"{field.metadata['help']} [env {field.metadata['env']}, default {_show(field.default)}]"
         if _base_type(hints[field.name]) is bool:
-            parser.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            parser.add_argument(
+                flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         else:
             parser.add_argument(flag, dest=field.name, default=None, metavar=field.name.upper(), help=help_text)
 

@@ -66,7 +66,11 @@ def configure_tracing(enabled: bool, default_service_name: str) -> None:
     traced = filters.any_of(*(filters.service_name(service) for service in TRACED_SERVICES))
     GrpcAioInstrumentorServer(filter_=traced).instrument()
     GrpcAioInstrumentorClient(filter_=traced).instrument()
-    log.info("tracing on: service %s, exporters %s", resource.attributes[SERVICE_NAME], os.environ.get("OTEL_TRACES_EXPORTER", "otlp"))
+    log.info(
+        "tracing on: service %s, exporters %s",
+        resource.attributes[SERVICE_NAME],
+        os.environ.get("OTEL_TRACES_EXPORTER", "otlp"),
+    )
 
 
 def span(name: str, **options: Any) -> contextlib.AbstractContextManager[Any]:

@@ -75,7 +75,9 @@ class ServerTransport:
     def listen(self, server: grpc.aio.Server, address: str) -> None:
         """Bind `address`, with TLS when a certificate is set; OSError naming the address when it cannot be bound."""
         try:
-            bound = server.add_secure_port(address, self._credentials()) if self.tls else server.add_insecure_port(address)
+            bound = (
+                server.add_secure_port(address, self._credentials()) if self.tls else server.add_insecure_port(address)
+            )
         except RuntimeError:  # grpc's "Failed to bind to address"
             bound = 0
         if bound == 0:
@@ -88,12 +90,16 @@ class ServerTransport:
     def _credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
             [(_read(self.tls_key_file, "SIE_TLS_KEY_FILE"), _read(self.tls_cert_file, "SIE_TLS_CERT_FILE"))],
-            root_certificates=_read(self.tls_client_ca_file, "SIE_TLS_CLIENT_CA_FILE") if self.tls_client_ca_file else None,
+            root_certificates=_read(self.tls_client_ca_file, "SIE_TLS_CLIENT_CA_FILE")
+            if self.tls_client_ca_file
+            else None,
             require_client_auth=bool(self.tls_client_ca_file),
         )
 
 
-def channel_credentials(ca_file: str | None, cert_file: str | None = None, key_file: str | None = None) -> grpc.ChannelCredentials:
+def channel_credentials(
+    ca_file: str | None, cert_file: str | None = None, key_file: str | None = None
+) -> grpc.ChannelCredentials:
     """TLS credentials for a client channel: trust `ca_file` (default: the system roots), and present
     `cert_file`/`key_file` for mutual TLS."""
     if bool(cert_file) != bool(key_file):

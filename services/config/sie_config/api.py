@@ -24,7 +24,11 @@ T = TypeVar("T")
 IDEMPOTENCY_KEY = "idempotency-key"
 _METHOD = "/sie.v1.ConfigService/"
 # What each admin RPC lets the caller do (the words its refusal uses).
-ADMIN_READS = {"ExportConfigs": "export configs", "ListModelConfigs": "list model configs", "GetModelConfig": "read model configs"}
+ADMIN_READS = {
+    "ExportConfigs": "export configs",
+    "ListModelConfigs": "list model configs",
+    "GetModelConfig": "read model configs",
+}
 ADMIN_WRITES = {"AddModel": "add models"}
 
 
@@ -32,7 +36,10 @@ def admin_checks(settings: ConfigSettings) -> dict[str, Check]:
     """The admin token on every admin RPC when one is set; without one, writes are refused unless
     SIE_ALLOW_UNAUTHENTICATED_ADMIN opens them (loopback only, see ConfigSettings) and reads stay open."""
     if settings.admin_token:
-        return {_METHOD + rpc: token_check([settings.admin_token], what=what) for rpc, what in {**ADMIN_READS, **ADMIN_WRITES}.items()}
+        return {
+            _METHOD + rpc: token_check([settings.admin_token], what=what)
+            for rpc, what in {**ADMIN_READS, **ADMIN_WRITES}.items()
+        }
     if settings.allow_unauthenticated_admin:
         return {}
     return {_METHOD + rpc: _admin_disabled(what) for rpc, what in ADMIN_WRITES.items()}
@@ -57,19 +64,25 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
         self._store = store
         self._allow_remote_code = allow_remote_code
 
-    async def AddModel(self, request: config_pb2.AddModelRequest, context: grpc.aio.ServicerContext) -> config_pb2.AddModelResponse:
+    async def AddModel(
+        self, request: config_pb2.AddModelRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.AddModelResponse:
         async def add() -> config_pb2.AddModelResponse:
             try:
                 config = config_from_message(request.config, source="AddModel config")
             except ModelConfigError as error:
-                raise InvalidArgument(str(error), reason="INVALID_MODEL_CONFIG", metadata={"field": error.field_path}) from None
+                raise InvalidArgument(
+                    str(error), reason="INVALID_MODEL_CONFIG", metadata={"field": error.field_path}
+                ) from None
             self._check_remote_code(config)
             key = dict(context.invocation_metadata() or ()).get(IDEMPOTENCY_KEY)  # str: not a -bin header
             return await self._store.add_model(config, str(key) if key else None, request_fingerprint(request))
 
         return await _answer(context, "AddModel", add)
 
-    async def GetModelConfig(self, request: config_pb2.GetModelConfigRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetModelConfigResponse:
+    async def GetModelConfig(
+        self, request: config_pb2.GetModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.GetModelConfigResponse:
         async def get() -> config_pb2.GetModelConfigResponse:
             if not request.model:
                 raise InvalidArgument("model is required", reason="MISSING_MODEL")
@@ -77,14 +90,20 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
 
         return await _answer(context, "GetModelConfig", get)
 
-    async def ListModelConfigs(self, request: config_pb2.ListModelConfigsRequest, context: grpc.aio.ServicerContext) -> config_pb2.ListModelConfigsResponse:
+    async def ListModelConfigs(
+        self, request: config_pb2.ListModelConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.ListModelConfigsResponse:
         async def list_configs() -> config_pb2.ListModelConfigsResponse:
             snapshot = await self._store.snapshot()
-            return config_pb2.ListModelConfigsResponse(configs=[config_to_message(c) for _, c in sorted(snapshot.configs.items())])
+            return config_pb2.ListModelConfigsResponse(
+                configs=[config_to_message(c) for _, c in sorted(snapshot.configs.items())]
+            )
 
         return await _answer(context, "ListModelConfigs", list_configs)
 
-    async def ExportConfigs(self, request: config_pb2.ExportConfigsRequest, context: grpc.aio.ServicerContext) -> config_pb2.ExportConfigsResponse:
+    async def ExportConfigs(
+        self, request: config_pb2.ExportConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.ExportConfigsResponse:
         async def export() -> config_pb2.ExportConfigsResponse:
             snapshot = await self._store.snapshot()
             hashes = snapshot.bundle_hashes()
@@ -97,28 +116,37 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
 
         return await _answer(context, "ExportConfigs", export)
 
-    async def GetEpoch(self, request: config_pb2.GetEpochRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetEpochResponse:
+    async def GetEpoch(
+        self, request: config_pb2.GetEpochRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.GetEpochResponse:
         async def epoch() -> config_pb2.GetEpochResponse:
             snapshot = await self._store.snapshot(with_models=False)
             return config_pb2.GetEpochResponse(epoch=snapshot.epoch, bundle_set_hash=snapshot.bundle_set_hash)
 
         return await _answer(context, "GetEpoch", epoch)
 
-    async def ListBundles(self, request: config_pb2.ListBundlesRequest, context: grpc.aio.ServicerContext) -> config_pb2.ListBundlesResponse:
+    async def ListBundles(
+        self, request: config_pb2.ListBundlesRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.ListBundlesResponse:
         async def list_bundles() -> config_pb2.ListBundlesResponse:
             snapshot = await self._store.snapshot()
             hashes = snapshot.bundle_hashes()
-            return config_pb2.ListBundlesResponse(bundles=[bundle_to_message(b, hashes[b.id]) for _, b in sorted(snapshot.bundles.items())])
+            return config_pb2.ListBundlesResponse(
+                bundles=[bundle_to_message(b, hashes[b.id]) for _, b in sorted(snapshot.bundles.items())]
+            )
 
         return await _answer(context, "ListBundles", list_bundles)
 
-    async def GetBundle(self, request: config_pb2.GetBundleRequest, context: grpc.aio.ServicerContext) -> config_pb2.GetBundleResponse:
+    async def GetBundle(
+        self, request: config_pb2.GetBundleRequest, context: grpc.aio.ServicerContext
+    ) -> config_pb2.GetBundleResponse:
         async def get_bundle() -> config_pb2.GetBundleResponse:
             snapshot = await self._store.snapshot()
             bundle = snapshot.bundles.get(request.bundle_id)
             if bundle is None:
                 raise NotFound(
-                    f"no bundle {request.bundle_id!r}; bundles: {', '.join(sorted(snapshot.bundles)) or 'none published yet'}",
+                    f"no bundle {request.bundle_id!r}; bundles: "
+                    f"{', '.join(sorted(snapshot.bundles)) or 'none published yet'}",
                     reason="BUNDLE_NOT_FOUND",
                     metadata={"bundle": request.bundle_id},
                 )
@@ -130,8 +158,10 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
         trusting = sorted(name for name, profile in config.profiles.items() if profile.trust_remote_code)
         if trusting and not self._allow_remote_code:
             raise PermissionDenied(
-                f"model {config.id!r}: profile(s) {', '.join(trusting)} set load_options.trust_remote_code, which runs code"
-                " shipped with the weights; this config service does not accept that (set SIE_ALLOW_REMOTE_CODE=true on it"
+                f"model {config.id!r}: profile(s) {', '.join(trusting)} set load_options.trust_remote_code, which "
+                f"runs code"
+                " shipped with the weights; this config service does not accept that (set SIE_ALLOW_REMOTE_CODE=true "
+                "on it"
                 " to allow it, and on the workers that should run it)",
                 reason="REMOTE_CODE_DISABLED",
                 metadata={"model": config.id},

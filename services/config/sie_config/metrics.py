@@ -21,7 +21,11 @@ class ElectionCollector(Collector):
         self._election = election
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("sie_config_leader", "1 while this replica holds the leader key (the single writer), else 0", value=int(self._election.is_leader))
+        yield GaugeMetricFamily(
+            "sie_config_leader",
+            "1 while this replica holds the leader key (the single writer), else 0",
+            value=int(self._election.is_leader),
+        )
 
 
 def register_election(election: LeaderElection) -> None:

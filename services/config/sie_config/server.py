@@ -10,13 +10,13 @@ from pathlib import Path
 import grpc
 
 from sie.v1 import config_pb2, config_pb2_grpc
-from sie_common.edge.auth import Authorize
 from sie_common.cluster.bundles import load_bundles, repository_bundles_dir
 from sie_common.cluster.etcd import Etcd
-from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
+from sie_common.edge.auth import Authorize
 from sie_common.edge.malformed_requests import RejectMalformedRequests
-from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
+from sie_common.runtime.transport import ServerTransport
 from sie_config.api import ConfigService, admin_checks
 from sie_config.leader import LeaderElection
 from sie_config.metrics import register_election
@@ -51,7 +51,9 @@ async def serve(settings: ConfigSettings) -> None:
 
     authorize = Authorize(admin_checks(settings))
     server = grpc.aio.server(interceptors=[authorize, RejectMalformedRequests()], options=transport.server_options())
-    config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, allow_remote_code=settings.allow_remote_code), server)
+    config_pb2_grpc.add_ConfigServiceServicer_to_server(
+        ConfigService(store, allow_remote_code=settings.allow_remote_code), server
+    )
     health = await add_health_and_reflection(server, [CONFIG_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     transport.listen(server, listen)
@@ -62,7 +64,10 @@ async def serve(settings: ConfigSettings) -> None:
     await set_serving(health, [CONFIG_SERVICE], True)
     log.info(
         "sie-config serving sie.v1.ConfigService on %s (etcd %s, prefix %s; admin writes: %s)",
-        listen, ",".join(etcd.endpoints), etcd.prefix, _admin_stance(settings),
+        listen,
+        ",".join(etcd.endpoints),
+        etcd.prefix,
+        _admin_stance(settings),
     )
 
     stop = asyncio.Event()
@@ -76,7 +81,6 @@ async def serve(settings: ConfigSettings) -> None:
     await etcd.close()
     if metrics is not None:
         metrics.stop()
-
 
 
 def _admin_stance(settings: ConfigSettings) -> str:

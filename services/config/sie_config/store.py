@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from sie.v1 import config_pb2
 from sie_common.cluster import config_store
 from sie_common.cluster.bundles import Bundle, bundle_config_hash, bundle_set_hash
-from sie_common.edge.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from sie_common.cluster.etcd import Etcd
 from sie_common.cluster.model_config import ModelConfig, parse_model_config
+from sie_common.edge.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from sie_config.leader import LeaderElection
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ class Snapshot:
     epoch: int
 
     def bundle_hashes(self) -> dict[str, str]:
-        return {bundle_id: bundle_config_hash(bundle, self.configs.values()) for bundle_id, bundle in self.bundles.items()}
+        return {
+            bundle_id: bundle_config_hash(bundle, self.configs.values()) for bundle_id, bundle in self.bundles.items()
+        }
 
     @property
     def bundle_set_hash(self) -> str:
@@ -49,7 +51,9 @@ class Snapshot:
 
 
 class ConfigStore:
-    def __init__(self, etcd: Etcd, election: LeaderElection, bundles: Mapping[str, Bundle], idempotency_ttl_s: int) -> None:
+    def __init__(
+        self, etcd: Etcd, election: LeaderElection, bundles: Mapping[str, Bundle], idempotency_ttl_s: int
+    ) -> None:
         self._etcd = etcd
         self._election = election
         self._bundles = dict(bundles)
@@ -68,8 +72,12 @@ class ConfigStore:
         models = (await self._etcd.read_prefix(config_store.MODELS, revision))[0] if with_models else []
         epoch = await self._etcd.get(config_store.EPOCH, revision)
         return Snapshot(
-            configs=config_store.decode_models({entry.name.removeprefix(config_store.MODELS): entry.value for entry in models}),
-            bundles=config_store.decode_bundles({entry.name.removeprefix(config_store.BUNDLES): entry.value for entry in bundles}),
+            configs=config_store.decode_models(
+                {entry.name.removeprefix(config_store.MODELS): entry.value for entry in models}
+            ),
+            bundles=config_store.decode_bundles(
+                {entry.name.removeprefix(config_store.BUNDLES): entry.value for entry in bundles}
+            ),
             epoch=epoch.mod_revision if epoch else 0,
         )
 
@@ -84,7 +92,9 @@ class ConfigStore:
     async def publish_bundles(self) -> None:
         """Make the bundles in etcd exactly this replica's set (called when it becomes leader)."""
         stored, _ = await self._etcd.read_prefix(config_store.BUNDLES)
-        wanted = {config_store.bundle_name(bundle.id): config_store.encode_bundle(bundle) for bundle in self._bundles.values()}
+        wanted = {
+            config_store.bundle_name(bundle.id): config_store.encode_bundle(bundle) for bundle in self._bundles.values()
+        }
         ops = self._etcd.ops
         writes = [ops.put(self._etcd.key(name), value) for name, value in wanted.items()]
         writes += [ops.delete(self._etcd.key(entry.name)) for entry in stored if entry.name not in wanted]
@@ -92,7 +102,9 @@ class ConfigStore:
         if published:
             log.info("published bundles %s at revision %d", ", ".join(sorted(self._bundles)), revision)
 
-    async def add_model(self, config: ModelConfig, idempotency_key: str | None, fingerprint: str) -> config_pb2.AddModelResponse:
+    async def add_model(
+        self, config: ModelConfig, idempotency_key: str | None, fingerprint: str
+    ) -> config_pb2.AddModelResponse:
         """Append the config's new profiles (or the whole model); see docs/control-plane.md."""
         self._require_routable(config)
         for _ in range(WRITE_ATTEMPTS):
@@ -109,7 +121,10 @@ class ConfigStore:
             compare = [self._election.guard(), ops.mod(key) == (current.mod_revision if current else 0)]
             writes = []
             if answer.added_profiles:
-                writes += [ops.put(key, config_store.encode_model(merged)), ops.put(self._etcd.key(config_store.EPOCH), config.id.encode())]
+                writes += [
+                    ops.put(key, config_store.encode_model(merged)),
+                    ops.put(self._etcd.key(config_store.EPOCH), config.id.encode()),
+                ]
             epoch_before = await self.epoch()
             if idempotency_key:
                 record = _idempotency_record(answer, fingerprint, wrote=bool(writes), epoch=epoch_before)
@@ -126,7 +141,12 @@ class ConfigStore:
             if committed:
                 answer.epoch = revision if answer.added_profiles else epoch_before
                 if answer.added_profiles:
-                    log.info("model %s: added profiles %s at revision %d", config.id, ", ".join(answer.added_profiles), revision)
+                    log.info(
+                        "model %s: added profiles %s at revision %d",
+                        config.id,
+                        ", ".join(answer.added_profiles),
+                        revision,
+                    )
                 return answer
         raise Unavailable(
             f"model {config.id!r}: too many concurrent writes to the same model; retry",
@@ -182,7 +202,12 @@ def request_fingerprint(request: config_pb2.AddModelRequest) -> str:
 
 
 def _idempotency_record(answer: config_pb2.AddModelResponse, fingerprint: str, *, wrote: bool, epoch: int) -> bytes:
-    record = {"fingerprint": fingerprint, "answer": base64.b64encode(answer.SerializeToString()).decode(), "wrote": wrote, "epoch": epoch}
+    record = {
+        "fingerprint": fingerprint,
+        "answer": base64.b64encode(answer.SerializeToString()).decode(),
+        "wrote": wrote,
+        "epoch": epoch,
+    }
     return json.dumps(record).encode()
 
 

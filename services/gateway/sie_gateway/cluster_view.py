@@ -69,7 +69,11 @@ class ClusterView:
             for model in self.models.values():
                 self._hashes.put_model(model)
         for change in update.changes:
-            config = None if change.value is None else config_store.decode_models({change.name: change.value}).get(change.name)
+            config = (
+                None
+                if change.value is None
+                else config_store.decode_models({change.name: change.value}).get(change.name)
+            )
             self.config_entries_decoded += change.value is not None
             if config is None:
                 self.models.pop(change.name, None)

@@ -53,7 +53,12 @@ class DemandRecorder:
         if now - self._published_at.get(key, 0.0) < _PUBLISH_EVERY_S:
             return
         self._published_at[key] = now
-        value = {"machine_profile": profile, "pool": pool, "requests": self.requests[key], "last_request_at": time.time()}
+        value = {
+            "machine_profile": profile,
+            "pool": pool,
+            "requests": self.requests[key],
+            "last_request_at": time.time(),
+        }
         name = DEMAND + (profile or DEFAULT_PROFILE) + (f"@{pool}" if pool else "")
         try:
             lease = await self._etcd.grant_lease(DEMAND_TTL_S)

@@ -37,7 +37,12 @@ class NoWorker(Exception):
 
 class Dispatcher:
     def __init__(
-        self, *, window: int, max_attempts: int = 3, connect: Connect | None = None, demand: DemandRecorder | None = None
+        self,
+        *,
+        window: int,
+        max_attempts: int = 3,
+        connect: Connect | None = None,
+        demand: DemandRecorder | None = None,
     ) -> None:
         self._window = window
         self._connect = connect
@@ -63,7 +68,9 @@ class Dispatcher:
             if worker is None:
                 break
             timeout_s = None if deadline is None else max(0.0, deadline - time.monotonic())
-            serving = self._demand.serving(worker.machine_profile, worker.pool) if self._demand else contextlib.nullcontext()
+            serving = (
+                self._demand.serving(worker.machine_profile, worker.pool) if self._demand else contextlib.nullcontext()
+            )
             try:
                 with serving:
                     response = await self._link(worker).call(task, message, timeout_s=timeout_s)

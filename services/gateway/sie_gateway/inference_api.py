@@ -17,14 +17,10 @@ import grpc
 from google.rpc import status_pb2
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
-from sie_common.edge.auth import bearer_token
 from sie_common.edge import openai_embeddings
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
+from sie_common.edge.auth import bearer_token
 from sie_common.edge.encode_stream import serve_encode_stream
-from sie_common.edge.request_bounds import RequestBounds, check_name, check_request
-from sie_common.edge.request_params import merged_request
-from sie_common.edge.request_metrics import status_code
-from sie_contract.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
 from sie_common.edge.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -36,6 +32,10 @@ from sie_common.edge.errors import (
     abort_with_status,
     some_of,
 )
+from sie_common.edge.request_bounds import RequestBounds, check_name, check_request
+from sie_common.edge.request_metrics import status_code
+from sie_common.edge.request_params import merged_request
+from sie_contract.tensors import SPELLED_OUT_VALUE_BYTES, spell_out_tensors
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher, NoWorker
@@ -53,7 +53,12 @@ TRANSCODED_HEADER = "x-envoy-original-path"
 
 class GatewayInference(inference_pb2_grpc.InferenceServicer):
     def __init__(
-        self, settings: GatewaySettings, view: ClusterView, dispatcher: Dispatcher, pools: PoolManager, demand: DemandRecorder
+        self,
+        settings: GatewaySettings,
+        view: ClusterView,
+        dispatcher: Dispatcher,
+        pools: PoolManager,
+        demand: DemandRecorder,
     ) -> None:
         self._settings = settings
         self._view = view
@@ -63,13 +68,19 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         self._bounds = RequestBounds(**RequestBounds.fields_from(settings))
         self.in_flight = 0
 
-    async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
+    async def Encode(
+        self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EncodeResponse:
         return await self._unary(context, "encode", request)
 
-    async def Score(self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ScoreResponse:
+    async def Score(
+        self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ScoreResponse:
         return await self._unary(context, "score", request)
 
-    async def Extract(self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ExtractResponse:
+    async def Extract(
+        self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ExtractResponse:
         return await self._unary(context, "extract", request)
 
     async def CreateEmbeddings(
@@ -98,33 +109,57 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         async for response in serve_encode_stream(requests, encode, self._settings.encode_stream_window):
             yield response
 
-    async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
+    async def ListModels(
+        self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
         models = await self._guarded(context, lambda: [self._describe(model) for model in sorted(self._view.models)])
         return inference_pb2.ListModelsResponse(models=models)
 
-    async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
-        return inference_pb2.GetModelResponse(model=await self._guarded(context, lambda: self._describe_named(request.model)))
+    async def GetModel(
+        self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.GetModelResponse:
+        return inference_pb2.GetModelResponse(
+            model=await self._guarded(context, lambda: self._describe_named(request.model))
+        )
 
-    async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
+    async def DescribeModel(
+        self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.Model:
         return await self._guarded(context, lambda: self._describe_named(request.model))
 
-    async def CreatePool(self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.CreatePoolResponse:
+    async def CreatePool(
+        self, request: inference_pb2.CreatePoolRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.CreatePoolResponse:
         token = bearer_token(context.invocation_metadata())
-        pool = await self._guarded(context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s, token, request.bundle))
+        pool = await self._guarded(
+            context, lambda: self._pools.create(request.name, request.gpus, request.ttl_s, token, request.bundle)
+        )
         return inference_pb2.CreatePoolResponse(pool=pool)
 
-    async def GetPool(self, request: inference_pb2.GetPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetPoolResponse:
+    async def GetPool(
+        self, request: inference_pb2.GetPoolRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.GetPoolResponse:
         return inference_pb2.GetPoolResponse(pool=await self._guarded(context, lambda: self._pools.get(request.name)))
 
-    async def ListPools(self, request: inference_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListPoolsResponse:
-        pools = await self._guarded(context, lambda: [self._pools.message(r) for _, r in sorted(self._view.pools.items())])
+    async def ListPools(
+        self, request: inference_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListPoolsResponse:
+        pools = await self._guarded(
+            context, lambda: [self._pools.message(r) for _, r in sorted(self._view.pools.items())]
+        )
         return inference_pb2.ListPoolsResponse(pools=pools)
 
-    async def RenewPool(self, request: inference_pb2.RenewPoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.RenewPoolResponse:
+    async def RenewPool(
+        self, request: inference_pb2.RenewPoolRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.RenewPoolResponse:
         token = bearer_token(context.invocation_metadata())
-        return inference_pb2.RenewPoolResponse(pool=await self._guarded(context, lambda: self._pools.renew(request.name, token)))
+        return inference_pb2.RenewPoolResponse(
+            pool=await self._guarded(context, lambda: self._pools.renew(request.name, token))
+        )
 
-    async def DeletePool(self, request: inference_pb2.DeletePoolRequest, context: grpc.aio.ServicerContext) -> inference_pb2.DeletePoolResponse:
+    async def DeletePool(
+        self, request: inference_pb2.DeletePoolRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.DeletePoolResponse:
         token = bearer_token(context.invocation_metadata())
         await self._guarded(context, lambda: self._pools.delete(request.name, token))
         return inference_pb2.DeletePoolResponse()
@@ -137,7 +172,9 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         except SieError as error:
             await abort(context, error)
 
-    async def _unary(self, context: grpc.aio.ServicerContext, task: str, request: Any, value_bytes: int | None = None) -> Any:
+    async def _unary(
+        self, context: grpc.aio.ServicerContext, task: str, request: Any, value_bytes: int | None = None
+    ) -> Any:
         """`value_bytes`: what one number of the answer will take once spelled out (JSON callers get every
         number in `values`); such an answer too large for one message is refused first, as a packed one is."""
         headers = _headers(context)
@@ -189,7 +226,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         bundles = self._view.bundles_for(config)
         if not bundles:
             raise FailedPrecondition(
-                f"no bundle can serve {request.model} (adapter {config.profile().adapter})", reason="NO_BUNDLE_FOR_MODEL"
+                f"no bundle can serve {request.model} (adapter {config.profile().adapter})",
+                reason="NO_BUNDLE_FOR_MODEL",
             )
         profile = headers.get(MACHINE_PROFILE_HEADER, "")
         pool = headers.get(POOL_HEADER, "")
@@ -197,15 +235,21 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         if pool:
             check_pool_name(pool, self._bounds, POOL_HEADER)
         if pool and pool not in self._view.pools and not any(w.pool == pool for w in self._view.workers.values()):
-            raise NotFound(f"pool {pool!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": pool})
+            raise NotFound(
+                f"pool {pool!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": pool}
+            )
         if pool:
             self._pools.check_use(pool, bearer_token(headers.items()))
 
         def candidates(tried: Any) -> list:
-            return eligible_workers(list(self._view.workers.values()), bundles=bundles, machine_profile=profile, pool=pool, exclude=tried)
+            return eligible_workers(
+                list(self._view.workers.values()), bundles=bundles, machine_profile=profile, pool=pool, exclude=tried
+            )
 
         try:
-            return await self._dispatcher.dispatch(task, request, model=request.model, candidates=candidates, deadline=deadline)
+            return await self._dispatcher.dispatch(
+                task, request, model=request.model, candidates=candidates, deadline=deadline
+            )
         except NoWorker as error:
             if error.tried:
                 raise Unavailable(
@@ -227,7 +271,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         await self._demand.record(profile, pool)
         where = f"machine profile {profile!r}" if profile else "any machine profile"
         raise Unavailable(
-            f"no worker of {where}{f' in pool {pool!r}' if pool else ''} is up for {model}; capacity is being provisioned",
+            f"no worker of {where}{f' in pool {pool!r}' if pool else ''} is up for {model}; capacity is being "
+            f"provisioned",
             reason="PROVISIONING",
             retry_after_s=self._settings.provisioning_retry_s,
             metadata={"machine_profile": profile, "pool": pool},
@@ -283,7 +328,8 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
     def _admitted(self) -> Iterator[None]:
         if self.in_flight >= self._settings.max_in_flight:
             raise ResourceExhausted(
-                f"gateway at capacity: {self._settings.max_in_flight} requests in flight (SIE_GATEWAY_MAX_IN_FLIGHT); retry",
+                f"gateway at capacity: {self._settings.max_in_flight} requests in flight "
+                f"(SIE_GATEWAY_MAX_IN_FLIGHT); retry",
                 reason="GATEWAY_BUSY",
                 retry_after_s=0.5,
             )

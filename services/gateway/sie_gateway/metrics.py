@@ -28,17 +28,26 @@ class GatewayCollector(Collector):
         self._view = view
 
     def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("sie_gateway_requests_in_flight", "Inference requests admitted by this gateway and not yet answered", value=self._in_flight())
+        yield GaugeMetricFamily(
+            "sie_gateway_requests_in_flight",
+            "Inference requests admitted by this gateway and not yet answered",
+            value=self._in_flight(),
+        )
         demand = GaugeMetricFamily(
             "sie_gateway_demand",
-            "Requests in flight to workers of a machine profile and pool, plus requests that found no such worker in the last 30 s",
+            "Requests in flight to workers of a machine profile and pool, plus requests that found no such worker in "
+            "the last 30 s",
             labels=["machine_profile", "pool"],
         )
         for (profile, pool), value in sorted(self._demand.demand().items()):
             demand.add_metric([profile, pool], value)
         yield demand
-        workers = GaugeMetricFamily("sie_gateway_workers", "Ready workers in the gateway's etcd mirror", labels=["machine_profile", "pool"])
-        ready = Counter((worker.machine_profile, worker.pool) for worker in list(self._view.workers.values()) if worker.ready)
+        workers = GaugeMetricFamily(
+            "sie_gateway_workers", "Ready workers in the gateway's etcd mirror", labels=["machine_profile", "pool"]
+        )
+        ready = Counter(
+            (worker.machine_profile, worker.pool) for worker in list(self._view.workers.values()) if worker.ready
+        )
         for (profile, pool), count in sorted(ready.items()):
             workers.add_metric([profile, pool], count)
         yield workers

@@ -23,8 +23,16 @@ from google.protobuf import timestamp_pb2
 
 from sie.v1 import inference_pb2
 from sie_common.cluster.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
-from sie_common.edge.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from sie_common.cluster.etcd import Etcd
+from sie_common.edge.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+)
 from sie_common.edge.request_bounds import RequestBounds, check_name
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.settings import GatewaySettings
@@ -40,7 +48,8 @@ def pool_owner(token: str | None) -> str:
 
 
 def _check_owner(record: PoolRecord, token: str | None, action: str) -> None:
-    """PERMISSION_DENIED unless `token` is the one that created the pool (without tokens, everyone is the same caller)."""
+    """PERMISSION_DENIED unless `token` is the one that created the pool (without tokens, everyone is the same
+    caller)."""
     if pool_owner(token) != record.owner:
         raise PermissionDenied(
             f"pool {record.name!r} was created with another token; only that token may {action} it",
@@ -86,7 +95,9 @@ class PoolManager:
         for profile in gpus:
             check_name("gpus", profile, self._bounds)
         if not gpus or any(count <= 0 for count in gpus.values()):
-            raise InvalidArgument("gpus: give at least one machine profile with a positive worker count", reason="INVALID_POOL_GPUS")
+            raise InvalidArgument(
+                "gpus: give at least one machine profile with a positive worker count", reason="INVALID_POOL_GPUS"
+            )
         if bundle and bundle not in self._view.bundles:
             raise NotFound(
                 f"bundle {bundle!r} does not exist; bundles: {', '.join(sorted(self._view.bundles)) or 'none'}",
@@ -96,14 +107,16 @@ class PoolManager:
         requested = sum(gpus.values())
         if requested > settings.pool_max_workers:
             raise InvalidArgument(
-                f"gpus: {requested} workers requested; a pool holds at most {settings.pool_max_workers} (SIE_POOL_MAX_WORKERS)",
+                f"gpus: {requested} workers requested; a pool holds at most {settings.pool_max_workers} "
+                f"(SIE_POOL_MAX_WORKERS)",
                 reason="POOL_TOO_LARGE",
                 metadata={"limit": str(settings.pool_max_workers), "requested": str(requested)},
             )
         ttl_s = ttl_s or settings.pool_default_ttl_s
         if ttl_s > settings.pool_max_ttl_s:
             raise InvalidArgument(
-                f"ttl_s: {ttl_s} s is longer than the {settings.pool_max_ttl_s} s a pool lease may last (SIE_POOL_MAX_TTL_S)",
+                f"ttl_s: {ttl_s} s is longer than the {settings.pool_max_ttl_s} s a pool lease may last "
+                f"(SIE_POOL_MAX_TTL_S)",
                 reason="POOL_TTL_TOO_LONG",
                 metadata={"limit": str(settings.pool_max_ttl_s), "requested": str(ttl_s)},
             )
@@ -124,10 +137,14 @@ class PoolManager:
             await self._etcd.revoke_lease(lease)
             if await self._etcd.get(POOLS + name) is not None:
                 raise AlreadyExists(f"pool {name!r} already exists", reason="POOL_EXISTS", metadata={"pool": name})
-        raise Aborted(f"pools changed under {_WRITE_ATTEMPTS} attempts to create {name!r} in a row; retry", reason="POOL_CONTENDED")
+        raise Aborted(
+            f"pools changed under {_WRITE_ATTEMPTS} attempts to create {name!r} in a row; retry",
+            reason="POOL_CONTENDED",
+        )
 
     async def _check_quota(self, owner: str, requested: int) -> int:
-        """RESOURCE_EXHAUSTED when the caller's pools would hold more workers than its quota; else the revision counted at."""
+        """RESOURCE_EXHAUSTED when the caller's pools would hold more workers than its quota; else the revision counted
+        at."""
         quota = self._quotas.get(owner, self._settings.pool_quota_workers)
         entries, read_at = await self._etcd.read_prefix(POOLS)
         pools = decode_all({entry.name: entry.value for entry in entries}, decode_pool).values()
@@ -148,13 +165,19 @@ class PoolManager:
         for _ in range(_WRITE_ATTEMPTS):
             entry = await self._etcd.get(POOLS + name)
             if entry is None:
-                raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
+                raise NotFound(
+                    f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name}
+                )
             record = decode_pool(entry.value)
             _check_owner(record, token, "renew")
             if await self._etcd.keep_alive(record.lease) <= 0:
-                raise NotFound(f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name})
+                raise NotFound(
+                    f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name}
+                )
             renewed = dataclasses.replace(
-                record, workers=self._assign(name, record.gpus, record.workers, record.bundle), expires_at=time.time() + record.ttl_s
+                record,
+                workers=self._assign(name, record.gpus, record.workers, record.bundle),
+                expires_at=time.time() + record.ttl_s,
             )
             saved, _ = await self._etcd.txn(
                 [self._etcd.ops.mod(key) == entry.mod_revision],
@@ -162,7 +185,9 @@ class PoolManager:
             )
             if saved:
                 return self.message(renewed)
-        raise Aborted(f"pool {name!r} changed under {_WRITE_ATTEMPTS} renewals in a row; retry", reason="POOL_CONTENDED")
+        raise Aborted(
+            f"pool {name!r} changed under {_WRITE_ATTEMPTS} renewals in a row; retry", reason="POOL_CONTENDED"
+        )
 
     async def delete(self, name: str, token: str | None = None) -> None:
         """Release the pool's workers; only its owner may."""

@@ -35,7 +35,9 @@ def eligible_workers(
     ]
 
 
-def choose_worker(candidates: Sequence[WorkerRecord], model: str, outstanding: Mapping[str, int]) -> WorkerRecord | None:
+def choose_worker(
+    candidates: Sequence[WorkerRecord], model: str, outstanding: Mapping[str, int]
+) -> WorkerRecord | None:
     """The best candidate for `model`; `outstanding` is this gateway's in-flight count per worker."""
     if not candidates:
         return None

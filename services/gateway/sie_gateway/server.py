@@ -9,12 +9,12 @@ import signal
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc
-from sie_common.edge.auth import Authorize, inference_checks
 from sie_common.cluster.etcd import Etcd
-from sie_common.runtime.grpc_server import add_health_and_reflection, set_serving
+from sie_common.edge.auth import Authorize, inference_checks
 from sie_common.edge.malformed_requests import RejectMalformedRequests
-from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.grpc_server import add_health_and_reflection, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
+from sie_common.runtime.transport import ServerTransport
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher
@@ -36,7 +36,10 @@ async def serve(settings: GatewaySettings) -> None:
     await etcd.connect()
     demand = DemandRecorder(etcd)
     dispatcher = Dispatcher(
-        window=settings.worker_window, max_attempts=settings.max_attempts, connect=worker_connector(settings), demand=demand
+        window=settings.worker_window,
+        max_attempts=settings.max_attempts,
+        connect=worker_connector(settings),
+        demand=demand,
     )
     view = ClusterView(etcd, on_workers_changed=dispatcher.forget_others)
     api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings), demand)
@@ -54,7 +57,10 @@ async def serve(settings: GatewaySettings) -> None:
     await set_serving(health, [INFERENCE_SERVICE], True)
     log.info(
         "sie-gateway serving sie.v1.Inference on %s (etcd %s; %d models, %d workers)",
-        listen, ",".join(etcd.endpoints), len(view.models), len(view.workers),
+        listen,
+        ",".join(etcd.endpoints),
+        len(view.models),
+        len(view.workers),
     )
 
     stop = asyncio.Event()

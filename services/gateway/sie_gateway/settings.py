@@ -12,25 +12,88 @@ from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_
 @dataclass(frozen=True)
 class GatewaySettings(RequestBoundSettings, ServiceSettings):
     port: int = port_setting(50051)
-    configured_gpus: tuple[str, ...] = setting((), env="SIE_GATEWAY_CONFIGURED_GPUS", help="comma-separated machine profiles that may scale from zero: with no live worker they answer UNAVAILABLE/PROVISIONING; other unknown profiles are FAILED_PRECONDITION")
-    max_in_flight: int = setting(1024, env="SIE_GATEWAY_MAX_IN_FLIGHT", help="requests in flight through this gateway before RESOURCE_EXHAUSTED")
-    worker_window: int = setting(64, env="SIE_GATEWAY_WORKER_WINDOW", help="requests in flight on one worker's stream; more wait for a slot")
-    encode_stream_window: int = setting(32, env="SIE_ENCODE_STREAM_WINDOW", help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, no more of its requests are read (flow control holds the caller back)")
-    max_attempts: int = setting(3, env="SIE_GATEWAY_MAX_ATTEMPTS", help="workers one request may be tried on when workers vanish under it")
-    request_timeout_s: float = setting(300.0, env="SIE_GATEWAY_REQUEST_TIMEOUT_S", help="deadline for calls that set none")
-    provisioning_retry_s: float = setting(5.0, env="SIE_GATEWAY_PROVISIONING_RETRY_S", help="retry delay sent with UNAVAILABLE/PROVISIONING")
-    pool_default_ttl_s: int = setting(60, env="SIE_POOL_DEFAULT_TTL_S", help="lease of a resource pool created without ttl_s")
-    pools_enabled: bool = setting(False, env="SIE_POOLS_ENABLED", help="allow CreatePool through the API (pools reserve workers); off: FAILED_PRECONDITION/POOLS_DISABLED")
-    pool_max_workers: int = setting(4, env="SIE_POOL_MAX_WORKERS", help="workers one pool may reserve (sum over machine profiles); more: INVALID_ARGUMENT/POOL_TOO_LARGE")
-    pool_max_ttl_s: int = setting(3600, env="SIE_POOL_MAX_TTL_S", help="longest pool lease; longer: INVALID_ARGUMENT/POOL_TTL_TOO_LONG")
-    pool_quota_workers: int = setting(4, env="SIE_POOL_QUOTA_WORKERS", help="workers the pools of one caller (bearer token; all callers together without auth) may reserve; more: RESOURCE_EXHAUSTED/POOL_QUOTA_EXCEEDED")
-    pool_token_quotas: tuple[str, ...] = setting((), env="SIE_POOL_TOKEN_QUOTAS", help="comma-separated token=workers: a token's own pool quota instead of SIE_POOL_QUOTA_WORKERS")
-    auth_mode: str = setting("none", env="SIE_AUTH_MODE", help="none, or static: every Inference call (inference, models, pools) needs a bearer token from SIE_AUTH_TOKENS")
-    auth_tokens: tuple[str, ...] = setting((), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static")
-    worker_token: str | None = setting(None, env="SIE_WORKER_TOKEN", help="bearer token the gateway presents on its Work streams to workers; workers with the same SIE_WORKER_TOKEN refuse streams without it")
-    worker_tls_ca_file: str | None = setting(None, env="SIE_WORKER_TLS_CA_FILE", help="PEM CA bundle that signed the workers' certificates: when set, the gateway reaches workers over TLS")
-    worker_tls_cert_file: str | None = setting(None, env="SIE_WORKER_TLS_CERT_FILE", help="PEM client certificate the gateway presents to workers (mutual TLS; workers set SIE_TLS_CLIENT_CA_FILE)")
-    worker_tls_key_file: str | None = setting(None, env="SIE_WORKER_TLS_KEY_FILE", help="PEM private key of SIE_WORKER_TLS_CERT_FILE")
+    configured_gpus: tuple[str, ...] = setting(
+        (),
+        env="SIE_GATEWAY_CONFIGURED_GPUS",
+        help="comma-separated machine profiles that may scale from zero: with no live worker they answer "
+        "UNAVAILABLE/PROVISIONING; other unknown profiles are FAILED_PRECONDITION",
+    )
+    max_in_flight: int = setting(
+        1024, env="SIE_GATEWAY_MAX_IN_FLIGHT", help="requests in flight through this gateway before RESOURCE_EXHAUSTED"
+    )
+    worker_window: int = setting(
+        64, env="SIE_GATEWAY_WORKER_WINDOW", help="requests in flight on one worker's stream; more wait for a slot"
+    )
+    encode_stream_window: int = setting(
+        32,
+        env="SIE_ENCODE_STREAM_WINDOW",
+        help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, "
+        "no more of its requests are read (flow control holds the caller back)",
+    )
+    max_attempts: int = setting(
+        3, env="SIE_GATEWAY_MAX_ATTEMPTS", help="workers one request may be tried on when workers vanish under it"
+    )
+    request_timeout_s: float = setting(
+        300.0, env="SIE_GATEWAY_REQUEST_TIMEOUT_S", help="deadline for calls that set none"
+    )
+    provisioning_retry_s: float = setting(
+        5.0, env="SIE_GATEWAY_PROVISIONING_RETRY_S", help="retry delay sent with UNAVAILABLE/PROVISIONING"
+    )
+    pool_default_ttl_s: int = setting(
+        60, env="SIE_POOL_DEFAULT_TTL_S", help="lease of a resource pool created without ttl_s"
+    )
+    pools_enabled: bool = setting(
+        False,
+        env="SIE_POOLS_ENABLED",
+        help="allow CreatePool through the API (pools reserve workers); off: FAILED_PRECONDITION/POOLS_DISABLED",
+    )
+    pool_max_workers: int = setting(
+        4,
+        env="SIE_POOL_MAX_WORKERS",
+        help="workers one pool may reserve (sum over machine profiles); more: INVALID_ARGUMENT/POOL_TOO_LARGE",
+    )
+    pool_max_ttl_s: int = setting(
+        3600, env="SIE_POOL_MAX_TTL_S", help="longest pool lease; longer: INVALID_ARGUMENT/POOL_TTL_TOO_LONG"
+    )
+    pool_quota_workers: int = setting(
+        4,
+        env="SIE_POOL_QUOTA_WORKERS",
+        help="workers the pools of one caller (bearer token; all callers together without auth) may reserve; more: "
+        "RESOURCE_EXHAUSTED/POOL_QUOTA_EXCEEDED",
+    )
+    pool_token_quotas: tuple[str, ...] = setting(
+        (),
+        env="SIE_POOL_TOKEN_QUOTAS",
+        help="comma-separated token=workers: a token's own pool quota instead of SIE_POOL_QUOTA_WORKERS",
+    )
+    auth_mode: str = setting(
+        "none",
+        env="SIE_AUTH_MODE",
+        help="none, or static: every Inference call (inference, models, pools) needs a bearer token from "
+        "SIE_AUTH_TOKENS",
+    )
+    auth_tokens: tuple[str, ...] = setting(
+        (), env="SIE_AUTH_TOKENS", help="comma-separated bearer tokens accepted with SIE_AUTH_MODE=static"
+    )
+    worker_token: str | None = setting(
+        None,
+        env="SIE_WORKER_TOKEN",
+        help="bearer token the gateway presents on its Work streams to workers; workers with the same "
+        "SIE_WORKER_TOKEN refuse streams without it",
+    )
+    worker_tls_ca_file: str | None = setting(
+        None,
+        env="SIE_WORKER_TLS_CA_FILE",
+        help="PEM CA bundle that signed the workers' certificates: when set, the gateway reaches workers over TLS",
+    )
+    worker_tls_cert_file: str | None = setting(
+        None,
+        env="SIE_WORKER_TLS_CERT_FILE",
+        help="PEM client certificate the gateway presents to workers (mutual TLS; workers set SIE_TLS_CLIENT_CA_FILE)",
+    )
+    worker_tls_key_file: str | None = setting(
+        None, env="SIE_WORKER_TLS_KEY_FILE", help="PEM private key of SIE_WORKER_TLS_CERT_FILE"
+    )
     metrics_port: int = metrics_port_setting(9096, env="SIE_GATEWAY_METRICS_PORT")
 
     def __post_init__(self) -> None:

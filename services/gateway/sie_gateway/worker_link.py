@@ -84,7 +84,8 @@ def worker_connector(settings: GatewaySettings) -> Connect:
     gateway's limit from ending the whole Work stream (the gateway answers that request
     RESOURCE_EXHAUSTED instead)."""
     options = [
-        ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+        ("grpc.max_receive_message_length", -1),
+        ("grpc.max_send_message_length", -1),
         *RECONNECT_OPTIONS.items(),  # a restarted worker gets calls again within a second of listening
     ]
     interceptors = [PresentToken(settings.worker_token)] if settings.worker_token else None
@@ -92,7 +93,9 @@ def worker_connector(settings: GatewaySettings) -> Connect:
         if settings.worker_tls_cert_file:
             raise SettingsError("SIE_WORKER_TLS_CERT_FILE (mutual TLS to workers) needs SIE_WORKER_TLS_CA_FILE")
         return lambda address: grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
-    credentials = channel_credentials(settings.worker_tls_ca_file, settings.worker_tls_cert_file, settings.worker_tls_key_file)
+    credentials = channel_credentials(
+        settings.worker_tls_ca_file, settings.worker_tls_cert_file, settings.worker_tls_key_file
+    )
     return lambda address: grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
@@ -137,7 +140,9 @@ class WorkerLink:
             finally:
                 if not future.done() and not stream.broken:
                     stream.pending.pop(request_id, None)
-                    stream.outgoing.put_nowait(worker_pb2.WorkRequest(request_id=request_id, cancel=worker_pb2.CancelWork()))
+                    stream.outgoing.put_nowait(
+                        worker_pb2.WorkRequest(request_id=request_id, cancel=worker_pb2.CancelWork())
+                    )
 
     def _open_stream(self) -> _Stream:
         if self._stream is None or self._stream.broken:
@@ -148,4 +153,3 @@ class WorkerLink:
         if self._stream is not None:
             await self._stream.close()
         await self._channel.close()
-

@@ -15,6 +15,7 @@ import torch
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
 from sie_common.edge.request_metrics import RequestMetrics
 from sie_common.runtime.metrics_server import LATENCY_BUCKETS_S
 
@@ -27,11 +28,22 @@ QUEUE_SECONDS = Histogram(
     ["model", "operation"],
     buckets=LATENCY_BUCKETS_S,
 )
-INFERENCE_SECONDS = Histogram("sie_worker_inference_duration_seconds", "Duration of one forward pass", ["model"], buckets=LATENCY_BUCKETS_S)
-# Recorded for every forward pass; sie_worker.batching.stats adds the batcher's setting and, with SIE_INSTRUMENTATION, padding and wait.
-BATCH_ITEMS = Histogram("sie_worker_batch_items", "Items per forward pass.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(10)))
+INFERENCE_SECONDS = Histogram(
+    "sie_worker_inference_duration_seconds", "Duration of one forward pass", ["model"], buckets=LATENCY_BUCKETS_S
+)
+# Recorded for every forward pass; sie_worker.batching.stats adds the batcher's setting and, with SIE_INSTRUMENTATION,
+# padding and wait.
+BATCH_ITEMS = Histogram(
+    "sie_worker_batch_items",
+    "Items per forward pass.",
+    ["model", "profile"],
+    buckets=tuple(float(2**p) for p in range(10)),
+)
 BATCH_TOKENS = Histogram(
-    "sie_worker_batch_tokens", "Tokens per forward pass, before padding.", ["model", "profile"], buckets=tuple(float(2**p) for p in range(17))
+    "sie_worker_batch_tokens",
+    "Tokens per forward pass, before padding.",
+    ["model", "profile"],
+    buckets=tuple(float(2**p) for p in range(17)),
 )
 QUEUE_DEPTH = Gauge("sie_worker_queue_depth", "Items waiting in the BatchFormer for a forward pass")
 # A gateway keeps one Work stream per worker: more than one per gateway means streams broke and were reopened.
@@ -76,16 +88,26 @@ class EngineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         registry = self._engine.registry
         model_ids, weight_bytes = _read_while_still(lambda: (sorted(registry.loaded_model_ids), registry.loaded_bytes))
-        yield GaugeMetricFamily("sie_worker_requests_in_flight", "Requests admitted and not yet answered", value=self._engine.in_flight)
+        yield GaugeMetricFamily(
+            "sie_worker_requests_in_flight", "Requests admitted and not yet answered", value=self._engine.in_flight
+        )
         loaded = GaugeMetricFamily("sie_worker_model_loaded", "1 for each model loaded on the device", labels=["model"])
         for model_id in model_ids:
             loaded.add_metric([model_id], 1)
         yield loaded
-        yield GaugeMetricFamily("sie_worker_model_memory_bytes", "Bytes of the loaded models' weights (parameters and buffers)", value=weight_bytes)
+        yield GaugeMetricFamily(
+            "sie_worker_model_memory_bytes",
+            "Bytes of the loaded models' weights (parameters and buffers)",
+            value=weight_bytes,
+        )
         device = self._engine.device
         if device.type == "cuda":
             free, total = torch.cuda.mem_get_info(device)
-            memory = GaugeMetricFamily("sie_worker_device_memory_bytes", "CUDA device memory, used (all processes) and total", labels=["device", "state"])
+            memory = GaugeMetricFamily(
+                "sie_worker_device_memory_bytes",
+                "CUDA device memory, used (all processes) and total",
+                labels=["device", "state"],
+            )
             memory.add_metric([str(device), "used"], total - free)
             memory.add_metric([str(device), "total"], total)
             yield memory

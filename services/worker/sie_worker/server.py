@@ -37,10 +37,16 @@ STOP_GRACE_S = 1.0
 async def serve(settings: WorkerSettings) -> None:
     transport = ServerTransport.of(settings)
     engine = Engine(settings)
-    server = grpc.aio.server(interceptors=[Authorize(_checks(settings)), RejectMalformedRequests()], options=transport.server_options())
+    server = grpc.aio.server(
+        interceptors=[Authorize(_checks(settings)), RejectMalformedRequests()], options=transport.server_options()
+    )
     inference = InferenceService(engine)
     inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
-    handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {"encode": inference.run_encode, "score": inference.run_score, "extract": inference.run_extract}
+    handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
+        "encode": inference.run_encode,
+        "score": inference.run_score,
+        "extract": inference.run_extract,
+    }
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id, engine.limits), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
     health = await add_health_and_reflection(server, services)  # NOT_SERVING until the preloads finish
@@ -58,8 +64,13 @@ async def serve(settings: WorkerSettings) -> None:
     log.info(
         "sie-worker %s serving sie.v1.Inference and sie.v1.Worker on %s "
         "(device %s, bundle %s, memory limit: %s; models: %s; config problems: %d)",
-        settings.worker_id, address, engine.device, catalog.bundle.id, engine.registry.pressure.describe(),
-        ", ".join(engine.registry.model_ids), len(catalog.problems),
+        settings.worker_id,
+        address,
+        engine.device,
+        catalog.bundle.id,
+        engine.registry.pressure.describe(),
+        ", ".join(engine.registry.model_ids),
+        len(catalog.problems),
     )
 
     stop = asyncio.Event()

@@ -12,7 +12,9 @@ from sie_client.sync_client import SIEClient
 DENSE = ("dense",)
 
 
-def rerank(client: SIEClient, model: str, query: str, texts: Sequence[str], top_k: int | None = None) -> list[tuple[int, float]]:
+def rerank(
+    client: SIEClient, model: str, query: str, texts: Sequence[str], top_k: int | None = None
+) -> list[tuple[int, float]]:
     """(index into `texts`, score) pairs, best first; no request for an empty list."""
     if not texts:
         return []

@@ -32,7 +32,11 @@ class SIEEmbeddingFunction(EmbeddingFunction[Documents]):
         return self._encode(input, is_query=True)
 
     def _encode(self, texts: Documents, *, is_query: bool) -> Embeddings:
-        results = self._client.encode(self.model, list(texts), is_query=is_query, dims=self.dims, output_types=DENSE) if texts else []
+        results = (
+            self._client.encode(self.model, list(texts), is_query=is_query, dims=self.dims, output_types=DENSE)
+            if texts
+            else []
+        )
         return [np.asarray(result["dense"], dtype=np.float32) for result in results]
 
     @staticmethod

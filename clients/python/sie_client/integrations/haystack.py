@@ -51,7 +51,9 @@ class _Connected:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        return default_to_dict(self, target=self.target, model=self.model, api_key=self.api_key.to_dict(), **self._parameters())
+        return default_to_dict(
+            self, target=self.target, model=self.model, api_key=self.api_key.to_dict(), **self._parameters()
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
@@ -91,7 +93,10 @@ class SIEDocumentEmbedder(_Connected):
     def run(self, documents: list[Document]) -> dict[str, Any]:
         texts = [document.content or "" for document in documents]
         results = self.client.encode(self.model, texts, dims=self.dims, output_types=DENSE) if texts else []
-        embedded = [dataclasses.replace(document, embedding=result["dense"].tolist()) for document, result in zip(documents, results, strict=True)]
+        embedded = [
+            dataclasses.replace(document, embedding=result["dense"].tolist())
+            for document, result in zip(documents, results, strict=True)
+        ]
         return {"documents": embedded, "meta": {"model": self.model}}
 
 

@@ -57,11 +57,14 @@ class SIEEmbeddingFunction(TextEmbeddingFunction):
         return self._encode(texts, is_query=False)
 
     def _encode(self, texts: Any, *, is_query: bool) -> list[np.ndarray | None]:
-        """A null row (None) gets a null vector, as LanceDB's own functions give it, not the vector of the text "None"."""
+        """A null row (None) gets a null vector, as LanceDB's own functions give it, not the vector of the text
+        "None"."""
         texts = list(texts)
         present = [index for index, text in enumerate(texts) if text is not None]
         vectors: list[np.ndarray | None] = [None] * len(texts)
-        results = self.client.encode(self.model, [str(texts[index]) for index in present], is_query=is_query, dims=self.dims, output_types=DENSE)
+        results = self.client.encode(
+            self.model, [str(texts[index]) for index in present], is_query=is_query, dims=self.dims, output_types=DENSE
+        )
         for index, result in zip(present, results, strict=True):
             vectors[index] = result["dense"]
         return vectors

@@ -35,22 +35,29 @@ class SIEEmbeddings(Embeddings):
         return [r["dense"].tolist() for r in self._client.encode(self.model, texts, dims=self.dims, output_types=DENSE)]
 
     def embed_query(self, text: str) -> list[float]:
-        return self._client.encode(self.model, text, is_query=True, dims=self.dims, output_types=DENSE)["dense"].tolist()
+        return self._client.encode(self.model, text, is_query=True, dims=self.dims, output_types=DENSE)[
+            "dense"
+        ].tolist()
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         async with AsyncSIEClient(self._target, **self._client_options) as client:
-            return [r["dense"].tolist() for r in await client.encode(self.model, texts, dims=self.dims, output_types=DENSE)]
+            return [
+                r["dense"].tolist() for r in await client.encode(self.model, texts, dims=self.dims, output_types=DENSE)
+            ]
 
     async def aembed_query(self, text: str) -> list[float]:
         async with AsyncSIEClient(self._target, **self._client_options) as client:
-            return (await client.encode(self.model, text, is_query=True, dims=self.dims, output_types=DENSE))["dense"].tolist()
+            return (await client.encode(self.model, text, is_query=True, dims=self.dims, output_types=DENSE))[
+                "dense"
+            ].tolist()
 
     def close(self) -> None:
         self._client.close()
 
 
 class SIEReranker(BaseDocumentCompressor):
-    """Keeps the `top_n` documents the reranker scores best for the query, best first, with `relevance_score` in metadata."""
+    """Keeps the `top_n` documents the reranker scores best for the query, best first, with `relevance_score` in
+    metadata."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -64,11 +71,15 @@ class SIEReranker(BaseDocumentCompressor):
         super().__init__(target=target, model=model, top_n=top_n)  # type: ignore[call-arg]
         self._client = SIEClient(target, **client_options)
 
-    def compress_documents(self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None) -> Sequence[Document]:
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
         ranking = rerank(self._client, self.model, query, [document.page_content for document in documents], self.top_n)
         return [
             Document(
-                page_content=documents[index].page_content, metadata={**documents[index].metadata, "relevance_score": score}, id=documents[index].id
+                page_content=documents[index].page_content,
+                metadata={**documents[index].metadata, "relevance_score": score},
+                id=documents[index].id,
             )
             for index, score in ranking
         ]
@@ -81,7 +92,13 @@ class SIEEntityExtractor(BaseDocumentTransformer):
     """Copies of the documents with `metadata["entities"]`: the extractor's spans (text, label, score, start, end)."""
 
     def __init__(
-        self, target: str, model: str, *, labels: Sequence[str] | None = None, threshold: float | None = None, **client_options: Any
+        self,
+        target: str,
+        model: str,
+        *,
+        labels: Sequence[str] | None = None,
+        threshold: float | None = None,
+        **client_options: Any,
     ) -> None:
         self.model = model
         self.labels = list(labels) if labels is not None else None
@@ -93,7 +110,9 @@ class SIEEntityExtractor(BaseDocumentTransformer):
         results = self._client.extract(self.model, texts, labels=self.labels, threshold=self.threshold) if texts else []
         found = [[dict(entity) for entity in result["entities"]] for result in results]
         return [
-            Document(page_content=document.page_content, metadata={**document.metadata, "entities": spans}, id=document.id)
+            Document(
+                page_content=document.page_content, metadata={**document.metadata, "entities": spans}, id=document.id
+            )
             for document, spans in zip(documents, found, strict=True)
         ]
 

@@ -41,17 +41,23 @@ class SIEEmbedding(BaseEmbedding):
         return "SIEEmbedding"
 
     def _get_query_embedding(self, query: str) -> list[float]:
-        return self._client.encode(self.model_name, query, is_query=True, dims=self.dims, output_types=DENSE)["dense"].tolist()
+        return self._client.encode(self.model_name, query, is_query=True, dims=self.dims, output_types=DENSE)[
+            "dense"
+        ].tolist()
 
     def _get_text_embedding(self, text: str) -> list[float]:
         return self._client.encode(self.model_name, text, dims=self.dims, output_types=DENSE)["dense"].tolist()
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return [r["dense"].tolist() for r in self._client.encode(self.model_name, texts, dims=self.dims, output_types=DENSE)]
+        return [
+            r["dense"].tolist() for r in self._client.encode(self.model_name, texts, dims=self.dims, output_types=DENSE)
+        ]
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
         async with AsyncSIEClient(self.target, **self._client_options) as client:
-            return (await client.encode(self.model_name, query, is_query=True, dims=self.dims, output_types=DENSE))["dense"].tolist()
+            return (await client.encode(self.model_name, query, is_query=True, dims=self.dims, output_types=DENSE))[
+                "dense"
+            ].tolist()
 
     async def _aget_text_embedding(self, text: str) -> list[float]:
         async with AsyncSIEClient(self.target, **self._client_options) as client:
@@ -77,7 +83,9 @@ class SIERerank(BaseNodePostprocessor):
     def class_name(cls) -> str:
         return "SIERerank"
 
-    def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
         if query_bundle is None:
             raise ValueError("SIERerank needs the query (query_bundle or query_str)")
         texts = [node.node.get_content(metadata_mode=MetadataMode.EMBED) for node in nodes]
@@ -103,7 +111,13 @@ class SIEEntityExtractor(BaseExtractor):
     _client_options: dict[str, Any] = PrivateAttr()
 
     def __init__(
-        self, target: str, model: str, *, labels: Sequence[str] | None = None, threshold: float | None = None, **client_options: Any
+        self,
+        target: str,
+        model: str,
+        *,
+        labels: Sequence[str] | None = None,
+        threshold: float | None = None,
+        **client_options: Any,
     ) -> None:
         # pydantic: mypy types this with the parent's fields, not this model's
         super().__init__(  # type: ignore[call-arg]
@@ -121,4 +135,6 @@ class SIEEntityExtractor(BaseExtractor):
             return []
         async with AsyncSIEClient(self.target, **self._client_options) as client:
             results = await client.extract(self.model, texts, labels=self.labels, threshold=self.threshold)
-        return [{"entities": list(dict.fromkeys(entity["text"] for entity in result["entities"]))} for result in results]
+        return [
+            {"entities": list(dict.fromkeys(entity["text"] for entity in result["entities"]))} for result in results
+        ]

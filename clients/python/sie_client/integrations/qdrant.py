@@ -41,7 +41,8 @@ class SIEQdrantVectors:
         self._client = SIEClient(target, **client_options)
 
     def collection_config(self) -> dict[str, Any]:
-        """`vectors_config` and `sparse_vectors_config` for `create_collection`; the dense size is probed from the model."""
+        """`vectors_config` and `sparse_vectors_config` for `create_collection`; the dense size is probed from the
+        model."""
         size = len(self._client.encode(self.dense_model, "dimension probe", output_types=DENSE)["dense"])
         return {
             "vectors_config": {self.dense_name: models.VectorParams(size=size, distance=self.distance)},
@@ -54,25 +55,39 @@ class SIEQdrantVectors:
             return []
         dense = self._client.encode(self.dense_model, list(texts), is_query=is_query, output_types=DENSE)
         sparse = self._client.encode(self.sparse_model, list(texts), is_query=is_query, output_types=["sparse"])
-        return [{self.dense_name: d["dense"].tolist(), self.sparse_name: _sparse_vector(s)} for d, s in zip(dense, sparse, strict=True)]
+        return [
+            {self.dense_name: d["dense"].tolist(), self.sparse_name: _sparse_vector(s)}
+            for d, s in zip(dense, sparse, strict=True)
+        ]
 
     def points(
-        self, texts: Sequence[str], *, ids: Sequence[int | str] | None = None, payloads: Sequence[dict[str, Any]] | None = None
+        self,
+        texts: Sequence[str],
+        *,
+        ids: Sequence[int | str] | None = None,
+        payloads: Sequence[dict[str, Any]] | None = None,
     ) -> list[models.PointStruct]:
         """One point per text (ids default to 0..n-1), encoded as documents."""
         ids = list(range(len(texts))) if ids is None else list(ids)
         payloads = [{} for _ in texts] if payloads is None else list(payloads)
         vectors = self.vectors(texts)
         return [
-            models.PointStruct(id=point_id, vector=vector, payload=payload) for point_id, vector, payload in zip(ids, vectors, payloads, strict=True)
+            models.PointStruct(id=point_id, vector=vector, payload=payload)
+            for point_id, vector, payload in zip(ids, vectors, payloads, strict=True)
         ]
 
     def query_vectors(self, text: str) -> dict[str, Any]:
-        """The query's named vectors, encoded with `is_query=True`; pass one to `query_points(query=..., using=name)`."""
+        """The query's named vectors, encoded with `is_query=True`; pass one to `query_points(query=...,
+        using=name)`."""
         return self.vectors([text], is_query=True)[0]
 
     def hybrid_query(
-        self, text: str, *, limit: int = 10, prefetch_limit: int | None = None, fusion: models.Fusion = models.Fusion.RRF
+        self,
+        text: str,
+        *,
+        limit: int = 10,
+        prefetch_limit: int | None = None,
+        fusion: models.Fusion = models.Fusion.RRF,
     ) -> dict[str, Any]:
         """Keyword arguments for `query_points`: a dense and a sparse prefetch, fused by Qdrant."""
         vectors = self.query_vectors(text)

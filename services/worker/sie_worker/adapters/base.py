@@ -118,16 +118,21 @@ class MultivectorCounter(TextEncoder, Protocol):
 class OptionScorer(TextEncoder, Protocol):
     """An encoder whose score request picks, by its options, which outputs are compared and how (BGE-M3)."""
 
-    def scoring(self, options: Mapping[str, Any]) -> tuple[tuple[str, ...], Callable[[EncodedItem, EncodedItem], float]]:
-        """The outputs to encode and the similarity of the query's to an item's; ValueError for options that do not parse."""
+    def scoring(
+        self, options: Mapping[str, Any]
+    ) -> tuple[tuple[str, ...], Callable[[EncodedItem, EncodedItem], float]]:
+        """The outputs to encode and the similarity of the query's to an item's; ValueError for options that do not
+        parse."""
 
 
 @runtime_checkable
 class ImageEncoder(TextEncoder, Protocol):
-    """A dual encoder (CLIP-style): texts through its text tower, images through its image tower, one embedding space."""
+    """A dual encoder (CLIP-style): texts through its text tower, images through its image tower, one embedding
+    space."""
 
     def resized_pixels(self, width: int, height: int) -> int:
-        """Pixels the processor resizes an image of this size to, before any crop: checked before decoding. Thread-safe."""
+        """Pixels the processor resizes an image of this size to, before any crop: checked before decoding.
+        Thread-safe."""
 
     def prepare_image(self, image: Image.Image) -> np.ndarray:
         """Pixel values of one decoded image, resized and normalized by the model's processor. Thread-safe."""
@@ -141,7 +146,8 @@ class PairScorer(ModelAdapter, Protocol):
     """A cross-encoder: one relevance score per (query, item) pair."""
 
     def tokenize_pairs(self, query: str, texts: Sequence[str], instruction: str | None = None) -> list[TokenizedText]:
-        """Each (query, text) pair as one sequence, with the request's instruction where the model reads one. Thread-safe."""
+        """Each (query, text) pair as one sequence, with the request's instruction where the model reads one.
+        Thread-safe."""
 
     def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         """One float score per pair. Device thread only."""
@@ -157,7 +163,9 @@ class TokenClassifier(ModelAdapter, Protocol):
     def classify(self, batch: Sequence[TokenizedText]) -> list[np.ndarray]:
         """Per item, label probabilities [tokens, labels]. Device thread only."""
 
-    def entities(self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None) -> list[Entity]:
+    def entities(
+        self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None
+    ) -> list[Entity]:
         """Merged spans of one item. Thread-safe."""
 
 

@@ -49,14 +49,25 @@ class BgeM3Encoder(TextEncoder):
         directory = context.weights
         self.model = load_model(AutoModel, context, reads_padding=False)
         self.device = context.device
-        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        self.tokenizer = TextTokenizer(
+            directory,
+            context.config.max_sequence_length,
+            self.model,
+            trust_remote_code=context.profile.trust_remote_code,
+        )
         self.max_sequence_length = self.tokenizer.max_length
         hidden = int(self.model.config.hidden_size)
-        self.sparse_linear = _linear(directory / "sparse_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
-        self.colbert_linear = _linear(directory / "colbert_linear.pt", hidden).to(device=context.device, dtype=context.dtype)
+        self.sparse_linear = _linear(directory / "sparse_linear.pt", hidden).to(
+            device=context.device, dtype=context.dtype
+        )
+        self.colbert_linear = _linear(directory / "colbert_linear.pt", hidden).to(
+            device=context.device, dtype=context.dtype
+        )
         self.multivector_dims = self.colbert_linear.out_features
         if self.sparse_linear.out_features != 1:
-            raise ValueError(f"{directory / 'sparse_linear.pt'}: a Linear to 1 output, got {self.sparse_linear.out_features}")
+            raise ValueError(
+                f"{directory / 'sparse_linear.pt'}: a Linear to 1 output, got {self.sparse_linear.out_features}"
+            )
         self.dims = context.config.dims or hidden
         if self.dims != hidden:
             raise ValueError(f"config says dims {self.dims}, but the model's CLS vectors have {hidden}")
@@ -88,7 +99,9 @@ class BgeM3Encoder(TextEncoder):
             if "sparse" in output_types:
                 sparse = torch.relu(self.sparse_linear(hidden)).squeeze(-1).float().cpu().numpy()
             if "multivector" in output_types:
-                multivector = torch.nn.functional.normalize(self.colbert_linear(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
+                multivector = (
+                    torch.nn.functional.normalize(self.colbert_linear(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
+                )
         items = []
         for row, item in enumerate(batch):
             length = len(item.ids)
@@ -153,7 +166,9 @@ def score_settings(
         if output not in DEFAULT_SCORE_WEIGHTS:
             raise ValueError(f"score_weights.{str(key)[:64]}: unknown; known: {', '.join(DEFAULT_SCORE_WEIGHTS)}")
         if output in named:  # colbert and multivector: which one won would depend on the order of the map's keys
-            raise ValueError(f"score_weights.{named[output]} and score_weights.{key} weigh the same output; give one of them")
+            raise ValueError(
+                f"score_weights.{named[output]} and score_weights.{key} weigh the same output; give one of them"
+            )
         named[output] = key
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
             raise ValueError(f"score_weights.{output}: must be a finite number >= 0, got {str(weight)[:64]}")
@@ -172,7 +187,9 @@ def _dense_score(query: EncodedItem, item: EncodedItem) -> float:
 def _sparse_score(query: EncodedItem, item: EncodedItem) -> float:
     """Sum of weight products over the token ids both have (indices are ascending and unique)."""
     assert query.sparse is not None and item.sparse is not None
-    _, in_query, in_item = np.intersect1d(query.sparse.indices, item.sparse.indices, assume_unique=True, return_indices=True)
+    _, in_query, in_item = np.intersect1d(
+        query.sparse.indices, item.sparse.indices, assume_unique=True, return_indices=True
+    )
     return float(np.dot(query.sparse.values[in_query].astype(np.float64), item.sparse.values[in_item]))
 
 
@@ -184,13 +201,19 @@ def _multivector_score(query: EncodedItem, item: EncodedItem) -> float:
     return float((query.multivector @ item.multivector.T).max(axis=1).mean())
 
 
-_SIMILARITIES: dict[str, Similarity] = {"dense": _dense_score, "sparse": _sparse_score, "multivector": _multivector_score}
+_SIMILARITIES: dict[str, Similarity] = {
+    "dense": _dense_score,
+    "sparse": _sparse_score,
+    "multivector": _multivector_score,
+}
 
 
 def _linear(path: Path, hidden: int) -> torch.nn.Linear:
     """A Linear layer from its saved state dict (`weight` [out, hidden], optional `bias`)."""
     if not path.exists():
-        raise ValueError(f"{path.name} is missing from {path.parent}: a BGE-M3 model needs sparse_linear.pt and colbert_linear.pt")
+        raise ValueError(
+            f"{path.name} is missing from {path.parent}: a BGE-M3 model needs sparse_linear.pt and colbert_linear.pt"
+        )
     # A file that does not read (truncated, not a torch file, a pickled object weights_only refuses) or does
     # not fit a Linear layer is as permanent a failure as a missing one: ValueError, not a retried load. An OSError
     # (the disk, the network file system) stays what it is.
@@ -200,7 +223,10 @@ def _linear(path: Path, hidden: int) -> torch.nn.Linear:
         raise ValueError(f"{path}: not a readable torch state dict: {error}") from None
     weight = state.get("weight") if isinstance(state, Mapping) else None
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] < 1 or weight.shape[1] != hidden:
-        raise ValueError(f"{path}: expected the state dict of a Linear layer from {hidden} inputs (a 'weight' of [out >= 1, {hidden}])")
+        raise ValueError(
+            f"{path}: expected the state dict of a Linear layer from {hidden} inputs (a 'weight' of [out >= 1, "
+            f"{hidden}])"
+        )
     layer = torch.nn.Linear(hidden, weight.shape[0], bias="bias" in state)
     try:
         layer.load_state_dict(state)

@@ -31,11 +31,15 @@ def use_bidirectional(model: PreTrainedModel, forward: Forward, device: torch.de
         if isinstance(getattr(module, "is_causal", None), bool):
             # torch types Module.__setattr__ for tensors and modules
             module.is_causal = False  # type: ignore[assignment]
-    problems = [case for case, pad in (("without padding", 0), ("with padding", 1)) if not _attends_ahead(forward, device, pad)]
+    problems = [
+        case for case, pad in (("without padding", 0), ("with padding", 1)) if not _attends_ahead(forward, device, pad)
+    ]
     if problems:
         raise ValueError(
-            f"load option bidirectional: the {type(model).__name__} ({model.config.model_type}) still attends causally {' and '.join(problems)}"
-            " after is_causal was switched off; this architecture builds its attention mask in a way the worker cannot change"
+            f"load option bidirectional: the {type(model).__name__} ({model.config.model_type}) still attends "
+            f"causally {' and '.join(problems)}"
+            " after is_causal was switched off; this architecture builds its attention mask in a way the worker "
+            "cannot change"
         )
 
 

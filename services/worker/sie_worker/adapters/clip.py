@@ -39,11 +39,15 @@ class DualEncoder(ImageEncoder):
         load_options = dict(context.profile.load_options)
         self.model = load_model(AutoModel, context)
         if not (hasattr(self.model, "get_text_features") and hasattr(self.model, "get_image_features")):
-            raise ValueError(f"{type(self.model).__name__} is not a dual encoder: it lacks get_text_features / get_image_features")
+            raise ValueError(
+                f"{type(self.model).__name__} is not a dual encoder: it lacks get_text_features / get_image_features"
+            )
         self.device = context.device
         self.normalized: bool = bool(load_options.get("normalize", True))
         model_type = self.model.config.model_type
-        self.text_padding: str = load_options.get("text_padding", "max_length" if model_type in _MAX_LENGTH_PADDED else "longest")
+        self.text_padding: str = load_options.get(
+            "text_padding", "max_length" if model_type in _MAX_LENGTH_PADDED else "longest"
+        )
         if self.text_padding not in TEXT_PADDINGS:
             raise ValueError(f"text_padding {self.text_padding!r} is not one of {', '.join(TEXT_PADDINGS)}")
         self.tokenizer = text_tokenizer(context.weights, context.config.max_sequence_length, self.model.text_model)
@@ -54,7 +58,9 @@ class DualEncoder(ImageEncoder):
         projected = getattr(self.model.config, "projection_dim", None) or getattr(text_config, "projection_size", None)
         self.dims = context.config.dims or projected or text_config.hidden_size
         if self.dims != (projected or text_config.hidden_size):
-            raise ValueError(f"config says dims {self.dims}, but the model embeds in {projected or text_config.hidden_size}")
+            raise ValueError(
+                f"config says dims {self.dims}, but the model embeds in {projected or text_config.hidden_size}"
+            )
 
     def prompt(self, *, is_query: bool, instruction: str | None) -> str:
         return instruction or ""

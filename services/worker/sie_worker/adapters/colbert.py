@@ -121,7 +121,9 @@ def _with_options(layout: ColbertLayout, options: dict) -> ColbertLayout:
     changes: dict = {}
     if "query_marker" in options or "document_marker" in options:
         changes.update(
-            prefix_tokens=True, query_prefix=options.get("query_marker", "[unused0]"), document_prefix=options.get("document_marker", "[unused1]")
+            prefix_tokens=True,
+            query_prefix=options.get("query_marker", "[unused0]"),
+            document_prefix=options.get("document_marker", "[unused1]"),
         )
     if "query_length" in options:
         changes["query_length"] = int(options["query_length"])
@@ -135,12 +137,16 @@ def _with_options(layout: ColbertLayout, options: dict) -> ColbertLayout:
 
 
 def _check_settings(layout: ColbertLayout) -> None:
-    """ValueError for a length that is not a positive integer, a marker or skiplist entry that is not a string: read from
+    """ValueError for a length that is not a positive integer, a marker or skiplist entry that is not a string: read
+    from
     a downloaded file, they would otherwise fail (or silently bend) every request."""
     for name, value in (("query_length", layout.query_length), ("document_length", layout.document_length)):
         if value is not None and (type(value) is not int or value <= 0):
             raise ValueError(f"ColBERT {name} {value!r} is not a positive integer")
-    for name, marker in (("query marker / prefix", layout.query_prefix), ("document marker / prefix", layout.document_prefix)):
+    for name, marker in (
+        ("query marker / prefix", layout.query_prefix),
+        ("document marker / prefix", layout.document_prefix),
+    ):
         if marker is not None and not isinstance(marker, str):  # None (PyLate): no marker
             raise ValueError(f"ColBERT {name} {marker!r} is not a string")
     bad = [word for word in layout.skiplist_words if not isinstance(word, str)]
@@ -151,9 +157,15 @@ def _check_settings(layout: ColbertLayout) -> None:
 def _check_projections(projections: Sequence[tuple[torch.Tensor, torch.Tensor | None]], width: int) -> None:
     """ValueError unless the projections chain from the encoder's `width`: a mismatch would fail every forward pass."""
     for weight, bias in projections:
-        if weight.dim() != 2 or weight.shape[1] != width or (bias is not None and tuple(bias.shape) != (weight.shape[0],)):
+        if (
+            weight.dim() != 2
+            or weight.shape[1] != width
+            or (bias is not None and tuple(bias.shape) != (weight.shape[0],))
+        ):
             shapes = f"{tuple(weight.shape)}" + ("" if bias is None else f" (bias {tuple(bias.shape)})")
-            raise ValueError(f"ColBERT projection linear.weight {shapes} does not take the {width} values per token it is given")
+            raise ValueError(
+                f"ColBERT projection linear.weight {shapes} does not take the {width} values per token it is given"
+            )
         width = weight.shape[0]
 
 

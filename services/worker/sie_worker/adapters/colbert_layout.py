@@ -109,7 +109,9 @@ def _multi_vector_encoder(directory: Path, entries: list[dict[str, Any]], settin
     mask = _module_config(directory, entries, "MultiVectorMask", "config.json")
     expansion = transformer.get("query_expansion")
     if expansion and expansion.get("strategy", "fixed") != "fixed":
-        raise ValueError(f"{directory}: query_expansion strategy {expansion['strategy']!r} is not supported (only 'fixed')")
+        raise ValueError(
+            f"{directory}: query_expansion strategy {expansion['strategy']!r} is not supported (only 'fixed')"
+        )
     tasks = mask.get("skiplist_tasks") or ["document"]
     prompts = settings.get("prompts") or {}
     document_prompt = next((prompts[name] for name in ("document", "passage", "corpus") if prompts.get(name)), "")
@@ -134,7 +136,9 @@ def _module_config(directory: Path, entries: list[dict[str, Any]], kind: str, fi
     return read_json(module_folder(directory, entry["path"]) / file_name) if entry else {}
 
 
-def _dense_modules(directory: Path, entries: list[dict[str, Any]]) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
+def _dense_modules(
+    directory: Path, entries: list[dict[str, Any]]
+) -> tuple[tuple[torch.Tensor, torch.Tensor | None], ...]:
     """The `linear.weight` (and `linear.bias`) of every Dense module in modules.json, in order."""
     dense = [entry for entry in entries if entry["type"].endswith("Dense")]
     if not dense:
@@ -145,7 +149,11 @@ def _dense_modules(directory: Path, entries: list[dict[str, Any]]) -> tuple[tupl
         activation = read_json(folder / "config.json").get("activation_function", _IDENTITY[0])
         if activation.rsplit(".", 1)[-1] not in _IDENTITY:
             raise ValueError(f"{folder}: activation {activation!r} is not supported (ColBERT projections are linear)")
-        weights = load_file(str(folder / "model.safetensors")) if (folder / "model.safetensors").exists() else _bin_weights(folder)
+        weights = (
+            load_file(str(folder / "model.safetensors"))
+            if (folder / "model.safetensors").exists()
+            else _bin_weights(folder)
+        )
         if "linear.weight" not in weights:
             raise ValueError(f"{folder}: the Dense module's weights have no 'linear.weight'")
         projections.append((weights["linear.weight"], weights.get("linear.bias")))

@@ -35,7 +35,10 @@ class CrossEncoderScorer(PairScorer):
             raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
         self.device = context.device
         self.tokenizer = TextTokenizer(
-            context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code
+            context.weights,
+            context.config.max_sequence_length,
+            self.model,
+            trust_remote_code=context.profile.trust_remote_code,
         )
         self.max_sequence_length = self.tokenizer.max_length
         activation = context.profile.load_options.get("activation") or saved_activation(context.weights)
@@ -73,5 +76,8 @@ def saved_activation(directory: Path) -> str:
     if name in ACTIVATIONS:
         return name
     if saved.startswith("torch."):
-        raise ValueError(f"the saved activation {saved} is not one of {', '.join(ACTIVATIONS)}; set load_options.activation")
-    return "sigmoid"  # none saved, or a class of remote code, which sentence-transformers ignores without trust_remote_code
+        raise ValueError(
+            f"the saved activation {saved} is not one of {', '.join(ACTIVATIONS)}; set load_options.activation"
+        )
+    # none saved, or a class of remote code, which sentence-transformers ignores without trust_remote_code
+    return "sigmoid"

@@ -34,7 +34,9 @@ _POOLED = "sentence_embedding"
 class DenseModule(torch.nn.Module):
     """activation(linear(x)), plus x (or its projection) when the module has a residual connection."""
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, activation: torch.nn.Module, residual: bool) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, *, bias: bool, activation: torch.nn.Module, residual: bool
+    ) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
@@ -65,13 +67,19 @@ def load_dense(directory: Path, path: str, in_features: int, device: torch.devic
             raise ValueError(f"{folder}: Dense {key} {config[key]!r} is not supported (only the pooled {_POOLED!r})")
     name = config.get("activation_function") or _DEFAULT_ACTIVATION
     if not isinstance(name, str) or name not in ACTIVATIONS:
-        raise ValueError(f"{folder}: Dense activation function {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+        raise ValueError(
+            f"{folder}: Dense activation function {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}"
+        )
     given = [config.get("in_features"), config.get("out_features")]
     widths = [width for width in given if _is_positive_int(width)]
     if len(widths) != len(given):
-        raise ValueError(f"{folder}: Dense config.json needs positive integer in_features and out_features, got {given}")
+        raise ValueError(
+            f"{folder}: Dense config.json needs positive integer in_features and out_features, got {given}"
+        )
     if widths[0] != in_features:
-        raise ValueError(f"{folder}: a Dense module takes {widths[0]} features, but what comes before it gives {in_features}")
+        raise ValueError(
+            f"{folder}: a Dense module takes {widths[0]} features, but what comes before it gives {in_features}"
+        )
     state = _read_weights(folder)
     with torch.device("meta"):  # shapes only: the loaded tensors are assigned, once they are seen to fit
         module = DenseModule(
@@ -89,7 +97,8 @@ def load_dense(directory: Path, path: str, in_features: int, device: torch.devic
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The module's tensors; ValueError for a file that is truncated, not a weights file, or a pickle of anything but tensors."""
+    """The module's tensors; ValueError for a file that is truncated, not a weights file, or a pickle of anything but
+    tensors."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -98,7 +107,11 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         if not file.exists():
             continue
         try:
-            state = load_file(str(file)) if name == "model.safetensors" else torch.load(file, map_location="cpu", weights_only=True)
+            state = (
+                load_file(str(file))
+                if name == "model.safetensors"
+                else torch.load(file, map_location="cpu", weights_only=True)
+            )
         except (SafetensorError, RuntimeError, EOFError, OSError, pickle.UnpicklingError) as error:
             raise ValueError(f"{file}: the Dense weights cannot be read: {error}") from None
         if not isinstance(state, dict) or not all(isinstance(tensor, torch.Tensor) for tensor in state.values()):

@@ -38,8 +38,10 @@ def require_gliner(model_id: str) -> None:
     except ModuleNotFoundError as missing:
         package = missing.name or "gliner"
         raise FailedPrecondition(
-            f"model {model_id} needs the 'gliner' package, which cannot be imported in this worker (missing module {package!r}); "
-            "install the engine's gliner extra (pip install gliner --no-deps && pip install '.[gliner]', see docs/models.md) "
+            f"model {model_id} needs the 'gliner' package, which cannot be imported in this worker (missing module "
+            f"{package!r}); "
+            "install the engine's gliner extra (pip install gliner --no-deps && pip install '.[gliner]', see "
+            "docs/models.md) "
             "or serve the model from a worker image that has it",
             reason="ADAPTER_DEPENDENCY_MISSING",
             metadata={"model": model_id, "package": package},
@@ -59,18 +61,23 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
     config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     shipped = _auto_map_in(config)
     if shipped is not None:
-        raise ValueError(f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: true to run it")
+        raise ValueError(
+            f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: "
+            f"true to run it"
+        )
     for field, saved in _named_backbones(config):
         name = config.get(field) or DEFAULT_BACKBONE
         if not isinstance(name, str) or _is_local(name):
             raise ValueError(
-                f"{path}: {saved[0]} is not saved, and GLiNER would build that backbone from {field} {clipped(str(name))!r}, "
+                f"{path}: {saved[0]} is not saved, and GLiNER would build that backbone from {field} "
+                f"{clipped(str(name))!r}, "
                 "a local path outside the model directory; save the backbone's config in gliner_config.json"
             )
         backbone = AutoConfig.from_pretrained(name, local_files_only=True)
         if getattr(backbone, "auto_map", None):
             raise ValueError(
-                f"{path}: {saved[0]} is not saved, and the config of backbone {name} in the local Hugging Face cache names "
+                f"{path}: {saved[0]} is not saved, and the config of backbone {name} in the local Hugging Face cache "
+                f"names "
                 "shipped code (auto_map); set load_options.trust_remote_code: true to run it"
             )
 
@@ -114,7 +121,10 @@ class GlinerExtractor(ZeroShotExtractor):
 
         refuse_remote_code(context.weights, context.profile.trust_remote_code)
         self.extractor = GLiNER.from_pretrained(
-            str(context.weights), local_files_only=True, map_location=str(context.device), max_length=context.config.max_sequence_length
+            str(context.weights),
+            local_files_only=True,
+            map_location=str(context.device),
+            max_length=context.config.max_sequence_length,
         )
         self.extractor.to(context.device).eval()
         cap_at_position_tables(self.extractor)
@@ -123,7 +133,11 @@ class GlinerExtractor(ZeroShotExtractor):
         self.max_sequence_length = int(self.extractor.config.max_len)
         run_options = context.profile.run_options
         self.threshold = run_options.get("threshold", DEFAULT_THRESHOLD)
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not 0 <= self.threshold <= 1:
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, (int, float))
+            or not 0 <= self.threshold <= 1
+        ):
             raise ValueError(f"run_options.threshold: must be a number from 0 to 1, got {self.threshold!r}")
         self.merge_adjacent = run_options.get("merge_adjacent_entities", False)
         self.words_splitter = self.extractor.data_processor.words_splitter
@@ -143,7 +157,10 @@ class GlinerExtractor(ZeroShotExtractor):
     def extract(self, texts: Sequence[str], labels: Sequence[str], threshold: float | None) -> list[list[Entity]]:
         texts = [self.read_part(text) for text in texts]
         found = self.extractor.inference(
-            list(texts), list(labels), threshold=self.threshold if threshold is None else threshold, batch_size=max(1, len(texts))
+            list(texts),
+            list(labels),
+            threshold=self.threshold if threshold is None else threshold,
+            batch_size=max(1, len(texts)),
         )
         results = []
         for text, entities in zip(texts, found, strict=True):
@@ -182,7 +199,8 @@ def best_class_only(decoder: Any) -> None:
     span overlap, so a span's lower-scored labels are never kept; yet every (span, label) over the threshold becomes a
     Python object, and the greedy pass compares each with every span kept. At a threshold of 0 that is
     words x max_width x labels candidates per text (590,000 for 384 words, width 12, 128 labels: 30 s and 200 MiB of
-    one text on the device thread). Masking the lower labels (ties kept) leaves words x max_width, with the same answer."""
+    one text on the device thread). Masking the lower labels (ties kept) leaves words x max_width, with the same
+    answer."""
     from gliner.decoding.decoder import SpanDecoder
 
     if type(decoder) is not SpanDecoder:
@@ -190,10 +208,21 @@ def best_class_only(decoder: Any) -> None:
     decode = decoder.decode
 
     def decode_best(
-        tokens: Any, id_to_classes: Any, model_output: torch.Tensor, *args: Any, flat_ner: bool = False, multi_label: bool = False, **kwargs: Any
+        tokens: Any,
+        id_to_classes: Any,
+        model_output: torch.Tensor,
+        *args: Any,
+        flat_ner: bool = False,
+        multi_label: bool = False,
+        **kwargs: Any,
     ) -> Any:
         classes = model_output.shape[-1]
-        if flat_ner is True and multi_label is False and isinstance(id_to_classes, dict) and set(id_to_classes) == set(range(1, classes + 1)):
+        if (
+            flat_ner is True
+            and multi_label is False
+            and isinstance(id_to_classes, dict)
+            and set(id_to_classes) == set(range(1, classes + 1))
+        ):
             probs = torch.sigmoid(model_output)
             model_output = model_output.masked_fill(probs < probs.amax(dim=-1, keepdim=True), float("-inf"))
         return decode(tokens, id_to_classes, model_output, *args, flat_ner=flat_ner, multi_label=multi_label, **kwargs)

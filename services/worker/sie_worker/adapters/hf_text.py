@@ -50,7 +50,9 @@ class TextTokenizer:
         hf: Any = None,
     ) -> None:
         # `hf`: the directory's tokenizer when the caller has loaded it already.
-        self.hf = hf if hf is not None else AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+        self.hf = (
+            hf if hf is not None else AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
+        )
         st_config = read_json(directory / "sentence_bert_config.json")
         self.max_length = max_length(configured_max_length, st_config, self.hf, model)
         self.lowercase = bool(st_config.get("do_lower_case", False))
@@ -81,12 +83,20 @@ class TextTokenizer:
             return self.rust.encode_batch(texts)
         length = self.max_length * PREFIX_CHARS_PER_TOKEN * chunks
         encodings = self.rust.encode_batch([text[:length] for text in texts])
-        pending = [index for index, text in enumerate(texts) if len(text) > length and not _chunks_final(encodings[index], chunks)]
+        pending = [
+            index
+            for index, text in enumerate(texts)
+            if len(text) > length and not _chunks_final(encodings[index], chunks)
+        ]
         while pending:
             length *= 4
-            for index, encoding in zip(pending, self.rust.encode_batch([texts[index][:length] for index in pending]), strict=True):
+            for index, encoding in zip(
+                pending, self.rust.encode_batch([texts[index][:length] for index in pending]), strict=True
+            ):
                 encodings[index] = encoding
-            pending = [index for index in pending if len(texts[index]) > length and not _chunks_final(encodings[index], chunks)]
+            pending = [
+                index for index in pending if len(texts[index]) > length and not _chunks_final(encodings[index], chunks)
+            ]
         return encodings
 
     def encode_pairs(self, first: str, seconds: Sequence[str]) -> list[TokenizedText]:
@@ -114,7 +124,9 @@ def _chunks_final(encoding: Any, chunks: int) -> bool:
     tokens follow them, and none of theirs belongs to the prefix's last word."""
     if len(encoding.overflowing) < chunks:
         return False
-    words = [word for chunk in (encoding, *encoding.overflowing[: chunks - 1]) for word in chunk.word_ids if word is not None]
+    words = [
+        word for chunk in (encoding, *encoding.overflowing[: chunks - 1]) for word in chunk.word_ids if word is not None
+    ]
     last = [word for word in encoding.overflowing[-1].word_ids if word is not None]
     return bool(words) and bool(last) and max(words) < last[-1]
 
@@ -126,7 +138,10 @@ def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = T
     model on a CPU then computes on real tokens only (sie_worker.adapters.unpadded).
     Code shipped with the weights runs only when the profile sets load_options.trust_remote_code."""
     model = auto_class.from_pretrained(
-        context.weights, dtype=context.dtype, trust_remote_code=context.profile.trust_remote_code, **attention_kwargs(context)
+        context.weights,
+        dtype=context.dtype,
+        trust_remote_code=context.profile.trust_remote_code,
+        **attention_kwargs(context),
     )
     model = model.to(context.device).eval()
     if context.cpu_onednn and context.device.type == "cpu":
@@ -136,7 +151,9 @@ def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = T
     return model
 
 
-def padded(batch: Sequence[TokenizedText], pad_id: int, device: torch.device, *, left: bool = False) -> dict[str, torch.Tensor]:
+def padded(
+    batch: Sequence[TokenizedText], pad_id: int, device: torch.device, *, left: bool = False
+) -> dict[str, torch.Tensor]:
     """input_ids, attention_mask and token_type_ids of a batch, padded to its longest item on the right
     (on the left with `left`: each item then ends at the last position)."""
     longest = max(len(item.ids) for item in batch)
@@ -176,7 +193,9 @@ def length_groups(lengths: Sequence[int], split_tokens: int) -> list[list[int]]:
     return groups
 
 
-def by_length(batch: Sequence[TokenizedText], device: torch.device, forward: Callable[[Sequence[TokenizedText]], Iterable[Row]]) -> list[Row]:
+def by_length(
+    batch: Sequence[TokenizedText], device: torch.device, forward: Callable[[Sequence[TokenizedText]], Iterable[Row]]
+) -> list[Row]:
     """`forward` over the batch, one output per item in the batch's order.
 
     On a CPU, compute grows with every padded token and a forward pass costs
@@ -207,7 +226,12 @@ def max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any
     for candidate in (configured, st_config.get("max_seq_length"), tokenizer.model_max_length):
         if isinstance(candidate, int) and 0 < candidate < _UNSET_MAX_LENGTH:
             if limit is not None and candidate > limit:
-                log.warning("max sequence length %d is more than the model's %d positions; truncating at %d", candidate, limit, limit)
+                log.warning(
+                    "max sequence length %d is more than the model's %d positions; truncating at %d",
+                    candidate,
+                    limit,
+                    limit,
+                )
                 return limit
             return candidate
     return int(model.config.max_position_embeddings) if limit is None else limit
@@ -269,7 +293,8 @@ def read_modules(directory: Path) -> list[dict[str, Any]]:
         return []
     entries = json.loads(path.read_text())
     if not isinstance(entries, list) or not all(
-        isinstance(entry, dict) and isinstance(entry.get("type"), str) and isinstance(entry.get("path", ""), str) for entry in entries
+        isinstance(entry, dict) and isinstance(entry.get("type"), str) and isinstance(entry.get("path", ""), str)
+        for entry in entries
     ):
         raise ValueError(f"{path}: not a list of modules, each with a string type and path")
     return entries

@@ -49,7 +49,12 @@ class LlmReranker(PairScorer):
         self.model = load_model(AutoModelForSequenceClassification if self.own_head else AutoModelForCausalLM, context)
         self.device = context.device
         self.backbone = getattr(self.model, self.model.base_model_prefix)
-        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        self.tokenizer = TextTokenizer(
+            directory,
+            context.config.max_sequence_length,
+            self.model,
+            trust_remote_code=context.profile.trust_remote_code,
+        )
         self.max_sequence_length = self.tokenizer.max_length
         # A copy that never truncates: the template tail is restored after the cut (_truncate).
         self.untruncated = Tokenizer.from_str(self.tokenizer.hf.backend_tokenizer.to_str())
@@ -65,10 +70,14 @@ class LlmReranker(PairScorer):
                 raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
             if not isinstance(getattr(self.model, "score", None), torch.nn.Module):
                 # An encoder's classifier (BERT's `classifier`) failed every request: use adapter cross_encoder.
-                raise ValueError(f"{architecture} has no decoder `score` head; an encoder cross-encoder is adapter cross_encoder")
+                raise ValueError(
+                    f"{architecture} has no decoder `score` head; an encoder cross-encoder is adapter cross_encoder"
+                )
             self.token_ids: list[int] = []
         else:
-            self.token_ids = _score_tokens(directory, options, self.tokenizer.hf, self.model.get_output_embeddings().weight.shape[0])
+            self.token_ids = _score_tokens(
+                directory, options, self.tokenizer.hf, self.model.get_output_embeddings().weight.shape[0]
+            )
         activation = options.get("activation") or saved_activation(directory)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -82,16 +91,22 @@ class LlmReranker(PairScorer):
         tail = self._template_tail(self.template, instruction)
         # A prompt that fills the model's length before the document (a long query or instruction, a template
         # longer than the model reads) would give every document the same score: no token of it is read.
-        around = len(self.untruncated.encode(self.template.render(query, "", instruction), add_special_tokens=False).ids)
+        around = len(
+            self.untruncated.encode(self.template.render(query, "", instruction), add_special_tokens=False).ids
+        )
         if around >= self.max_sequence_length:
             raise InvalidArgument(
-                f"the prompt around the document (template, instruction and query) is {around} tokens, and the model reads"
+                f"the prompt around the document (template, instruction and query) is {around} tokens, and the model "
+                f"reads"
                 f" {self.max_sequence_length}: no token of any document would be read",
                 reason="PROMPT_TOO_LONG",
                 metadata={"limit": str(self.max_sequence_length)},
             )
         rendered = [self.template.render(query, document, instruction) for document in documents]
-        return [TokenizedText(self._truncate(encoding.ids, tail)) for encoding in self.untruncated.encode_batch(rendered, add_special_tokens=False)]
+        return [
+            TokenizedText(self._truncate(encoding.ids, tail))
+            for encoding in self.untruncated.encode_batch(rendered, add_special_tokens=False)
+        ]
 
     def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         return np.array(by_length(batch, self.device, self._score), dtype=np.float32)
@@ -105,9 +120,11 @@ class LlmReranker(PairScorer):
         return texts
 
     def _template_tail(self, template: PairTemplate, instruction: str | None) -> list[int]:
-        """The template's tokens after the document: the common token tail of two renders that differ only in content."""
+        """The template's tokens after the document: the common token tail of two renders that differ only in
+        content."""
         first, second = (
-            self.untruncated.encode(template.render(filler, filler, instruction), add_special_tokens=False).ids for filler in _FILLERS
+            self.untruncated.encode(template.render(filler, filler, instruction), add_special_tokens=False).ids
+            for filler in _FILLERS
         )
         common = 0
         for left, right in zip(reversed(first), reversed(second), strict=False):
@@ -148,7 +165,8 @@ class LlmReranker(PairScorer):
             return self.activation(scores).cpu().numpy()
 
     def _head(self, final: torch.Tensor) -> torch.Tensor:
-        """The model's own head on the last real tokens: the classifier, or the output-embedding rows of the score tokens."""
+        """The model's own head on the last real tokens: the classifier, or the output-embedding rows of the score
+        tokens."""
         if self.own_head:
             # torch types a module's attributes as Tensor | Module
             return self.model.score(final)  # type: ignore[operator]
@@ -159,13 +177,17 @@ class LlmReranker(PairScorer):
         return torch.tanh(logits / softcap) * softcap if softcap else logits
 
 
-def _template(directory: Path, options: Mapping[str, Any], run_options: Mapping[str, Any], tokenizer: Any) -> PairTemplate | None:
+def _template(
+    directory: Path, options: Mapping[str, Any], run_options: Mapping[str, Any], tokenizer: Any
+) -> PairTemplate | None:
     if "template" in options:
         return TextTemplate(str(options["template"]), str(run_options.get("instruction_prompt", "{instruction}")))
     if getattr(tokenizer, "chat_template", None):
         modality = read_json(directory / "sentence_bert_config.json").get("modality_config") or {}
         message = modality.get("message") if isinstance(modality, dict) else None
-        if not isinstance(message or {}, dict):  # a list here retried the load for ever (AttributeError reads as transient)
+        if not isinstance(
+            message or {}, dict
+        ):  # a list here retried the load for ever (AttributeError reads as transient)
             raise ValueError("sentence_bert_config.json: modality_config.message is not a mapping")
         return ChatTemplate(tokenizer, flat=(message or {}).get("format", "flat") == "flat")
     return None
@@ -176,12 +198,17 @@ def _score_tokens(directory: Path, options: Mapping[str, Any], tokenizer: Any, v
     LogitScore module, else "yes" / "no" as sentence-transformers picks for a causal LM. Each a row of the
     model's output embeddings (`vocabulary` rows): a saved id past them failed every request, a negative one
     silently read another token's row."""
-    saved = next((entry for entry in read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None)
+    saved = next(
+        (entry for entry in read_modules(directory) if str(entry.get("type", "")).endswith(".LogitScore")), None
+    )
     if saved is not None and "true_token" not in options and "false_token" not in options:
         config = read_json(module_folder(directory, str(saved.get("path", ""))) / "config.json")
         ids = [config["true_token_id"], config.get("false_token_id")]
     else:
-        ids = [_token_id(tokenizer, options.get("true_token", "yes")), _token_id(tokenizer, options.get("false_token", "no"))]
+        ids = [
+            _token_id(tokenizer, options.get("true_token", "yes")),
+            _token_id(tokenizer, options.get("false_token", "no")),
+        ]
     for token in ids:
         if token is not None and (type(token) is not int or not 0 <= token < vocabulary):
             raise ValueError(f"score token id {token!r} is not a token of this model (0 to {vocabulary - 1})")

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class PackedLinear(torch.nn.Linear):
-    """An `nn.Linear` (peft and isinstance checks still see one) whose forward uses a oneDNN-packed copy of its weight."""
+    """An `nn.Linear` (peft and isinstance checks still see one) whose forward uses a oneDNN-packed copy of its
+    weight."""
 
     packed_weight: torch.Tensor
 
@@ -56,13 +57,16 @@ def onednn_available() -> bool:
 
 
 def use_onednn(model: torch.nn.Module) -> int:
-    """Pack every float32 `nn.Linear` of a CPU model and fuse BERT-style GELU blocks; returns how many layers were packed.
+    """Pack every float32 `nn.Linear` of a CPU model and fuse BERT-style GELU blocks; returns how many layers were
+    packed.
 
     Leaves the model as it was (and says so in the log) where this PyTorch
     build cannot pack a weight, or where its packed matmul disagrees with
     PyTorch's on this CPU.
     """
-    linears = [module for module in model.modules() if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32]
+    linears = [
+        module for module in model.modules() if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
+    ]
     if not linears or not onednn_available():
         return 0
     try:

@@ -55,11 +55,18 @@ class ChatTemplate:
         try:
             probe = self.render(_PROBES[0], _PROBES[1], None)
         except Exception as error:  # the template's own error (jinja raise_exception, a missing key)
-            raise ValueError(f"the model's chat template cannot render a query/document pair ({error}); set load_options.template") from error
+            raise ValueError(
+                f"the model's chat template cannot render a query/document pair ({error}); set load_options.template"
+            ) from error
         if not all(text in probe for text in _PROBES):
-            raise ValueError("the model's chat template does not render 'query' and 'document' messages; set load_options.template")
+            raise ValueError(
+                "the model's chat template does not render 'query' and 'document' messages; set load_options.template"
+            )
         if len(probe) > MAX_CHAT_TEMPLATE_CHARS:
-            raise ValueError(f"the model's chat template renders {len(probe)} characters for a short pair (at most {MAX_CHAT_TEMPLATE_CHARS})")
+            raise ValueError(
+                f"the model's chat template renders {len(probe)} characters for a short pair (at most "
+                f"{MAX_CHAT_TEMPLATE_CHARS})"
+            )
 
     def render(self, query: str, document: str, instruction: str | None) -> str:
         system = [self._message("system", instruction)] if instruction else []

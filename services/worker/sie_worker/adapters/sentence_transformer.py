@@ -24,7 +24,16 @@ from sie_common.edge.errors import InvalidArgument
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
 from sie_worker.adapters.bidirectional import use_bidirectional
 from sie_worker.adapters.dense_modules import DenseModule, load_dense
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, padded, position_offset, read_json, read_modules
+from sie_worker.adapters.hf_text import (
+    TextTokenizer,
+    by_length,
+    load_model,
+    module_folder,
+    padded,
+    position_offset,
+    read_json,
+    read_modules,
+)
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.
@@ -66,11 +75,18 @@ class SentenceTransformerEncoder(TextEncoder):
         if getattr(self.model.config, "use_cache", None):
             self.model.config.use_cache = False  # one forward pass per batch: a key/value cache is only memory
         self.device = context.device
-        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        self.tokenizer = TextTokenizer(
+            directory,
+            context.config.max_sequence_length,
+            self.model,
+            trust_remote_code=context.profile.trust_remote_code,
+        )
         self.max_sequence_length = self.tokenizer.max_length
         padding_side = load_options.get("padding_side", self.tokenizer.hf.padding_side)
         if padding_side not in PADDING_SIDES:
-            raise ValueError(f"load option padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
+            raise ValueError(
+                f"load option padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}"
+            )
         self.pad_left: bool = padding_side == "left"
         # Left-padded items get their positions counted from their first real token, as right-padded ones do
         # (from the model's own first position: RoBERTa-style tables start past their padding row).
@@ -108,18 +124,22 @@ class SentenceTransformerEncoder(TextEncoder):
             prompt_tokens, length = self._count_prompt_tokens(prompt)
             if length >= self.max_sequence_length:
                 raise InvalidArgument(
-                    f"the prompt (with the instruction in it) is {length} tokens or more, and the model reads {self.max_sequence_length}"
+                    f"the prompt (with the instruction in it) is {length} tokens or more, and the model reads "
+                    f"{self.max_sequence_length}"
                     " and leaves the prompt out of pooling: no token of the texts would be pooled",
                     reason="PROMPT_TOO_LONG",
                     metadata={"limit": str(self.max_sequence_length)},
                 )
-        tokenized = [TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])]
+        tokenized = [
+            TokenizedText(item.ids, prompt_tokens) for item in self.tokenizer.encode([prompt + text for text in texts])
+        ]
         # A decoder's tokenizer may add no special token: an empty text is then no tokens, which pooled to a zero
         # vector beside other items and failed a forward pass of its own.
         empty = next((index for index, item in enumerate(tokenized) if not item.ids), None)
         if empty is not None:
             raise InvalidArgument(
-                f"item {empty}: the text is no tokens for this model (its tokenizer adds none of its own); an empty text has no embedding",
+                f"item {empty}: the text is no tokens for this model (its tokenizer adds none of its own); an empty "
+                f"text has no embedding",
                 reason="NO_TOKENS",
                 metadata={"item": str(empty)},
             )
@@ -208,9 +228,15 @@ def _read_modules(directory: Path) -> list[str]:
     types = [_module_type(entry["type"]) for entry in read_modules(directory)]
     unsupported = [name for name in types if name not in ("Transformer", "Pooling", "Dense", "Normalize")]
     if unsupported:
-        raise ValueError(f"{modules_file}: module {unsupported[0]!r} is not supported by the sentence_transformer adapter")
+        raise ValueError(
+            f"{modules_file}: module {unsupported[0]!r} is not supported by the sentence_transformer adapter"
+        )
     dense = [index for index, name in enumerate(types) if name == "Dense"]
-    if dense and ("Pooling" not in types or dense[0] < types.index("Pooling") or ("Normalize" in types and dense[-1] > types.index("Normalize"))):
+    if dense and (
+        "Pooling" not in types
+        or dense[0] < types.index("Pooling")
+        or ("Normalize" in types and dense[-1] > types.index("Normalize"))
+    ):
         raise ValueError(f"{modules_file}: Dense modules must come after Pooling and before Normalize")
     return types
 

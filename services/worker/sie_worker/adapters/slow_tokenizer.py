@@ -22,7 +22,10 @@ class SlowTextTokenizer:
         self.pad_id: int = hf.pad_token_id if hf.pad_token_id is not None else 0
 
     def encode(self, texts: Sequence[str]) -> list[TokenizedText]:
-        return [TokenizedText(self.hf(self._prefix(text), truncation=True, max_length=self.max_length)["input_ids"]) for text in texts]
+        return [
+            TokenizedText(self.hf(self._prefix(text), truncation=True, max_length=self.max_length)["input_ids"])
+            for text in texts
+        ]
 
     def _prefix(self, text: str) -> str:
         """The text cut at a space where its first words already give more tokens than the maximum length (the

@@ -61,15 +61,22 @@ def _router(directory: Path, router: Path) -> SparseLayout:
     model_directory = folder if folder is not None and (folder / "config.json").exists() else directory
     pooling = next((module for module in document if types[module].endswith("SpladePooling")), None)
     settings = read_json(module_folder(router, pooling) / "config.json") if pooling else {}
-    static = next((module for module in structure.get("query", []) if types[module].endswith("SparseStaticEmbedding")), None)
-    return _layout(model_directory, settings, _static_weights(module_folder(router, static), model_directory) if static else None)
+    static = next(
+        (module for module in structure.get("query", []) if types[module].endswith("SparseStaticEmbedding")), None
+    )
+    return _layout(
+        model_directory, settings, _static_weights(module_folder(router, static), model_directory) if static else None
+    )
 
 
 def _layout(model_directory: Path, settings: dict[str, Any], idf: np.ndarray | None) -> SparseLayout:
     activation = settings.get("activation_function", "relu")
     pooling = settings.get("pooling_strategy", "max")
     if activation not in ACTIVATIONS or pooling not in POOLINGS:
-        raise ValueError(f"{model_directory}: SpladePooling {activation!r} / {pooling!r} is not supported ({ACTIVATIONS} / {POOLINGS})")
+        raise ValueError(
+            f"{model_directory}: SpladePooling {activation!r} / {pooling!r} is not supported ({ACTIVATIONS} / "
+            f"{POOLINGS})"
+        )
     return SparseLayout(model_directory, activation, pooling, idf)
 
 
@@ -82,7 +89,10 @@ def _static_weights(folder: Path, model_directory: Path) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         weights = saved.astype(np.float32)
     if weights.ndim != 1 or not np.isfinite(weights).all():
-        raise ValueError(f"{folder}: the SparseStaticEmbedding weight must be one finite float32 number per token, not {saved.dtype} {saved.shape}")
+        raise ValueError(
+            f"{folder}: the SparseStaticEmbedding weight must be one finite float32 number per token, not "
+            f"{saved.dtype} {saved.shape}"
+        )
     return weights
 
 
@@ -98,7 +108,9 @@ def _idf_json(path: Path, model_directory: Path) -> np.ndarray:
     for token, weight in table.items():
         # NaN, Infinity, null (numpy reads it as NaN) and 1e39 (Infinity as float32) would reach answers as non-numbers.
         if type(weight) not in (int, float) or not abs(weight) <= _FLOAT32_MAX:
-            raise ValueError(f"{path}: the query weight of {token[:64]!r} is {str(weight)[:64]!r}, not a finite float32 number")
+            raise ValueError(
+                f"{path}: the query weight of {token[:64]!r} is {str(weight)[:64]!r}, not a finite float32 number"
+            )
         if token in vocabulary:
             weights[vocabulary[token]] = weight
     return weights

@@ -33,7 +33,9 @@ class SpladeEncoder(TextEncoder):
         self.model = load_model(AutoModelForMaskedLM, dataclasses.replace(context, weights=directory))
         self.device = context.device
         trust = context.profile.trust_remote_code
-        self.tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=trust)
+        self.tokenizer = TextTokenizer(
+            directory, context.config.max_sequence_length, self.model, trust_remote_code=trust
+        )
         self.max_sequence_length = self.tokenizer.max_length
         self.vocab_size = int(self.model.config.vocab_size)
         self.dims = 0
@@ -41,9 +43,13 @@ class SpladeEncoder(TextEncoder):
             # Tokens past the model's vocabulary are no dimension of the answer (nor of any document's weights).
             self.layout = dataclasses.replace(self.layout, idf=self.layout.idf[: self.vocab_size])
             # Static query weights read the query's tokens, special ones aside, up to the tokenizer's own limit.
-            self.query_tokenizer = TextTokenizer(directory, context.config.max_sequence_length, self.model, trust_remote_code=trust)
+            self.query_tokenizer = TextTokenizer(
+                directory, context.config.max_sequence_length, self.model, trust_remote_code=trust
+            )
             specials = self.query_tokenizer.hf.num_special_tokens_to_add()
-            self.query_tokenizer.rust.enable_truncation(self.query_tokenizer.max_length + specials, direction=self.query_tokenizer.hf.truncation_side)
+            self.query_tokenizer.rust.enable_truncation(
+                self.query_tokenizer.max_length + specials, direction=self.query_tokenizer.hf.truncation_side
+            )
         run_options = context.profile.run_options
         self.query_prompt: str = run_options.get("query_prompt", "")
         self.document_prompt: str = run_options.get("document_prompt", "")
@@ -55,7 +61,10 @@ class SpladeEncoder(TextEncoder):
 
     def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
         if is_query and self.layout.idf is not None:
-            return [TokenizedText(item.ids, is_query=True) for item in self.query_tokenizer.encode([prompt + text for text in texts])]
+            return [
+                TokenizedText(item.ids, is_query=True)
+                for item in self.query_tokenizer.encode([prompt + text for text in texts])
+            ]
         return self.tokenizer.encode([prompt + text for text in texts])
 
     def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
@@ -65,7 +74,9 @@ class SpladeEncoder(TextEncoder):
         if modelled:
             for row, pooled in zip(modelled, self._pooled([batch[row] for row in modelled]), strict=True):
                 indices = np.flatnonzero(pooled > 0).astype(np.uint32)
-                items[row] = EncodedItem(sparse=SparseWeights(indices, pooled[indices].astype(np.float32), self.vocab_size))
+                items[row] = EncodedItem(
+                    sparse=SparseWeights(indices, pooled[indices].astype(np.float32), self.vocab_size)
+                )
         return [items[row] for row in range(len(batch))]
 
     def _pooled(self, batch: Sequence[TokenizedText]) -> np.ndarray:

@@ -27,7 +27,12 @@ class TokenClassificationExtractor(TokenClassifier):
     def __init__(self, context: LoadContext) -> None:
         self.model = load_model(AutoModelForTokenClassification, context)
         self.device = context.device
-        self.tokenizer = TextTokenizer(context.weights, context.config.max_sequence_length, self.model, trust_remote_code=context.profile.trust_remote_code)
+        self.tokenizer = TextTokenizer(
+            context.weights,
+            context.config.max_sequence_length,
+            self.model,
+            trust_remote_code=context.profile.trust_remote_code,
+        )
         self.max_sequence_length = self.tokenizer.max_length
         # transformers types id2label as it may be given (str keys, or none) and num_labels as optional; a loaded
         # model's config has both, with int keys.
@@ -42,7 +47,9 @@ class TokenClassificationExtractor(TokenClassifier):
             probabilities = self.model(**model_inputs(self.model, inputs)).logits.float().softmax(dim=-1).cpu().numpy()
         return [probabilities[row, : len(item.ids)] for row, item in enumerate(batch)]
 
-    def entities(self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None) -> list[Entity]:
+    def entities(
+        self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None
+    ) -> list[Entity]:
         best = probabilities.argmax(axis=-1)
         groups: list[tuple[str, list[int]]] = []  # (type, token positions)
         previous: tuple[str, str] | None = None

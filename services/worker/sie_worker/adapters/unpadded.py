@@ -44,8 +44,14 @@ def _forward(
     **kwargs: Any,
 ) -> BaseModelOutputWithPoolingAndCrossAttentions:
     """The base model's forward on real tokens; any call this does not cover goes to the padded forward."""
-    if input_ids is None or attention_mask is None or any(value is not None for key, value in kwargs.items() if key != "return_dict"):
-        return padded_forward(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids, **kwargs)
+    if (
+        input_ids is None
+        or attention_mask is None
+        or any(value is not None for key, value in kwargs.items() if key != "return_dict")
+    ):
+        return padded_forward(
+            input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, position_ids=position_ids, **kwargs
+        )
     batch, length = input_ids.shape
     embedded = base.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
     width = embedded.shape[-1]
@@ -63,7 +69,9 @@ def _forward(
     return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=sequence, pooler_output=pooled)
 
 
-def _self_attention(module: BertLike, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+def _self_attention(
+    module: BertLike, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
     """Multi-head self-attention of the real tokens `hidden` [T, width]: padded to [B, heads, L, head size]
     for SDPA, with padded keys masked, and the real rows taken back."""
     batch, length = keys.shape[0], keys.shape[-1]
@@ -74,7 +82,11 @@ def _self_attention(module: BertLike, hidden: torch.Tensor, positions: torch.Ten
         return padded.view(batch, length, heads, head_size).transpose(1, 2)
 
     context = torch.nn.functional.scaled_dot_product_attention(
-        by_head(module.query(hidden)), by_head(module.key(hidden)), by_head(module.value(hidden)), attn_mask=keys, scale=module.scaling
+        by_head(module.query(hidden)),
+        by_head(module.key(hidden)),
+        by_head(module.value(hidden)),
+        attn_mask=keys,
+        scale=module.scaling,
     )
     return context.transpose(1, 2).reshape(batch * length, heads * head_size).index_select(0, positions)
 
@@ -88,11 +100,20 @@ def _is_bert_family(base: BertLike) -> bool:
     value) + attention.output, intermediate, output; absolute positions; no decoder, no cross-attention, and
     nothing between the embeddings and the layers (ELECTRA's embedding projection, for one)."""
     config = base.config
-    if config.model_type not in _MODEL_TYPES or getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+    if (
+        config.model_type not in _MODEL_TYPES
+        or getattr(config, "is_decoder", False)
+        or getattr(config, "add_cross_attention", False)
+    ):
         return False
-    if getattr(config, "position_embedding_type", "absolute") != "absolute" or config._attn_implementation not in ("sdpa", "eager"):
+    if getattr(config, "position_embedding_type", "absolute") != "absolute" or config._attn_implementation not in (
+        "sdpa",
+        "eager",
+    ):
         return False
-    if not _children(base) <= {"embeddings", "encoder", "pooler"} or _children(getattr(base, "encoder", None)) != {"layer"}:
+    if not _children(base) <= {"embeddings", "encoder", "pooler"} or _children(getattr(base, "encoder", None)) != {
+        "layer"
+    }:
         return False
     return len(base.encoder.layer) > 0 and all(_is_bert_layer(layer) for layer in base.encoder.layer)
 

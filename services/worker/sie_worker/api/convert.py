@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import duration_pb2, json_format, struct_pb2
+
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.cluster.model_config import OUTPUT_TYPES
 from sie_common.edge.errors import InvalidArgument, clipped
@@ -22,7 +23,6 @@ from sie_common.edge.request_bounds import (
 )
 from sie_common.edge.request_params import merged_request
 from sie_contract.tensors import to_tensor
-
 from sie_worker.batching.stats import BatchStats
 from sie_worker.engine.jobs import (
     EncodedOutput,
@@ -228,7 +228,7 @@ def encode_response(request: inference_pb2.EncodeRequest, outcome: EncodeOutcome
     return inference_pb2.EncodeResponse(
         request_id=request.request_id,
         model=outcome.model,
-        results=[_encode_result(item.id, output) for item, output in zip(request.items, outcome.items)],
+        results=[_encode_result(item.id, output) for item, output in zip(request.items, outcome.items, strict=True)],
         timing=_timing(outcome.timing),
         tokens=outcome.tokens,
     )
@@ -279,7 +279,7 @@ def extract_response(request: inference_pb2.ExtractRequest, outcome: ExtractOutc
                     for e in entities
                 ],
             )
-            for item, entities in zip(request.items, outcome.entities)
+            for item, entities in zip(request.items, outcome.entities, strict=True)
         ],
         timing=_timing(outcome.timing),
     )

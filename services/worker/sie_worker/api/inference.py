@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.edge import openai_embeddings
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_answer
 from sie_common.edge.encode_stream import serve_encode_stream
 from sie_common.edge.errors import Internal, SieError, abort
-
 from sie_worker.api.convert import (
     describe_model,
     encode_job,
@@ -72,19 +72,25 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         event loop, and with it every other caller's request, is not held while thousands of results convert."""
         return await self._engine.off_loop(build, items)
 
-    async def Encode(self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext) -> inference_pb2.EncodeResponse:
+    async def Encode(
+        self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EncodeResponse:
         try:
             return await self.run_encode(request)
         except SieError as error:
             await abort(context, error)
 
-    async def Score(self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ScoreResponse:
+    async def Score(
+        self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ScoreResponse:
         try:
             return await self.run_score(request)
         except SieError as error:
             await abort(context, error)
 
-    async def Extract(self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ExtractResponse:
+    async def Extract(
+        self, request: inference_pb2.ExtractRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ExtractResponse:
         try:
             return await self.run_extract(request)
         except SieError as error:
@@ -105,22 +111,33 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
         """Run every request as it arrives; answer each as it completes, tagged by request_id."""
-        async for response in serve_encode_stream(requests, self.run_encode, self._engine.settings.encode_stream_window):
+        async for response in serve_encode_stream(
+            requests, self.run_encode, self._engine.settings.encode_stream_window
+        ):
             yield response
 
-    async def ListModels(self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext) -> inference_pb2.ListModelsResponse:
+    async def ListModels(
+        self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
         registry = self._engine.registry
         return inference_pb2.ListModelsResponse(
             models=[describe_model(registry, model) for model in registry.model_ids],
             config_problems=[
-                inference_pb2.ConfigProblem(source=problem.source, message=problem.message) for problem in registry.catalog.problems
+                inference_pb2.ConfigProblem(source=problem.source, message=problem.message)
+                for problem in registry.catalog.problems
             ],
         )
 
-    async def GetModel(self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.GetModelResponse:
-        return inference_pb2.GetModelResponse(model=await self.DescribeModel(inference_pb2.DescribeModelRequest(model=request.model), context))
+    async def GetModel(
+        self, request: inference_pb2.GetModelRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.GetModelResponse:
+        return inference_pb2.GetModelResponse(
+            model=await self.DescribeModel(inference_pb2.DescribeModelRequest(model=request.model), context)
+        )
 
-    async def DescribeModel(self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext) -> inference_pb2.Model:
+    async def DescribeModel(
+        self, request: inference_pb2.DescribeModelRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.Model:
         try:
             require_model(request.model, self._limits)
             return describe_model(self._engine.registry, request.model)

@@ -46,10 +46,13 @@ class WorkService(worker_pb2_grpc.WorkerServicer):
                 if task == "cancel":
                     answers.cancel(work.request_id)
                 elif not work.request_id:
-                    answers.reply(self._failed(work, InvalidArgument("request_id is required", reason="MISSING_REQUEST_ID")))
+                    answers.reply(
+                        self._failed(work, InvalidArgument("request_id is required", reason="MISSING_REQUEST_ID"))
+                    )
                 elif not answers.start(work.request_id, self._answer(work)):
                     duplicate = InvalidArgument(
-                        f"request_id {work.request_id!r} is already in flight on this stream", reason="DUPLICATE_REQUEST_ID"
+                        f"request_id {work.request_id!r} is already in flight on this stream",
+                        reason="DUPLICATE_REQUEST_ID",
                     )
                     answers.reply(self._failed(work, duplicate))
 
@@ -59,7 +62,9 @@ class WorkService(worker_pb2_grpc.WorkerServicer):
     async def _answer(self, work: worker_pb2.WorkRequest) -> worker_pb2.WorkResponse:
         task = work.WhichOneof("task")
         parent = extract(work.trace_context) if work.trace_context else None
-        with span(f"{WORK_METHOD} {task}", context=parent, kind=trace.SpanKind.SERVER, attributes={"sie.task": task or ""}):
+        with span(
+            f"{WORK_METHOD} {task}", context=parent, kind=trace.SpanKind.SERVER, attributes={"sie.task": task or ""}
+        ):
             return await self._run(work, task)
 
     async def _run(self, work: worker_pb2.WorkRequest, task: str | None) -> worker_pb2.WorkResponse:

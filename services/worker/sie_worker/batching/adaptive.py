@@ -109,7 +109,14 @@ class AdaptiveBatching:
     adaptive = True
 
     def __init__(
-        self, *, max_items: int, max_tokens: int, min_wait_s: float, max_wait_s: float, initial_wait_s: float, target_p50_s: float
+        self,
+        *,
+        max_items: int,
+        max_tokens: int,
+        min_wait_s: float,
+        max_wait_s: float,
+        initial_wait_s: float,
+        target_p50_s: float,
     ) -> None:
         self._max_tokens = max_tokens
         self._min_tokens = max(1, max_tokens // BUDGET_FLOOR_FRACTION)
@@ -152,7 +159,9 @@ class AdaptiveBatching:
 
     def _step(self, period: _Period) -> None:
         forward = statistics.median(period.forward)
-        self._forward_s = forward if not self._forward_s else (1 - FORWARD_SMOOTHING) * self._forward_s + FORWARD_SMOOTHING * forward
+        self._forward_s = (
+            forward if not self._forward_s else (1 - FORWARD_SMOOTHING) * self._forward_s + FORWARD_SMOOTHING * forward
+        )
         p50 = statistics.median(period.latencies)
         target = self.target_p50_s
         wait, budget = self._limits.max_wait_s, self._limits.max_tokens

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import operator
 import time
 from collections.abc import Hashable, Iterable, Sequence
@@ -82,7 +83,9 @@ _FLOW = operator.attrgetter("flow")
 class Batch(list[PendingItem]):
     """The items of one forward pass, cheapest first, with how the former decided on them."""
 
-    def __init__(self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float, flows: int = 0) -> None:
+    def __init__(
+        self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float, flows: int = 0
+    ) -> None:
         super().__init__(items)
         self.limits = limits  # the limits it was formed under
         self.full = full  # flushed because the item cap or token budget was reached, not by the wait
@@ -162,10 +165,8 @@ class BatchFormer:
                 return self._take(*ready, now)
             self._changed.clear()
             timeout = None if wake_at is None else max(0.0, wake_at - now)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
-            except TimeoutError:
-                pass
 
     def give_back(self, batch: Batch, limits: LimitSource) -> None:
         """Queue again, as they were, the items of a batch that did not run (another was run in its place), but for
@@ -191,13 +192,19 @@ class BatchFormer:
         waiting = {item.flow for group in self._groups.values() for item in group.items}
         return all(item.flow in waiting for item in batch)
 
-    def _ready(self, now: float, newer_than: int | None) -> tuple[tuple[Hashable, PendingItem, BatchLimits, bool] | None, float | None]:
+    def _ready(
+        self, now: float, newer_than: int | None
+    ) -> tuple[tuple[Hashable, PendingItem, BatchLimits, bool] | None, float | None]:
         """The ready group holding the lowest tag (key, its lead, limits, full), else when the next one will be."""
         ready: tuple[tuple[float, int], Hashable, PendingItem, BatchLimits, bool] | None = None
         wake_at: float | None = None
         for key, group in self._groups.items():
             # Items are kept in arrival order, so those of flows after `newer_than` are a tail.
-            candidates = group.items if newer_than is None else group.items[bisect.bisect_right(group.items, newer_than, key=_FLOW) :]
+            candidates = (
+                group.items
+                if newer_than is None
+                else group.items[bisect.bisect_right(group.items, newer_than, key=_FLOW) :]
+            )
             if not candidates:
                 continue
             limits = group.source.current()

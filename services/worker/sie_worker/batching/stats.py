@@ -19,15 +19,25 @@ from sie_worker.batching.former import Batch
 _LABELS = ("model", "profile")
 _SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
-BATCHES = Counter("sie_worker_batches_total", "Forward passes, by what flushed the batch (full or wait).", (*_LABELS, "flush"))
+BATCHES = Counter(
+    "sie_worker_batches_total", "Forward passes, by what flushed the batch (full or wait).", (*_LABELS, "flush")
+)
 PADDING = Histogram(
-    "sie_worker_batch_padding_fraction", "Share of a forward pass's tokens that are padding.", _LABELS,
+    "sie_worker_batch_padding_fraction",
+    "Share of a forward pass's tokens that are padding.",
+    _LABELS,
     buckets=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8),
 )
-WAIT = Histogram("sie_worker_batch_wait_seconds", "The oldest item's wait until its batch was formed.", _LABELS, buckets=_SECONDS)
-WAIT_SETTING = Gauge("sie_worker_batch_wait_setting_seconds", "The batch wait the model's batcher applies now.", _LABELS)
+WAIT = Histogram(
+    "sie_worker_batch_wait_seconds", "The oldest item's wait until its batch was formed.", _LABELS, buckets=_SECONDS
+)
+WAIT_SETTING = Gauge(
+    "sie_worker_batch_wait_setting_seconds", "The batch wait the model's batcher applies now.", _LABELS
+)
 BUDGET_SETTING = Gauge("sie_worker_batch_budget_tokens", "The token budget the model's batcher applies now.", _LABELS)
-TARGET = Gauge("sie_worker_batch_target_p50_seconds", "The adaptive controller's p50 target (0: fixed batching).", _LABELS)
+TARGET = Gauge(
+    "sie_worker_batch_target_p50_seconds", "The adaptive controller's p50 target (0: fixed batching).", _LABELS
+)
 
 
 @dataclass(frozen=True)

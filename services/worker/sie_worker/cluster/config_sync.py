@@ -72,7 +72,11 @@ class ConfigSync:
         else:
             changed = [change.name for change in update.changes]
             for change in update.changes:
-                config = None if change.value is None else config_store.decode_models({change.name: change.value}).get(change.name)
+                config = (
+                    None
+                    if change.value is None
+                    else config_store.decode_models({change.name: change.value}).get(change.name)
+                )
                 if config is None:
                     self._configs.pop(change.name, None)
                 else:

@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class Registration:
-    def __init__(self, etcd: Etcd, worker_id: str, record: Callable[[], WorkerRecord], *, ttl_s: int, publish_interval_s: float) -> None:
+    def __init__(
+        self, etcd: Etcd, worker_id: str, record: Callable[[], WorkerRecord], *, ttl_s: int, publish_interval_s: float
+    ) -> None:
         self._etcd = etcd
         self._name = WORKERS + worker_id
         self._record = record

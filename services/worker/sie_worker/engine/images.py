@@ -25,8 +25,8 @@ from collections.abc import Callable
 from PIL import Image, UnidentifiedImageError
 
 from sie_common.edge.errors import InvalidArgument
-from sie_worker.engine.jobs import ImageInput, ItemInput
 from sie_common.edge.request_bounds import check_image_bytes
+from sie_worker.engine.jobs import ImageInput, ItemInput
 from sie_worker.engine.limits import Limits, check_image_size, check_jpeg_scans
 
 # Pillow's format name -> the names a `format` hint may use for it.
@@ -38,7 +38,9 @@ SUPPORTED = "JPEG, PNG or WebP"
 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
 
-def decode_image(item: ItemInput, position: int, *, limits: Limits, resized_pixels: Callable[[int, int], int]) -> Image.Image:
+def decode_image(
+    item: ItemInput, position: int, *, limits: Limits, resized_pixels: Callable[[int, int], int]
+) -> Image.Image:
     """The decoded image `position` of `item`, in its own mode (the model's processor converts it).
 
     `resized_pixels(width, height)`: the pixels the model's processor resizes an image of that size to."""
@@ -50,7 +52,9 @@ def decode_image(item: ItemInput, position: int, *, limits: Limits, resized_pixe
     try:
         opened = Image.open(io.BytesIO(image.data), formats=tuple(FORMATS))
     except Image.DecompressionBombError:  # Pillow's own guard: the header claims over twice Image.MAX_IMAGE_PIXELS
-        raise _too_large(where, metadata, limits.image_pixels, f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels") from None
+        raise _too_large(
+            where, metadata, limits.image_pixels, f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels"
+        ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
         raise _unreadable(image.data, where, metadata, error) from None
     width, height = opened.size
@@ -59,7 +63,7 @@ def decode_image(item: ItemInput, position: int, *, limits: Limits, resized_pixe
         check_jpeg_scans(image.data, where, metadata, limits)
     try:
         opened.load()
-    except Exception as error:  # Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...
+    except Exception as error:  # noqa: BLE001 - Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...
         raise InvalidArgument(
             f"{where}: the {opened.format} data cannot be decoded ({error}); send a complete {SUPPORTED} file",
             reason="INVALID_IMAGE",
@@ -87,7 +91,8 @@ def _too_large(where: str, metadata: dict[str, str], max_pixels: int, detail: st
 
 
 def _unreadable(data: bytes, where: str, metadata: dict[str, str], error: Exception) -> InvalidArgument:
-    """UNSUPPORTED_IMAGE_FORMAT when Pillow knows the bytes as another format (GIF, BMP, TIFF, ...), else INVALID_IMAGE."""
+    """UNSUPPORTED_IMAGE_FORMAT when Pillow knows the bytes as another format (GIF, BMP, TIFF, ...), else
+    INVALID_IMAGE."""
     other = _other_format(data)
     if other is not None:
         return InvalidArgument(
@@ -107,5 +112,5 @@ def _other_format(data: bytes) -> str | None:
     try:
         with Image.open(io.BytesIO(data)) as other:
             return other.format
-    except Exception:  # not an image Pillow knows either
+    except Exception:  # noqa: BLE001 - not an image Pillow knows either
         return None

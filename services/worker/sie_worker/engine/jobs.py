@@ -10,7 +10,6 @@ from sie_worker.adapters.base import Entity, SparseWeights
 from sie_worker.batching.stats import BatchStats
 from sie_worker.engine.postprocess import Quantized
 
-
 # Longest item id an error message or ErrorInfo echoes (ids are echoed whole in answers only).
 SHOWN_ID_CHARS = 128
 
@@ -148,4 +147,3 @@ class ExtractOutcome:
     model: str
     entities: list[list[Entity]]  # per item
     timing: Timing
-

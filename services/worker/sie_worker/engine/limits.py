@@ -3,10 +3,12 @@
 The bounds on a message's own fields (items, texts, names, options, labels,
 image bytes) live in sie_common.edge.request_bounds, which the gateway checks too;
 here are those that need the model: MUVERA parameters, image sizes read
-from the header, and the multivectors an encode or score holds. Each bound is a WorkerSettings field. A request over one gets
+from the header, and the multivectors an encode or score holds. Each bound is a WorkerSettings field. A request over one
+gets
 INVALID_ARGUMENT with a reason saying what is too large and metadata naming
 the limit and the setting that sets it; nothing of the request has been
-tokenized, decoded or run yet (a score's multivectors are counted from its tokens: tokenized, never run). The one exception is a Work request's timeout: a longer one is cut
+tokenized, decoded or run yet (a score's multivectors are counted from its tokens: tokenized, never run). The one
+exception is a Work request's timeout: a longer one is cut
 to SIE_MAX_REQUEST_TIMEOUT_S rather than refused.
 """
 
@@ -58,13 +60,20 @@ def check_muvera(params: MuveraParams, limits: Limits) -> None:
     ):
         if value > limit:
             what = "repetitions x 2^k_sim x d_proj" if name == "dims" else name
-            raise over_limit(f"options: muvera {what} is {value}", reason="INVALID_OPTIONS", limit=limit, setting=setting, metadata={"parameter": name})
+            raise over_limit(
+                f"options: muvera {what} is {value}",
+                reason="INVALID_OPTIONS",
+                limit=limit,
+                setting=setting,
+                metadata={"parameter": name},
+            )
 
 
 def check_held_multivectors(rows: int, dims: int, limits: Limits, task: str) -> None:
     """An encode or score holds its items' multivectors (float32) until every item is through: `rows` vectors of
     `dims` within SIE_MAX_SCORE_MULTIVECTOR_BYTES, checked once they are tokenized, before the forward pass. An encode's
-    answer may be far smaller than what it holds (MUVERA, a binary output dtype), so its size bound does not cover it."""
+    answer may be far smaller than what it holds (MUVERA, a binary output dtype), so its size bound does not cover
+    it."""
     size = rows * dims * 4
     if size > limits.score_multivector_bytes:
         score = task == "score"
@@ -73,31 +82,48 @@ def check_held_multivectors(rows: int, dims: int, limits: Limits, task: str) -> 
             reason="SCORE_TOO_LARGE" if score else "MULTIVECTORS_TOO_LARGE",
             limit=limits.score_multivector_bytes,
             setting="SIE_MAX_SCORE_MULTIVECTOR_BYTES",
-            advice="score fewer or shorter items per request, or in dense or sparse mode" if score else "encode fewer or shorter items per request",
+            advice="score fewer or shorter items per request, or in dense or sparse mode"
+            if score
+            else "encode fewer or shorter items per request",
         )
 
 
-def check_image_size(width: int, height: int, resized_pixels: int, where: str, metadata: Mapping[str, str], limits: Limits) -> None:
-    """An image's size from its header, and the size the model's processor would resize it to, before any pixel is decoded.
+def check_image_size(
+    width: int, height: int, resized_pixels: int, where: str, metadata: Mapping[str, str], limits: Limits
+) -> None:
+    """An image's size from its header, and the size the model's processor would resize it to, before any pixel is
+    decoded.
 
-    Decoded, an image takes at most 4 bytes a pixel (RGBA, CMYK, 32-bit modes), so the pixel bound bounds its memory too."""
+    Decoded, an image takes at most 4 bytes a pixel (RGBA, CMYK, 32-bit modes), so the pixel bound bounds its memory
+    too."""
     pixel_metadata = {**metadata, "max_pixels": str(limits.image_pixels)}
     if width * height > limits.image_pixels:
         raise over_limit(
             f"{where}: image too large ({width}x{height} is {width * height} pixels)",
-            reason="IMAGE_TOO_LARGE", limit=limits.image_pixels, setting="SIE_MAX_IMAGE_PIXELS", metadata=pixel_metadata, advice="downscale it",
+            reason="IMAGE_TOO_LARGE",
+            limit=limits.image_pixels,
+            setting="SIE_MAX_IMAGE_PIXELS",
+            metadata=pixel_metadata,
+            advice="downscale it",
         )
     ratio = max(width, height) / max(min(width, height), 1)
     if ratio > limits.image_aspect_ratio:
         raise over_limit(
             f"{where}: image of {width}x{height} has an aspect ratio of {ratio:.0f}",
-            reason="IMAGE_ASPECT_RATIO_TOO_LARGE", limit=limits.image_aspect_ratio, setting="SIE_MAX_IMAGE_ASPECT_RATIO", metadata=metadata,
+            reason="IMAGE_ASPECT_RATIO_TOO_LARGE",
+            limit=limits.image_aspect_ratio,
+            setting="SIE_MAX_IMAGE_ASPECT_RATIO",
+            metadata=metadata,
             advice="crop or pad it",
         )
     if resized_pixels > limits.image_pixels:
         raise over_limit(
             f"{where}: the model's processor would resize the {width}x{height} image to {resized_pixels} pixels",
-            reason="IMAGE_TOO_LARGE", limit=limits.image_pixels, setting="SIE_MAX_IMAGE_PIXELS", metadata=pixel_metadata, advice="crop or pad it",
+            reason="IMAGE_TOO_LARGE",
+            limit=limits.image_pixels,
+            setting="SIE_MAX_IMAGE_PIXELS",
+            metadata=pixel_metadata,
+            advice="crop or pad it",
         )
 
 
@@ -152,6 +178,10 @@ def check_jpeg_scans(data: bytes, where: str, metadata: Mapping[str, str], limit
     scans = jpeg_scans(data, limits.jpeg_scans)
     if scans > limits.jpeg_scans:
         raise over_limit(
-            f"{where}: JPEG of more than {limits.jpeg_scans} scans (or {JPEG_MARKERS_PER_SCAN} times as many markers)", reason="IMAGE_TOO_MANY_SCANS", limit=limits.jpeg_scans,
-            setting="SIE_MAX_JPEG_SCANS", metadata=metadata, advice="re-encode it (a progressive JPEG has about 10)",
+            f"{where}: JPEG of more than {limits.jpeg_scans} scans (or {JPEG_MARKERS_PER_SCAN} times as many markers)",
+            reason="IMAGE_TOO_MANY_SCANS",
+            limit=limits.jpeg_scans,
+            setting="SIE_MAX_JPEG_SCANS",
+            metadata=metadata,
+            advice="re-encode it (a progressive JPEG has about 10)",
         )

@@ -41,7 +41,6 @@ from sie_common.edge.errors import (
     Unavailable,
 )
 from sie_common.runtime.tracing import record_span, recording, span
-
 from sie_worker.adapters.base import (
     EncodedItem,
     Entity,
@@ -161,7 +160,7 @@ class Engine:
         for model_id in self.settings.preload_models:
             try:
                 await self.registry.load(model_id)
-            except Exception as error:  # reported in the log and ListModels; the other models still serve
+            except Exception as error:  # noqa: BLE001 - reported in the log and ListModels; the other models still serve
                 log.error("preloading %s failed: %s", model_id, error)
 
     async def drain(self, timeout_s: float) -> bool:
@@ -211,7 +210,8 @@ class Engine:
         """A request's clock; `debug` (batch statistics in the answer) needs SIE_INSTRUMENTATION."""
         if debug and not self.settings.instrumentation:
             raise FailedPrecondition(
-                f"debug: per-batch statistics are off on worker {self.settings.worker_id}; start it with SIE_INSTRUMENTATION=true",
+                f"debug: per-batch statistics are off on worker {self.settings.worker_id}; start it with "
+                f"SIE_INSTRUMENTATION=true",
                 reason="INSTRUMENTATION_OFF",
             )
         return _Clock(time.perf_counter(), debug=debug)
@@ -224,8 +224,14 @@ class Engine:
             plan = self._planner.plan(job, holds)
             model = plan.model
             encoded, results = await self._encode_items(
-                model, job.items, plan.device_outputs, clock,
-                is_query=job.is_query, instruction=job.instruction, lora=job.lora, options=job.options,
+                model,
+                job.items,
+                plan.device_outputs,
+                clock,
+                is_query=job.is_query,
+                instruction=job.instruction,
+                lora=job.lora,
+                options=job.options,
                 check_tokenized=lambda tokenized: self._check_multivector_estimate(plan, tokenized),
             )
 
@@ -233,7 +239,9 @@ class Engine:
                 lambda: [_finish(item, plan, is_query=job.is_query) for item in encoded], clock, len(encoded)
             )
             self._count(model, len(job.items))
-        return EncodeOutcome(model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results))
+        return EncodeOutcome(
+            model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results)
+        )
 
     def _check_multivector_estimate(self, plan: RequestPlan, tokenized: Sequence[TokenizedText]) -> None:
         """Before the forward pass, for the encoders that count their rows from the tokens (MultivectorCounter):
@@ -245,7 +253,13 @@ class Engine:
         if "multivector" in plan.device_outputs and isinstance(encoder, MultivectorCounter):
             rows = sum(encoder.multivector_rows(item) for item in tokenized)
             if "multivector" in plan.outputs:
-                check_dense_estimate(rows, encoder.multivector_dims, plan.output_dtype, self.settings.max_send_message_bytes, MAX_SEND_SETTING)
+                check_dense_estimate(
+                    rows,
+                    encoder.multivector_dims,
+                    plan.output_dtype,
+                    self.settings.max_send_message_bytes,
+                    MAX_SEND_SETTING,
+                )
             check_held_multivectors(rows, encoder.multivector_dims, self.limits, "encode")
 
     async def _encode_items(
@@ -266,23 +280,47 @@ class Engine:
         common = {"is_query": is_query, "instruction": instruction, "lora": lora, "options": options}
         image_rows = [row for row, item in enumerate(items) if item.images]
         if not image_rows:
-            return await self._encode_texts(model, [item.text or "" for item in items], outputs, clock, check_tokenized=check_tokenized, **common)
+            return await self._encode_texts(
+                model, [item.text or "" for item in items], outputs, clock, check_tokenized=check_tokenized, **common
+            )
         text_rows = [row for row, item in enumerate(items) if not item.images]
         (texts, text_results), (images, image_results) = await _all_or_none(
-            self._encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock, check_tokenized=check_tokenized, **common),
+            self._encode_texts(
+                model,
+                [items[row].text or "" for row in text_rows],
+                outputs,
+                clock,
+                check_tokenized=check_tokenized,
+                **common,
+            ),
             self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
         )
-        by_row = dict(zip([*text_rows, *image_rows], [*texts, *images]))
+        by_row = dict(zip([*text_rows, *image_rows], [*texts, *images], strict=True))
         return [by_row[row] for row in range(len(items))], text_results + image_results
 
     async def _encode_images(
-        self, model: LoadedModel, items: Sequence[ItemInput], outputs: tuple[str, ...], clock: _Clock, *, lora: str, options: Mapping[str, Any]
+        self,
+        model: LoadedModel,
+        items: Sequence[ItemInput],
+        outputs: tuple[str, ...],
+        clock: _Clock,
+        *,
+        lora: str,
+        options: Mapping[str, Any],
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         """One image per item: decoded and preprocessed on the image pool, then batched by the image key at cost 1."""
         encoder = model.encoder
         assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
         pixels = await self._prepare_images(clock, encoder, items)
-        key = BatchKey(model.config.id, model.profile, "encode", lora, canonical_options(options), modality="image", outputs=outputs)
+        key = BatchKey(
+            model.config.id,
+            model.profile,
+            "encode",
+            lora,
+            canonical_options(options),
+            modality="image",
+            outputs=outputs,
+        )
         work = self._work(model, lora, lambda batch: encoder.encode_images(batch, outputs))
         results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
         return [result.output for result in results], results
@@ -295,10 +333,14 @@ class Engine:
         started = time.perf_counter()
 
         def prepare(item: ItemInput) -> Any:
-            return encoder.prepare_image(decode_image(item, 0, limits=self.limits, resized_pixels=encoder.resized_pixels))
+            return encoder.prepare_image(
+                decode_image(item, 0, limits=self.limits, resized_pixels=encoder.resized_pixels)
+            )
 
         loop = asyncio.get_running_loop()
-        prepared = await asyncio.gather(*(loop.run_in_executor(self._image_pool, prepare, item) for item in items), return_exceptions=True)
+        prepared = await asyncio.gather(
+            *(loop.run_in_executor(self._image_pool, prepare, item) for item in items), return_exceptions=True
+        )
         clock.tokenization_ms += _ms_since(started)
         for outcome in prepared:
             if isinstance(outcome, BaseException):
@@ -320,12 +362,23 @@ class Engine:
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         encoder = model.encoder
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
-        tokenized = await self._tokenize(clock, lambda: encoder.tokenize(texts, prompt, is_query=is_query), len(texts), sum(map(len, texts)) + len(prompt) * len(texts))
+        tokenized = await self._tokenize(
+            clock,
+            lambda: encoder.tokenize(texts, prompt, is_query=is_query),
+            len(texts),
+            sum(map(len, texts)) + len(prompt) * len(texts),
+        )
         if check_tokenized is not None:
             check_tokenized(tokenized)
         key = BatchKey(
-            model.config.id, model.profile, "encode", lora, canonical_options(options),
-            outputs=outputs, instruction=instruction, is_query=is_query,
+            model.config.id,
+            model.profile,
+            "encode",
+            lora,
+            canonical_options(options),
+            outputs=outputs,
+            instruction=instruction,
+            is_query=is_query,
         )
         work = self._work(model, lora, lambda batch: encoder.encode(batch, outputs))
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
@@ -346,13 +399,19 @@ class Engine:
             self._count(plan.model, len(job.items))
         return ScoreOutcome(model=job.model, ranked=ranked, timing=clock.timing(results))
 
-    async def _score_pairs(self, model: LoadedModel, job: ScoreJob, clock: _Clock) -> tuple[list[float], list[_ItemResult]]:
+    async def _score_pairs(
+        self, model: LoadedModel, job: ScoreJob, clock: _Clock
+    ) -> tuple[list[float], list[_ItemResult]]:
         scorer = model.encoder
         query = job.query.text or ""
         texts = [item.text or "" for item in job.items]
         chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
-        tokenized = await self._tokenize(clock, lambda: scorer.tokenize_pairs(query, texts, job.instruction), len(texts), chars)
-        key = BatchKey(job.model, model.profile, "score", job.lora, canonical_options(job.options), instruction=job.instruction)
+        tokenized = await self._tokenize(
+            clock, lambda: scorer.tokenize_pairs(query, texts, job.instruction), len(texts), chars
+        )
+        key = BatchKey(
+            job.model, model.profile, "score", job.lora, canonical_options(job.options), instruction=job.instruction
+        )
         work = self._work(model, job.lora, scorer.score)
         results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
         return [float(result.output) for result in results], results
@@ -373,11 +432,27 @@ class Engine:
         if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
 
             def check_items(tokenized: Sequence[TokenizedText]) -> None:
-                check_held_multivectors(sum(encoder.multivector_rows(item) for item in tokenized), encoder.multivector_dims, self.limits, "score")
+                check_held_multivectors(
+                    sum(encoder.multivector_rows(item) for item in tokenized),
+                    encoder.multivector_dims,
+                    self.limits,
+                    "score",
+                )
 
         (query, query_results), (items, item_results) = await _all_or_none(
-            self._encode_items(plan.model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common),
-            self._encode_items(plan.model, job.items, outputs, clock, is_query=False, instruction=item_instruction, check_tokenized=check_items, **common),
+            self._encode_items(
+                plan.model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common
+            ),
+            self._encode_items(
+                plan.model,
+                job.items,
+                outputs,
+                clock,
+                is_query=False,
+                instruction=item_instruction,
+                check_tokenized=check_items,
+                **common,
+            ),
         )
         scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
         return scores, query_results + item_results
@@ -390,21 +465,28 @@ class Engine:
             model = self._planner.plan(job, holds).model
             extractor = model.encoder
             key = BatchKey(
-                job.model, model.profile, "extract", job.lora, canonical_options(job.options),
-                labels=job.labels, threshold=job.threshold,
+                job.model,
+                model.profile,
+                "extract",
+                job.lora,
+                canonical_options(job.options),
+                labels=job.labels,
+                threshold=job.threshold,
             )
             if isinstance(extractor, ZeroShotExtractor):
                 work = self._work(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
                 results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
                 entities: list[list[Entity]] = [result.output for result in results]
             else:
-                tokenized = await self._tokenize(clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts)))
+                tokenized = await self._tokenize(
+                    clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts))
+                )
                 work = self._work(model, job.lora, extractor.classify)
                 results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
                 entities = await self._postprocess(
                     lambda: [
                         extractor.entities(text, tokens, result.output, job.threshold)
-                        for text, tokens, result in zip(job.texts, tokenized, results)
+                        for text, tokens, result in zip(job.texts, tokenized, results, strict=True)
                     ],
                     clock,
                     len(job.texts),
@@ -414,7 +496,9 @@ class Engine:
 
     # -- shared stages --------------------------------------------------------
 
-    async def _tokenize(self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]], items: int, chars: int) -> list[TokenizedText]:
+    async def _tokenize(
+        self, clock: _Clock, tokenize: Callable[[], list[TokenizedText]], items: int, chars: int
+    ) -> list[TokenizedText]:
         started = time.perf_counter()
         with span("tokenization"):
             tokenized = await self.off_loop(tokenize, items, chars)
@@ -448,9 +532,14 @@ class Engine:
         model.stats.requests += 1
         model.stats.items += items
 
-    async def _run_on_device(self, work: _DeviceWork, key: BatchKey, payloads: Sequence[Any], costs: Sequence[int]) -> list[_ItemResult]:
+    async def _run_on_device(
+        self, work: _DeviceWork, key: BatchKey, payloads: Sequence[Any], costs: Sequence[int]
+    ) -> list[_ItemResult]:
         loop = asyncio.get_running_loop()
-        pending = [PendingItem(key, cost, (work, payload), loop.create_future()) for payload, cost in zip(payloads, costs)]
+        pending = [
+            PendingItem(key, cost, (work, payload), loop.create_future())
+            for payload, cost in zip(payloads, costs, strict=True)
+        ]
         self._former.add(pending, work.policy)
         QUEUE_DEPTH.set(self._former.pending)
         try:
@@ -471,7 +560,12 @@ class Engine:
         slots = asyncio.Semaphore(PIPELINE_DEPTH)
         behind: _Handed | None = None
         while True:
-            if behind is not None and slots.locked() and not behind.running.done() and self._former.may_displace(behind.batch):
+            if (
+                behind is not None
+                and slots.locked()
+                and not behind.running.done()
+                and self._former.may_displace(behind.batch)
+            ):
                 batch = await self._instead_of(behind, slots)
             else:
                 await slots.acquire()
@@ -481,7 +575,9 @@ class Engine:
             self._batches += 1
             running = self._device_thread.submit(_forward, work, batch)
             deliver = functools.partial(self._deliver, work, batch, self._batches, slots)
-            running.add_done_callback(lambda done, deliver=deliver: done.cancelled() or loop.call_soon_threadsafe(deliver, done))
+            running.add_done_callback(
+                lambda done, deliver=deliver: done.cancelled() or loop.call_soon_threadsafe(deliver, done)
+            )
             behind = _Handed(work, batch, running)
 
     async def _instead_of(self, behind: _Handed, slots: asyncio.Semaphore) -> Batch:
@@ -507,7 +603,9 @@ class Engine:
             return newer.result()
         return await self._former.next_batch()
 
-    def _deliver(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
+    def _deliver(
+        self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future
+    ) -> None:
         """Fan a finished forward pass out to its items; should that fail, its items fail INTERNAL rather than wait
         for ever (a callback's exception reaches no caller)."""
         try:
@@ -516,9 +614,13 @@ class Engine:
             log.exception("answering a forward pass of %d items on %s failed", len(batch), work.model.config.id)
             for item in batch:
                 if not item.future.done():
-                    item.future.set_exception(Internal(f"answering the forward pass failed: {error}", reason="INFERENCE_FAILED"))
+                    item.future.set_exception(
+                        Internal(f"answering the forward pass failed: {error}", reason="INFERENCE_FAILED")
+                    )
 
-    def _fan_out(self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future) -> None:
+    def _fan_out(
+        self, work: _DeviceWork, batch: Batch, batch_id: int, slots: asyncio.Semaphore, running: Future
+    ) -> None:
         """Fan a finished forward pass out to its items, and tell the model's batch policy how it went."""
         slots.release()
         model = work.model
@@ -588,7 +690,7 @@ def _record_device_spans(pending: Sequence[PendingItem], results: Sequence[_Item
     forward pass that ran its items. A forward pass serves many requests: each request's trace gets its
     own span for it, with the batch id as attribute, rather than a span shared across traces."""
     batches: dict[int, tuple[float, float]] = {}
-    for item, result in zip(pending, results):
+    for item, result in zip(pending, results, strict=True):
         batches[result.batch.batch_id] = (item.enqueued_at + result.queue_ms / 1000, result.batch.inference_ms / 1000)
     enqueued = min(item.enqueued_at for item in pending)
     record_span("queue", enqueued, max(start for start, _ in batches.values()), {"sie.items": len(pending)})
@@ -613,7 +715,8 @@ def _finish(item: EncodedItem, plan: RequestPlan, *, is_query: bool) -> EncodedO
 
 
 async def _all_or_none(*steps: Awaitable[Any]) -> list[Any]:
-    """Run steps concurrently; when one fails, cancel the others (their queued items leave the BatchFormer) and raise."""
+    """Run steps concurrently; when one fails, cancel the others (their queued items leave the BatchFormer) and
+    raise."""
     tasks = [asyncio.ensure_future(step) for step in steps]
     try:
         return await asyncio.gather(*tasks)
@@ -625,5 +728,3 @@ async def _all_or_none(*steps: Awaitable[Any]) -> list[Any]:
 
 def _ms_since(start: float) -> float:
     return (time.perf_counter() - start) * 1000
-
-

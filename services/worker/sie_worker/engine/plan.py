@@ -16,7 +16,6 @@ from typing import Any
 from sie_common.cluster.model_config import ModelConfig
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.edge.errors import InvalidArgument
-
 from sie_worker.adapters.base import EncodedItem, ImageEncoder, OptionScorer, PairScorer, ZeroShotExtractor
 from sie_worker.engine.jobs import EncodeJob, ExtractJob, ItemInput, ScoreJob
 from sie_worker.engine.limits import Limits, check_muvera

@@ -84,11 +84,21 @@ class MuveraParams:
             raise ValueError(f"muvera.{unknown[0]}: unknown parameter; known: {', '.join(sorted(allowed))}")
         values = {}
         for key, value in options.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or int(value) != value:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or int(value) != value
+            ):
                 raise ValueError(f"muvera.{key}: must be an integer, got {value!r}")
             values[key] = int(value)
         params = cls(**values)
-        if not (1 <= params.k_sim <= MAX_K_SIM and params.d_proj >= 1 and params.repetitions >= 1 and 0 <= params.seed < 2**63):
+        if not (
+            1 <= params.k_sim <= MAX_K_SIM
+            and params.d_proj >= 1
+            and params.repetitions >= 1
+            and 0 <= params.seed < 2**63
+        ):
             raise ValueError(f"muvera: need 1 <= k_sim <= {MAX_K_SIM}, d_proj >= 1, repetitions >= 1, 0 <= seed < 2^63")
         return params
 
@@ -109,7 +119,9 @@ def muvera(multivector: np.ndarray, params: MuveraParams, *, is_query: bool) -> 
     parts = []
     for _ in range(params.repetitions):
         planes = rng.standard_normal((dim, params.k_sim)).astype(np.float32)
-        projection = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(dim, params.d_proj)) / np.sqrt(params.d_proj)
+        projection = rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(dim, params.d_proj)) / np.sqrt(
+            params.d_proj
+        )
         bits = (vectors @ planes > 0).astype(np.int64)
         codes = bits @ (1 << np.arange(params.k_sim))
         sums = np.zeros((partitions, dim), dtype=np.float32)

@@ -18,9 +18,9 @@ import yaml
 from sie_common.cluster.bundles import Bundle, load_bundles, repository_bundles_dir
 from sie_common.cluster.model_config import ModelConfig, ModelConfigError, load_model_config, parse_model_config
 from sie_worker.adapters import ADAPTERS
-from sie_worker.weights.s3 import S3Location, S3Store, is_s3_url
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.roots import WeightRoots, WeightsOutsideRoots, default_roots
+from sie_worker.weights.s3 import S3Location, S3Store, is_s3_url
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ def select_bundle(settings: WorkerSettings) -> Bundle:
     if settings.etcd_endpoints or (settings.bundle == "default" and not settings.bundles_dir and not bundles):
         return Bundle(settings.bundle, tuple(sorted(ADAPTERS)))
     raise ValueError(
-        f"SIE_BUNDLE={settings.bundle!r} is not a bundle in {directory}; bundles: {', '.join(sorted(bundles)) or 'none'}"
+        f"SIE_BUNDLE={settings.bundle!r} is not a bundle in {directory}; bundles: "
+        f"{', '.join(sorted(bundles)) or 'none'}"
     )
 
 
@@ -134,7 +135,7 @@ def _configs_from_s3(location: S3Location, endpoint_url: str | None) -> Iterator
     store = S3Store(endpoint_url)
     try:
         keys = [key for key in store.keys(location) if key.endswith((".yaml", ".yml"))]
-    except Exception as error:  # botocore's many error types: report and serve the rest
+    except Exception as error:  # noqa: BLE001 - botocore's many error types: report and serve the rest
         yield "models_dir", ConfigProblem(str(location), f"{location}: cannot list model configs: {error}")
         return
     for key in keys:
@@ -146,7 +147,7 @@ def _configs_from_s3(location: S3Location, endpoint_url: str | None) -> Iterator
             yield "models_dir", ConfigProblem(source, f"{source}: not valid YAML: {error}")
         except ModelConfigError as error:
             yield "models_dir", ConfigProblem(source, str(error))
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - an unreadable file is reported; the other configs still serve
             yield "models_dir", ConfigProblem(source, f"{source}: cannot read: {error}")
 
 

@@ -65,7 +65,8 @@ class LoraAdapters:
             return list(self._loaded)
 
     def require(self, name: str, device_thread: Executor) -> None:
-        """Return when `name` (one of the model's adapters) is loaded, marking it used; else start loading it and answer UNAVAILABLE."""
+        """Return when `name` (one of the model's adapters) is loaded, marking it used; else start loading it and answer
+        UNAVAILABLE."""
         if not name:
             return
         with self._lock:
@@ -139,4 +140,6 @@ class LoraAdapters:
         try:
             return Path(snapshot_download(source, cache_dir=self._local_cache, local_files_only=not self._hf_fallback))
         except Exception as error:
-            raise RuntimeError(f"{source!r} is neither a local directory nor a reachable Hugging Face repo ({type(error).__name__})") from error
+            raise RuntimeError(
+                f"{source!r} is neither a local directory nor a reachable Hugging Face repo ({type(error).__name__})"
+            ) from error

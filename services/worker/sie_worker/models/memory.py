@@ -54,7 +54,9 @@ def module_bytes(holder: object) -> int:
 
 def weight_file_bytes(directory: Path) -> int:
     """Size of the weight files in a model directory: the estimate of a model's footprint before it loads."""
-    return sum(path.stat().st_size for path in directory.rglob("*") if path.suffix in _WEIGHT_SUFFIXES and path.is_file())
+    return sum(
+        path.stat().st_size for path in directory.rglob("*") if path.suffix in _WEIGHT_SUFFIXES and path.is_file()
+    )
 
 
 class MemoryPressure:
@@ -130,14 +132,17 @@ def run_isolating_failures(
 
 
 def _run_halving(
-    run: Callable[[Sequence[T]], Any], items: Sequence[T], is_oom: Callable[[BaseException], bool], recover: Callable[[], None]
+    run: Callable[[Sequence[T]], Any],
+    items: Sequence[T],
+    is_oom: Callable[[BaseException], bool],
+    recover: Callable[[], None],
 ) -> list[Any]:
     """One outcome per item: its output, or the exception it failed with alone."""
     try:
         return list(run(items))
     except SieError:  # a deliberate answer for the whole batch (a LoRA that cannot load, ...), not an item's fault
         raise
-    except Exception as error:  # whatever else failed the pass, the halves tell which items cause it
+    except Exception as error:  # noqa: BLE001 - whatever else failed the pass, the halves tell which items cause it
         oom = is_oom(error)
         if oom:
             recover()
@@ -150,7 +155,9 @@ def _run_halving(
                     )
                 ]
             return [error]
-        log.warning("%s on a batch of %d items; retrying in halves", "out of memory" if oom else f"error ({error})", len(items))
+        log.warning(
+            "%s on a batch of %d items; retrying in halves", "out of memory" if oom else f"error ({error})", len(items)
+        )
         middle = len(items) // 2
         return _run_halving(run, items[:middle], is_oom, recover) + _run_halving(run, items[middle:], is_oom, recover)
 

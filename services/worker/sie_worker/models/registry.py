@@ -27,10 +27,10 @@ from typing import NoReturn
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
+
 from sie_common.cluster.config_store import is_from_etcd
 from sie_common.cluster.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
 from sie_common.edge.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
-
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
 from sie_worker.adapters.hf_text import LOAD_LOCK
@@ -102,15 +102,26 @@ class LoadedModel:
 # Failures that another attempt can fix: memory that may be freed, a source that may come back.
 _RETRYABLE = (torch.OutOfMemoryError, MemoryError, ConnectionError, TimeoutError)
 # OS errors of a moment (a full disk, an I/O fault, too many open files) rather than of the model directory.
-_TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ESTALE, errno.EINTR})
+_TRANSIENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ESTALE, errno.EINTR}
+)
 # Failures that only a change to the worker's packages, the model config or the model directory fixes:
 # a missing Python dependency, an unsupported architecture or layout (ValueError, KeyError,
 # NotImplementedError), a missing or unreadable file in the resolved (local) directory (OSError), a config
 # value the model cannot be built from (a wrong type that transformers' config validation or torch refuses,
 # a zero that it divides by).
 _PERMANENT = (
-    FailedPrecondition, ModelConfigError, ImportError, ValueError, KeyError, NotImplementedError, OSError, SafetensorError,
-    StrictDataclassError, TypeError, ArithmeticError,
+    FailedPrecondition,
+    ModelConfigError,
+    ImportError,
+    ValueError,
+    KeyError,
+    NotImplementedError,
+    OSError,
+    SafetensorError,
+    StrictDataclassError,
+    TypeError,
+    ArithmeticError,
 )
 # RuntimeErrors torch raises when an allocation fails (the CPU allocator's, CUDA's own out-of-memory message).
 _OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory")
@@ -242,7 +253,9 @@ class ModelRegistry:
         failure = self._failures.get(key)
         if failure is not None and failure.refusal is not None:
             refusal = failure.refusal
-            raise FailedPrecondition(clipped(refusal.message, FAILURE_CHARS), reason=refusal.reason, metadata=refusal.metadata)
+            raise FailedPrecondition(
+                clipped(refusal.message, FAILURE_CHARS), reason=refusal.reason, metadata=refusal.metadata
+            )
         if failure is not None and failure.permanent:
             raise FailedPrecondition(
                 f"model {model_id!r} cannot be loaded: {failure.error}. Fix the cause and restart the worker.",
@@ -304,7 +317,11 @@ class ModelRegistry:
         self._load_seconds[model_id] = max(FIRST_LOAD_RETRY_S, seconds)
         log.info(
             "loaded %s (profile %s) from %s in %.1f s: %.1f MiB",
-            model_id, profile, weights.source, seconds, loaded.memory_bytes / 2**20,
+            model_id,
+            profile,
+            weights.source,
+            seconds,
+            loaded.memory_bytes / 2**20,
         )
         return loaded
 
@@ -312,7 +329,8 @@ class ModelRegistry:
         """A config from the control plane may run code shipped with its weights only if this worker allows it."""
         if is_from_etcd(config) and config.profile(profile).trust_remote_code and not self._settings.allow_remote_code:
             raise FailedPrecondition(
-                f"model {config.id!r} (profile {profile}) sets trust_remote_code, and this worker does not run code from"
+                f"model {config.id!r} (profile {profile}) sets trust_remote_code, and this worker does not run code "
+                f"from"
                 " configs added through the config service; set SIE_ALLOW_REMOTE_CODE=true on the worker to allow it",
                 reason="REMOTE_CODE_DISABLED",
                 metadata={"model": config.id},
@@ -326,7 +344,9 @@ class ModelRegistry:
         profile = config.profile(profile_name)
         factory = ADAPTERS.get(profile.adapter or "")
         if factory is None:
-            raise ValueError(f"adapter {profile.adapter!r} is not in this worker; available: {', '.join(sorted(ADAPTERS))}")
+            raise ValueError(
+                f"adapter {profile.adapter!r} is not in this worker; available: {', '.join(sorted(ADAPTERS))}"
+            )
         precision = profile.compute_precision or self._settings.default_compute_precision
         context = LoadContext(
             config=config,
@@ -350,8 +370,13 @@ class ModelRegistry:
             roots=self._catalog.weight_roots,
         )
         return LoadedModel(
-            config, profile_name, adapter, self._stats[config.id], loras,
-            weights_key=weights_key(config), memory_bytes=module_bytes(adapter),
+            config,
+            profile_name,
+            adapter,
+            self._stats[config.id],
+            loras,
+            weights_key=weights_key(config),
+            memory_bytes=module_bytes(adapter),
         )
 
     def _record_failure(self, key: Key, error: Exception) -> None:
@@ -361,10 +386,16 @@ class ModelRegistry:
         cooldown = min(MAX_COOLDOWN_S, self._settings.load_retry_cooldown_s * 2 ** (attempts - 1))
         refusal = error if isinstance(error, FailedPrecondition) else None
         described = describe_failure(error)
-        self._failures[key] = LoadFailure(clipped(described, FAILURE_CHARS), attempts, permanent, time.monotonic() + cooldown, refusal)
+        self._failures[key] = LoadFailure(
+            clipped(described, FAILURE_CHARS), attempts, permanent, time.monotonic() + cooldown, refusal
+        )
         log.error(
             "loading %s (profile %s) failed (attempt %d, %s): %s",
-            key[0], key[1], attempts, "permanent" if permanent else f"retry after {cooldown:.0f} s", described,
+            key[0],
+            key[1],
+            attempts,
+            "permanent" if permanent else f"retry after {cooldown:.0f} s",
+            described,
         )
 
     @property
@@ -383,7 +414,11 @@ class ModelRegistry:
                 idle.pop()
             if not idle:
                 # The monitor meets this every check while something else holds the memory: keep it quiet.
-                log.log(logging.DEBUG if spare_newest else logging.WARNING, "memory over %s; no idle model left to evict", self.pressure.describe())
+                log.log(
+                    logging.DEBUG if spare_newest else logging.WARNING,
+                    "memory over %s; no idle model left to evict",
+                    self.pressure.describe(),
+                )
                 return
             _, key = idle[0]
             await self.unload(key, f"memory over {self.pressure.describe()}")
@@ -415,7 +450,9 @@ class ModelRegistry:
         idle_limit = self._settings.idle_evict_s
         if idle_limit > 0:
             now = time.monotonic()
-            idle = [key for key, model in self._loaded.items() if model.active == 0 and now - model.last_used > idle_limit]
+            idle = [
+                key for key, model in self._loaded.items() if model.active == 0 and now - model.last_used > idle_limit
+            ]
             for key in idle:
                 await self.unload(key, f"idle for more than {idle_limit:.0f} s")
         await self._make_room(0, spare_newest=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from sie_common.cluster.model_config import ModelConfig
-
 from sie_worker.adapters.base import ImageEncoder, ModelAdapter
 
 

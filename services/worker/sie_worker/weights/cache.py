@@ -39,7 +39,9 @@ def _disk_usage(path: Path) -> tuple[int, int]:
 
 
 class LocalCache:
-    def __init__(self, root: Path, *, lru_enabled: bool, pressure_percent: float, disk_usage: DiskUsage = _disk_usage) -> None:
+    def __init__(
+        self, root: Path, *, lru_enabled: bool, pressure_percent: float, disk_usage: DiskUsage = _disk_usage
+    ) -> None:
         self.root = root / LOCAL_SUBDIR
         self._lru_enabled = lru_enabled
         self._pressure_percent = pressure_percent

@@ -52,9 +52,13 @@ class WeightResolver:
         self.roots = roots or WeightRoots(default_roots(settings, ()))
         self._hf_cache = settings.local_cache
         root = Path(settings.local_cache) if settings.local_cache else Path(hf_constants.HF_HUB_CACHE)
-        self.local = LocalCache(root, lru_enabled=settings.disk_cache_enabled, pressure_percent=settings.disk_pressure_threshold_percent)
+        self.local = LocalCache(
+            root, lru_enabled=settings.disk_cache_enabled, pressure_percent=settings.disk_pressure_threshold_percent
+        )
         self.cluster = (
-            ClusterCache(S3Store(settings.s3_endpoint_url), S3Location.parse(settings.cluster_cache)) if settings.cluster_cache else None
+            ClusterCache(S3Store(settings.s3_endpoint_url), S3Location.parse(settings.cluster_cache))
+            if settings.cluster_cache
+            else None
         )
         self._hf_fallback = settings.hf_fallback
 
@@ -97,7 +101,9 @@ class WeightResolver:
                 log.warning("could not upload %s to the cluster cache: %s", key, error)
         return origin
 
-    def _from_origin(self, config: ModelConfig, key: str, keep: frozenset[str], tried: list[str], retryable: bool) -> ResolvedWeights | None:
+    def _from_origin(
+        self, config: ModelConfig, key: str, keep: frozenset[str], tried: list[str], retryable: bool
+    ) -> ResolvedWeights | None:
         """The weights from the model's bundled package or the Hub; None when neither is there to ask. A Hub failure
         raises WeightsNotFound, retryable unless the Hub said the repository or revision is not there (and no cache
         failed with an error, `retryable`)."""
@@ -109,15 +115,22 @@ class WeightResolver:
         if not config.hf_id:
             return None
         if not self._hf_fallback:
-            tried.append("Hugging Face Hub: disabled (SIE_HF_FALLBACK=false); put the weights in one of the caches above or enable it")
+            tried.append(
+                "Hugging Face Hub: disabled (SIE_HF_FALLBACK=false); put the weights in one of the caches above or "
+                "enable it"
+            )
             return None
         try:
             hf_id = config.hf_id
-            folder = self.local.fill(key, lambda staging: snapshot_download(hf_id, revision=config.revision, local_dir=staging))
+            folder = self.local.fill(
+                key, lambda staging: snapshot_download(hf_id, revision=config.revision, local_dir=staging)
+            )
         except Exception as error:
             tried.append(f"Hugging Face Hub {config.hf_id}: {type(error).__name__}: {error}")
             missing = isinstance(error, _HUB_MISSES)
-            raise WeightsNotFound(f"no weights found for {config.id}; tried: " + "; ".join(tried), retryable=retryable or not missing) from error
+            raise WeightsNotFound(
+                f"no weights found for {config.id}; tried: " + "; ".join(tried), retryable=retryable or not missing
+            ) from error
         self.local.trim(keep | {key})
         return ResolvedWeights(folder, "hub")
 
@@ -126,7 +139,10 @@ class WeightResolver:
         if not config.hf_id:
             return None
         try:
-            return Path(snapshot_download(config.hf_id, revision=config.revision, cache_dir=self._hf_cache, local_files_only=True))
+            return Path(
+                snapshot_download(
+                    config.hf_id, revision=config.revision, cache_dir=self._hf_cache, local_files_only=True
+                )
+            )
         except Exception:  # noqa: BLE001 - huggingface_hub raises several types for "not cached"
             return None
-

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
 
-from sie_common.edge.errors import FailedPrecondition
 from sie_common.cluster.model_config import ModelConfig
-from sie_worker.weights.s3 import is_s3_url
+from sie_common.edge.errors import FailedPrecondition
 from sie_worker.settings import WorkerSettings
+from sie_worker.weights.s3 import is_s3_url
 
 
 def default_roots(settings: WorkerSettings, builtin: Iterable[ModelConfig]) -> list[Path]:
@@ -74,7 +74,8 @@ class WeightRoots:
         real = Path(os.path.realpath(path))
         if not self._inside(real):
             raise WeightsOutsideRoots(
-                f"{where} is outside the allowed weight roots ({self.describe()}); add its directory to SIE_WEIGHT_ROOTS",
+                f"{where} is outside the allowed weight roots ({self.describe()}); add its directory to "
+                f"SIE_WEIGHT_ROOTS",
                 model=model,
             )
         if real.is_dir():
