@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -49,6 +49,13 @@ class EncodedItem:
     dense: np.ndarray | None = None
     sparse: SparseWeights | None = None
     multivector: np.ndarray | None = None  # [tokens, dims]
+
+    def vector(self, output: Literal["dense", "multivector"]) -> np.ndarray:
+        """An output the request's plan asked the encoder for: one it did not fill is the adapter's bug."""
+        value = self.dense if output == "dense" else self.multivector
+        if value is None:
+            raise RuntimeError(f"the model's adapter returned no {output} output, which the request computes")
+        return value
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,11 @@ from sie_worker.engine.plan import dense_dims
 from sie_worker.engine.postprocess import OUTPUT_DTYPES, Quantized
 from sie_worker.models.registry import ModelRegistry, ModelState
 
-_MODEL_STATES = {state: inference_pb2.ModelState.Value(f"MODEL_STATE_{state.name}") for state in ModelState}
+# Each registry state by its proto enum value's name, which the message constructor takes (Value() checks it exists).
+_MODEL_STATES = {
+    state: inference_pb2.ModelState.Name(inference_pb2.ModelState.Value(f"MODEL_STATE_{state.name}"))
+    for state in ModelState
+}
 
 
 def describe_model(registry: ModelRegistry, model_id: str) -> inference_pb2.Model:

@@ -31,7 +31,7 @@ class ItemInput(NamedTuple):
     images: tuple[ImageInput, ...] = ()
     id: str = ""
     # Position in the request's items; None for a score request's query.
-    index: int | None = None
+    position: int | None = None
 
     @property
     def modality(self) -> str:
@@ -41,13 +41,13 @@ class ItemInput(NamedTuple):
     @property
     def label(self) -> str:
         """How error messages name the item: "items[3] (id 'cat')", or "query"."""
-        where = "query" if self.index is None else f"items[{self.index}]"
+        where = "query" if self.position is None else f"items[{self.position}]"
         return f"{where} (id {self.shown_id!r})" if self.id else where
 
     @property
     def metadata(self) -> dict[str, str]:
         """ErrorInfo metadata naming the item: `item` (its index, or "query") and `item_id` when it has one."""
-        named = {"item": "query" if self.index is None else str(self.index)}
+        named = {"item": "query" if self.position is None else str(self.position)}
         return {**named, "item_id": self.shown_id} if self.id else named
 
     @property

@@ -30,7 +30,9 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
+
+import numpy as np
 
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.edge.errors import (
@@ -46,6 +48,9 @@ from sie_worker.adapters.base import (
     Entity,
     ImageEncoder,
     MultivectorCounter,
+    PairScorer,
+    TextEncoder,
+    TokenClassifier,
     TokenizedText,
     ZeroShotExtractor,
 )
@@ -79,6 +84,8 @@ from sie_worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# A batch's forward pass: one output per payload, as a list or as the rows of an array (a scorer's scores).
+Forward = Callable[[Sequence[Any]], Sequence[Any] | np.ndarray]
 
 # Requests of at most this many items are tokenized, finished and answered on the event loop (see `off_loop`).
 INLINE_ITEMS = 8
@@ -100,7 +107,7 @@ class _DeviceWork:
     model: LoadedModel
     policy: BatchPolicy
     lora: str
-    forward: Callable[[Sequence[Any]], Sequence[Any]]
+    forward: Forward
 
 
 @dataclass(frozen=True)
@@ -277,11 +284,18 @@ class Engine:
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         """Text items through the text path, image items through the image path (batched apart), back in item order.
         `check_tokenized` sees the tokenized texts before they are queued for the device (it raises to refuse them)."""
-        common = {"is_query": is_query, "instruction": instruction, "lora": lora, "options": options}
         image_rows = [row for row, item in enumerate(items) if item.images]
         if not image_rows:
             return await self._encode_texts(
-                model, [item.text or "" for item in items], outputs, clock, check_tokenized=check_tokenized, **common
+                model,
+                [item.text or "" for item in items],
+                outputs,
+                clock,
+                is_query=is_query,
+                instruction=instruction,
+                lora=lora,
+                options=options,
+                check_tokenized=check_tokenized,
             )
         text_rows = [row for row, item in enumerate(items) if not item.images]
         (texts, text_results), (images, image_results) = await _all_or_none(
@@ -290,8 +304,11 @@ class Engine:
                 [items[row].text or "" for row in text_rows],
                 outputs,
                 clock,
+                is_query=is_query,
+                instruction=instruction,
+                lora=lora,
+                options=options,
                 check_tokenized=check_tokenized,
-                **common,
             ),
             self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
         )
@@ -360,7 +377,7 @@ class Engine:
         options: Mapping[str, Any],
         check_tokenized: Callable[[Sequence[TokenizedText]], None] | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
-        encoder = model.encoder
+        encoder = cast(TextEncoder, model.encoder)  # the plan checked it encodes
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
         tokenized = await self._tokenize(
             clock,
@@ -402,7 +419,7 @@ class Engine:
     async def _score_pairs(
         self, model: LoadedModel, job: ScoreJob, clock: _Clock
     ) -> tuple[list[float], list[_ItemResult]]:
-        scorer = model.encoder
+        scorer = cast(PairScorer, model.encoder)  # the plan checked it scores pairs
         query = job.query.text or ""
         texts = [item.text or "" for item in job.items]
         chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
@@ -425,7 +442,6 @@ class Engine:
 
         An instruction is the query's (retrieval models encode documents with their document prompt), except on a
         dual encoder, where it is the prompt of every text (`a photo of `), the items included."""
-        common = {"lora": job.lora, "options": job.options}
         encoder, outputs = plan.model.encoder, plan.device_outputs
         item_instruction = job.instruction if isinstance(encoder, ImageEncoder) else None
         check_items = None
@@ -441,7 +457,14 @@ class Engine:
 
         (query, query_results), (items, item_results) = await _all_or_none(
             self._encode_items(
-                plan.model, [job.query], outputs, clock, is_query=True, instruction=job.instruction, **common
+                plan.model,
+                [job.query],
+                outputs,
+                clock,
+                is_query=True,
+                instruction=job.instruction,
+                lora=job.lora,
+                options=job.options,
             ),
             self._encode_items(
                 plan.model,
@@ -450,8 +473,9 @@ class Engine:
                 clock,
                 is_query=False,
                 instruction=item_instruction,
+                lora=job.lora,
+                options=job.options,
                 check_tokenized=check_items,
-                **common,
             ),
         )
         scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))
@@ -478,14 +502,15 @@ class Engine:
                 results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
                 entities: list[list[Entity]] = [result.output for result in results]
             else:
+                classifier = cast(TokenClassifier, extractor)  # the plan checked it extracts
                 tokenized = await self._tokenize(
-                    clock, lambda: extractor.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts))
+                    clock, lambda: classifier.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts))
                 )
-                work = self._work(model, job.lora, extractor.classify)
+                work = self._work(model, job.lora, classifier.classify)
                 results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
                 entities = await self._postprocess(
                     lambda: [
-                        extractor.entities(text, tokens, result.output, job.threshold)
+                        classifier.entities(text, tokens, result.output, job.threshold)
                         for text, tokens, result in zip(job.texts, tokenized, results, strict=True)
                     ],
                     clock,
@@ -520,7 +545,7 @@ class Engine:
         clock.postprocessing_ms += _ms_since(started)
         return result
 
-    def _work(self, model: LoadedModel, lora: str, forward: Callable[[Sequence[Any]], Sequence[Any]]) -> _DeviceWork:
+    def _work(self, model: LoadedModel, lora: str, forward: Forward) -> _DeviceWork:
         """`forward` on `model` with `lora`, under the model's batch policy."""
         policy = self._policies.get(model)
         if policy is None:
@@ -575,9 +600,7 @@ class Engine:
             self._batches += 1
             running = self._device_thread.submit(_forward, work, batch)
             deliver = functools.partial(self._deliver, work, batch, self._batches, slots)
-            running.add_done_callback(
-                lambda done, deliver=deliver: done.cancelled() or loop.call_soon_threadsafe(deliver, done)
-            )
+            running.add_done_callback(functools.partial(_deliver_unless_cancelled, loop, deliver))
             behind = _Handed(work, batch, running)
 
     async def _instead_of(self, behind: _Handed, slots: asyncio.Semaphore) -> Batch:
@@ -661,6 +684,12 @@ class _Handed:
     running: Future
 
 
+def _deliver_unless_cancelled(loop: asyncio.AbstractEventLoop, deliver: Callable[[Future], None], done: Future) -> None:
+    """A finished forward pass goes back to the event loop (from the device thread) unless it was cancelled."""
+    if not done.cancelled():
+        loop.call_soon_threadsafe(deliver, done)
+
+
 def _forward(work: _DeviceWork, batch: Batch) -> tuple[Sequence[Any], float, float]:
     """Run one batch on the device thread: its outputs (or, for an item the pass failed on, the error) and when the
     pass started and finished (time.monotonic)."""
@@ -704,13 +733,15 @@ def _finish(item: EncodedItem, plan: RequestPlan, *, is_query: bool) -> EncodedO
     dense = None
     if "dense" in plan.outputs:
         if plan.muvera is None:
-            dense = truncate(item.dense, dims=plan.dims, normalized=plan.model.encoder.normalized)
+            normalized = cast(TextEncoder, plan.model.encoder).normalized  # the plan checked it encodes
+            dense = truncate(item.vector("dense"), dims=plan.dims, normalized=normalized)
         else:
-            dense = truncate(muvera(item.multivector, plan.muvera, is_query=is_query), dims=plan.dims, normalized=False)
+            multivector = item.vector("multivector")
+            dense = truncate(muvera(multivector, plan.muvera, is_query=is_query), dims=plan.dims, normalized=False)
     return EncodedOutput(
         dense=None if dense is None else quantize(dense, plan.output_dtype),
         sparse=item.sparse if "sparse" in plan.outputs else None,
-        multivector=quantize(item.multivector, plan.output_dtype) if "multivector" in plan.outputs else None,
+        multivector=quantize(item.vector("multivector"), plan.output_dtype) if "multivector" in plan.outputs else None,
     )
 
 

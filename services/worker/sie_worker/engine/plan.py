@@ -105,14 +105,17 @@ class Planner:
         outputs: tuple[str, ...]
         similarity: Similarity
         if isinstance(encoder, ImageEncoder):
-            outputs, similarity = ("dense",), lambda query, item: cosine(query.dense, item.dense)
+            outputs, similarity = ("dense",), lambda query, item: cosine(query.vector("dense"), item.vector("dense"))
         elif isinstance(encoder, OptionScorer):
             try:
                 outputs, similarity = encoder.scoring(job.options)
             except ValueError as error:
                 raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
         else:
-            outputs, similarity = ("multivector",), lambda query, item: maxsim(query.multivector, item.multivector)
+            outputs, similarity = (
+                ("multivector",),
+                lambda query, item: maxsim(query.vector("multivector"), item.vector("multivector")),
+            )
         _check_one_input_per_item(model, [job.query])
         _check_one_input_per_item(model, job.items)
         return RequestPlan(model, "score", device_outputs=outputs, similarity=similarity)
