@@ -32,36 +32,32 @@ Response = TypeVar("Response")
 
 # The keyword arguments of encode and extract, for their overloads (which tell one item from a list): mypy checks
 # that the implementations accept each of them with its type.
-class EncodeOptions(TypedDict, total=False):
+class _CallOptions(TypedDict, total=False):
+    """What every encode and extract call may say: the model's profile and LoRA, raw options, routing and retries."""
+
+    profile: str | None
+    lora: str | None
+    options: Mapping[str, Any] | None
+    gpu: str | None
+    pool: str | None
+    wait_for_capacity: bool
+    provision_timeout_s: float
+    max_oom_retries: int
+    debug: bool
+
+
+class EncodeOptions(_CallOptions, total=False):
     output_types: Sequence[str] | None
     output_dtype: str | None
     instruction: str | None
     is_query: bool
     dims: int | None
-    profile: str | None
-    lora: str | None
-    options: Mapping[str, Any] | None
-    gpu: str | None
-    pool: str | None
-    wait_for_capacity: bool
-    provision_timeout_s: float
-    max_oom_retries: int
     progress: bool
-    debug: bool
 
 
-class ExtractOptions(TypedDict, total=False):
+class ExtractOptions(_CallOptions, total=False):
     labels: Sequence[str] | None
     threshold: float | None
-    profile: str | None
-    lora: str | None
-    options: Mapping[str, Any] | None
-    gpu: str | None
-    pool: str | None
-    wait_for_capacity: bool
-    provision_timeout_s: float
-    max_oom_retries: int
-    debug: bool
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

@@ -284,32 +284,20 @@ class Engine:
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         """Text items through the text path, image items through the image path (batched apart), back in item order.
         `check_tokenized` sees the tokenized texts before they are queued for the device (it raises to refuse them)."""
+        encode_texts = functools.partial(
+            self._encode_texts,
+            is_query=is_query,
+            instruction=instruction,
+            lora=lora,
+            options=options,
+            check_tokenized=check_tokenized,
+        )
         image_rows = [row for row, item in enumerate(items) if item.images]
         if not image_rows:
-            return await self._encode_texts(
-                model,
-                [item.text or "" for item in items],
-                outputs,
-                clock,
-                is_query=is_query,
-                instruction=instruction,
-                lora=lora,
-                options=options,
-                check_tokenized=check_tokenized,
-            )
+            return await encode_texts(model, [item.text or "" for item in items], outputs, clock)
         text_rows = [row for row, item in enumerate(items) if not item.images]
         (texts, text_results), (images, image_results) = await _all_or_none(
-            self._encode_texts(
-                model,
-                [items[row].text or "" for row in text_rows],
-                outputs,
-                clock,
-                is_query=is_query,
-                instruction=instruction,
-                lora=lora,
-                options=options,
-                check_tokenized=check_tokenized,
-            ),
+            encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock),
             self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
         )
         by_row = dict(zip([*text_rows, *image_rows], [*texts, *images], strict=True))
