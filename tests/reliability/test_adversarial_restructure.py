@@ -3,6 +3,7 @@ worker processes, each case something the restructure could have changed for a c
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -51,3 +52,32 @@ def test_installed_worker_with_an_unknown_bundle_says_what_is_missing(tmp_path: 
     assert "SIE_BUNDLE='gpu' is not a bundle" in result.stderr, result.stderr[-2000:]
     assert "SIE_BUNDLES_DIR is not set" in result.stderr, result.stderr[-2000:]
     assert " None" not in result.stderr, result.stderr[-2000:]
+
+
+def client_only_path() -> str:
+    """PYTHONPATH with the client and the contract and nothing else of the repository: the client installed alone."""
+    root = Path(__file__).resolve().parents[2]
+    return os.pathsep.join([str(root / "clients" / "python"), str(root / "contract" / "python")])
+
+
+def test_blocking_client_documents_encode_and_extract_as_the_async_client_does() -> None:
+    """help(SIEClient.encode) and help(SIEClient.extract) showed the async client's documentation (a functools.wraps
+    wrapper) before the restructure; the overloads spelled out for typing left them without any."""
+    program = (
+        "import json\n"
+        "from sie_client import AsyncSIEClient, SIEClient\n"
+        "print(json.dumps({name: [getattr(SIEClient, name).__doc__, getattr(AsyncSIEClient, name).__doc__]\n"
+        "                  for name in ('encode', 'score', 'extract')}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        env={**os.environ, "PYTHONPATH": client_only_path()},
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_TIMEOUT_S,
+        check=True,
+    )
+    docs = json.loads(result.stdout)
+    for name, (blocking, awaitable) in docs.items():
+        assert awaitable, name
+        assert blocking == awaitable, name
