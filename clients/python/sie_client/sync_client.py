@@ -85,14 +85,17 @@ class SIEClient:
     def close(self) -> None:
         self._finalizer()  # once: later calls do nothing
 
-    # encode and extract spelled out: a wrapper would keep only the first of their overloads. The implementations
-    # take `items: Any`, as the overloads type them (a union would make mypy join the two answers).
+    # encode and extract spelled out, with the async methods' documentation: a wrapper would keep only the first of
+    # their overloads. The implementations take `items: Any`, as the overloads type them (a union would make mypy
+    # join the two answers).
     @overload  # a str is also a Sequence: one str is one item, as the first overload says
     def encode(self, model: str, items: ItemLike, **options: Unpack[EncodeOptions]) -> EncodeResult: ...  # type: ignore[overload-overlap]
     @overload
     def encode(self, model: str, items: Sequence[ItemLike], **options: Unpack[EncodeOptions]) -> list[EncodeResult]: ...
     def encode(self, model: str, items: Any, **options: Unpack[EncodeOptions]) -> EncodeResult | list[EncodeResult]:
         return self._run(self._client.encode(model, items, **options))
+
+    encode.__doc__ = AsyncSIEClient.encode.__doc__
 
     @overload  # a str is also a Sequence: one str is one item, as the first overload says
     def extract(self, model: str, items: ItemLike, **options: Unpack[ExtractOptions]) -> ExtractResult: ...  # type: ignore[overload-overlap]
@@ -102,6 +105,8 @@ class SIEClient:
     ) -> list[ExtractResult]: ...
     def extract(self, model: str, items: Any, **options: Unpack[ExtractOptions]) -> ExtractResult | list[ExtractResult]:
         return self._run(self._client.extract(model, items, **options))
+
+    extract.__doc__ = AsyncSIEClient.extract.__doc__
 
     score = _blocking(AsyncSIEClient.score)
     list_models = _blocking(AsyncSIEClient.list_models)

@@ -106,6 +106,11 @@ def select_bundle(settings: WorkerSettings) -> Bundle:
         return bundles[settings.bundle]
     if settings.etcd_endpoints or (settings.bundle == "default" and not settings.bundles_dir and not bundles):
         return Bundle(settings.bundle, tuple(sorted(ADAPTERS)))
+    if directory is None:
+        raise ValueError(
+            f"SIE_BUNDLE={settings.bundle!r} is not a bundle: SIE_BUNDLES_DIR is not set, and there is no "
+            "repository bundles/ beside an installed worker"
+        )
     raise ValueError(
         f"SIE_BUNDLE={settings.bundle!r} is not a bundle in {directory}; bundles: "
         f"{', '.join(sorted(bundles)) or 'none'}"
