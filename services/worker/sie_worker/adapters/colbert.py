@@ -138,8 +138,7 @@ def _with_options(layout: ColbertLayout, options: dict) -> ColbertLayout:
 
 def _check_settings(layout: ColbertLayout) -> None:
     """ValueError for a length that is not a positive integer, a marker or skiplist entry that is not a string: read
-    from
-    a downloaded file, they would otherwise fail (or silently bend) every request."""
+    from a downloaded file, they would otherwise fail (or silently bend) every request."""
     for name, value in (("query_length", layout.query_length), ("document_length", layout.document_length)):
         if value is not None and (type(value) is not int or value <= 0):
             raise ValueError(f"ColBERT {name} {value!r} is not a positive integer")

@@ -1,15 +1,12 @@
 """The worker's upper bounds on a request, checked before any work (docs/security.md, "Bounds").
 
-The bounds on a message's own fields (items, texts, names, options, labels,
-image bytes) live in sie_common.edge.request_bounds, which the gateway checks too;
-here are those that need the model: MUVERA parameters, image sizes read
-from the header, and the multivectors an encode or score holds. Each bound is a WorkerSettings field. A request over one
-gets
-INVALID_ARGUMENT with a reason saying what is too large and metadata naming
-the limit and the setting that sets it; nothing of the request has been
-tokenized, decoded or run yet (a score's multivectors are counted from its tokens: tokenized, never run). The one
-exception is a Work request's timeout: a longer one is cut
-to SIE_MAX_REQUEST_TIMEOUT_S rather than refused.
+The bounds on a message's own fields (items, texts, names, options, labels, image bytes) live in
+sie_common.edge.request_bounds, which the gateway checks too; here are those that need the model: MUVERA
+parameters, image sizes read from the header, and the multivectors an encode or score holds. Each bound is a
+WorkerSettings field. A request over one gets INVALID_ARGUMENT with a reason saying what is too large and metadata
+naming the limit and the setting that sets it; nothing of the request has been tokenized, decoded or run yet (a
+score's multivectors are counted from its tokens: tokenized, never run). The one exception is a Work request's
+timeout: a longer one is cut to SIE_MAX_REQUEST_TIMEOUT_S rather than refused.
 """
 
 from __future__ import annotations
