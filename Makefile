@@ -9,11 +9,12 @@ INSTALLED := $(VENV)/.installed
 # The slowest tests are listed after every run: the whole suite has a 20-minute budget on 2 cores.
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: up serve test lint dists protos proto-check proto-lint proto-breaking bench manifests manifests-check
+.PHONY: up serve test lint dists constraints protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
 # Every distribution's pyproject.toml: a dependency added to any of them reinstalls.
 PYPROJECTS := pyproject.toml contract/python/pyproject.toml lib/pyproject.toml clients/python/pyproject.toml \
-  services/worker/pyproject.toml services/gateway/pyproject.toml services/config/pyproject.toml deploy/local/pyproject.toml
+  services/worker/pyproject.toml services/gateway/pyproject.toml services/config/pyproject.toml deploy/local/pyproject.toml \
+  constraints.txt
 
 $(INSTALLED): $(PYPROJECTS) scripts/bootstrap
 	scripts/bootstrap $(VENV)
@@ -36,6 +37,11 @@ lint: $(INSTALLED)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+
+# Pin what the environment has now (after a deliberate upgrade and a green suite) as the versions CI installs.
+constraints: $(INSTALLED)
+	{ grep '^#' constraints.txt; $(PYTHON) -m pip freeze --exclude-editable | grep -viE '^(torch|flagembedding)[=@ ]'; } \
+	  > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 # Each distribution installs alone in a fresh virtual environment (scripts/check_distributions; CI runs it).
 dists: $(INSTALLED)
