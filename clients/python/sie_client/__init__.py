@@ -26,7 +26,19 @@ from sie_client.errors import (
     UnavailableError,
 )
 from sie_client.sync_client import SIEClient
-from sie_client.types import EncodeResult, Entity, ExtractResult, Item, ScoreEntry, ScoreResult, Timing, dequantize
+from sie_client.types import (
+    Classification,
+    DetectedObject,
+    EncodeResult,
+    Entity,
+    ExtractResult,
+    Item,
+    Relation,
+    ScoreEntry,
+    ScoreResult,
+    Timing,
+    dequantize,
+)
 
 # The reference SDK's name for the async client.
 SIEAsyncClient = AsyncSIEClient
@@ -34,6 +46,8 @@ SIEAsyncClient = AsyncSIEClient
 __all__ = [
     "AsyncSIEClient",
     "AuthError",
+    "Classification",
+    "DetectedObject",
     "EncodeResult",
     "Entity",
     "ExtractResult",
@@ -48,6 +62,7 @@ __all__ = [
     "PreconditionError",
     "ProvisioningError",
     "ProvisioningTimeoutError",
+    "Relation",
     "RequestError",
     "ResourceExhaustedError",
     "SIEAsyncClient",

@@ -273,8 +273,11 @@ class AsyncSIEClient:
         max_oom_retries: int = 3,
         debug: bool = False,
     ) -> ExtractResult | list[ExtractResult]:
-        """Per item: {id, entities: [{text, label, score, start, end}], relations, classifications, objects, data,
-        timing}; the reference SDK's keys other than `entities` are empty (no adapter here produces them)."""
+        """Per item: {id, entities: [{text, label, score, start, end}], classifications: [{label, score}],
+        relations: [{head, tail, label, score}] (head and tail are entities), objects: [{label, score, bbox}]
+        (bbox [x_min, y_min, x_max, y_max] in pixels of the original image), data (what a document model generated:
+        {"text": ...} or a JSON object; {} for other models), timing}. Each model fills the kinds it produces; the
+        others are empty. Items may be texts or images, as the model's inputs say."""
         single, batch = is_single(items), as_batch(items)
         if not batch:
             return []

@@ -11,7 +11,17 @@ from google.protobuf import json_format, struct_pb2
 from sie.v1 import inference_pb2, types_pb2
 from sie_client.errors import ItemError
 from sie_client.images import image_message
-from sie_client.types import EncodeResult, Entity, ExtractResult, Item, ScoreResult, Timing
+from sie_client.types import (
+    Classification,
+    DetectedObject,
+    EncodeResult,
+    Entity,
+    ExtractResult,
+    Item,
+    Relation,
+    ScoreResult,
+    Timing,
+)
 from sie_contract.tensors import from_tensor
 
 ItemLike = Item | str | Mapping[str, Any]
@@ -170,22 +180,34 @@ def score_result(response: inference_pb2.ScoreResponse, query_id: str | None) ->
 
 
 def extract_results(response: inference_pb2.ExtractResponse) -> list[ExtractResult]:
-    """Entities per item; the reference SDK's other extraction keys are there, empty: no adapter here produces them."""
+    """Each item's results, every kind present (empty where the model produces none)."""
     shared_timing = timing(response.timing)
     return [
         ExtractResult(
             id=result.id,
-            entities=[
-                Entity(text=e.text, label=e.label, score=e.score, start=e.start, end=e.end) for e in result.entities
+            entities=[_entity(entity) for entity in result.entities],
+            relations=[
+                Relation(head=_entity(found.head), tail=_entity(found.tail), label=found.label, score=found.score)
+                for found in result.relations
             ],
-            relations=[],
-            classifications=[],
-            objects=[],
-            data={},
+            classifications=[Classification(label=found.label, score=found.score) for found in result.classifications],
+            objects=[
+                DetectedObject(
+                    label=found.label,
+                    score=found.score,
+                    bbox=[found.box.x_min, found.box.y_min, found.box.x_max, found.box.y_max],
+                )
+                for found in result.objects
+            ],
+            data=json_format.MessageToDict(result.data) if result.HasField("data") else {},
             timing=shared_timing,
         )
         for result in response.results
     ]
+
+
+def _entity(entity: inference_pb2.Entity) -> Entity:
+    return Entity(text=entity.text, label=entity.label, score=entity.score, start=entity.start, end=entity.end)
 
 
 def model_dict(model: inference_pb2.Model) -> dict[str, Any]:

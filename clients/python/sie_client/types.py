@@ -87,12 +87,31 @@ class Entity(TypedDict):
     end: int
 
 
+class Classification(TypedDict):
+    label: str
+    score: float
+
+
+class Relation(TypedDict):
+    head: Entity
+    tail: Entity
+    label: str
+    score: float
+
+
+class DetectedObject(TypedDict):
+    label: str
+    score: float
+    # [x_min, y_min, x_max, y_max] in pixels of the original image, origin at its top-left corner.
+    bbox: list[float]
+
+
 class ExtractResult(TypedDict):
     id: str
     entities: list[Entity]
-    # The reference SDK's other extraction outputs; empty, as no adapter here produces them.
-    relations: list[dict[str, Any]]
-    classifications: list[dict[str, Any]]
-    objects: list[dict[str, Any]]
+    relations: list[Relation]
+    classifications: list[Classification]
+    objects: list[DetectedObject]
+    # What a document model generated ({"text": ...} or a JSON object); {} for other models.
     data: dict[str, Any]
     timing: Timing

@@ -236,12 +236,62 @@ class ExtractResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ExtractResult, _Mapping]]] = ..., timing: _Optional[_Union[_types_pb2.Timing, _Mapping]] = ...) -> None: ...
 
 class ExtractResult(_message.Message):
-    __slots__ = ("id", "entities")
+    __slots__ = ("id", "entities", "classifications", "relations", "objects", "data")
     ID_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    RELATIONS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     id: str
     entities: _containers.RepeatedCompositeFieldContainer[Entity]
-    def __init__(self, id: _Optional[str] = ..., entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ...) -> None: ...
+    classifications: _containers.RepeatedCompositeFieldContainer[Classification]
+    relations: _containers.RepeatedCompositeFieldContainer[Relation]
+    objects: _containers.RepeatedCompositeFieldContainer[DetectedObject]
+    data: _struct_pb2.Struct
+    def __init__(self, id: _Optional[str] = ..., entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., classifications: _Optional[_Iterable[_Union[Classification, _Mapping]]] = ..., relations: _Optional[_Iterable[_Union[Relation, _Mapping]]] = ..., objects: _Optional[_Iterable[_Union[DetectedObject, _Mapping]]] = ..., data: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class Classification(_message.Message):
+    __slots__ = ("label", "score")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    score: float
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
+class Relation(_message.Message):
+    __slots__ = ("head", "tail", "label", "score")
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    head: Entity
+    tail: Entity
+    label: str
+    score: float
+    def __init__(self, head: _Optional[_Union[Entity, _Mapping]] = ..., tail: _Optional[_Union[Entity, _Mapping]] = ..., label: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
+class DetectedObject(_message.Message):
+    __slots__ = ("label", "score", "box")
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    BOX_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    score: float
+    box: Box
+    def __init__(self, label: _Optional[str] = ..., score: _Optional[float] = ..., box: _Optional[_Union[Box, _Mapping]] = ...) -> None: ...
+
+class Box(_message.Message):
+    __slots__ = ("x_min", "y_min", "x_max", "y_max")
+    X_MIN_FIELD_NUMBER: _ClassVar[int]
+    Y_MIN_FIELD_NUMBER: _ClassVar[int]
+    X_MAX_FIELD_NUMBER: _ClassVar[int]
+    Y_MAX_FIELD_NUMBER: _ClassVar[int]
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+    def __init__(self, x_min: _Optional[float] = ..., y_min: _Optional[float] = ..., x_max: _Optional[float] = ..., y_max: _Optional[float] = ...) -> None: ...
 
 class Entity(_message.Message):
     __slots__ = ("text", "label", "score", "start", "end")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -65,6 +65,49 @@ class Entity:
     score: float
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Relation:
+    head: Entity
+    tail: Entity
+    label: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Box:
+    """Pixels of the original image, origin at its top-left corner."""
+
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+
+
+@dataclass(frozen=True)
+class DetectedObject:
+    label: str
+    score: float
+    box: Box
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """What an extractor found in one item; each model fills the kinds it produces."""
+
+    entities: list[Entity] = field(default_factory=list)
+    classifications: list[Classification] = field(default_factory=list)
+    relations: list[Relation] = field(default_factory=list)
+    objects: list[DetectedObject] = field(default_factory=list)
+    # Generated from a document: {"text": ...}, or the JSON object a parser produced.
+    data: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -160,25 +203,59 @@ class PairScorer(ModelAdapter, Protocol):
         """One float score per pair. Device thread only."""
 
 
+@dataclass(frozen=True)
+class ExtractQuery:
+    """What an extract request asks of each of its items. Items batch together only with items of an equal query
+    (the batch key holds the labels, the threshold and the canonical options)."""
+
+    labels: tuple[str, ...] = ()
+    # None: the model's default.
+    threshold: float | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExtractInput:
+    """One extract item as the adapter reads it: its text, its decoded image, or both (a question about a page)."""
+
+    text: str | None = None
+    image: Image.Image | None = None
+
+
+class Prepared(NamedTuple):
+    """One item made ready for the device, with its batching cost (tokens; 1 for an image)."""
+
+    value: Any
+    cost: int
+
+
 @runtime_checkable
-class TokenClassifier(ModelAdapter, Protocol):
-    """A model that labels tokens; spans come from merging labels."""
+class ItemExtractor(ModelAdapter, Protocol):
+    """A model that extracts from each item: spans, classes, relations, objects or generated data.
 
-    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
-        """Token ids with character offsets. Thread-safe."""
+    An item goes through three steps: `prepare` on a preprocessing thread, `run` on the device thread in a batch
+    of items with the same query, then `finish` on a preprocessing thread."""
 
-    def classify(self, batch: Sequence[TokenizedText]) -> list[np.ndarray]:
-        """Per item, label probabilities [tokens, labels]. Device thread only."""
+    # True when the request names the labels (zero-shot); it must then name at least one.
+    zero_shot: bool
 
-    def entities(
-        self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None
-    ) -> list[Entity]:
-        """Merged spans of one item. Thread-safe."""
+    def check_query(self, query: ExtractQuery) -> None:
+        """ValueError for options (or labels) this model cannot take; called once per request, before any work."""
+
+    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+        """The item tokenized or its image processed, ready to batch; ValueError for an item the model cannot read.
+        Thread-safe."""
+
+    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+        """The model's raw output for each prepared value of the batch. Device thread only."""
+
+    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+        """One item's results from its prepared value and raw output. Thread-safe."""
 
 
 @runtime_checkable
-class ZeroShotExtractor(ModelAdapter, Protocol):
-    """An extractor that takes its labels per request (GLiNER)."""
+class ImageExtractor(ItemExtractor, Protocol):
+    """An extractor that reads images (detectors, document readers)."""
 
-    def extract(self, texts: Sequence[str], labels: Sequence[str], threshold: float | None) -> list[list[Entity]]:
-        """Entities per text. Device thread only."""
+    def resized_pixels(self, width: int, height: int) -> int:
+        """Pixels the processor resizes an image of this size to: checked before decoding. Thread-safe."""

@@ -23,7 +23,15 @@ import torch
 from transformers import AutoConfig
 
 from sie_common.edge.errors import FailedPrecondition, clipped
-from sie_worker.adapters.base import Entity, LoadContext, ZeroShotExtractor
+from sie_worker.adapters.base import (
+    Entity,
+    ExtractInput,
+    Extraction,
+    ExtractQuery,
+    ItemExtractor,
+    LoadContext,
+    Prepared,
+)
 from sie_worker.adapters.hf_text import position_limit
 
 DEFAULT_THRESHOLD = 0.5
@@ -110,8 +118,9 @@ def _is_local(name: str) -> bool:
     return os.path.isabs(name) or name.startswith((".", "~")) or os.path.isdir(name)
 
 
-class GlinerExtractor(ZeroShotExtractor):
+class GlinerExtractor(ItemExtractor):
     tasks = ("extract",)
+    zero_shot = True
     output_types: tuple[str, ...] = ()
     dims = 0
 
@@ -154,26 +163,34 @@ class GlinerExtractor(ZeroShotExtractor):
                 return text[:end]
         return text
 
-    def extract(self, texts: Sequence[str], labels: Sequence[str], threshold: float | None) -> list[list[Entity]]:
-        texts = [self.read_part(text) for text in texts]
+    def check_query(self, query: ExtractQuery) -> None:
+        """Labels and threshold are bounded by the request's checks; GLiNER reads no options."""
+
+    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+        """The part of the text GLiNER reads, at the cost of its words."""
+        text = self.read_part(item.text or "")
+        return Prepared(text, len(text.split()) + 1)
+
+    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+        """Per text, GLiNER's spans as (start, end, label, [score])."""
         found = self.extractor.inference(
-            list(texts),
-            list(labels),
-            threshold=self.threshold if threshold is None else threshold,
-            batch_size=max(1, len(texts)),
+            list(batch),
+            list(query.labels),
+            threshold=self.threshold if query.threshold is None else query.threshold,
+            batch_size=max(1, len(batch)),
         )
-        results = []
-        for text, entities in zip(texts, found, strict=True):
-            spans = [(e["start"], e["end"], e["label"], [float(e["score"])]) for e in entities]
-            if self.merge_adjacent:
-                spans = merge_adjacent(text, spans)
-            results.append(
-                [
-                    Entity(text=text[start:end], label=label, score=sum(scores) / len(scores), start=start, end=end)
-                    for start, end, label, scores in spans
-                ]
-            )
-        return results
+        return [[(e["start"], e["end"], e["label"], [float(e["score"])]) for e in entities] for entities in found]
+
+    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+        text, spans = prepared, output
+        if self.merge_adjacent:
+            spans = merge_adjacent(text, spans)
+        return Extraction(
+            entities=[
+                Entity(text=text[start:end], label=label, score=sum(scores) / len(scores), start=start, end=end)
+                for start, end, label, scores in spans
+            ]
+        )
 
 
 def cap_at_position_tables(extractor: Any) -> None:

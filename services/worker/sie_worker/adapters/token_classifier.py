@@ -10,17 +10,28 @@ text[start:end] of the original item. Special tokens never join a span.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from transformers import AutoModelForTokenClassification
 
-from sie_worker.adapters.base import Entity, LoadContext, TokenClassifier, TokenizedText
+from sie_worker.adapters.base import (
+    Entity,
+    ExtractInput,
+    Extraction,
+    ExtractQuery,
+    ItemExtractor,
+    LoadContext,
+    Prepared,
+    TokenizedText,
+)
 from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
 
 
-class TokenClassificationExtractor(TokenClassifier):
+class TokenClassificationExtractor(ItemExtractor):
     tasks = ("extract",)
+    zero_shot = False
     output_types: tuple[str, ...] = ()
     dims = 0
 
@@ -38,18 +49,27 @@ class TokenClassificationExtractor(TokenClassifier):
         # model's config has both, with int keys.
         self.labels = [self.model.config.id2label[index] for index in range(self.model.config.num_labels)]  # type: ignore[index, arg-type]
 
-    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
-        return self.tokenizer.encode(texts)
+    def check_query(self, query: ExtractQuery) -> None:
+        """The model's own labels are the ones it finds: labels in the request are ignored."""
 
-    def classify(self, batch: Sequence[TokenizedText]) -> list[np.ndarray]:
+    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+        tokens = self.tokenizer.encode([item.text or ""])[0]
+        return Prepared(tokens, len(tokens.ids))
+
+    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+        """Per item, label probabilities [tokens, labels]."""
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         with torch.inference_mode():
             probabilities = self.model(**model_inputs(self.model, inputs)).logits.float().softmax(dim=-1).cpu().numpy()
         return [probabilities[row, : len(item.ids)] for row, item in enumerate(batch)]
 
+    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+        return Extraction(entities=self.entities(item.text or "", prepared, output, query.threshold))
+
     def entities(
         self, text: str, tokens: TokenizedText, probabilities: np.ndarray, threshold: float | None
     ) -> list[Entity]:
+        """Merged spans of one item."""
         best = probabilities.argmax(axis=-1)
         groups: list[tuple[str, list[int]]] = []  # (type, token positions)
         previous: tuple[str, str] | None = None

@@ -23,6 +23,7 @@ from sie_common.edge.request_bounds import (
 )
 from sie_common.edge.request_params import merged_request
 from sie_contract.tensors import to_tensor
+from sie_worker.adapters.base import Entity, Extraction
 from sie_worker.batching.stats import BatchStats
 from sie_worker.engine.jobs import (
     EncodedOutput,
@@ -158,7 +159,7 @@ def extract_job(request: inference_pb2.ExtractRequest, limits: Limits) -> Extrac
         check_threshold(request.threshold)
     return ExtractJob(
         model=request.model,
-        texts=_texts(request.items, limits),
+        items=_items(request.items, limits),
         labels=labels,
         threshold=request.threshold if request.HasField("threshold") else None,
         profile=request.profile,
@@ -193,21 +194,6 @@ def _item(message: types_pb2.Item, index: int | None, limits: Limits) -> ItemInp
     if text is not None:
         check_text(text, item.label, item.metadata, limits)
     return item
-
-
-def _texts(items: Sequence[types_pb2.Item], limits: Limits) -> list[str]:
-    """Texts of extract items: extraction reads text only."""
-    texts = []
-    for item in _items(items, limits):
-        if item.images:
-            raise InvalidArgument(
-                f"{item.label}: extract reads text; send the item without images",
-                reason="INPUT_NOT_SUPPORTED",
-                metadata={**item.metadata, "input": "image"},
-            )
-        assert item.text is not None
-        texts.append(item.text)
-    return texts
 
 
 def _lora_and_options(
@@ -275,17 +261,43 @@ def extract_response(request: inference_pb2.ExtractRequest, outcome: ExtractOutc
     return inference_pb2.ExtractResponse(
         request_id=request.request_id,
         model=outcome.model,
-        results=[
-            inference_pb2.ExtractResult(
-                id=item.id,
-                entities=[
-                    inference_pb2.Entity(text=e.text, label=e.label, score=e.score, start=e.start, end=e.end)
-                    for e in entities
-                ],
-            )
-            for item, entities in zip(request.items, outcome.entities, strict=True)
-        ],
+        results=[_extract_result(item.id, result) for item, result in zip(request.items, outcome.results, strict=True)],
         timing=_timing(outcome.timing),
+    )
+
+
+def _extract_result(item_id: str, extraction: Extraction) -> inference_pb2.ExtractResult:
+    result = inference_pb2.ExtractResult(
+        id=item_id,
+        entities=[_entity(entity) for entity in extraction.entities],
+        classifications=[
+            inference_pb2.Classification(label=found.label, score=found.score) for found in extraction.classifications
+        ],
+        relations=[
+            inference_pb2.Relation(
+                head=_entity(relation.head), tail=_entity(relation.tail), label=relation.label, score=relation.score
+            )
+            for relation in extraction.relations
+        ],
+        objects=[
+            inference_pb2.DetectedObject(
+                label=found.label,
+                score=found.score,
+                box=inference_pb2.Box(
+                    x_min=found.box.x_min, y_min=found.box.y_min, x_max=found.box.x_max, y_max=found.box.y_max
+                ),
+            )
+            for found in extraction.objects
+        ],
+    )
+    if extraction.data is not None:
+        result.data.update(extraction.data)
+    return result
+
+
+def _entity(entity: Entity) -> inference_pb2.Entity:
+    return inference_pb2.Entity(
+        text=entity.text, label=entity.label, score=entity.score, start=entity.start, end=entity.end
     )
 
 

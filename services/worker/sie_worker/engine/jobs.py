@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sie_worker.adapters.base import Entity, SparseWeights
+from sie_worker.adapters.base import Extraction, SparseWeights
 from sie_worker.batching.stats import BatchStats
 from sie_worker.engine.postprocess import Quantized
 
@@ -90,7 +90,7 @@ class ScoreJob:
 @dataclass(frozen=True)
 class ExtractJob:
     model: str
-    texts: list[str]
+    items: list[ItemInput]
     labels: tuple[str, ...] = ()
     threshold: float | None = None
     profile: str = ""
@@ -145,5 +145,5 @@ class ScoreOutcome:
 @dataclass(frozen=True)
 class ExtractOutcome:
     model: str
-    entities: list[list[Entity]]  # per item
+    results: list[Extraction]  # per item
     timing: Timing

@@ -38,6 +38,7 @@ from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.edge.errors import (
     FailedPrecondition,
     Internal,
+    InvalidArgument,
     ResourceExhausted,
     SieError,
     Unavailable,
@@ -45,14 +46,16 @@ from sie_common.edge.errors import (
 from sie_common.runtime.tracing import record_span, recording, span
 from sie_worker.adapters.base import (
     EncodedItem,
-    Entity,
+    ExtractInput,
+    ExtractQuery,
     ImageEncoder,
+    ImageExtractor,
+    ItemExtractor,
     MultivectorCounter,
     PairScorer,
+    Prepared,
     TextEncoder,
-    TokenClassifier,
     TokenizedText,
-    ZeroShotExtractor,
 )
 from sie_worker.batching.adaptive import BatchPolicy, batching_for
 from sie_worker.batching.former import Batch, BatchFormer, PendingItem
@@ -472,40 +475,90 @@ class Engine:
     # -- extract --------------------------------------------------------------
 
     async def extract(self, job: ExtractJob) -> ExtractOutcome:
+        """Prepare each item (text on the CPU pool, images decoded on the image pool), run text and image items in
+        batches of their own with other requests' items of the same query, then finish each item's results."""
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
             model = self._planner.plan(job, holds).model
-            extractor = model.encoder
-            key = BatchKey(
-                job.model,
-                model.profile,
-                "extract",
-                job.lora,
-                canonical_options(job.options),
-                labels=job.labels,
-                threshold=job.threshold,
+            extractor = cast(ItemExtractor, model.encoder)  # the plan checked it
+            query = ExtractQuery(job.labels, job.threshold, job.options)
+            inputs, prepared = await self._prepare_extract(clock, extractor, job.items, query)
+            work = self._work(model, job.lora, lambda batch: extractor.run(batch, query))
+            options = canonical_options(job.options)
+
+            async def run(rows: list[int], modality: str) -> list[_ItemResult]:
+                if not rows:
+                    return []
+                key = BatchKey(
+                    job.model,
+                    model.profile,
+                    "extract",
+                    job.lora,
+                    options,
+                    labels=job.labels,
+                    threshold=job.threshold,
+                    modality=modality,
+                )
+                return await self._run_on_device(
+                    work, key, [prepared[row].value for row in rows], [prepared[row].cost for row in rows]
+                )
+
+            image_rows = [row for row, item in enumerate(job.items) if item.images]
+            text_rows = [row for row, item in enumerate(job.items) if not item.images]
+            text_results, image_results = await _all_or_none(run(text_rows, "text"), run(image_rows, "image"))
+            by_row = dict(zip([*text_rows, *image_rows], [*text_results, *image_results], strict=True))
+            results = [by_row[row] for row in range(len(job.items))]
+            extractions = await self._postprocess(
+                lambda: [
+                    extractor.finish(item, ready.value, result.output, query)
+                    for item, ready, result in zip(inputs, prepared, results, strict=True)
+                ],
+                clock,
+                len(job.items),
             )
-            if isinstance(extractor, ZeroShotExtractor):
-                work = self._work(model, job.lora, lambda texts: extractor.extract(texts, job.labels, job.threshold))
-                results = await self._run_on_device(work, key, job.texts, [len(text.split()) + 1 for text in job.texts])
-                entities: list[list[Entity]] = [result.output for result in results]
-            else:
-                classifier = cast(TokenClassifier, extractor)  # the plan checked it extracts
-                tokenized = await self._tokenize(
-                    clock, lambda: classifier.tokenize(job.texts, ""), len(job.texts), sum(map(len, job.texts))
-                )
-                work = self._work(model, job.lora, classifier.classify)
-                results = await self._run_on_device(work, key, tokenized, [len(item.ids) for item in tokenized])
-                entities = await self._postprocess(
-                    lambda: [
-                        classifier.entities(text, tokens, result.output, job.threshold)
-                        for text, tokens, result in zip(job.texts, tokenized, results, strict=True)
-                    ],
-                    clock,
-                    len(job.texts),
-                )
-            self._count(model, len(job.texts))
-        return ExtractOutcome(model=job.model, entities=entities, timing=clock.timing(results))
+            self._count(model, len(job.items))
+        return ExtractOutcome(model=job.model, results=extractions, timing=clock.timing(results))
+
+    async def _prepare_extract(
+        self, clock: _Clock, extractor: ItemExtractor, items: Sequence[ItemInput], query: ExtractQuery
+    ) -> tuple[list[ExtractInput], list[Prepared]]:
+        """Each item as the extractor reads it and prepared for the device: texts together on the CPU pool, each
+        image decoded (within the image limits) and processed on the image pool. The first bad item in item order
+        is the one reported."""
+        started = time.perf_counter()
+
+        def prepare(item: ItemInput) -> tuple[ExtractInput, Prepared] | SieError:
+            """The item read and prepared, or the error that names it."""
+            image = None
+            try:
+                if item.images:
+                    assert isinstance(extractor, ImageExtractor)  # check_adapter_serves: a model taking images has one
+                    image = decode_image(item, 0, limits=self.limits, resized_pixels=extractor.resized_pixels)
+                read = ExtractInput(item.text, image)
+                return read, extractor.prepare(read, query)
+            except SieError as error:
+                return error
+            except ValueError as error:
+                return InvalidArgument(f"{item.label}: {error}", reason="INVALID_ITEM", metadata=item.metadata)
+
+        text_rows = [row for row, item in enumerate(items) if not item.images]
+        image_rows = [row for row, item in enumerate(items) if item.images]
+        texts = self.off_loop(
+            lambda: [prepare(items[row]) for row in text_rows],
+            len(text_rows),
+            sum(len(items[row].text or "") for row in text_rows),
+        )
+        loop = asyncio.get_running_loop()
+        images = [loop.run_in_executor(self._image_pool, prepare, items[row]) for row in image_rows]
+        text_outcomes, *image_outcomes = await asyncio.gather(texts, *images)
+        clock.tokenization_ms += _ms_since(started)
+        by_row = dict(zip([*text_rows, *image_rows], [*text_outcomes, *image_outcomes], strict=True))
+        outcomes = [by_row[row] for row in range(len(items))]
+        for outcome in outcomes:
+            if isinstance(outcome, SieError):
+                raise outcome
+        pairs = cast(list[tuple[ExtractInput, Prepared]], outcomes)
+        return [read for read, _ in pairs], [ready for _, ready in pairs]
 
     # -- shared stages --------------------------------------------------------
 

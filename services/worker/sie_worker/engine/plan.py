@@ -16,7 +16,14 @@ from typing import Any
 from sie_common.cluster.model_config import ModelConfig
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.edge.errors import InvalidArgument
-from sie_worker.adapters.base import EncodedItem, ImageEncoder, OptionScorer, PairScorer, ZeroShotExtractor
+from sie_worker.adapters.base import (
+    EncodedItem,
+    ExtractQuery,
+    ImageEncoder,
+    ItemExtractor,
+    OptionScorer,
+    PairScorer,
+)
 from sie_worker.engine.jobs import EncodeJob, ExtractJob, ItemInput, ScoreJob
 from sie_worker.engine.limits import Limits, check_muvera
 from sie_worker.engine.postprocess import MuveraParams, cosine, maxsim
@@ -122,11 +129,18 @@ class Planner:
 
     def _extract(self, job: ExtractJob, holds: contextlib.ExitStack) -> RequestPlan:
         config = self.registry.config(job.model)
-        model = self._model(holds, config, job.profile, "extract", job.lora)
-        if isinstance(model.encoder, ZeroShotExtractor) and not job.labels:
+        model = self._model(holds, config, job.profile, "extract", job.lora, job.items)
+        extractor = model.encoder
+        assert isinstance(extractor, ItemExtractor)  # check_adapter_serves: an extract model's adapter is one
+        if extractor.zero_shot and not job.labels:
             raise InvalidArgument(
                 f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS"
             )
+        try:
+            extractor.check_query(ExtractQuery(job.labels, job.threshold, job.options))
+        except ValueError as error:
+            raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
+        _check_one_input_per_item(model, job.items, allow_text_with_image=True)
         return RequestPlan(model, "extract")
 
     def _model(
@@ -171,15 +185,19 @@ def _check_inputs(config: ModelConfig, items: Sequence[ItemInput]) -> None:
                 )
 
 
-def _check_one_input_per_item(model: LoadedModel, items: Sequence[ItemInput]) -> None:
-    """A dual encoder embeds each item from one text or one image: mixing them in an item has no meaning."""
+def _check_one_input_per_item(
+    model: LoadedModel, items: Sequence[ItemInput], *, allow_text_with_image: bool = False
+) -> None:
+    """A dual encoder embeds each item from one text or one image: mixing them in an item has no meaning. An
+    extractor reads one image, with a text beside it where the model takes one (a question about the page)."""
     for item in items:
-        if len(item.images) > 1 or (item.images and item.text is not None):
+        if len(item.images) > 1 or (item.images and item.text is not None and not allow_text_with_image):
             has = (
                 f"{'text and ' if item.text is not None else ''}{len(item.images)} image{'s' * (len(item.images) > 1)}"
             )
+            takes = "reads one text, one image, or both" if allow_text_with_image else "embeds one text or one image"
             raise InvalidArgument(
-                f"{item.label}: model {model.config.id} embeds one text or one image per item; this item has {has}. "
+                f"{item.label}: model {model.config.id} {takes} per item; this item has {has}. "
                 "Send each input as an item of its own",
                 reason="TOO_MANY_ITEM_INPUTS",
                 metadata=item.metadata,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sie_common.cluster.model_config import ModelConfig
-from sie_worker.adapters.base import ImageEncoder, ModelAdapter
+from sie_worker.adapters.base import ImageEncoder, ImageExtractor, ItemExtractor, ModelAdapter
 
 
 def check_adapter_serves(config: ModelConfig, adapter_name: str, adapter: ModelAdapter) -> None:
@@ -13,7 +13,9 @@ def check_adapter_serves(config: ModelConfig, adapter_name: str, adapter: ModelA
         raise ValueError(
             f"tasks: adapter {adapter_name} does not do {', '.join(missing_tasks)}; it does: {', '.join(adapter.tasks)}"
         )
-    if "image" in config.inputs and not isinstance(adapter, ImageEncoder):
+    if "extract" in config.tasks and not isinstance(adapter, ItemExtractor):
+        raise ValueError(f"tasks: adapter {adapter_name} does not extract")
+    if "image" in config.inputs and not isinstance(adapter, ImageEncoder | ImageExtractor):
         raise ValueError(f"inputs: adapter {adapter_name} does not take images; it takes: text")
     if "encode" not in config.tasks:
         return
