@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from google.protobuf import struct_pb2
 from PIL import Image
 from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
-from grpc_helpers import call_until_loaded, error_info
+from grpc_helpers import call_until_loaded, error_info, forward_passes
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_detectors import GROUNDING_DINO_MAX_TEXT_LEN, OWLV2_TEXT_LENGTH, build_tiny_grounding_dino, build_tiny_owlv2
 from tiny_models import write_config
@@ -32,6 +33,7 @@ BUILDERS = {GROUNDING_DINO: build_tiny_grounding_dino, OWLV2: build_tiny_owlv2}
 DETECT = "inputs: [image]\ntasks: [extract]\nprofiles:\n  default:\n    adapter: zero_shot_detector\n"
 LABELS = ["a cat", "Remote control", "dog"]
 MAX_PIXELS = 200_000
+Found = tuple[str, float, list[float]]  # an object's label, score and box
 
 
 def picture(seed: int, size: tuple[int, int], mode: str = "RGB") -> Image.Image:
@@ -72,7 +74,15 @@ def worker(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     for model_id, directory in directories.items():
         write_config(configs, model_id, f"path: {directory}\n{DETECT}")
     worker = WorkerProcess(
-        {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": "", "SIE_MAX_IMAGE_PIXELS": str(MAX_PIXELS)}, root / "worker.log"
+        {
+            "SIE_MODELS_DIR": str(configs),
+            "SIE_PRELOAD_MODELS": "",
+            "SIE_MAX_IMAGE_PIXELS": str(MAX_PIXELS),
+            # Batches wait 200 ms to fill, so that concurrent requests meet.
+            "SIE_ADAPTIVE_BATCHING": "false",
+            "SIE_MAX_BATCH_WAIT_MS": "200",
+        },
+        root / "worker.log",
     )
     worker.wait_serving()
     try:
@@ -92,7 +102,7 @@ def loaded(directory: Path) -> tuple[Any, Any]:
     return AutoProcessor.from_pretrained(directory, backend="pil"), AutoModelForZeroShotObjectDetection.from_pretrained(directory).eval()
 
 
-def reference(directory: Path, data: bytes, labels: list[str], threshold: float | None, text_threshold: float | None) -> list[tuple[str, float, list[float]]]:
+def reference(directory: Path, data: bytes, labels: list[str], threshold: float | None, text_threshold: float | None) -> list[Found]:
     """(label, score, box) of transformers' own processor, model and post-processing on one image, best first."""
     processor, model = loaded(directory)
     image = Image.open(io.BytesIO(data)).convert("RGB")
@@ -129,25 +139,28 @@ def extract(stub, model_id: str, items: list[types_pb2.Item], labels: list[str] 
     return response
 
 
-def assert_same_objects(served, expected: list[tuple[str, float, list[float]]]) -> None:
+def served_objects(objects) -> list[Found]:
+    return [(found.label, found.score, [found.box.x_min, found.box.y_min, found.box.x_max, found.box.y_max]) for found in objects]
+
+
+def assert_same_objects(served: list[Found], expected: list[Found]) -> None:
     """The same objects, best first: each served one matches an expected one of its label, score (1e-4) and box
     (1e-3 relative). Matched without regard to order, since near-equal scores may swap between a batch and one
     image."""
-    scores = [found.score for found in served]
+    scores = [score for _, score, _ in served]
     assert scores == sorted(scores, reverse=True)
     assert len(served) == len(expected)
     unmatched = list(expected)
-    for found in served:
-        box = [found.box.x_min, found.box.y_min, found.box.x_max, found.box.y_max]
+    for label, score, box in served:
         match = next(
             (
                 entry
                 for entry in unmatched
-                if entry[0] == found.label and abs(entry[1] - found.score) <= 1e-4 and np.allclose(box, entry[2], rtol=1e-3, atol=1e-3)
+                if entry[0] == label and abs(entry[1] - score) <= 1e-4 and np.allclose(box, entry[2], rtol=1e-3, atol=1e-3)
             ),
             None,
         )
-        assert match is not None, f"{found} is not among the expected {unmatched}"
+        assert match is not None, f"{(label, score, box)} is not among the expected {unmatched}"
         unmatched.remove(match)
 
 
@@ -166,14 +179,37 @@ def test_objects_equal_transformers_post_processing(stub, directories, model_id,
     total = 0
     for data, result in zip(IMAGES, response.results, strict=True):
         expected = reference(directories[model_id], data, LABELS, threshold, options.get("text_threshold"))
-        assert_same_objects(result.objects, expected)
+        assert_same_objects(served_objects(result.objects), expected)
         total += len(expected)
     assert total >= 8
 
 
 def test_max_objects_keeps_the_best(stub, directories) -> None:
     response = extract(stub, GROUNDING_DINO, [image_item(IMAGES[0])], max_objects=3)
-    assert_same_objects(response.results[0].objects, reference(directories[GROUNDING_DINO], IMAGES[0], LABELS, None, None)[:3])
+    assert_same_objects(served_objects(response.results[0].objects), reference(directories[GROUNDING_DINO], IMAGES[0], LABELS, None, None)[:3])
+
+
+def test_concurrent_requests_with_the_same_labels_share_forward_passes(stub, directories) -> None:
+    clients = 4
+    call_until_loaded(lambda: extract(stub, OWLV2, [image_item(IMAGES[0])]))
+    before = forward_passes(stub, OWLV2)
+    barrier = threading.Barrier(clients)
+    answers: dict[int, inference_pb2.ExtractResponse] = {}
+
+    def run(client: int) -> None:
+        barrier.wait()
+        answers[client] = extract(stub, OWLV2, [image_item(IMAGES[client])])
+
+    threads = [threading.Thread(target=run, args=(client,)) for client in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    passes = forward_passes(stub, OWLV2) - before
+    assert 1 <= passes < clients, f"{clients} concurrent requests took {passes} forward passes"
+    for client in range(clients):
+        expected = reference(directories[OWLV2], IMAGES[client], LABELS, None, None)
+        assert_same_objects(served_objects(answers[client].results[0].objects), expected)
 
 
 def test_the_client_returns_objects_with_boxes(worker, directories) -> None:
@@ -182,9 +218,7 @@ def test_the_client_returns_objects_with_boxes(worker, directories) -> None:
     with SIEClient(worker.address) as client:
         results = client.extract(GROUNDING_DINO, [Item(images=[IMAGES[1]])], labels=LABELS)
     expected = reference(directories[GROUNDING_DINO], IMAGES[1], LABELS, None, None)
-    objects = results[0]["objects"]
-    assert [found["label"] for found in objects] == [label for label, _, _ in expected]
-    np.testing.assert_allclose([found["bbox"] for found in objects], [box for _, _, box in expected], rtol=1e-3, atol=1e-3)
+    assert_same_objects([(found["label"], found["score"], found["bbox"]) for found in results[0]["objects"]], expected)
 
 
 def refusal(stub, model_id: str, items: list[types_pb2.Item], labels: list[str] = LABELS, **options: Any) -> grpc.RpcError:
@@ -213,7 +247,7 @@ def test_an_owlv2_label_past_its_positions_is_refused(stub) -> None:
 @pytest.mark.parametrize(
     "model_id, labels, options, reason, message",
     [
-        (GROUNDING_DINO, ["st. louis"], {}, "INVALID_LABEL", "labels[0]: 'st. louis': GroundingDINO reads the labels as one prompt"),
+        (GROUNDING_DINO, ["st. louis"], {}, "INVALID_LABEL", "labels[0]: 'st. louis': GroundingDINO reads the labels as one prompt of phrases, each ended by '.' or '?'"),
         (GROUNDING_DINO, LABELS, {"text_threshold": 1.5}, "INVALID_OPTIONS", "text_threshold must be a number from 0 to 1, got 1.5"),
         (GROUNDING_DINO, LABELS, {"max_objects": 0}, "INVALID_OPTIONS", "max_objects must be a whole number from 1 to 1000"),
         (OWLV2, LABELS, {"max_objects": 2.5}, "INVALID_OPTIONS", "max_objects must be a whole number from 1 to 1000, got 2.5"),

@@ -50,6 +50,8 @@ OWLV2 = "owlv2"
 # The defaults of each family's post_process_grounded_object_detection in transformers.
 DEFAULT_THRESHOLDS = {GROUNDING_DINO: 0.25, OWLV2: 0.1}
 DEFAULT_TEXT_THRESHOLD = 0.25
+# Where GroundingDINO's model ends a phrase of its prompt (with [CLS] and [SEP]: its SPECIAL_TOKENS).
+PHRASE_ENDS = (".", "?")
 DEFAULT_MAX_OBJECTS = 100
 MAX_OBJECTS = 1000
 # Label sets whose tokenized text is kept for the next batches of the same labels.
@@ -127,10 +129,10 @@ class ZeroShotDetector(ImageExtractor):
         self._options(query.options)
         if self.family == GROUNDING_DINO:
             for index, label in enumerate(query.labels):
-                if not label.strip() or "." in label:
+                if not label.strip() or any(mark in label for mark in PHRASE_ENDS):
                     raise InvalidArgument(
                         f"labels[{index}]: {clipped(label)!r}: GroundingDINO reads the labels as one prompt of "
-                        "phrases ended by '.', so a label must have a word and no '.'",
+                        "phrases, each ended by '.' or '?', so a label must have a word and neither mark",
                         reason="INVALID_LABEL",
                         metadata={"label": str(index)},
                     )
