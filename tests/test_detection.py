@@ -31,6 +31,8 @@ GROUNDING_DINO = "test/tiny-grounding-dino"
 OWLV2 = "test/tiny-owlv2"
 BUILDERS = {GROUNDING_DINO: build_tiny_grounding_dino, OWLV2: build_tiny_owlv2}
 DETECT = "inputs: [image]\ntasks: [extract]\nprofiles:\n  default:\n    adapter: zero_shot_detector\n"
+# A profile whose run_options set the thresholds of requests that set none.
+STRICT = "  strict:\n    extends: default\n    run_options: {threshold: 0.8, text_threshold: 0.75}\n"
 LABELS = ["a cat", "Remote control", "dog"]
 MAX_PIXELS = 200_000
 Found = tuple[str, float, list[float]]  # an object's label, score and box
@@ -72,7 +74,7 @@ def worker(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     configs = root / "configs"
     configs.mkdir()
     for model_id, directory in directories.items():
-        write_config(configs, model_id, f"path: {directory}\n{DETECT}")
+        write_config(configs, model_id, f"path: {directory}\n{DETECT}{STRICT if model_id == GROUNDING_DINO else ''}")
     worker = WorkerProcess(
         {
             "SIE_MODELS_DIR": str(configs),
@@ -182,6 +184,14 @@ def test_objects_equal_transformers_post_processing(stub, directories, model_id,
         assert_same_objects(served_objects(result.objects), expected)
         total += len(expected)
     assert total >= 8
+
+
+def test_a_profile_sets_the_default_thresholds(stub, directories) -> None:
+    request = inference_pb2.ExtractRequest(model=GROUNDING_DINO, items=[image_item(IMAGES[0])], labels=LABELS, profile="strict")
+    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=60))
+    expected = reference(directories[GROUNDING_DINO], IMAGES[0], LABELS, 0.8, 0.75)
+    assert len(expected) < len(reference(directories[GROUNDING_DINO], IMAGES[0], LABELS, None, None))
+    assert_same_objects(served_objects(response.results[0].objects), expected)
 
 
 def test_max_objects_keeps_the_best(stub, directories) -> None:
