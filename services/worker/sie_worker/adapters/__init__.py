@@ -12,6 +12,7 @@ from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.detector import ZeroShotDetector
 from sie_worker.adapters.gliner import GlinerExtractor
 from sie_worker.adapters.llm_reranker import LlmReranker
+from sie_worker.adapters.nli import NliZeroShotClassifier
 from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
 from sie_worker.adapters.splade import SpladeEncoder
 from sie_worker.adapters.token_classifier import TokenClassificationExtractor
@@ -27,4 +28,5 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "clip": DualEncoder,
     "bge_m3": BgeM3Encoder,
     "zero_shot_detector": ZeroShotDetector,
+    "nli_zero_shot": NliZeroShotClassifier,
 }
