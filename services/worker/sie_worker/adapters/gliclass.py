@@ -1,0 +1,188 @@
+"""Zero-shot classification with labels given per request, through the optional `gliclass` package.
+
+The model loads from its resolved local directory (`GLiClassModel.from_pretrained`); gliclass's own pipeline
+for the checkpoint's architecture builds each batch's inputs (labels and text as it was trained), the model
+scores every label, and the scores are gliclass's: single-label, a softmax across the labels and the best one
+kept; multi-label, a sigmoid per label and those at or above the threshold kept.
+
+run_options (defaults for requests that set none): `classification_type` (`single-label` or `multi-label`,
+default multi-label as gliclass's pipeline) and `threshold` (multi-label, default 0.5). Request option:
+`classification_type`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from sie_common.edge.errors import FailedPrecondition, clipped
+from sie_worker.adapters.base import (
+    Classification,
+    ExtractInput,
+    Extraction,
+    ExtractQuery,
+    ItemExtractor,
+    LoadContext,
+    Prepared,
+)
+from sie_worker.adapters.gliner import _auto_map_in, _is_local
+from sie_worker.adapters.hf_text import TextTokenizer
+
+CLASSIFICATION_TYPES = ("single-label", "multi-label")
+DEFAULT_THRESHOLD = 0.5
+# The backbones of each architecture gliclass builds: (the name it reads, the saved config).
+BACKBONES = (("encoder_model_name", "encoder_config"), ("label_model_name", "label_model_config"))
+
+
+def require_gliclass(model_id: str) -> None:
+    """FAILED_PRECONDITION, saying what to install, when the gliclass package or one it imports is missing."""
+    try:
+        importlib.import_module("gliclass")
+    except ModuleNotFoundError as missing:
+        package = missing.name or "gliclass"
+        raise FailedPrecondition(
+            f"model {model_id} needs the 'gliclass' package, which cannot be imported in this worker (missing module "
+            f"{package!r}); install the engine's gliclass extra (pip install '.[gliclass]', see docs/models.md) "
+            "or serve the model from a worker image that has it",
+            reason="ADAPTER_DEPENDENCY_MISSING",
+            metadata={"model": model_id, "package": package},
+        ) from None
+
+
+def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
+    """A ValueError (a permanent load failure) when gliclass would run code the profile does not trust.
+
+    gliclass reads a backbone config whose model_type transformers does not know by the backbone's name, with
+    code execution allowed, and applies a LoRA from `<backbone name>/adapter_config.json` where that exists on
+    disk. Refused: `auto_map` anywhere in config.json; a saved backbone config of a type transformers does not
+    know; a backbone name that is a local path (outside the model's directory, never checked)."""
+    if trust_remote_code:
+        return
+    path = directory / "config.json"
+    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    shipped = _auto_map_in(config)
+    if shipped is not None:
+        raise ValueError(
+            f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: "
+            "true to run it"
+        )
+    for name_field, config_field in BACKBONES:
+        saved = config.get(config_field)
+        if isinstance(saved, dict) and saved.get("model_type", "deberta-v2") not in CONFIG_MAPPING:
+            raise ValueError(
+                f"{path}: {config_field} is of model_type {clipped(str(saved.get('model_type')))!r}, which gliclass "
+                "reads by name with shipped code allowed; set load_options.trust_remote_code: true to run it"
+            )
+        name = config.get(name_field)
+        if isinstance(name, str) and _is_local(name):
+            raise ValueError(
+                f"{path}: {name_field} {clipped(name)!r} is a local path outside the model directory, which gliclass "
+                "reads adapters from"
+            )
+
+
+def read_classification_type(options: Mapping[str, Any], default: Any, where: str) -> str:
+    value = options.get("classification_type", default)
+    if value not in CLASSIFICATION_TYPES:
+        raise ValueError(
+            f"{where}.classification_type: must be one of {', '.join(CLASSIFICATION_TYPES)}, got {clipped(repr(value))}"
+        )
+    return str(value)
+
+
+class GliclassClassifier(ItemExtractor):
+    tasks = ("extract",)
+    zero_shot = True
+    output_types: tuple[str, ...] = ()
+    dims = 0
+
+    def __init__(self, context: LoadContext) -> None:
+        require_gliclass(context.config.id)
+        from gliclass import GLiClassModel, ZeroShotClassificationPipeline
+
+        refuse_remote_code(context.weights, context.profile.trust_remote_code)
+        self.model = GLiClassModel.from_pretrained(str(context.weights), local_files_only=True)
+        self.model.to(context.device).eval()
+        hf = AutoTokenizer.from_pretrained(str(context.weights), local_files_only=True)
+        self.tokenizer = TextTokenizer(
+            context.weights, context.config.max_sequence_length, _backbone(self.model), hf=hf
+        )
+        self.max_sequence_length = self.tokenizer.max_length
+        run_options = context.profile.run_options
+        self.classification_type = read_classification_type(run_options, "multi-label", "run_options")
+        self.threshold = run_options.get("threshold", DEFAULT_THRESHOLD)
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, (int, float))
+            or not 0 <= self.threshold <= 1
+        ):
+            raise ValueError(f"run_options.threshold: must be a number from 0 to 1, got {self.threshold!r}")
+        self.pipeline = ZeroShotClassificationPipeline(
+            self.model,
+            hf,
+            max_length=self.max_sequence_length,
+            classification_type=self.classification_type,
+            device=context.device,
+            progress_bar=False,
+        ).pipe
+
+    def check_query(self, query: ExtractQuery) -> None:
+        unknown = sorted(set(query.options) - {"classification_type"})
+        if unknown:
+            raise ValueError(f"options: unknown option {clipped(unknown[0])!r}; this model reads classification_type")
+        read_classification_type(query.options, self.classification_type, "options")
+
+    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+        """The part of the text the model can read (gliclass tokenizes the whole text before truncating), at the
+        cost of its tokens and its labels'."""
+        text = self.tokenizer.readable_prefixes([item.text or ""])[0]
+        tokens = len(self.tokenizer.encode([text])[0].ids)
+        label_tokens = sum(len(encoding.ids) for encoding in self.tokenizer.rust.encode_batch(list(query.labels)))
+        return Prepared(text, tokens + label_tokens)
+
+    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+        """Per text, the model's logit of each label."""
+        labels = list(query.labels)
+        inputs = self.pipeline.prepare_inputs(list(batch), labels, same_labels=True)
+        with torch.inference_mode():
+            logits = self.model(**inputs, max_num_classes=self.pipeline._resolve_max_num_classes(labels, True)).logits
+        return list(logits[:, : len(labels)].float().cpu().numpy())
+
+    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+        """Single-label: the best label, unless below the request's threshold; multi-label: the labels at or above
+        the threshold, best first."""
+        logits = np.asarray(output, dtype=np.float64)
+        if read_classification_type(query.options, self.classification_type, "options") == "single-label":
+            scores = np.exp(logits - logits.max())
+            scores /= scores.sum()
+            order = [int(scores.argmax())]
+            threshold = query.threshold
+        else:
+            scores = 1 / (1 + np.exp(-logits))
+            order = sorted(range(len(scores)), key=lambda index: -scores[index])
+            threshold = self.threshold if query.threshold is None else query.threshold
+        return Extraction(
+            classifications=[
+                Classification(label=query.labels[index], score=float(scores[index]))
+                for index in order
+                if threshold is None or scores[index] >= threshold
+            ]
+        )
+
+
+def _backbone(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer that reads the text, whose positions bound the length."""
+    architecture = model.model
+    for name in ("encoder_model", "encoder_decoder_model", "decoder_model"):
+        backbone = getattr(architecture, name, None)
+        if isinstance(backbone, torch.nn.Module):
+            return backbone
+    return model
