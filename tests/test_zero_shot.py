@@ -17,7 +17,16 @@ import pytest
 import torch
 from gliclass import GLiClassModel, GLiClassModelConfig, ZeroShotClassificationPipeline
 from google.protobuf import struct_pb2
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, pipeline
+from tokenizers import ByteLevelBPETokenizer, processors
+from transformers import (
+    AutoTokenizer,
+    BartConfig,
+    BartForSequenceClassification,
+    BartTokenizerFast,
+    BertConfig,
+    BertForSequenceClassification,
+    pipeline,
+)
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
@@ -25,6 +34,7 @@ from tiny_models import write_config
 from worker_process import WorkerProcess
 
 NLI = "test/nli-bert"
+NLI_BART = "test/nli-bart"
 NO_ENTAILMENT = "test/nli-no-entailment"
 GLICLASS = "test/gliclass-uni"
 GLICLASS_REMOTE_CODE = "test/gliclass-remote-code"
@@ -58,18 +68,67 @@ def build_tiny_nli(directory: Path, *, label2id: dict[str, int] = MNLI, seed: in
         id2label={index: name for name, index in label2id.items()},
     )
     model = BertForSequenceClassification(config).eval()
-    spread_logits(model, tokenizer, label2id)
+    spread_logits(model, model.classifier, tokenizer, label2id, scale=40.0)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 
 
-def spread_logits(model: torch.nn.Module, tokenizer: Any, label2id: dict[str, int]) -> None:
+def build_tiny_bart_nli(directory: Path, *, seed: int = 0) -> Path:
+    """A 2+2-layer random BART with an MNLI head (as facebook/bart-large-mnli) and a byte-level BPE tokenizer
+    trained on the test's words (`<s> text </s></s> hypothesis </s>` pairs, as BART's)."""
+    bpe = ByteLevelBPETokenizer()
+    corpus = [*TEXTS, TEMPLATE, *(f"This example is {label}." for label in LABELS)]
+    bpe.train_from_iterator(
+        corpus, vocab_size=400, min_frequency=1, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    )
+    bpe.post_processor = processors.RobertaProcessing(
+        ("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>"))
+    )
+    tokenizer = BartTokenizerFast(
+        tokenizer_object=bpe._tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        model_max_length=MAX_LENGTH,
+    )
+    torch.manual_seed(seed)
+    config = BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        init_std=0.1,
+        num_labels=len(MNLI),
+        label2id=MNLI,
+        id2label={index: name for name, index in MNLI.items()},
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = BartForSequenceClassification(config).eval()
+    spread_logits(model, model.classification_head.out_proj, tokenizer, MNLI, scale=4.0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def spread_logits(
+    model: torch.nn.Module, head: torch.nn.Linear, tokenizer: Any, label2id: dict[str, int], *, scale: float
+) -> None:
     """Scale the random head up so that labels score well apart, and shift the contradiction bias so that the test
     pairs' entailment and contradiction logits are even on average (multi-label scores then spread around 0.5)."""
     with torch.no_grad():
-        head = model.classifier
-        head.weight.mul_(40.0)
+        head.weight.mul_(scale)
         if "contradiction" not in label2id:
             return
         pairs = [(text, f"This example is {label}.") for text in TEXTS for label in LABELS]
@@ -135,6 +194,7 @@ def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (remote / "config.json").write_text(json.dumps(config))
     return {
         NLI: build_tiny_nli(root / "nli"),
+        NLI_BART: build_tiny_bart_nli(root / "nli-bart"),
         NO_ENTAILMENT: build_tiny_nli(root / "no-entailment", label2id={"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2}),
         GLICLASS: gliclass,
         GLICLASS_REMOTE_CODE: remote,
@@ -208,11 +268,12 @@ def _assert_same(response: inference_pb2.ExtractResponse, expected: list[dict[st
         (LABELS, None, "topic"),  # the profile's template
     ],
 )
-def test_nli_equals_the_transformers_pipeline(stub, directories, labels, options, profile) -> None:
-    classify = pipeline("zero-shot-classification", model=str(directories[NLI]), device="cpu")
+@pytest.mark.parametrize("model_id", [NLI, NLI_BART])
+def test_nli_equals_the_transformers_pipeline(stub, directories, model_id, labels, options, profile) -> None:
+    classify = pipeline("zero-shot-classification", model=str(directories[model_id]), device="cpu")
     options_used = {"hypothesis_template": TEMPLATE} if profile == "topic" else dict(options or {})
     expected = [classify(text, candidate_labels=labels, **options_used) for text in TEXTS]
-    _assert_same(_extract(stub, NLI, labels=labels, options=options, profile=profile), expected)
+    _assert_same(_extract(stub, model_id, labels=labels, options=options, profile=profile), expected)
     # the scores spread: a wrong index or softmax would not stay within the tolerance
     assert max(max(e["scores"]) - min(e["scores"]) for e in expected) > 0.02 or len(labels) == 1
 
