@@ -35,6 +35,7 @@ from sie_worker.adapters.base import (
 )
 from sie_worker.adapters.gliner import _auto_map_in, _is_local
 from sie_worker.adapters.hf_text import TextTokenizer
+from sie_worker.adapters.nli import softmax
 
 CLASSIFICATION_TYPES = ("single-label", "multi-label")
 DEFAULT_THRESHOLD = 0.5
@@ -153,7 +154,9 @@ class GliclassClassifier(ItemExtractor):
         labels = list(query.labels)
         inputs = self.pipeline.prepare_inputs(list(batch), labels, same_labels=True)
         with torch.inference_mode():
-            logits = self.model(**inputs, max_num_classes=self.pipeline._resolve_max_num_classes(labels, True)).logits
+            # gliclass's own rule for the label slots the model allocates (config max_labels_alloc)
+            slots = self.pipeline._resolve_max_num_classes(labels, True)
+            logits = self.model(**inputs, max_num_classes=slots).logits
         return list(logits[:, : len(labels)].float().cpu().numpy())
 
     def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
@@ -161,8 +164,7 @@ class GliclassClassifier(ItemExtractor):
         the threshold, best first."""
         logits = np.asarray(output, dtype=np.float64)
         if read_classification_type(query.options, self.classification_type, "options") == "single-label":
-            scores = np.exp(logits - logits.max())
-            scores /= scores.sum()
+            scores = softmax(logits)
             order = [int(scores.argmax())]
             threshold = query.threshold
         else:

@@ -144,9 +144,9 @@ class NliZeroShotClassifier(ItemExtractor):
         """The labels best first, without those scored below the request's threshold."""
         _, multi_label = self.settings(query)
         if multi_label or len(query.labels) == 1:
-            scores = _softmax(output[:, [self.contradiction, self.entailment]])[:, 1]
+            scores = softmax(output[:, [self.contradiction, self.entailment]])[:, 1]
         else:
-            scores = _softmax(output[:, self.entailment])
+            scores = softmax(output[:, self.entailment])
         order = sorted(range(len(query.labels)), key=lambda index: -scores[index])
         return Extraction(
             classifications=[
@@ -157,7 +157,7 @@ class NliZeroShotClassifier(ItemExtractor):
         )
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis."""
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, shifted by its maximum (no overflow)."""
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
