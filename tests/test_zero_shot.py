@@ -304,7 +304,7 @@ def test_a_threshold_drops_the_lower_classes(stub, directories) -> None:
         ({"multi_label": "yes"}, "must be true or false"),
         ({"multi_label": 1}, "must be true or false"),
         ({"multilabel": True}, "unknown option 'multilabel'"),
-        ({"hypothesis_template": "word " * 80 + "{}"}, "more than the model's 64"),
+        ({"hypothesis_template": "word " * 80 + "{}"}, "longer than the model's 64 tokens"),
     ],
 )
 def test_bad_options_are_invalid(stub, options, message) -> None:

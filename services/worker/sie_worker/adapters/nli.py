@@ -20,6 +20,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForSequenceClassification
 
+from sie_common.edge.errors import clipped
 from sie_worker.adapters.base import (
     Classification,
     ExtractInput,
@@ -111,8 +112,8 @@ class NliZeroShotClassifier(ItemExtractor):
         ):
             if len(encoding.ids) + self.pair_specials > self.max_sequence_length:
                 raise ValueError(
-                    f"the hypothesis of label {label!r} takes {len(encoding.ids)} tokens, more than the model's "
-                    f"{self.max_sequence_length} leave beside the text"
+                    f"the hypothesis of label {clipped(label)!r} with the pair's special tokens is longer than the "
+                    f"model's {self.max_sequence_length} tokens: it leaves the text no place"
                 )
 
     def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
