@@ -1,7 +1,7 @@
 """The benchmark: every path side by side on the same machine, model and texts, in one run.
 
     python bench/run.py [--runs 3] [--paths in-process,worker,onnxruntime,gateway,envoy,sie-server,infinity]
-                        [--batch-wait-ms MS] [--device cpu|cuda] [--attention sdpa|eager] [--name NAME]
+                        [--batch-wait-ms MS] [--device cpu|cuda] [--attention sdpa|eager] [--name NAME] [--note TEXT]
 
 Paths: the in-process ceiling (sentence-transformers at its best batch size,
 same torch threads), our standalone worker (gRPC), ONNX Runtime in-process on
@@ -174,7 +174,7 @@ class Run:
 
     def onnxruntime(self, ceiling: ours.InProcess | None) -> Target:
         """The same model in ONNX Runtime, checked against sentence-transformers on the bulk texts, then timed on the
-        ceiling's batch sizes (its own best where the ceiling is not run) with the faster of its graphs."""
+        ceiling's batch sizes (its own best where the ceiling is not run) with the fastest of its graphs and settings."""
         import onnxrt
         from sentence_transformers import SentenceTransformer
 
