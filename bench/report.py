@@ -1,11 +1,15 @@
-"""The targets of issue 10 checked against one run's figures, and the table in docs/benchmarks.md."""
+"""The targets of issue 10 checked against one run's figures, each path's share of the machine's matmul rate, and the
+tables in docs/benchmarks.md: one generated section per machine kind, merged row by row with the section's earlier runs."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from machine import slug
 
 _BEGIN = "<!-- begin generated: {section} -->"
 _END = "<!-- end generated: {section} -->"
@@ -56,6 +60,53 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+def add_efficiency(result: dict[str, Any]) -> None:
+    """Each measured path's effective GFLOP/s per workload (items/s * the workload's FLOPs per text) and its fraction
+    of the fp32 roofline, into the path's figures."""
+    fp32 = result.get("roofline", {}).get("gflops", {}).get("fp32")
+    for path in result["paths"].values():
+        for workload, figures in result.get("flops", {}).items():
+            if workload not in path:
+                continue
+            gflops = path[workload]["median"] * figures["flops"] / figures["texts"] / 1e9
+            path.setdefault("effective_gflops", {})[workload] = gflops
+            if isinstance(fp32, float):
+                path.setdefault("fp32_roofline_fraction", {})[workload] = gflops / fp32
+
+
+def _rate(value: float | str | None) -> str:
+    return f"{value:,.0f}" if isinstance(value, float) else (value or "not measured")
+
+
+def _roofline_lines(result: dict[str, Any]) -> list[str]:
+    """The machine's ISA, the matmul rates of the model's shapes and the workloads' FLOPs, where the run recorded them."""
+    m, lines = result["machine"], []
+    if "isa" in m:
+        lines += ["", f"Machine kind **{m['kind']}**; ISA flags: {', '.join(m['isa']) or 'none of those looked for'}."]
+    roof = result.get("roofline")
+    if roof:
+        rates = roof["gflops"]
+        lines += [
+            "",
+            f"Roofline (`bench/roofline.py`): the model's Linear shapes at {roof['rows']} rows (64 texts of the bulk mean), "
+            f"{roof['torch_threads']} torch threads, best of {roof['repeats']}"
+            f"{' before and after the paths' if roof.get('measurements') == 2 else ''}: **fp32 {_rate(rates.get('fp32'))} GFLOP/s**, "
+            f"bf16 {_rate(rates.get('bf16'))}, int8 {_rate(rates.get('int8'))} (torch._int_mm), "
+            f"int8 dynamic-quantized Linear {_rate(rates.get('int8-dynamic'))}.",
+        ]
+    workloads = [
+        f"{name}: {flops['tokens']:,} real tokens in {flops['texts']:,} texts (mean {flops['mean_tokens']:.1f}, attention "
+        f"span {flops['attention_span']:.1f}), {flops['flops_per_token'] / 1e6:.2f} MFLOP a token, {flops['flops'] / 1e12:.3f} TFLOP"
+        for name, flops in result.get("flops", {}).items()
+    ]
+    return lines + (["", "FLOPs (the formula is above): " + "; ".join(workloads) + "."] if workloads else [])
+
+
+def _share(path: dict[str, Any], key: str, digits: int) -> str:
+    value = path.get(key, {}).get("bulk")
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def _cell(figures: dict[str, float] | None, digits: int) -> str:
     if figures is None:
         return "-"
@@ -68,14 +119,18 @@ def table(result: dict[str, Any]) -> str:
     device = m.get("gpu", f"{m['cores']} cores, {m['cpu']}")
     lines = [
         f"Machine: {device}; Python {m['python']}, torch {m['torch']} ({s['torch_threads']} threads), transformers "
-        f"{m['transformers']}, sentence-transformers {m['sentence_transformers']}, grpcio {m['grpcio']}; {result['date']}. "
+        f"{m['transformers']}, sentence-transformers {m['sentence_transformers']}, "
+        + (f"onnxruntime {m['onnxruntime']}, " if "onnxruntime" in m else "")
+        + f"grpcio {m['grpcio']}; {result['date']}. "
         f"Device {s['device']}, attention {s['attention']}, batch wait {s['SIE_MAX_BATCH_WAIT_MS']}. "
-        f"Medians of {s['runs']} runs (min-max) after a warm-up pass; {s['clients']} concurrent clients; the whole run took {result.get('duration_s', '?')} s.",
+        f"Medians of {s['runs']} runs (min-max) after a warm-up pass; {s['clients']} concurrent clients; the whole run took {result.get('duration_s', '?')} s."
+        + (f" **{s['note']}**" if s.get("note") else ""),
+        *_roofline_lines(result),
         "",
         f"Model {result['model']}. Workloads: " + "; ".join(f"**{name}**: {text}" for name, text in result["workloads"].items()) + ".",
         "",
-        "| path | bulk items/s | long-text items/s | single-item p50 ms | single-item p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| path | bulk items/s | bulk effective GFLOP/s | fraction of fp32 roofline (bulk) | long-text items/s | single-item p50 ms | single-item p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     failed = []
     for key, path in result["paths"].items():
@@ -85,9 +140,11 @@ def table(result: dict[str, Any]) -> str:
         label = path["label"]
         if "batch_sizes" in path:
             label += " (batch " + ", ".join(f"{size} {name}" for name, size in path["batch_sizes"].items()) + ")"
+        if "from" in path:
+            label += f" (not in this run: {path['date']}, `{path['from']}`)"
         lines.append(
-            f"| {label} | {_cell(path.get('bulk'), 0)} | {_cell(path.get('long'), 1)} | "
-            f"{_cell(path.get('single_p50_ms'), 2)} | {_cell(path.get('single_p99_ms'), 2)} |"
+            f"| {label} | {_cell(path.get('bulk'), 0)} | {_share(path, 'effective_gflops', 0)} | {_share(path, 'fp32_roofline_fraction', 2)} | "
+            f"{_cell(path.get('long'), 1)} | {_cell(path.get('single_p50_ms'), 2)} | {_cell(path.get('single_p99_ms'), 2)} |"
         )
     lines += ["", *failed] if failed else []
     if "sie-server" in result["paths"] and "torch_threads_tried" in result["paths"]["sie-server"]:
@@ -98,7 +155,8 @@ def table(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"Gateway hop on {hop['model']} (2 layers, 32 wide), single-item p50: worker directly {_cell(hop['worker_p50_ms'], 2)} ms, "
-            f"through the gateway {_cell(hop['gateway_p50_ms'], 2)} ms: the hop adds {hop['added_p50_ms']:.2f} ms.",
+            f"through the gateway {_cell(hop['gateway_p50_ms'], 2)} ms: the hop adds {hop['added_p50_ms']:.2f} ms"
+            + (f" (not in this run: `{hop['from']}`)." if "from" in hop else "."),
         ]
         if "bare_proxy_p50_ms" in hop:
             lines[-1] += (
@@ -113,18 +171,74 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(result: dict[str, Any], results_file: Path, docs: Path) -> None:
-    """Replace this device's generated section of docs/benchmarks.md; the hand-written text around it stays."""
-    section = "gpu" if result["settings"]["device"].startswith("cuda") else "cpu"
-    begin, end = _BEGIN.format(section=section), _END.format(section=section)
-    body = f"{begin}\nRaw figures: `{results_file}`.\n\n{table(result)}{end}"
+def section_name(result: dict[str, Any]) -> str:
+    """The generated section a run belongs to: "gpu", or "cpu-" and the machine kind's slug."""
+    if result["settings"]["device"].startswith("cuda"):
+        return "gpu"
+    return f"cpu-{slug(result['machine']['kind'])}" if "kind" in result["machine"] else "cpu"
+
+
+_ROWS = re.compile(r"<!-- rows from: (\{.*?\}) -->")
+
+
+def _earlier_rows(section: str, root: Path) -> dict[str, str]:
+    """Path key -> the results file its row in `section` came from (a section written before this record: every row
+    of its one raw-figures file)."""
+    if found := _ROWS.search(section):
+        return dict(json.loads(found.group(1)))
+    if found := re.search(r"Raw figures: `([^`]+)`", section):
+        earlier = json.loads((root / found.group(1)).read_text())
+        return dict.fromkeys(earlier["paths"], found.group(1))
+    return {}
+
+
+def merged(result: dict[str, Any], results_file: Path, section: str, root: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """`result` with the rows `section` showed for paths this run did not measure (each marked with its file and date;
+    the gateway hop comes with the gateway's row), and which file each row now comes from."""
+    sources = {key: str(results_file) for key in result["paths"]}
+    paths = dict(result["paths"])
+    hop = result.get("gateway_hop")
+    for key, source in _earlier_rows(section, root).items():
+        if key in paths or not (root / source).exists():
+            continue
+        earlier = json.loads((root / source).read_text())
+        if key in earlier["paths"]:
+            paths[key] = {**earlier["paths"][key], "from": source, "date": earlier["date"]}
+            sources[key] = source
+            if key == "gateway" and not result.get("gateway_hop") and earlier.get("gateway_hop"):
+                hop = {**earlier["gateway_hop"], "from": source}
+    return {**result, "paths": paths, "gateway_hop": hop}, sources
+
+
+def write_docs(result: dict[str, Any], results_file: Path, docs: Path, root: Path | None = None) -> None:
+    """Replace this machine kind's (or the GPU's) generated section of docs/benchmarks.md, keeping the rows of paths
+    this run did not measure; other kinds' sections and the hand-written text around them stay as they are.
+    `results_file` is relative to `root` (default: the repository holding `docs`)."""
+    root = root or docs.resolve().parents[1]
+    name = section_name(result)
+    begin, end = _BEGIN.format(section=name), _END.format(section=name)
     text = docs.read_text() if docs.exists() else "# Benchmarks\n"
+    old = text.split(begin, 1)[1].split(end, 1)[0] if begin in text and end in text else ""
+    shown, sources = merged(result, results_file, old, root)
+    body = f"{begin}\n<!-- rows from: {json.dumps(sources)} -->\nRaw figures: `{results_file}`.\n\n{table(shown)}{end}"
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
         text = head + body + rest.split(end, 1)[1]
+    elif name.startswith("cpu-"):
+        text = _insert_in_cpu(text, f"### {result['machine']['kind']}\n\n{body}\n")
     else:
-        text = text.rstrip("\n") + f"\n\n## {'GPU' if section == 'gpu' else 'CPU'}\n\n{body}\n"
+        text = text.rstrip("\n") + f"\n\n## {'GPU' if name == 'gpu' else 'CPU'}\n\n{body}\n"
     docs.write_text(text)
+
+
+def _insert_in_cpu(text: str, subsection: str) -> str:
+    """`subsection` at the end of the `## CPU` section (made at the end of `text` where there is none)."""
+    heading = re.search(r"^## CPU\n", text, re.M)
+    if heading is None:
+        return text.rstrip("\n") + f"\n\n## CPU\n\n{subsection}"
+    following = re.search(r"^## ", text[heading.end() :], re.M)
+    at = heading.end() + following.start() if following else len(text)
+    return text[:at].rstrip("\n") + f"\n\n{subsection}\n" + text[at:]
 
 
 def replace_docs_section(docs: Path, heading: str, section: str) -> None:

