@@ -10,6 +10,7 @@ from sie_worker.adapters.clip import DualEncoder
 from sie_worker.adapters.colbert import ColbertEncoder
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.gliner import GlinerExtractor
+from sie_worker.adapters.glirel import GlirelExtractor
 from sie_worker.adapters.llm_reranker import LlmReranker
 from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
 from sie_worker.adapters.splade import SpladeEncoder
@@ -23,6 +24,7 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "llm_reranker": LlmReranker,
     "token_classifier": TokenClassificationExtractor,
     "gliner": GlinerExtractor,
+    "glirel": GlirelExtractor,
     "clip": DualEncoder,
     "bge_m3": BgeM3Encoder,
 }
