@@ -111,11 +111,12 @@ def _extract(
     labels: list[str] = LABELS,
     threshold: float | None = None,
     profile: str = "",
+    text: str = TEXT,
 ) -> inference_pb2.ExtractResult:
     struct = struct_pb2.Struct()
     struct.update(options)
     request = inference_pb2.ExtractRequest(
-        model=MODEL, items=[types_pb2.Item(id="0", text=TEXT)], labels=labels, options=struct, profile=profile
+        model=MODEL, items=[types_pb2.Item(id="0", text=text)], labels=labels, options=struct, profile=profile
     )
     if threshold is not None:
         request.threshold = threshold
@@ -124,26 +125,26 @@ def _extract(
 
 
 def _reference(
-    model: GLiREL, entities: list[tuple[int, int, str]], threshold: float, top_k: int = -1
+    model: GLiREL, entities: list[tuple[int, int, str]], threshold: float, top_k: int = -1, text: str = TEXT
 ) -> dict[tuple, float]:
     """glirel's own relations between `entities` (character spans) as {(head span, tail span, label): score}."""
-    words = [match.span() for match in WORD.finditer(TEXT)]
+    words = [match.span() for match in WORD.finditer(text)]
     ner, by_words = [], {}
     for start, end, label in entities:
         covered = [index for index, (word_start, word_end) in enumerate(words) if word_start < end and word_end > start]
         ner.append([covered[0], covered[-1], label])
         by_words[(covered[0], covered[-1] + 1)] = (start, end)
-    tokens = [TEXT[start:end] for start, end in words]
+    tokens = [text[start:end] for start, end in words]
     relations = model.predict_relations(tokens, LABELS, threshold=threshold, ner=ner, top_k=top_k)
     return {(by_words[tuple(r["head_pos"])], by_words[tuple(r["tail_pos"])], r["label"]): r["score"] for r in relations}
 
 
-def _served(result: inference_pb2.ExtractResult) -> dict[tuple, float]:
+def _served(result: inference_pb2.ExtractResult, text: str = TEXT) -> dict[tuple, float]:
     scores = [relation.score for relation in result.relations]
     assert scores == sorted(scores, reverse=True)
     for relation in result.relations:
         for entity in (relation.head, relation.tail):
-            assert entity.text == TEXT[entity.start : entity.end]
+            assert entity.text == text[entity.start : entity.end]
     return {((r.head.start, r.head.end), (r.tail.start, r.tail.end), r.label): r.score for r in result.relations}
 
 
@@ -169,15 +170,30 @@ def test_top_k_keeps_the_best_labels_of_each_pair(stub, built) -> None:
     _assert_same(_served(_extract(stub, {**ENTITY_OPTIONS, "top_k": 1}, threshold=0.0)), reference)
 
 
-def test_spans_from_the_profiles_gliner(stub, built) -> None:
+@pytest.mark.parametrize("entity_labels", [None, ["person", "city"]])
+def test_spans_from_gliner(stub, built, entity_labels: list[str] | None) -> None:
+    # The profile's entity labels, or the request's instead.
     found = GLiNER.from_pretrained(str(built[0] / "ner" / "model"), local_files_only=True).inference(
-        [TEXT], ["person", "city", "machine"], threshold=0.3
+        [TEXT], entity_labels or ["person", "city", "machine"], threshold=0.3
     )[0]
     assert len(found) >= 2
     spans = sorted((e["start"], e["end"], e["label"]) for e in found)
     reference = _reference(built[1], spans, 0.0)
     assert reference
-    _assert_same(_served(_extract(stub, {}, threshold=0.0, profile="ner")), reference)
+    options = {} if entity_labels is None else {"entity_labels": entity_labels}
+    _assert_same(_served(_extract(stub, options, threshold=0.0, profile="ner")), reference)
+
+
+def test_only_the_words_read_are_related(stub, built) -> None:
+    # The replica reads 64 words (max_len): a span past them is left out, the text up to them is what GLiREL reads.
+    long = TEXT + " and" * 70 + " Paris."
+    paris = long.index("Paris")
+    entities = [*ENTITIES[:2], (paris, paris + 5, "city")]
+    read = long[: [match.end() for match in WORD.finditer(long)][63]]
+    reference = _reference(built[1], ENTITIES[:2], 0.0, text=read)
+    assert len(reference) == 2 * len(LABELS)
+    options = {"entities": [{"start": start, "end": end, "label": label} for start, end, label in entities]}
+    _assert_same(_served(_extract(stub, options, threshold=0.0, text=long), long), reference)
 
 
 @pytest.mark.parametrize(

@@ -191,6 +191,8 @@ class GlirelExtractor(ItemExtractor):
             else None
         )
         self.entities: GlinerExtractor | None = None
+        # GLiNER's modules, an attribute of this adapter so that its memory counts as this model's (module_bytes).
+        self.entity_modules: torch.nn.Module | None = None
         entity_model = run_options.get("entity_model")
         if entity_model is not None:
             if not isinstance(entity_model, str):
@@ -201,6 +203,7 @@ class GlirelExtractor(ItemExtractor):
             )
             weights = local_directory(context.weights, entity_model, "run_options.entity_model")
             self.entities = GlinerExtractor(dataclasses.replace(context, weights=weights, profile=profile))
+            self.entity_modules = self.entities.extractor
 
     def check_query(self, query: ExtractQuery) -> None:
         """Spans from the request or entity labels for GLiNER (not both), and `top_k`, each within its bound."""
