@@ -12,6 +12,7 @@ from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.detector import ZeroShotDetector
 from sie_worker.adapters.gliclass import GliclassClassifier
 from sie_worker.adapters.gliner import GlinerExtractor
+from sie_worker.adapters.glirel import GlirelExtractor
 from sie_worker.adapters.llm_reranker import LlmReranker
 from sie_worker.adapters.nli import NliZeroShotClassifier
 from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
@@ -26,6 +27,7 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "llm_reranker": LlmReranker,
     "token_classifier": TokenClassificationExtractor,
     "gliner": GlinerExtractor,
+    "glirel": GlirelExtractor,
     "clip": DualEncoder,
     "bge_m3": BgeM3Encoder,
     "zero_shot_detector": ZeroShotDetector,
