@@ -12,7 +12,6 @@ default multi-label as gliclass's pipeline) and `threshold` (multi-label, defaul
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from transformers import AutoTokenizer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from sie_common.edge.errors import FailedPrecondition, clipped
+from sie_common.edge.errors import clipped
 from sie_worker.adapters.base import (
     Classification,
     ExtractInput,
@@ -33,29 +32,14 @@ from sie_worker.adapters.base import (
     LoadContext,
     Prepared,
 )
-from sie_worker.adapters.gliner import _auto_map_in, _is_local
 from sie_worker.adapters.hf_text import TextTokenizer
 from sie_worker.adapters.nli import softmax
+from sie_worker.adapters.optional import auto_map_in, is_local_path, require_package
 
 CLASSIFICATION_TYPES = ("single-label", "multi-label")
 DEFAULT_THRESHOLD = 0.5
 # The backbones of each architecture gliclass builds: (the name it reads, the saved config).
 BACKBONES = (("encoder_model_name", "encoder_config"), ("label_model_name", "label_model_config"))
-
-
-def require_gliclass(model_id: str) -> None:
-    """FAILED_PRECONDITION, saying what to install, when the gliclass package or one it imports is missing."""
-    try:
-        importlib.import_module("gliclass")
-    except ModuleNotFoundError as missing:
-        package = missing.name or "gliclass"
-        raise FailedPrecondition(
-            f"model {model_id} needs the 'gliclass' package, which cannot be imported in this worker (missing module "
-            f"{package!r}); install the engine's gliclass extra (pip install '.[gliclass]', see docs/models.md) "
-            "or serve the model from a worker image that has it",
-            reason="ADAPTER_DEPENDENCY_MISSING",
-            metadata={"model": model_id, "package": package},
-        ) from None
 
 
 def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
@@ -69,7 +53,7 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
         return
     path = directory / "config.json"
     config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    shipped = _auto_map_in(config)
+    shipped = auto_map_in(config)
     if shipped is not None:
         raise ValueError(
             f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: "
@@ -83,7 +67,7 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
                 "reads by name with shipped code allowed; set load_options.trust_remote_code: true to run it"
             )
         name = config.get(name_field)
-        if isinstance(name, str) and _is_local(name):
+        if isinstance(name, str) and is_local_path(name):
             raise ValueError(
                 f"{path}: {name_field} {clipped(name)!r} is a local path outside the model directory, which gliclass "
                 "reads adapters from"
@@ -106,7 +90,7 @@ class GliclassClassifier(ItemExtractor):
     dims = 0
 
     def __init__(self, context: LoadContext) -> None:
-        require_gliclass(context.config.id)
+        require_package("gliclass", context.config.id, "pip install '.[gliclass]'")
         from gliclass import GLiClassModel, ZeroShotClassificationPipeline
 
         refuse_remote_code(context.weights, context.profile.trust_remote_code)

@@ -12,9 +12,7 @@ entities of one label that only whitespace separates, as token-level checkpoints
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from sie_common.edge.errors import FailedPrecondition, clipped
+from sie_common.edge.errors import clipped
 from sie_worker.adapters.base import (
     Entity,
     ExtractInput,
@@ -33,27 +31,11 @@ from sie_worker.adapters.base import (
     Prepared,
 )
 from sie_worker.adapters.hf_text import position_limit
+from sie_worker.adapters.optional import auto_map_in, is_local_path, require_package
 
 DEFAULT_THRESHOLD = 0.5
 # The backbone GLiNER's configs name when they name none.
 DEFAULT_BACKBONE = "microsoft/deberta-v3-small"
-
-
-def require_gliner(model_id: str) -> None:
-    """FAILED_PRECONDITION, saying what to install, when the gliner package or one it imports is missing."""
-    try:
-        importlib.import_module("gliner")
-    except ModuleNotFoundError as missing:
-        package = missing.name or "gliner"
-        raise FailedPrecondition(
-            f"model {model_id} needs the 'gliner' package, which cannot be imported in this worker (missing module "
-            f"{package!r}); "
-            "install the engine's gliner extra (pip install gliner --no-deps && pip install '.[gliner]', see "
-            "docs/models.md) "
-            "or serve the model from a worker image that has it",
-            reason="ADAPTER_DEPENDENCY_MISSING",
-            metadata={"model": model_id, "package": package},
-        ) from None
 
 
 def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
@@ -67,7 +49,7 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
         return
     path = directory / "gliner_config.json"
     config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    shipped = _auto_map_in(config)
+    shipped = auto_map_in(config)
     if shipped is not None:
         raise ValueError(
             f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: "
@@ -75,7 +57,7 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
         )
     for field, saved in _named_backbones(config):
         name = config.get(field) or DEFAULT_BACKBONE
-        if not isinstance(name, str) or _is_local(name):
+        if not isinstance(name, str) or is_local_path(name):
             raise ValueError(
                 f"{path}: {saved[0]} is not saved, and GLiNER would build that backbone from {field} "
                 f"{clipped(str(name))!r}, "
@@ -90,18 +72,6 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
             )
 
 
-def _auto_map_in(config: Any, where: str = "") -> str | None:
-    """Where in a saved config (dotted keys) an `auto_map` names code, if anywhere."""
-    if isinstance(config, dict):
-        if config.get("auto_map") and where:
-            return where
-        for key, value in config.items():
-            found = _auto_map_in(value, f"{where}.{key}" if where else str(key))
-            if found is not None:
-                return found
-    return None
-
-
 def _named_backbones(config: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
     """(name field, saved config keys) of each backbone GLiNER builds whose config is not saved, so read by name."""
     streaming = config.get("model_type") == "gliner_streaming_span"
@@ -113,11 +83,6 @@ def _named_backbones(config: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]
     return [(field, saved) for field, saved in backbones if not any(isinstance(config.get(key), dict) for key in saved)]
 
 
-def _is_local(name: str) -> bool:
-    """Whether transformers would read `name` as a local directory rather than a Hub id."""
-    return os.path.isabs(name) or name.startswith((".", "~")) or os.path.isdir(name)
-
-
 class GlinerExtractor(ItemExtractor):
     tasks = ("extract",)
     zero_shot = True
@@ -125,7 +90,7 @@ class GlinerExtractor(ItemExtractor):
     dims = 0
 
     def __init__(self, context: LoadContext) -> None:
-        require_gliner(context.config.id)
+        require_package("gliner", context.config.id, "pip install gliner --no-deps && pip install '.[gliner]'")
         from gliner import GLiNER
 
         refuse_remote_code(context.weights, context.profile.trust_remote_code)

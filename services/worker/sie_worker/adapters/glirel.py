@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import importlib
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,7 +24,6 @@ import torch
 from huggingface_hub import snapshot_download
 
 from sie_common.cluster.model_config import Profile
-from sie_common.edge.errors import FailedPrecondition
 from sie_worker.adapters.base import (
     Entity,
     ExtractInput,
@@ -38,6 +36,7 @@ from sie_worker.adapters.base import (
 )
 from sie_worker.adapters.gliner import GlinerExtractor
 from sie_worker.adapters.hf_text import position_limit
+from sie_worker.adapters.optional import require_package
 
 DEFAULT_THRESHOLD = 0.5
 # Most entity spans one item takes (from the request or from GLiNER): GLiREL scores every ordered pair against every
@@ -52,21 +51,6 @@ WORD = re.compile(r"\w+(?:[-_]\w+)*|\S")
 OPTIONS = ("entities", "entity_labels", "top_k")
 # Prompt tokens GLiREL puts before the words: [REL] label ... [SEP].
 REL_TOKEN, SEP_TOKEN = "[REL]", "[SEP]"
-
-
-def require_glirel(model_id: str) -> None:
-    """FAILED_PRECONDITION, saying what to install, when the glirel package or one it imports is missing."""
-    try:
-        importlib.import_module("glirel")
-    except ModuleNotFoundError as missing:
-        package = missing.name or "glirel"
-        raise FailedPrecondition(
-            f"model {model_id} needs the 'glirel' package, which cannot be imported in this worker (missing module "
-            f"{package!r}); install the engine's glirel extra (pip install glirel --no-deps && pip install "
-            "'.[glirel]', see docs/models.md) or serve the model from a worker image that has it",
-            reason="ADAPTER_DEPENDENCY_MISSING",
-            metadata={"model": model_id, "package": package},
-        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +144,7 @@ class GlirelExtractor(ItemExtractor):
     dims = 0
 
     def __init__(self, context: LoadContext) -> None:
-        require_glirel(context.config.id)
+        require_package("glirel", context.config.id, "pip install glirel --no-deps && pip install '.[glirel]'")
         from glirel import GLiREL
         from glirel.model import load_config_as_namespace
 

@@ -1,0 +1,44 @@
+"""What adapters built on optional packages share: the check that the package is there, and the checks on the
+code a package would run from a checkpoint's saved configs."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from sie_common.edge.errors import FailedPrecondition
+
+
+def require_package(package: str, model_id: str, install: str) -> None:
+    """FAILED_PRECONDITION, saying what to install, when `package` or a module it imports is missing.
+
+    `install`: the commands that install it, e.g. "pip install '.[gliclass]'"."""
+    try:
+        importlib.import_module(package)
+    except ModuleNotFoundError as missing:
+        module = missing.name or package
+        raise FailedPrecondition(
+            f"model {model_id} needs the {package!r} package, which cannot be imported in this worker (missing module "
+            f"{module!r}); install the engine's {package} extra ({install}, see docs/models.md) or serve the model "
+            "from a worker image that has it",
+            reason="ADAPTER_DEPENDENCY_MISSING",
+            metadata={"model": model_id, "package": module},
+        ) from None
+
+
+def auto_map_in(config: Any, where: str = "") -> str | None:
+    """Where in a saved config (dotted keys) an `auto_map` names code, if anywhere."""
+    if isinstance(config, dict):
+        if config.get("auto_map") and where:
+            return where
+        for key, value in config.items():
+            found = auto_map_in(value, f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
+    return None
+
+
+def is_local_path(name: str) -> bool:
+    """Whether transformers would read `name` as a local directory rather than a Hub id."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or os.path.isdir(name)
