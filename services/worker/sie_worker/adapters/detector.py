@@ -44,6 +44,7 @@ from sie_worker.adapters.base import (
     Prepared,
 )
 from sie_worker.adapters.hf_text import load_model
+from sie_worker.adapters.option_values import probability, whole_number
 
 GROUNDING_DINO = "grounding-dino"
 OWLV2 = "owlv2"
@@ -99,10 +100,10 @@ class ZeroShotDetector(ImageExtractor):
         self._texts: OrderedDict[tuple[str, ...], dict[str, torch.Tensor]] = OrderedDict()
         self.max_sequence_length = self._text_limit()
         run_options = context.profile.run_options
-        self.threshold = _probability(
+        self.threshold = probability(
             run_options.get("threshold", DEFAULT_THRESHOLDS[self.family]), "run_options.threshold"
         )
-        self.text_threshold = _probability(
+        self.text_threshold = probability(
             run_options.get("text_threshold", DEFAULT_TEXT_THRESHOLD), "run_options.text_threshold"
         )
         if "text_threshold" in run_options and self.family != GROUNDING_DINO:
@@ -145,16 +146,9 @@ class ZeroShotDetector(ImageExtractor):
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise ValueError(f"{self.family} reads no option {clipped(unknown[0])!r}; it reads: {', '.join(known)}")
-        text_threshold = _probability(options.get("text_threshold", self.text_threshold), "text_threshold")
-        max_objects = options.get("max_objects", DEFAULT_MAX_OBJECTS)
-        if (
-            isinstance(max_objects, bool)
-            or not isinstance(max_objects, (int, float))
-            or max_objects != int(max_objects)
-            or not 1 <= max_objects <= MAX_OBJECTS
-        ):
-            raise ValueError(f"max_objects must be a whole number from 1 to {MAX_OBJECTS}, got {max_objects!r}")
-        return text_threshold, int(max_objects)
+        text_threshold = probability(options.get("text_threshold", self.text_threshold), "text_threshold")
+        max_objects = whole_number(options.get("max_objects", DEFAULT_MAX_OBJECTS), "max_objects", 1, MAX_OBJECTS)
+        return text_threshold, max_objects
 
     def _text(self, labels: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """The tokenized text of `labels` for one image (cached); LABELS_TOO_LONG when the model would not read it
@@ -284,9 +278,3 @@ def processed_pixels(processor: Any, family: str, width: int, height: int) -> in
 def prompt(labels: Sequence[str]) -> str:
     """GroundingDINO's text for a list of labels, as its processor builds it: "a cat. a remote control."."""
     return ". ".join(label.strip().lower() for label in labels) + "."
-
-
-def _probability(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a number from 0 to 1, got {value!r}")
-    return float(value)

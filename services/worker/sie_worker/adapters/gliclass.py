@@ -34,6 +34,7 @@ from sie_worker.adapters.base import (
 )
 from sie_worker.adapters.hf_text import TextTokenizer
 from sie_worker.adapters.nli import softmax
+from sie_worker.adapters.option_values import probability
 from sie_worker.adapters.optional import auto_map_in, is_local_path, require_package
 
 CLASSIFICATION_TYPES = ("single-label", "multi-label")
@@ -103,13 +104,7 @@ class GliclassClassifier(ItemExtractor):
         self.max_sequence_length = self.tokenizer.max_length
         run_options = context.profile.run_options
         self.classification_type = read_classification_type(run_options, "multi-label", "run_options")
-        self.threshold = run_options.get("threshold", DEFAULT_THRESHOLD)
-        if (
-            isinstance(self.threshold, bool)
-            or not isinstance(self.threshold, (int, float))
-            or not 0 <= self.threshold <= 1
-        ):
-            raise ValueError(f"run_options.threshold: must be a number from 0 to 1, got {self.threshold!r}")
+        self.threshold = probability(run_options.get("threshold", DEFAULT_THRESHOLD), "run_options.threshold")
         self.pipeline = ZeroShotClassificationPipeline(
             self.model,
             hf,

@@ -31,6 +31,7 @@ from sie_worker.adapters.base import (
     Prepared,
 )
 from sie_worker.adapters.hf_text import position_limit
+from sie_worker.adapters.option_values import probability
 from sie_worker.adapters.optional import auto_map_in, is_local_path, require_package
 
 DEFAULT_THRESHOLD = 0.5
@@ -106,13 +107,7 @@ class GlinerExtractor(ItemExtractor):
         self.model = self.extractor.model
         self.max_sequence_length = int(self.extractor.config.max_len)
         run_options = context.profile.run_options
-        self.threshold = run_options.get("threshold", DEFAULT_THRESHOLD)
-        if (
-            isinstance(self.threshold, bool)
-            or not isinstance(self.threshold, (int, float))
-            or not 0 <= self.threshold <= 1
-        ):
-            raise ValueError(f"run_options.threshold: must be a number from 0 to 1, got {self.threshold!r}")
+        self.threshold = probability(run_options.get("threshold", DEFAULT_THRESHOLD), "run_options.threshold")
         self.merge_adjacent = run_options.get("merge_adjacent_entities", False)
         self.words_splitter = self.extractor.data_processor.words_splitter
         if not isinstance(self.merge_adjacent, bool):

@@ -36,6 +36,7 @@ from sie_worker.adapters.base import (
 )
 from sie_worker.adapters.gliner import GlinerExtractor
 from sie_worker.adapters.hf_text import position_limit
+from sie_worker.adapters.option_values import probability, whole_number
 from sie_worker.adapters.optional import require_package
 
 DEFAULT_THRESHOLD = 0.5
@@ -90,23 +91,6 @@ def local_directory(directory: Path, name: str, what: str) -> Path:
         raise ValueError(f"{what} {name!r}: not in the local Hugging Face cache ({error})") from None
 
 
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{where}: must be a number from 0 to 1, got {value!r}")
-    return float(value)
-
-
-def _integer(value: Any, where: str, low: int, high: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or value != int(value)
-        or not low <= value <= high
-    ):
-        raise ValueError(f"{where}: must be a whole number from {low} to {high}, got {value!r}")
-    return int(value)
-
-
 def _labels(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_ENTITY_LABELS:
         raise ValueError(f"{where}: must be a list of 1 to {MAX_ENTITY_LABELS} labels")
@@ -126,8 +110,8 @@ def request_spans(value: Any) -> list[Span]:
         where = f"entities[{index}]"
         if not isinstance(entity, Mapping) or set(entity) != {"start", "end", "label"}:
             raise ValueError(f"{where}: must be an object with exactly start, end and label")
-        start = _integer(entity["start"], f"{where}.start", 0, 2**31)
-        end = _integer(entity["end"], f"{where}.end", 0, 2**31)
+        start = whole_number(entity["start"], f"{where}.start", 0, 2**31)
+        end = whole_number(entity["end"], f"{where}.end", 0, 2**31)
         if end <= start:
             raise ValueError(f"{where}: end ({end}) must be greater than start ({start})")
         label = entity["label"]
@@ -168,7 +152,7 @@ class GlirelExtractor(ItemExtractor):
         self.max_sequence_length = self.max_tokens or self.max_words
 
         run_options = context.profile.run_options
-        self.threshold = _number(run_options.get("threshold", DEFAULT_THRESHOLD), "run_options.threshold")
+        self.threshold = probability(run_options.get("threshold", DEFAULT_THRESHOLD), "run_options.threshold")
         self.entity_labels = (
             _labels(run_options["entity_labels"], "run_options.entity_labels")
             if "entity_labels" in run_options
@@ -181,7 +165,9 @@ class GlirelExtractor(ItemExtractor):
         if entity_model is not None:
             if not isinstance(entity_model, str):
                 raise ValueError("run_options.entity_model: must be a directory or Hub id")
-            threshold = _number(run_options.get("entity_threshold", DEFAULT_THRESHOLD), "run_options.entity_threshold")
+            threshold = probability(
+                run_options.get("entity_threshold", DEFAULT_THRESHOLD), "run_options.entity_threshold"
+            )
             profile = Profile(
                 adapter="gliner", load_options=context.profile.load_options, run_options={"threshold": threshold}
             )
@@ -211,7 +197,7 @@ class GlirelExtractor(ItemExtractor):
     def _top_k(query: ExtractQuery) -> int:
         """Most labels kept per entity pair; -1: all over the threshold."""
         value = query.options.get("top_k")
-        return -1 if value is None else _integer(value, "top_k", 1, MAX_TOP_K)
+        return -1 if value is None else whole_number(value, "top_k", 1, MAX_TOP_K)
 
     def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
         """The words GLiREL reads (its first max_len, fewer where the labels and words would pass the backbone's
