@@ -36,6 +36,8 @@ from worker_process import WorkerProcess
 NLI = "test/nli-bert"
 NLI_BART = "test/nli-bart"
 NO_ENTAILMENT = "test/nli-no-entailment"
+# Two classes, entailment first (as MoritzLaurer's zeroshot-v2.0 models): "not_entailment" is the contradiction.
+NLI_TWO = "test/nli-two-class"
 GLICLASS = "test/gliclass-uni"
 GLICLASS_REMOTE_CODE = "test/gliclass-remote-code"
 MNLI = {"contradiction": 0, "neutral": 1, "entailment": 2}
@@ -196,6 +198,7 @@ def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         NLI: build_tiny_nli(root / "nli"),
         NLI_BART: build_tiny_bart_nli(root / "nli-bart"),
         NO_ENTAILMENT: build_tiny_nli(root / "no-entailment", label2id={"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2}),
+        NLI_TWO: build_tiny_nli(root / "two-class", label2id={"entailment": 0, "not_entailment": 1}),
         GLICLASS: gliclass,
         GLICLASS_REMOTE_CODE: remote,
     }
@@ -276,6 +279,13 @@ def test_nli_equals_the_transformers_pipeline(stub, directories, model_id, label
     _assert_same(_extract(stub, model_id, labels=labels, options=options, profile=profile), expected)
     # the scores spread: a wrong index or softmax would not stay within the tolerance
     assert max(max(e["scores"]) - min(e["scores"]) for e in expected) > 0.02 or len(labels) == 1
+
+
+@pytest.mark.parametrize("options", [None, {"multi_label": True}])
+def test_a_two_class_model_with_entailment_first_equals_the_pipeline(stub, directories, options) -> None:
+    classify = pipeline("zero-shot-classification", model=str(directories[NLI_TWO]), device="cpu")
+    expected = [classify(text, candidate_labels=LABELS, **(options or {})) for text in TEXTS]
+    _assert_same(_extract(stub, NLI_TWO, options=options), expected)
 
 
 def test_a_threshold_drops_the_lower_classes(stub, directories) -> None:

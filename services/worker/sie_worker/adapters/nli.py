@@ -47,7 +47,7 @@ def label_index(label2id: Mapping[str, Any], prefix: str) -> int:
             return int(index)
     raise ValueError(
         f"the model's label2id {dict(label2id)} has no label starting with {prefix!r}: zero-shot classification by "
-        "NLI needs the entailment and contradiction labels of an NLI model"
+        "NLI needs the entailment label of an NLI model"
     )
 
 
@@ -81,7 +81,9 @@ class NliZeroShotClassifier(ItemExtractor):
         self.model = load_model(AutoModelForSequenceClassification, context, reads_padding=False)
         label2id = self.model.config.label2id or {}
         self.entailment = label_index(label2id, "entail")
-        self.contradiction = label_index(label2id, "contra")
+        # As the pipeline picks it: the first class, or the last where entailment is first ("not_entailment" of
+        # two-class models such as MoritzLaurer's zeroshot-v2.0).
+        self.contradiction = len(label2id) - 1 if self.entailment == 0 else 0
         self.device = context.device
         self.tokenizer = TextTokenizer(
             context.weights,
