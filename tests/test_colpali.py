@@ -21,7 +21,10 @@ from transformers import AutoProcessor, ColPaliForRetrieval, ColQwen2ForRetrieva
 
 from grpc_helpers import call_until_loaded, error_info, forward_passes
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_common.cluster.model_config import load_model_config
 from sie_contract.tensors import from_tensor
+from sie_worker.adapters.base import LoadContext
+from sie_worker.adapters.colpali import PageRetriever
 from sie_worker.engine.postprocess import MuveraParams, muvera
 from tiny_colpali import EMBEDDING_DIM, build_tiny_colpali, build_tiny_colqwen2
 from tiny_models import write_config
@@ -136,6 +139,9 @@ def test_queries_and_pages_embed_as_the_reference(stub, directories, model_id) -
     texts = reference(model_id, directories[model_id], texts=QUERIES[:2])
     pages = reference(model_id, directories[model_id], images=PAGES)
     assert_same_vectors(served, [texts[0], pages[0], texts[1], pages[1], pages[2]])
+    # An image costs its tokens in a batch, as a text does: the answer counts them.
+    response = stub.Encode(inference_pb2.EncodeRequest(model=model_id, items=items), timeout=60)
+    assert response.tokens == sum(map(len, served))
     rows = [len(vectors) for vectors in served[1:2] + served[3:]]
     # ColPali gives every page one size; ColQwen2 as many vectors as a page's size has patches.
     assert (len(set(rows)) == 1) == (model_id == COLPALI)
@@ -191,3 +197,26 @@ def test_an_image_of_extreme_aspect_ratio_is_refused_on_its_header(stub) -> None
         encode(stub, COLQWEN2, [image_item(png(picture(4, (600, 2))))], ["multivector"])
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "IMAGE_ASPECT_RATIO_TOO_LARGE"
+
+
+@pytest.mark.parametrize("model_id", [COLPALI, COLQWEN2])
+def test_resized_pixels_and_rows_are_the_processors(directories, tmp_path, model_id) -> None:
+    """The size an image is bounded at is the one its processor makes (ColQwen2: its patch grid, within min_pixels
+    and max_pixels, for small, odd and large images), and an image's rows, known before the forward pass, are its
+    tokens."""
+    config_file = tmp_path / "model.yaml"
+    config_file.write_text(f"id: {model_id}\npath: {directories[model_id]}\n{BODY}")
+    config = load_model_config(config_file)
+    context = LoadContext(config, config.profile(), directories[model_id], torch.device("cpu"), torch.float32, "sdpa", False, False)
+    adapter = PageRetriever(context)
+    processor, _ = loaded(model_id, directories[model_id])
+    for size in [(56, 56), (60, 100), (30, 80), (5, 5), (1000, 700), (3000, 90)]:
+        image = picture(5, size)
+        inputs = processor.process_images([image])
+        if model_id == COLQWEN2:
+            _, rows, columns = inputs["image_grid_thw"][0].tolist()
+            made = rows * columns * 14 * 14
+        else:
+            made = inputs["pixel_values"].shape[-1] * inputs["pixel_values"].shape[-2]
+        assert adapter.resized_pixels(*size) == made
+        assert adapter.image_rows(adapter.prepare_image(image)) == inputs["input_ids"].shape[1]

@@ -6,7 +6,7 @@ model_type) with its processor. Texts go through the processor's query path (its
 query augmentation tokens and a newline); images through its image path (the image tokens and the visual prompt).
 Every position the model attends to yields a vector; padding yields none (the model zeroes those rows). ColQwen2
 resizes each image to a multiple of 28 pixels within its processor's min_pixels / max_pixels, so an image yields
-as many vectors as it has patches (and costs as many tokens in a batch); ColPali resizes every image to one size.
+as many vectors as it has patches; ColPali resizes every image to one size. An image costs its tokens in a batch.
 The model config's `max_sequence_length` (default 512) cuts a query's tokens.
 """
 
