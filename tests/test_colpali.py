@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,18 @@ def test_muvera_dense_of_a_page_and_a_query(stub, model_id) -> None:
             assert dense.shape == (MUVERA_DIMS,)
             expected = muvera(np.array(from_tensor(result.multivector)), MuveraParams.from_options(MUVERA), is_query=is_query)
             np.testing.assert_allclose(dense, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_id", [COLPALI, COLQWEN2])
+def test_concurrent_requests_get_their_own_vectors(stub, model_id) -> None:
+    """Texts and images of concurrent requests are prepared on several threads at once and batched together."""
+    items = [[types_pb2.Item(text=QUERIES[index % 3]), image_item(PAGES[index % 3])] for index in range(8)]
+    alone = [encode(stub, model_id, request, ["multivector"]) for request in items[:3]]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda request: encode(stub, model_id, request, ["multivector"]), items))
+    for index, answer in enumerate(answers):
+        for result, expected in zip(answer, alone[index % 3], strict=True):
+            np.testing.assert_allclose(from_tensor(result.multivector), from_tensor(expected.multivector), atol=1e-5)
 
 
 def test_image_multivectors_are_bounded_before_the_forward_pass(stub) -> None:

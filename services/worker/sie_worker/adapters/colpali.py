@@ -12,8 +12,11 @@ The model config's `max_sequence_length` (default 512) cuts a query's tokens.
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,6 +61,15 @@ class PageRetriever(PatchImageEncoder):
         self.multivector_dims = int(self.model.config.embedding_dim)
         self.max_sequence_length = context.config.max_sequence_length or DEFAULT_QUERY_TOKENS
         self.pad_id = int(self.processor.tokenizer.pad_token_id)
+        self._local = threading.local()
+
+    def _processor(self) -> Any:
+        """This thread's copy of the processor: its tokenizer sets padding and truncation on its Rust tokenizer at
+        every call, which two preprocessing threads must not do at once."""
+        processor = getattr(self._local, "processor", None)
+        if processor is None:
+            processor = self._local.processor = copy.deepcopy(self.processor)
+        return processor
 
     def prompt(self, *, is_query: bool, instruction: str | None) -> str:
         return instruction or ""
@@ -66,7 +78,7 @@ class PageRetriever(PatchImageEncoder):
         """Every text as a query (the processor's query path), cut to max_sequence_length tokens."""
         items = []
         for text in texts:
-            ids = self.processor.process_queries([prompt + text])["input_ids"][0].tolist()
+            ids = self._processor().process_queries([prompt + text])["input_ids"][0].tolist()
             items.append(TokenizedText(ids[: self.max_sequence_length], is_query=True))
         return items
 
@@ -99,7 +111,7 @@ class PageRetriever(PatchImageEncoder):
 
     def prepare_image(self, image: Image.Image) -> PageImage:
         # (ColPali's processor makes its image labels with torch: it returns tensors only)
-        inputs = self.processor.process_images([image.convert("RGB")])
+        inputs = self._processor().process_images([image.convert("RGB")])
         ids = inputs["input_ids"][0].tolist()
         pixels = inputs["pixel_values"][0].numpy()
         if self.qwen:
