@@ -8,6 +8,7 @@ from sie_worker.adapters.base import LoadContext, ModelAdapter
 from sie_worker.adapters.bge_m3 import BgeM3Encoder
 from sie_worker.adapters.clip import DualEncoder
 from sie_worker.adapters.colbert import ColbertEncoder
+from sie_worker.adapters.colpali import PageRetriever
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.detector import ZeroShotDetector
 from sie_worker.adapters.gliclass import GliclassClassifier
@@ -29,6 +30,7 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "gliner": GlinerExtractor,
     "glirel": GlirelExtractor,
     "clip": DualEncoder,
+    "colpali": PageRetriever,
     "bge_m3": BgeM3Encoder,
     "zero_shot_detector": ZeroShotDetector,
     "nli_zero_shot": NliZeroShotClassifier,

@@ -184,11 +184,21 @@ class ImageEncoder(TextEncoder, Protocol):
         """Pixels the processor resizes an image of this size to, before any crop: checked before decoding.
         Thread-safe."""
 
-    def prepare_image(self, image: Image.Image) -> np.ndarray:
-        """Pixel values of one decoded image, resized and normalized by the model's processor. Thread-safe."""
+    def prepare_image(self, image: Image.Image) -> Any:
+        """Pixel values (and what else the model reads of an image) of one decoded image, resized and normalized by
+        the model's processor. Thread-safe."""
 
-    def encode_images(self, batch: Sequence[np.ndarray], output_types: Sequence[str]) -> list[EncodedItem]:
+    def encode_images(self, batch: Sequence[Any], output_types: Sequence[str]) -> list[EncodedItem]:
         """Every requested output of every image, from one forward pass. Device thread only."""
+
+
+@runtime_checkable
+class PatchImageEncoder(ImageEncoder, MultivectorCounter, Protocol):
+    """An image encoder that yields one multivector per token of its processed image (ColPali, ColQwen2): their
+    number, known before the forward pass, bounds the answer and is the image's cost in a batch."""
+
+    def image_rows(self, image: Any) -> int:
+        """The multivector rows `encode_images` returns for an image `prepare_image` made."""
 
 
 @runtime_checkable

@@ -53,6 +53,7 @@ from sie_worker.adapters.base import (
     ItemExtractor,
     MultivectorCounter,
     PairScorer,
+    PatchImageEncoder,
     Prepared,
     TextEncoder,
     TokenizedText,
@@ -98,7 +99,7 @@ INLINE_TEXT_CHARS = 32 * 1024
 
 # Batches handed to the device thread at once: the one running and the next, formed behind it.
 PIPELINE_DEPTH = 2
-# Batching cost of one image: the processor gives every image the same size.
+# Batching cost of one image where the processor gives every image the same size.
 IMAGE_COST = 1
 
 
@@ -242,7 +243,7 @@ class Engine:
                 instruction=job.instruction,
                 lora=job.lora,
                 options=job.options,
-                check_tokenized=lambda tokenized: self._check_multivector_estimate(plan, tokenized),
+                check_rows=self._multivector_budget(plan),
             )
 
             outputs = await self._postprocess(
@@ -253,24 +254,32 @@ class Engine:
             model=job.model, items=outputs, timing=clock.timing(results), tokens=sum(r.tokens for r in results)
         )
 
-    def _check_multivector_estimate(self, plan: RequestPlan, tokenized: Sequence[TokenizedText]) -> None:
-        """Before the forward pass, for the encoders that count their rows from the tokens (MultivectorCounter):
-        RESPONSE_TOO_LARGE when the plan's multivectors alone could not be sent, and INVALID_ARGUMENT when those it
-        computes (for MUVERA too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold
-        (an answer may be far smaller than that: MUVERA, a binary dtype), so no vectors are computed and held for an
-        answer that cannot go out or that a request may not hold."""
+    def _multivector_budget(self, plan: RequestPlan) -> Callable[[int], None]:
+        """Before the forward pass, for the encoders that count their rows ahead (MultivectorCounter): given the rows
+        of each part of the request (its texts once tokenized, its images once processed), RESPONSE_TOO_LARGE when
+        the plan's multivectors so far could not be sent, and INVALID_ARGUMENT when those it computes (for MUVERA
+        too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold (an answer may be far smaller than that:
+        MUVERA, a binary dtype), so no vectors are computed and held for an answer that cannot go out or that a
+        request may not hold."""
         encoder = plan.model.encoder
-        if "multivector" in plan.device_outputs and isinstance(encoder, MultivectorCounter):
-            rows = sum(encoder.multivector_rows(item) for item in tokenized)
+        total = 0
+
+        def check(rows: int) -> None:
+            nonlocal total
+            if "multivector" not in plan.device_outputs or not isinstance(encoder, MultivectorCounter):
+                return
+            total += rows
             if "multivector" in plan.outputs:
                 check_dense_estimate(
-                    rows,
+                    total,
                     encoder.multivector_dims,
                     plan.output_dtype,
                     self.settings.max_send_message_bytes,
                     MAX_SEND_SETTING,
                 )
-            check_held_multivectors(rows, encoder.multivector_dims, self.limits, "encode")
+            check_held_multivectors(total, encoder.multivector_dims, self.limits, plan.task)
+
+        return check
 
     async def _encode_items(
         self,
@@ -283,17 +292,18 @@ class Engine:
         instruction: str | None,
         lora: str,
         options: Mapping[str, Any],
-        check_tokenized: Callable[[Sequence[TokenizedText]], None] | None = None,
+        check_rows: Callable[[int], None] | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         """Text items through the text path, image items through the image path (batched apart), back in item order.
-        `check_tokenized` sees the tokenized texts before they are queued for the device (it raises to refuse them)."""
+        `check_rows` sees the multivector rows of the texts and of the images, where the encoder counts them, before
+        they are queued for the device (it raises to refuse them)."""
         encode_texts = functools.partial(
             self._encode_texts,
             is_query=is_query,
             instruction=instruction,
             lora=lora,
             options=options,
-            check_tokenized=check_tokenized,
+            check_rows=check_rows,
         )
         image_rows = [row for row, item in enumerate(items) if item.images]
         if not image_rows:
@@ -301,7 +311,15 @@ class Engine:
         text_rows = [row for row, item in enumerate(items) if not item.images]
         (texts, text_results), (images, image_results) = await _all_or_none(
             encode_texts(model, [items[row].text or "" for row in text_rows], outputs, clock),
-            self._encode_images(model, [items[row] for row in image_rows], outputs, clock, lora=lora, options=options),
+            self._encode_images(
+                model,
+                [items[row] for row in image_rows],
+                outputs,
+                clock,
+                lora=lora,
+                options=options,
+                check_rows=check_rows,
+            ),
         )
         by_row = dict(zip([*text_rows, *image_rows], [*texts, *images], strict=True))
         return [by_row[row] for row in range(len(items))], text_results + image_results
@@ -315,11 +333,18 @@ class Engine:
         *,
         lora: str,
         options: Mapping[str, Any],
+        check_rows: Callable[[int], None] | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
-        """One image per item: decoded and preprocessed on the image pool, then batched by the image key at cost 1."""
+        """One image per item: decoded and preprocessed on the image pool, then batched by the image key, at cost 1
+        (every image is processed to one size) or, where images yield a multivector per patch, at their rows."""
         encoder = model.encoder
         assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
         pixels = await self._prepare_images(clock, encoder, items)
+        costs = [IMAGE_COST] * len(pixels)
+        if isinstance(encoder, PatchImageEncoder):
+            costs = [encoder.image_rows(image) for image in pixels]
+            if check_rows is not None:
+                check_rows(sum(costs))
         key = BatchKey(
             model.config.id,
             model.profile,
@@ -330,7 +355,7 @@ class Engine:
             outputs=outputs,
         )
         work = self._work(model, lora, lambda batch: encoder.encode_images(batch, outputs))
-        results = await self._run_on_device(work, key, pixels, [IMAGE_COST] * len(pixels))
+        results = await self._run_on_device(work, key, pixels, costs)
         return [result.output for result in results], results
 
     async def _prepare_images(self, clock: _Clock, encoder: ImageEncoder, items: Sequence[ItemInput]) -> list[Any]:
@@ -366,7 +391,7 @@ class Engine:
         instruction: str | None,
         lora: str,
         options: Mapping[str, Any],
-        check_tokenized: Callable[[Sequence[TokenizedText]], None] | None = None,
+        check_rows: Callable[[int], None] | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         encoder = cast(TextEncoder, model.encoder)  # the plan checked it encodes
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
@@ -376,8 +401,8 @@ class Engine:
             len(texts),
             sum(map(len, texts)) + len(prompt) * len(texts),
         )
-        if check_tokenized is not None:
-            check_tokenized(tokenized)
+        if check_rows is not None and isinstance(encoder, MultivectorCounter):
+            check_rows(sum(encoder.multivector_rows(item) for item in tokenized))
         key = BatchKey(
             model.config.id,
             model.profile,
@@ -435,17 +460,6 @@ class Engine:
         dual encoder, where it is the prompt of every text (`a photo of `), the items included."""
         encoder, outputs = plan.model.encoder, plan.device_outputs
         item_instruction = job.instruction if isinstance(encoder, ImageEncoder) else None
-        check_items = None
-        if "multivector" in outputs and isinstance(encoder, MultivectorCounter):
-
-            def check_items(tokenized: Sequence[TokenizedText]) -> None:
-                check_held_multivectors(
-                    sum(encoder.multivector_rows(item) for item in tokenized),
-                    encoder.multivector_dims,
-                    self.limits,
-                    "score",
-                )
-
         (query, query_results), (items, item_results) = await _all_or_none(
             self._encode_items(
                 plan.model,
@@ -466,7 +480,7 @@ class Engine:
                 instruction=item_instruction,
                 lora=job.lora,
                 options=job.options,
-                check_tokenized=check_items,
+                check_rows=self._multivector_budget(plan),
             ),
         )
         scores = await self._postprocess(lambda: [similarity(query[0], item) for item in items], clock, len(items))

@@ -111,7 +111,7 @@ class Planner:
             return RequestPlan(model, "score")
         outputs: tuple[str, ...]
         similarity: Similarity
-        if isinstance(encoder, ImageEncoder):
+        if isinstance(encoder, ImageEncoder) and "dense" in encoder.output_types:  # a dual encoder (CLIP)
             outputs, similarity = ("dense",), lambda query, item: cosine(query.vector("dense"), item.vector("dense"))
         elif isinstance(encoder, OptionScorer):
             try:
