@@ -9,6 +9,7 @@ from sie_worker.adapters.bge_m3 import BgeM3Encoder
 from sie_worker.adapters.clip import DualEncoder
 from sie_worker.adapters.colbert import ColbertEncoder
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
+from sie_worker.adapters.document_reader import DocumentReader
 from sie_worker.adapters.gliner import GlinerExtractor
 from sie_worker.adapters.llm_reranker import LlmReranker
 from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
@@ -25,4 +26,5 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "gliner": GlinerExtractor,
     "clip": DualEncoder,
     "bge_m3": BgeM3Encoder,
+    "document_reader": DocumentReader,
 }
