@@ -79,10 +79,8 @@ def extract(stub, model: str, items: list[types_pb2.Item], **options: Any) -> li
     return [json_format.MessageToDict(result.data) for result in response.results]
 
 
-def image_items(text: str | None = None) -> list[types_pb2.Item]:
-    return [
-        types_pb2.Item(id=str(row), images=[types_pb2.Image(data=data)], text=text) for row, data in enumerate(PAGES)
-    ]
+def image_items() -> list[types_pb2.Item]:
+    return [types_pb2.Item(id=str(row), images=[types_pb2.Image(data=data)]) for row, data in enumerate(PAGES)]
 
 
 def greedy(model: Any, max_new_tokens: int, **inputs: Any) -> list[int]:
@@ -106,14 +104,23 @@ def test_florence2_answers_generates_tokens_post_processed(stub, directories: di
             assert len(expected) > 5
 
 
-@pytest.mark.parametrize("question", [None, "what is the total?"])
-def test_donut_answers_generated_tokens_as_token2json(stub, directories: dict[str, Path], question: str | None) -> None:
+@pytest.mark.parametrize(
+    "questions", [[None, None], ["what is the total?"] * 2, ["total?", "which menu item costs the most?"]]
+)
+def test_donut_answers_generated_tokens_as_token2json(
+    stub, directories: dict[str, Path], questions: list[str | None]
+) -> None:
+    """Without a question, with one, and with questions of different lengths in one batch (generated apart)."""
     processor = AutoProcessor.from_pretrained(directories[DONUT])
     model = VisionEncoderDecoderModel.from_pretrained(directories[DONUT]).eval()
-    served = extract(stub, DONUT, image_items(question))
-    prompt = DONUT_TASK if question is None else f"{DONUT_TASK}<s_question>{question}</s_question><s_answer>"
-    prompt_ids = processor.tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
-    for data, encoded in zip(served, PAGES, strict=True):
+    items = [
+        types_pb2.Item(id=str(row), images=[types_pb2.Image(data=data)], text=question)
+        for row, (data, question) in enumerate(zip(PAGES, questions, strict=True))
+    ]
+    served = extract(stub, DONUT, items)
+    for data, encoded, question in zip(served, PAGES, questions, strict=True):
+        prompt = DONUT_TASK if question is None else f"{DONUT_TASK}<s_question>{question}</s_question><s_answer>"
+        prompt_ids = processor.tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
         pixels = processor(images=Image.open(io.BytesIO(encoded)).convert("RGB"), return_tensors="pt").pixel_values
         ids = greedy(model, 32, pixel_values=pixels, decoder_input_ids=prompt_ids)  # the profile's default
         text = processor.tokenizer.decode(ids[prompt_ids.shape[1] :], skip_special_tokens=False)

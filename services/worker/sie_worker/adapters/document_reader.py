@@ -258,6 +258,9 @@ def _keep(state: _Generation, rows: list[int]) -> None:
     """Narrow the state to `rows` (in their order in the state), dropping the others."""
     if rows == state.rows:
         return
+    if not set(rows) <= set(state.rows):
+        # A failed slice is retried in halves (run_isolating_failures): the first half narrowed the shared state.
+        raise RuntimeError("this item's generation state was dropped after a failed slice of its batch")
     index = torch.tensor([state.rows.index(row) for row in rows], device=state.ids.device, dtype=torch.long)
     state.rows = list(rows)
     state.ids = state.ids[index]
