@@ -54,15 +54,17 @@ PHASES = ("idle", "other_model", "same_model")
 SOURCE_DIRS = ("contract/python", "lib", "services/worker", "services/gateway", "services/config", "clients/python", "deploy/local")
 
 
-def small_latencies_ms(stub: inference_pb2_grpc.InferenceStub, model: str, requests: int) -> list[float]:
-    """One-item requests sent at a fixed pace (open loop: one every SMALL_INTERVAL_S whether or not the previous one
+def small_latencies_ms(
+    stub: inference_pb2_grpc.InferenceStub, model: str, requests: int, interval_s: float = SMALL_INTERVAL_S
+) -> list[float]:
+    """One-item requests sent at a fixed pace (open loop: one every `interval_s` whether or not the previous one
     was answered), so they sample every moment of the bulk stream alike, not mostly the moments it lets them pass."""
     request = inference_pb2.EncodeRequest(model=model, items=[types_pb2.Item(text=SINGLE_TEXT)])
     latencies: list[float] = []
     calls = []
     started = time.perf_counter()
     for number in range(requests):
-        time.sleep(max(0.0, started + number * SMALL_INTERVAL_S - time.perf_counter()))
+        time.sleep(max(0.0, started + number * interval_s - time.perf_counter()))
         sent = time.perf_counter()
         call = stub.Encode.future(request, timeout=120)
         call.add_done_callback(lambda _, sent=sent: latencies.append((time.perf_counter() - sent) * 1000))

@@ -11,6 +11,7 @@ from sie_worker.adapters.colbert import ColbertEncoder
 from sie_worker.adapters.colpali import PageRetriever
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.detector import ZeroShotDetector
+from sie_worker.adapters.document_reader import DocumentReader
 from sie_worker.adapters.gliclass import GliclassClassifier
 from sie_worker.adapters.gliner import GlinerExtractor
 from sie_worker.adapters.glirel import GlirelExtractor
@@ -35,4 +36,5 @@ ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "zero_shot_detector": ZeroShotDetector,
     "nli_zero_shot": NliZeroShotClassifier,
     "gliclass": GliclassClassifier,
+    "document_reader": DocumentReader,
 }

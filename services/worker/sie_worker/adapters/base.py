@@ -232,6 +232,16 @@ class ExtractInput:
     image: Image.Image | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class Continued:
+    """A `run` output for an item whose generation paused after a slice of decode steps, `row` of the batch state
+    `state` (the adapter's: encoder outputs, KV cache, ids so far). The pipeline queues the item again, behind the
+    batches queued meanwhile, and hands it back to `run` with the other items of its state still going."""
+
+    state: Any
+    row: int
+
+
 class Prepared(NamedTuple):
     """One item made ready for the device, with its batching cost (tokens; 1 for an image)."""
 
@@ -257,7 +267,8 @@ class ItemExtractor(ModelAdapter, Protocol):
         Thread-safe."""
 
     def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
-        """The model's raw output for each prepared value of the batch. Device thread only."""
+        """The model's raw output for each prepared value of the batch (a generator may answer `Continued` for an
+        item and get its `Continued` back in a later batch). Device thread only."""
 
     def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
         """One item's results from its prepared value and raw output. Thread-safe."""

@@ -45,6 +45,7 @@ from sie_common.edge.errors import (
 )
 from sie_common.runtime.tracing import record_span, recording, span
 from sie_worker.adapters.base import (
+    Continued,
     EncodedItem,
     ExtractInput,
     ExtractQuery,
@@ -59,7 +60,7 @@ from sie_worker.adapters.base import (
     TokenizedText,
 )
 from sie_worker.batching.adaptive import BatchPolicy, batching_for
-from sie_worker.batching.former import Batch, BatchFormer, PendingItem
+from sie_worker.batching.former import Batch, BatchFormer, BatchLimits, PendingItem
 from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
 from sie_worker.engine.batch_key import BatchKey, canonical_options
 from sie_worker.engine.images import decode_image
@@ -721,13 +722,29 @@ class Engine:
         publish_setting(model.config.id, model.profile, work.policy)
         if self.settings.instrumentation:
             record(model.config.id, model.profile, stats)
+        paused: list[PendingItem] = []
         for row, item in enumerate(batch):
             if item.future.done():
                 continue
             if isinstance(outputs[row], BaseException):  # the forward pass failed on this item alone
                 item.future.set_exception(_answer_for(outputs[row], model, len(batch)))
+            elif isinstance(outputs[row], Continued):
+                item.payload = (work, outputs[row])
+                paused.append(item)
             else:
                 item.future.set_result(_ItemResult(outputs[row], stats, (started - item.enqueued_at) * 1000, item.cost))
+        if paused:
+            self._continue(paused, batch_id)
+
+    def _continue(self, paused: list[PendingItem], batch_id: int) -> None:
+        """Queue again, as one flow of a group of their own, the items whose generation paused after a slice: their
+        tags start at the current virtual time, so the batches of requests that came meanwhile run first, then the
+        slice after (the group is ready at once and takes all of them)."""
+        for item in paused:
+            item.key = ("continued", batch_id)
+        costs = [item.cost for item in paused]
+        self._former.add(paused, BatchLimits(len(paused), len(paused) * max(costs), max_wait_s=0.0))
+        QUEUE_DEPTH.set(self._former.pending)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,182 @@
+"""Document readers (Florence-2, Donut) through a real worker against `generate(do_sample=False, num_beams=1)`
+in-process, on tiny random replicas built offline: the same tokens, so the same text, parsed result or JSON. Also:
+options out of bounds and text-only items are refused, and the demo embedder keeps answering beside a long
+generation (generation runs in slices, docs/batching.md "How generation shares the device")."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from google.protobuf import json_format
+from PIL import Image
+from transformers import AutoProcessor, Florence2ForConditionalGeneration, VisionEncoderDecoderModel
+
+from conftest import MINILM
+from grpc_helpers import call_until_loaded, error_info
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from tiny_document_readers import DONUT_TASK, build_tiny_donut, build_tiny_florence2
+from tiny_models import write_config
+from worker_process import WorkerProcess
+
+FLORENCE = "test/tiny-florence2"
+DONUT = "test/tiny-donut"
+READER = "inputs: [text, image]\ntasks: [extract]\nprofiles:\n  default:\n    adapter: document_reader\n"
+MAX_NEW_TOKENS = 12
+
+
+def page(seed: int) -> bytes:
+    pixels = (np.random.default_rng(seed).random((48, 40, 3)) * 255).astype("uint8")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+PAGES = [page(0), page(1)]
+
+
+@pytest.fixture(scope="module")
+def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("document-readers")
+    return {FLORENCE: build_tiny_florence2(root / "florence2"), DONUT: build_tiny_donut(root / "donut")}
+
+
+@pytest.fixture(scope="module")
+def stub(
+    directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    root = tmp_path_factory.mktemp("document-reader-worker")
+    configs = root / "configs"
+    configs.mkdir()
+    write_config(configs, FLORENCE, f"path: {directories[FLORENCE]}\n{READER}    run_options: {{decode_steps: 5}}\n")
+    write_config(
+        configs,
+        DONUT,
+        f"path: {directories[DONUT]}\n{READER}"
+        f"    run_options: {{task: '{DONUT_TASK}', max_new_tokens: 32, decode_steps: 5}}\n",
+    )
+    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log")
+    worker.wait_serving()
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            yield inference_pb2_grpc.InferenceStub(channel)
+    finally:
+        worker.stop()
+
+
+def extract(stub, model: str, items: list[types_pb2.Item], **options: Any) -> list[Any]:
+    request = inference_pb2.ExtractRequest(model=model, items=items)
+    request.options.update(options)
+    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=120))
+    return [json_format.MessageToDict(result.data) for result in response.results]
+
+
+def image_items() -> list[types_pb2.Item]:
+    return [types_pb2.Item(id=str(row), images=[types_pb2.Image(data=data)]) for row, data in enumerate(PAGES)]
+
+
+def greedy(model: Any, max_new_tokens: int, **inputs: Any) -> list[int]:
+    with torch.inference_mode():
+        return model.generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens)[0].tolist()
+
+
+@pytest.mark.parametrize("task", ["<OCR>", "<OD>"])
+def test_florence2_answers_generates_tokens_post_processed(stub, directories: dict[str, Path], task: str) -> None:
+    processor = AutoProcessor.from_pretrained(directories[FLORENCE])
+    model = Florence2ForConditionalGeneration.from_pretrained(directories[FLORENCE]).eval()
+    served = extract(stub, FLORENCE, image_items(), task=task, max_new_tokens=MAX_NEW_TOKENS)
+    for data, encoded in zip(served, PAGES, strict=True):
+        image = Image.open(io.BytesIO(encoded)).convert("RGB")
+        ids = greedy(model, MAX_NEW_TOKENS, **processor(text=task, images=image, return_tensors="pt"))
+        assert len(ids) == MAX_NEW_TOKENS + 1  # the replica never ends early: every slice ran
+        text = processor.batch_decode([ids], skip_special_tokens=False)[0]
+        expected = processor.post_process_generation(text, task=task, image_size=image.size)[task]
+        assert data == ({"text": expected} if isinstance(expected, str) else expected)
+        if task == "<OCR>":
+            assert len(expected) > 5
+
+
+@pytest.mark.parametrize(
+    "questions", [[None, None], ["what is the total?"] * 2, ["total?", "which menu item costs the most?"]]
+)
+def test_donut_answers_generated_tokens_as_token2json(
+    stub, directories: dict[str, Path], questions: list[str | None]
+) -> None:
+    """Without a question, with one, and with questions of different lengths in one batch (generated apart)."""
+    processor = AutoProcessor.from_pretrained(directories[DONUT])
+    model = VisionEncoderDecoderModel.from_pretrained(directories[DONUT]).eval()
+    items = [
+        types_pb2.Item(id=str(row), images=[types_pb2.Image(data=data)], text=question)
+        for row, (data, question) in enumerate(zip(PAGES, questions, strict=True))
+    ]
+    served = extract(stub, DONUT, items)
+    for data, encoded, question in zip(served, PAGES, questions, strict=True):
+        prompt = DONUT_TASK if question is None else f"{DONUT_TASK}<s_question>{question}</s_question><s_answer>"
+        prompt_ids = processor.tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        pixels = processor(images=Image.open(io.BytesIO(encoded)).convert("RGB"), return_tensors="pt").pixel_values
+        ids = greedy(model, 32, pixel_values=pixels, decoder_input_ids=prompt_ids)  # the profile's default
+        text = processor.tokenizer.decode(ids[prompt_ids.shape[1] :], skip_special_tokens=False)
+        text = text.replace(processor.tokenizer.eos_token, "").replace(processor.tokenizer.pad_token, "")
+        assert data == processor.token2json(text)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_new_tokens": 0}, "options: max_new_tokens: must be an integer from 1 to 1024"),
+        ({"max_new_tokens": 1025}, "options: max_new_tokens: must be an integer from 1 to 1024"),
+        ({"task": "<NOT_A_TASK>"}, "options: task: '<NOT_A_TASK>' is not a task of this model"),
+        ({"temperature": 0.7}, "options: temperature not read by a document reader"),
+    ],
+)
+def test_options_out_of_bounds_are_invalid_options(stub, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(grpc.RpcError) as raised:
+        extract(stub, FLORENCE, image_items(), **options)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(raised.value).reason == "INVALID_OPTIONS"
+    assert message in raised.value.details()
+
+
+def test_a_text_only_item_is_invalid_argument_naming_it(stub) -> None:
+    items = [*image_items(), types_pb2.Item(id="words", text="no page here")]
+    with pytest.raises(grpc.RpcError) as raised:
+        extract(stub, FLORENCE, items)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "items[2] (id 'words')" in raised.value.details()
+    assert "reads a page image; the item has none" in raised.value.details()
+
+
+def test_encodes_are_answered_while_a_long_generation_runs(stub) -> None:
+    """Encodes sent while an OCR request generates 200 tokens per page are answered before it ends: the generation
+    gives the device up between slices."""
+    call_until_loaded(
+        lambda: stub.Encode(inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="warm")]), timeout=120)
+    )
+    extract(stub, FLORENCE, image_items(), max_new_tokens=1)  # loaded
+    ocr_done: list[float] = []
+    encoded: list[float] = []
+
+    def ocr() -> None:
+        extract(stub, FLORENCE, image_items(), max_new_tokens=200)
+        ocr_done.append(time.monotonic())
+
+    reader = threading.Thread(target=ocr)
+    reader.start()
+    time.sleep(0.3)
+    while not ocr_done and len(encoded) < 3:
+        response = stub.Encode(
+            inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="a query")]), timeout=60
+        )
+        assert len(response.results) == 1
+        encoded.append(time.monotonic())
+    reader.join(timeout=120)
+    assert ocr_done
+    assert len(encoded) == 3 and encoded[-1] < ocr_done[0]
