@@ -63,7 +63,9 @@ def stub(
         f"path: {directories[DONUT]}\n{READER}"
         f"    run_options: {{task: '{DONUT_TASK}', max_new_tokens: 32, decode_steps: 5}}\n",
     )
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log")
+    worker = WorkerProcess(
+        {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": "", "SIE_INSTRUMENTATION": "true"}, root / "worker.log"
+    )
     worker.wait_serving()
     try:
         with grpc.insecure_channel(worker.address) as channel:
@@ -102,6 +104,16 @@ def test_florence2_answers_generates_tokens_post_processed(stub, directories: di
         assert data == ({"text": expected} if isinstance(expected, str) else expected)
         if task == "<OCR>":
             assert len(expected) > 5
+
+
+def test_the_timing_of_a_generation_counts_every_slice(stub) -> None:
+    """12 new tokens in slices of 5 decode steps: three forward passes, each in the answer's timing."""
+    request = inference_pb2.ExtractRequest(model=FLORENCE, items=image_items()[:1], debug=True)
+    request.options.update({"task": "<OCR>", "max_new_tokens": MAX_NEW_TOKENS})
+    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=120))
+    batches = response.timing.batches
+    assert len(batches) == 3 and len({batch.batch_id for batch in batches}) == 3
+    assert response.timing.inference_ms == pytest.approx(sum(batch.inference_ms for batch in batches), rel=1e-6)
 
 
 @pytest.mark.parametrize(

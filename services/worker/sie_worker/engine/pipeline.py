@@ -119,8 +119,11 @@ class _DeviceWork:
 class _ItemResult:
     output: Any
     batch: BatchStats
+    # Waits for the device, before its batch and (a generation) before each later slice.
     queue_ms: float
     tokens: int
+    # A generation's slices before the last (`batch`).
+    earlier: tuple[BatchStats, ...] = ()
 
 
 @dataclass
@@ -134,7 +137,7 @@ class _Clock:
     postprocessing_ms: float = 0.0
 
     def timing(self, results: Sequence[_ItemResult]) -> Timing:
-        batches = {result.batch.batch_id: result.batch for result in results}
+        batches = {batch.batch_id: batch for result in results for batch in (*result.earlier, result.batch)}
         return Timing(
             queue_ms=max((result.queue_ms for result in results), default=0.0),
             tokenization_ms=self.tokenization_ms,
@@ -728,11 +731,15 @@ class Engine:
                 continue
             if isinstance(outputs[row], BaseException):  # the forward pass failed on this item alone
                 item.future.set_exception(_answer_for(outputs[row], model, len(batch)))
-            elif isinstance(outputs[row], Continued):
-                item.payload = (work, outputs[row])
-                paused.append(item)
             else:
-                item.future.set_result(_ItemResult(outputs[row], stats, (started - item.enqueued_at) * 1000, item.cost))
+                # what earlier slices of a generation took: (their batches, their waits)
+                earlier, waited_ms = item.payload[2] if len(item.payload) > 2 else ((), 0.0)
+                waited_ms += (started - item.enqueued_at) * 1000
+                if isinstance(outputs[row], Continued):
+                    item.payload = (work, outputs[row], ((*earlier, stats), waited_ms))
+                    paused.append(item)
+                else:
+                    item.future.set_result(_ItemResult(outputs[row], stats, waited_ms, item.cost, earlier))
         if paused:
             self._continue(paused, batch_id)
 
