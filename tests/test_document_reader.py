@@ -143,8 +143,8 @@ def test_donut_answers_generated_tokens_as_token2json(
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"max_new_tokens": 0}, "options: max_new_tokens: must be an integer from 1 to 1024"),
-        ({"max_new_tokens": 1025}, "options: max_new_tokens: must be an integer from 1 to 1024"),
+        ({"max_new_tokens": 0}, "options: max_new_tokens: must be a whole number from 1 to 1024"),
+        ({"max_new_tokens": 1025}, "options: max_new_tokens: must be a whole number from 1 to 1024"),
         ({"task": "<NOT_A_TASK>"}, "options: task: '<NOT_A_TASK>' is not a task of this model"),
         ({"temperature": 0.7}, "options: temperature not read by a document reader"),
     ],
@@ -166,29 +166,32 @@ def test_a_text_only_item_is_invalid_argument_naming_it(stub) -> None:
     assert "reads a page image; the item has none" in raised.value.details()
 
 
-def test_encodes_are_answered_while_a_long_generation_runs(stub) -> None:
-    """Encodes sent while an OCR request generates 200 tokens per page are answered before it ends: the generation
-    gives the device up between slices."""
+def test_encodes_run_between_the_slices_of_a_long_generation(stub) -> None:
+    """Encodes sent while an OCR request generates 1,024 tokens per page run on the device between its slices: the
+    forward passes that answered them come after the generation's first slice and before its last. (Without slices,
+    the generation is one forward pass and no encode can come between.)"""
     call_until_loaded(
         lambda: stub.Encode(inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="warm")]), timeout=120)
     )
     extract(stub, FLORENCE, image_items(), max_new_tokens=1)  # loaded
-    ocr_done: list[float] = []
-    encoded: list[float] = []
+    slices: list[int] = []
+    encode_batches: list[int] = []
 
     def ocr() -> None:
-        extract(stub, FLORENCE, image_items(), max_new_tokens=200)
-        ocr_done.append(time.monotonic())
+        request = inference_pb2.ExtractRequest(model=FLORENCE, items=image_items(), debug=True)
+        request.options.update({"task": "<OCR>", "max_new_tokens": 1024})
+        response = stub.Extract(request, timeout=300)
+        slices.extend(batch.batch_id for batch in response.timing.batches)
 
     reader = threading.Thread(target=ocr)
     reader.start()
-    time.sleep(0.3)
-    while not ocr_done and len(encoded) < 3:
+    while reader.is_alive() and len(encode_batches) < 6:
         response = stub.Encode(
-            inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="a query")]), timeout=60
+            inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="a query")], debug=True), timeout=60
         )
         assert len(response.results) == 1
-        encoded.append(time.monotonic())
-    reader.join(timeout=120)
-    assert ocr_done
-    assert len(encoded) == 3 and encoded[-1] < ocr_done[0]
+        encode_batches.extend(batch.batch_id for batch in response.timing.batches)
+    reader.join(timeout=300)
+    assert len(slices) > 100  # 1,024 steps in slices of 5
+    # the first encodes may run before the generation's first slice (its pages are still being prepared)
+    assert sum(min(slices) < batch < max(slices) for batch in encode_batches) >= 4, (encode_batches, slices)

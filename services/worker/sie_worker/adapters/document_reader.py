@@ -38,6 +38,7 @@ from sie_worker.adapters.base import (
     LoadContext,
     Prepared,
 )
+from sie_worker.adapters.option_values import whole_number
 
 DEFAULT_MAX_NEW_TOKENS = 256
 # Upper bound of max_new_tokens, in run_options and requests.
@@ -107,11 +108,11 @@ class DocumentReader(ImageExtractor):
         if self.task is None:
             raise ValueError("run_options.task: a Donut-style model needs its task start token, e.g. <s_cord-v2>")
         self._check_task(self.task, "run_options.task")
-        self.max_new_tokens = _bounded(
-            run.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), MAX_NEW_TOKENS, "run_options.max_new_tokens"
+        self.max_new_tokens = whole_number(
+            run.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), "run_options.max_new_tokens", 1, MAX_NEW_TOKENS
         )
-        self.decode_steps = _bounded(
-            run.get("decode_steps", DEFAULT_DECODE_STEPS), MAX_DECODE_STEPS, "run_options.decode_steps"
+        self.decode_steps = whole_number(
+            run.get("decode_steps", DEFAULT_DECODE_STEPS), "run_options.decode_steps", 1, MAX_DECODE_STEPS
         )
         eos = self.generator.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos])
@@ -140,7 +141,7 @@ class DocumentReader(ImageExtractor):
         if "task" in query.options:
             self._check_task(query.options["task"], "task")
         if "max_new_tokens" in query.options:
-            _bounded(query.options["max_new_tokens"], MAX_NEW_TOKENS, "max_new_tokens")
+            whole_number(query.options["max_new_tokens"], "max_new_tokens", 1, MAX_NEW_TOKENS)
 
     def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
         """The page's pixels and prompt, at the cost of the prompt's tokens and the tokens it may generate."""
@@ -269,13 +270,6 @@ def _keep(state: _Generation, rows: list[int]) -> None:
         state.mask = state.mask[index]
     if state.cache is not None and rows:
         state.cache.batch_select_indices(index)
-
-
-def _bounded(value: Any, upper: int, where: str) -> int:
-    """An integer from 1 to `upper` (a request's numbers arrive as floats: 24.0 is 24)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or not 1 <= value <= upper:
-        raise ValueError(f"{where}: must be an integer from 1 to {upper}, got {value!r}")
-    return int(value)
 
 
 def _plain(value: Any) -> Any:
