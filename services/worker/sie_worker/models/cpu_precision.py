@@ -96,7 +96,7 @@ def quantize_linears(model: torch.nn.Module) -> None:
 
 @dataclass(frozen=True)
 class CpuBuild:
-    """A CPU model built by `build_checked`: its adapter, the precision it computes in and the probe's agreement
+    """A CPU model built by `load_on_cpu`: its adapter, the precision it computes in and the probe's agreement
     with float32 (None where no probe ran)."""
 
     adapter: ModelAdapter
