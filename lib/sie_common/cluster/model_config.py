@@ -18,7 +18,7 @@ import yaml
 TASKS = ("encode", "score", "extract")
 OUTPUT_TYPES = ("dense", "sparse", "multivector")
 INPUTS = ("text", "image")
-COMPUTE_PRECISIONS = ("float32", "float16", "bfloat16")
+COMPUTE_PRECISIONS = ("float32", "float16", "bfloat16", "int8")
 DEFAULT_PROFILE = "default"
 # A profile's load option that lets transformers run Python code shipped with the weights; off unless set to true.
 TRUST_REMOTE_CODE = "trust_remote_code"

@@ -9,6 +9,9 @@ from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
 
+# What SIE_CPU_COMPUTE_PRECISION takes (sie_worker.models.cpu_precision).
+CPU_PRECISIONS = ("auto", "float32", "bfloat16", "int8")
+
 
 @dataclass(frozen=True)
 class WorkerSettings(RequestBoundSettings, ServiceSettings):
@@ -181,7 +184,26 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
     default_compute_precision: str = setting(
         "float16",
         env="SIE_DEFAULT_COMPUTE_PRECISION",
-        help="float16, bfloat16 or float32 on accelerators; CPU always computes in float32",
+        help="float16, bfloat16 or float32 on accelerators when the profile sets none (a profile's int8 runs in it "
+        "too)",
+    )
+    cpu_compute_precision: str = setting(
+        "auto",
+        env="SIE_CPU_COMPUTE_PRECISION",
+        help="auto, float32, bfloat16 or int8 on a CPU when the profile sets none; auto: bfloat16 on AMX CPUs, else "
+        "float32; a precision the CPU lacks (bfloat16: AVX512-BF16 or AMX; int8: VNNI) runs in float32",
+    )
+    cpu_flags: str | None = setting(
+        None,
+        env="SIE_CPU_FLAGS",
+        help="space-separated ISA flags that stand for /proc/cpuinfo's when choosing a CPU precision (tests; "
+        "containers that hide them)",
+    )
+    precision_min_cosine: float = setting(
+        0.999,
+        env="SIE_PRECISION_MIN_COSINE",
+        help="a reduced-precision CPU model whose probe outputs have a cosine to float32's below this (a "
+        "cross-encoder's: a correlation) is loaded in float32 instead",
     )
     max_loras_per_model: int = setting(
         10,
@@ -292,6 +314,10 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
         for name, value in bounds.items():
             if value <= 0:
                 raise SettingsError(f"{self.__dataclass_fields__[name].metadata['env']}={value}: must be positive")
+        if self.cpu_compute_precision not in CPU_PRECISIONS:
+            raise SettingsError(
+                f"SIE_CPU_COMPUTE_PRECISION={self.cpu_compute_precision}: must be one of {', '.join(CPU_PRECISIONS)}"
+            )
         if self.max_image_aspect_ratio < 1:
             raise SettingsError(f"SIE_MAX_IMAGE_ASPECT_RATIO={self.max_image_aspect_ratio}: must be at least 1")
         if not self.worker_id:

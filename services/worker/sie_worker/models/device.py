@@ -24,7 +24,8 @@ def select_device(requested: str) -> torch.device:
 
 
 def compute_dtype(device: torch.device, precision: str) -> torch.dtype:
-    """The dtype weights run in. CPUs compute in float32: half precision there is slow and lossy."""
+    """The dtype an accelerator's weights run in; a CPU's is float32 here (its reduced precisions are chosen and
+    checked in sie_worker.models.cpu_precision)."""
     if precision not in _PRECISIONS:
         raise ValueError(f"compute precision {precision!r} is not one of {', '.join(_PRECISIONS)}")
     if device.type == "cpu":

@@ -35,6 +35,7 @@ from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
 from sie_worker.adapters.hf_text import LOAD_LOCK
 from sie_worker.models.catalog import Catalog
+from sie_worker.models.cpu_precision import cpu_flags, load_on_cpu
 from sie_worker.models.device import compute_dtype
 from sie_worker.models.lora import LoraAdapters
 from sie_worker.models.memory import MemoryPressure, module_bytes, release_cuda_cache, weight_file_bytes
@@ -182,6 +183,7 @@ class ModelRegistry:
         self._catalog = catalog
         self._configs = catalog.configs
         self._settings = settings
+        self._cpu_flags = cpu_flags(settings.cpu_flags)
         self._device = device
         self._weights = WeightResolver(settings, catalog.weight_roots)
         self.pressure = MemoryPressure(device, settings)
@@ -347,18 +349,36 @@ class ModelRegistry:
             raise ValueError(
                 f"adapter {profile.adapter!r} is not in this worker; available: {', '.join(sorted(ADAPTERS))}"
             )
-        precision = profile.compute_precision or self._settings.default_compute_precision
-        context = LoadContext(
-            config=config,
-            profile=profile,
-            weights=weights.path,
-            device=self._device,
-            dtype=compute_dtype(self._device, precision),
-            attention_backend=self._settings.attention_backend,
-            cpu_onednn=self._settings.cpu_onednn,
-            cpu_unpadded=self._settings.cpu_unpadded,
-        )
-        adapter = factory(context)
+
+        def build(dtype: torch.dtype, *, cpu_onednn: bool) -> ModelAdapter:
+            return factory(
+                LoadContext(
+                    config=config,
+                    profile=profile,
+                    weights=weights.path,
+                    device=self._device,
+                    dtype=dtype,
+                    attention_backend=self._settings.attention_backend,
+                    cpu_onednn=cpu_onednn,
+                    cpu_unpadded=self._settings.cpu_unpadded,
+                )
+            )
+
+        if self._device.type == "cpu":
+            adapter = load_on_cpu(
+                f"{config.id} (profile {profile_name})",
+                profile.compute_precision or self._settings.cpu_compute_precision,
+                self._cpu_flags,
+                build,
+                onednn=self._settings.cpu_onednn,
+                min_agreement=self._settings.precision_min_cosine,
+                has_loras=bool(config.loras),
+            ).adapter
+        else:
+            precision = profile.compute_precision or self._settings.default_compute_precision
+            if precision == "int8":  # dynamic int8 quantisation is a CPU path
+                precision = self._settings.default_compute_precision
+            adapter = build(compute_dtype(self._device, precision), cpu_onednn=self._settings.cpu_onednn)
         check_adapter_serves(config, profile.adapter or "", adapter)
         loras = LoraAdapters(
             config.id,

@@ -1,0 +1,222 @@
+"""Reduced precision on a CPU: which precision a model runs in, and a check that it still answers like float32.
+
+A CPU runs bfloat16 matmuls fast only with AVX512-BF16 or AMX-BF16, and int8
+ones only with VNNI (AVX512-VNNI, AVX-VNNI or AMX-INT8); elsewhere the math is
+emulated, slower than float32, so the model runs in float32 and the log says
+why. bfloat16 loads the weights in bfloat16; int8 quantises every `nn.Linear`
+of the model dynamically (int8 weights, activations quantised per batch), on
+plain float32 layers rather than oneDNN-packed ones.
+
+A reduced-precision model is checked once at load against float32 on a fixed
+probe: the float32 model is built and probed first, freed, then the reduced one
+is built and probed, so two copies are never resident at once. Where the two
+disagree past the bar the reduced model is dropped and float32 built again.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from sie_worker.adapters.base import ImageEncoder, ModelAdapter, PairScorer, TextEncoder
+
+log = logging.getLogger(__name__)
+
+_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+# Texts of different lengths and kinds; short enough that the probe costs a few forward passes of one small batch.
+PROBE_TEXTS = (
+    "what is the capital of france",
+    "Paris is the capital and most populous city of France.",
+    "The mitochondrion is the powerhouse of the cell, producing most of its ATP through oxidative phosphorylation.",
+    "def add(a, b):\n    return a + b",
+    "Wie spät ist es?",
+    "1 2 3 4 5 6 7 8 9 10",
+    "A quiet street at night, rain on the windows, a cat asleep on the sill while the kettle starts to whistle.",
+    "ok",
+)
+PROBE_QUERY = "which city is the capital of france"
+
+
+def cpu_flags(override: str | None = None) -> frozenset[str]:
+    """The ISA flags of this CPU: `override` (a space-separated list) where given, else /proc/cpuinfo's first
+    `flags` line (empty where there is none, as on macOS)."""
+    if override is not None:
+        return frozenset(override.split())
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return parse_cpu_flags(text)
+
+
+def parse_cpu_flags(cpuinfo: str) -> frozenset[str]:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def auto_precision(flags: frozenset[str]) -> str:
+    """The worker default under `auto`: bfloat16 on AMX, where bf16 matmuls run several times faster than float32;
+    float32 elsewhere (AVX512-BF16 alone gains too little to trade precision for, and int8 only some models)."""
+    return "bfloat16" if "amx_bf16" in flags else "float32"
+
+
+def cpu_precision(requested: str, flags: frozenset[str]) -> tuple[str, str | None]:
+    """The precision a CPU model runs in for a requested one (a profile's, else the worker's default), and why it
+    differs where it does."""
+    if requested == "auto":
+        return auto_precision(flags), None
+    if requested == "bfloat16" and not flags & _BF16_FLAGS:
+        return "float32", "bfloat16 needs AVX512-BF16 or AMX-BF16, which this CPU lacks"
+    if requested == "int8" and not flags & _INT8_FLAGS:
+        return "float32", "int8 needs AVX512-VNNI, AVX-VNNI or AMX-INT8, which this CPU lacks"
+    if requested == "float16":
+        return "float32", "float16 is an accelerator precision; CPUs compute in float32"
+    return requested, None
+
+
+def quantize_linears(model: torch.nn.Module) -> None:
+    """Replace every plain `nn.Linear` of `model` with a dynamically quantised int8 one, in place."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization warns of its deprecation on every call
+        torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+@dataclass(frozen=True)
+class CpuBuild:
+    """A CPU model built by `load_on_cpu`: its adapter, the precision it computes in and the probe's agreement
+    with float32 (None where no probe ran)."""
+
+    adapter: ModelAdapter
+    precision: str
+    agreement: float | None
+
+
+class Build(Protocol):
+    """Builds the model's adapter with its weights in `dtype`, its float32 Linear layers packed for oneDNN or not."""
+
+    def __call__(self, dtype: torch.dtype, *, cpu_onednn: bool) -> ModelAdapter: ...
+
+
+def load_on_cpu(
+    name: str,
+    requested: str,
+    flags: frozenset[str],
+    build: Build,
+    *,
+    onednn: bool,
+    min_agreement: float,
+    has_loras: bool,
+) -> CpuBuild:
+    """The model in the `requested` precision where this CPU (`flags`) runs it and the probe agrees with float32 to
+    `min_agreement`; float32 otherwise, with a log line naming the model (`name`) and why."""
+    precision, why = cpu_precision(requested, flags)
+    if why:
+        log.info("%s: %s; it computes in float32", name, why)
+
+    def at(chosen: str) -> ModelAdapter:
+        if chosen == "bfloat16":
+            return build(torch.bfloat16, cpu_onednn=False)
+        if chosen == "int8":
+            adapter = build(torch.float32, cpu_onednn=False)  # int8 layers replace the ones oneDNN would pack
+            quantize_linears(adapter.model)
+            return adapter
+        return build(torch.float32, cpu_onednn=onednn)
+
+    return _checked(name, precision, at, min_agreement, has_loras=has_loras)
+
+
+def _checked(
+    name: str, precision: str, build: Callable[[str], ModelAdapter], min_agreement: float, *, has_loras: bool
+) -> CpuBuild:
+    """`build(precision)`, checked against `build("float32")` on the probe; float32 where the check fails or cannot
+    run."""
+    adapter = build("float32")
+    if precision == "float32":
+        return CpuBuild(adapter, "float32", None)
+    why = _unsupported(adapter, precision, has_loras)
+    if why:
+        log.warning("%s: %s; it computes in float32", name, why)
+        return CpuBuild(adapter, "float32", None)
+    reference = probe(adapter)
+    del adapter
+    gc.collect()
+    adapter = build(precision)
+    agreement = compare(reference, probe(adapter))
+    if agreement < min_agreement:
+        log.warning(
+            "%s: %s outputs drift from float32 on the probe (cosine %.5f < %.5f); it computes in float32",
+            name,
+            precision,
+            agreement,
+            min_agreement,
+        )
+        del adapter
+        gc.collect()
+        return CpuBuild(build("float32"), "float32", agreement)
+    log.info("%s computes in %s on this CPU (probe cosine to float32 %.5f)", name, precision, agreement)
+    return CpuBuild(adapter, precision, agreement)
+
+
+def _unsupported(adapter: ModelAdapter, precision: str, has_loras: bool) -> str | None:
+    if isinstance(adapter, ImageEncoder) or not isinstance(adapter, TextEncoder | PairScorer):
+        return f"{precision} is checked on text encoders and cross-encoders only, and this model is neither"
+    if precision == "int8" and has_loras:
+        return "int8 layers take no LoRA adapters"
+    return None
+
+
+Probe = list[np.ndarray]
+
+
+def probe(adapter: ModelAdapter) -> Probe:
+    """The adapter's outputs on the probe texts, as float64 vectors to compare: one per dense embedding, per
+    multivector row and per sparse embedding (densified); a cross-encoder's scores as one vector, centred on their
+    mean, so that its cosine is their correlation: a shared offset does not hide a change in their order."""
+    if isinstance(adapter, PairScorer):
+        with torch.inference_mode():
+            scores = np.asarray(adapter.score(adapter.tokenize_pairs(PROBE_QUERY, PROBE_TEXTS)), dtype=np.float64)
+        return [scores - scores.mean()]
+    if not isinstance(adapter, TextEncoder):
+        raise TypeError(f"no probe for {type(adapter).__name__}")
+    batch = adapter.tokenize(PROBE_TEXTS, adapter.prompt(is_query=False, instruction=None))
+    with torch.inference_mode():
+        items = adapter.encode(batch, adapter.output_types)
+    vectors: Probe = []
+    for item in items:
+        if item.dense is not None:
+            vectors.append(np.asarray(item.dense, dtype=np.float64))
+        if item.multivector is not None:
+            vectors.extend(np.asarray(item.multivector, dtype=np.float64))
+        if item.sparse is not None:
+            dense = np.zeros(item.sparse.dims, dtype=np.float64)
+            dense[item.sparse.indices] = item.sparse.values
+            vectors.append(dense)
+    return vectors
+
+
+def compare(reference: Probe, got: Probe) -> float:
+    """The smallest cosine between matching vectors (1.0 where both are zero)."""
+    if len(reference) != len(got) or any(a.shape != b.shape for a, b in zip(reference, got, strict=True)):
+        return 0.0
+    worst = 1.0
+    for expected, actual in zip(reference, got, strict=True):
+        norms = float(np.linalg.norm(expected) * np.linalg.norm(actual))
+        if norms == 0.0:
+            cosine = 1.0 if not expected.any() and not actual.any() else 0.0
+        else:
+            cosine = float(expected @ actual) / norms
+        worst = min(worst, cosine)
+    return worst
