@@ -1,0 +1,106 @@
+"""Adversarial input against the extractors and page retrievers of issue 24: the generic extract path, the NLI
+zero-shot classifier, the GroundingDINO / OWLv2 detectors and ColPali / ColQwen2, on tiny random replicas
+(tools/tiny_detectors.py, tools/tiny_colpali.py, the NLI replica of tests/test_zero_shot.py) served by one real
+worker. Each case asserts the exact status and reason, or the values.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from google.protobuf import struct_pb2
+from PIL import Image
+
+from grpc_helpers import call_until_loaded
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from test_zero_shot import NLI_PROFILES, build_tiny_nli
+from tiny_colpali import build_tiny_colqwen2
+from tiny_detectors import build_tiny_grounding_dino, build_tiny_owlv2
+from tiny_models import write_config
+from worker_process import inference_stub, serving_worker
+
+NLI = "test/adv-nli"
+GROUNDING_DINO = "test/adv-grounding-dino"
+OWLV2 = "test/adv-owlv2"
+COLQWEN2 = "test/adv-colqwen2"
+DETECT = "inputs: [image]\ntasks: [extract]\nprofiles:\n  default:\n    adapter: zero_shot_detector\n"
+RETRIEVE = (
+    "inputs: [text, image]\ntasks: [encode, score]\noutput_types: [multivector, dense]\nprofiles:\n  default:\n"
+    "    adapter: colpali\n    run_options:\n      muvera: {k_sim: 2, d_proj: 4, repetitions: 3, seed: 5}\n"
+)
+LABELS = ["a cat", "dog"]
+
+
+def png(size: tuple[int, int] = (40, 30), seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    root = tmp_path_factory.mktemp("adv-extraction")
+    configs = root / "configs"
+    configs.mkdir()
+    models: dict[str, tuple[Path, str]] = {
+        NLI: (build_tiny_nli(root / "nli"), f"tasks: [extract]\n{NLI_PROFILES}"),
+        GROUNDING_DINO: (build_tiny_grounding_dino(root / "grounding-dino"), DETECT),
+        OWLV2: (build_tiny_owlv2(root / "owlv2"), DETECT),
+        COLQWEN2: (build_tiny_colqwen2(root / "colqwen2"), RETRIEVE),
+    }
+    for model_id, (directory, body) in models.items():
+        write_config(configs, model_id, f"path: {directory}\n{body}")
+    env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}
+    with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
+        yield stub
+
+
+def image_item(data: bytes) -> types_pb2.Item:
+    return types_pb2.Item(images=[types_pb2.Image(data=data)])
+
+
+def extract_request(
+    model_id: str, items: list[types_pb2.Item], labels: list[str], threshold: float | None, options: dict[str, Any]
+) -> inference_pb2.ExtractRequest:
+    request = inference_pb2.ExtractRequest(model=model_id, items=items, labels=labels)
+    if threshold is not None:
+        request.threshold = threshold
+    if options:
+        struct = struct_pb2.Struct()
+        struct.update(options)
+        request.options.CopyFrom(struct)
+    return request
+
+
+def extract(
+    stub: inference_pb2_grpc.InferenceStub,
+    model_id: str,
+    items: list[types_pb2.Item],
+    labels: list[str] = LABELS,
+    threshold: float | None = None,
+    **options: Any,
+) -> inference_pb2.ExtractResponse:
+    request = extract_request(model_id, items, labels, threshold, options)
+    return call_until_loaded(lambda: stub.Extract(request, timeout=60))[0]
+
+
+@pytest.mark.parametrize(
+    "model_id, threshold, options",
+    [
+        (GROUNDING_DINO, 1.0, {}),
+        (GROUNDING_DINO, 0.999, {"text_threshold": 0.0}),
+        (OWLV2, 1.0, {}),
+    ],
+    ids=["grounding-dino-1", "grounding-dino-0.999", "owlv2-1"],
+)
+def test_a_threshold_no_object_passes_finds_no_objects(stub, model_id, threshold, options) -> None:
+    # GroundingDINO's post-processing decodes the labels of no object as one empty label: INTERNAL (a zip of
+    # unequal lengths) before the fix.
+    response = extract(stub, model_id, [image_item(png())], threshold=threshold, **options)
+    assert [list(result.objects) for result in response.results] == [[]]
