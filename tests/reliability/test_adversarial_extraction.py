@@ -11,20 +11,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from google.protobuf import struct_pb2
 from PIL import Image
 
-from grpc_helpers import call_until_loaded
+from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from test_zero_shot import NLI_PROFILES, build_tiny_nli
+from test_zero_shot import GLICLASS_PROFILES, NLI_PROFILES, build_tiny_gliclass, build_tiny_nli
 from tiny_colpali import build_tiny_colqwen2
 from tiny_detectors import build_tiny_grounding_dino, build_tiny_owlv2
 from tiny_models import write_config
 from worker_process import inference_stub, serving_worker
 
 NLI = "test/adv-nli"
+GLICLASS = "test/adv-gliclass"
 GROUNDING_DINO = "test/adv-grounding-dino"
 OWLV2 = "test/adv-owlv2"
 COLQWEN2 = "test/adv-colqwen2"
@@ -50,6 +52,7 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
     configs.mkdir()
     models: dict[str, tuple[Path, str]] = {
         NLI: (build_tiny_nli(root / "nli"), f"tasks: [extract]\n{NLI_PROFILES}"),
+        GLICLASS: (build_tiny_gliclass(root / "gliclass"), f"tasks: [extract]\n{GLICLASS_PROFILES}"),
         GROUNDING_DINO: (build_tiny_grounding_dino(root / "grounding-dino"), DETECT),
         OWLV2: (build_tiny_owlv2(root / "owlv2"), DETECT),
         COLQWEN2: (build_tiny_colqwen2(root / "colqwen2"), RETRIEVE),
@@ -104,3 +107,18 @@ def test_a_threshold_no_object_passes_finds_no_objects(stub, model_id, threshold
     # unequal lengths) before the fix.
     response = extract(stub, model_id, [image_item(png())], threshold=threshold, **options)
     assert [list(result.objects) for result in response.results] == [[]]
+
+
+@pytest.mark.parametrize("profile", ["", "single"])
+def test_gliclass_labels_past_the_models_length_are_refused(stub, profile) -> None:
+    # The tiny GLiClass reads 128 tokens of "<<LABEL>>label ... <<SEP>>text": labels past them were cut from its
+    # input and scored from a logit of 0 (0.5 multi-label, at the default threshold) without being read.
+    labels = [f"label {index} " + "word " * 40 for index in range(4)]
+    request = extract_request(GLICLASS, [types_pb2.Item(text="a short text")], labels, None, {})
+    request.profile = profile
+    with pytest.raises(grpc.RpcError) as raised:
+        call_until_loaded(lambda: stub.Extract(request, timeout=60))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(raised.value).reason == "LABELS_TOO_LONG"
+    assert "the labels make a prompt of" in raised.value.details()
+    assert extract(stub, GLICLASS, [types_pb2.Item(text="a short text")], labels[:1]).results[0].classifications

@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from sie_common.edge.errors import clipped
+from sie_common.edge.errors import InvalidArgument, clipped
 from sie_worker.adapters.base import (
     Classification,
     ExtractInput,
@@ -113,12 +114,31 @@ class GliclassClassifier(ItemExtractor):
             device=context.device,
             progress_bar=False,
         ).pipe
+        # A copy of the tokenizer that cuts nothing, for the length of the labels' prompt (event loop only).
+        self.prompts = Tokenizer.from_str(hf.backend_tokenizer.to_str())
+        self.prompts.no_padding()
+        self.prompts.no_truncation()
 
     def check_query(self, query: ExtractQuery) -> None:
         unknown = sorted(set(query.options) - {"classification_type"})
         if unknown:
             raise ValueError(f"options: unknown option {clipped(unknown[0])!r}; this model reads classification_type")
         read_classification_type(query.options, self.classification_type, "options")
+        self._check_labels_read(query.labels)
+
+    def _check_labels_read(self, labels: Sequence[str]) -> None:
+        """LABELS_TOO_LONG where a uni-encoder would not read every label: its input (the labels' prompt and the
+        text) is cut to the model's length, and a label cut off would be scored from a logit of 0, unread."""
+        if getattr(self.model.config, "architecture_type", None) != "uni-encoder":
+            return
+        tokens = len(self.prompts.encode(self.pipeline.prepare_input("", list(labels))).ids)
+        if tokens > self.max_sequence_length:
+            raise InvalidArgument(
+                f"labels: the labels make a prompt of {tokens} tokens; this model reads at most "
+                f"{self.max_sequence_length} with the text: send fewer or shorter labels (in several requests)",
+                reason="LABELS_TOO_LONG",
+                metadata={"limit": str(self.max_sequence_length), "tokens": str(tokens)},
+            )
 
     def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
         """The part of the text the model can read (gliclass tokenizes the whole text before truncating), at the
