@@ -7,6 +7,7 @@ worker. Each case asserts the exact status and reason, or the values.
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from worker_process import inference_stub, serving_worker
 
 NLI = "test/adv-nli"
 GLICLASS = "test/adv-gliclass"
+# The same weights reading the text before the labels (prompt_first: false, as gliclass-modern v3.0).
+GLICLASS_TEXT_FIRST = "test/adv-gliclass-text-first"
 GROUNDING_DINO = "test/adv-grounding-dino"
 OWLV2 = "test/adv-owlv2"
 COLQWEN2 = "test/adv-colqwen2"
@@ -45,6 +48,12 @@ def png(size: tuple[int, int] = (40, 30), seed: int = 0) -> bytes:
     return buffer.getvalue()
 
 
+def text_first(directory: Path) -> Path:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "prompt_first": False}))
+    return directory
+
+
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     root = tmp_path_factory.mktemp("adv-extraction")
@@ -53,6 +62,10 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
     models: dict[str, tuple[Path, str]] = {
         NLI: (build_tiny_nli(root / "nli"), f"tasks: [extract]\n{NLI_PROFILES}"),
         GLICLASS: (build_tiny_gliclass(root / "gliclass"), f"tasks: [extract]\n{GLICLASS_PROFILES}"),
+        GLICLASS_TEXT_FIRST: (
+            text_first(build_tiny_gliclass(root / "gliclass-text-first")),
+            "tasks: [extract]\nprofiles:\n  default:\n    adapter: gliclass\n",
+        ),
         GROUNDING_DINO: (build_tiny_grounding_dino(root / "grounding-dino"), DETECT),
         OWLV2: (build_tiny_owlv2(root / "owlv2"), DETECT),
         COLQWEN2: (build_tiny_colqwen2(root / "colqwen2"), RETRIEVE),
@@ -122,3 +135,13 @@ def test_gliclass_labels_past_the_models_length_are_refused(stub, profile) -> No
     assert error_info(raised.value).reason == "LABELS_TOO_LONG"
     assert "the labels make a prompt of" in raised.value.details()
     assert extract(stub, GLICLASS, [types_pb2.Item(text="a short text")], labels[:1]).results[0].classifications
+
+
+def test_gliclass_reading_the_text_first_reads_every_label_of_a_long_text(stub) -> None:
+    # "text<<LABEL>>a<<LABEL>>b<<SEP>>" cut to the model's 128 tokens: the labels of a long text were cut off and
+    # each scored 0.5 (a logit of 0), unread. Now the text is cut to leave them room.
+    long = "the quarterly report on revenue and spending was published " * 30
+    labels = ["sports", "economy"]
+    response = extract(stub, GLICLASS_TEXT_FIRST, [types_pb2.Item(text=long)], labels, 0.0)
+    scores = {found.label: found.score for found in response.results[0].classifications}
+    assert sorted(scores) == sorted(labels) and all(score != 0.5 for score in scores.values()), scores
