@@ -20,6 +20,7 @@ from PIL import Image
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from test_glirel import build_tiny_glirel
 from test_zero_shot import GLICLASS_PROFILES, NLI_PROFILES, build_tiny_gliclass, build_tiny_nli
 from tiny_colpali import build_tiny_colqwen2
 from tiny_detectors import build_tiny_grounding_dino, build_tiny_owlv2
@@ -30,6 +31,7 @@ NLI = "test/adv-nli"
 GLICLASS = "test/adv-gliclass"
 # The same weights reading the text before the labels (prompt_first: false, as gliclass-modern v3.0).
 GLICLASS_TEXT_FIRST = "test/adv-gliclass-text-first"
+GLIREL = "test/adv-glirel"
 GROUNDING_DINO = "test/adv-grounding-dino"
 OWLV2 = "test/adv-owlv2"
 COLQWEN2 = "test/adv-colqwen2"
@@ -46,6 +48,11 @@ def png(size: tuple[int, int] = (40, 30), seed: int = 0) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def glirel(directory: Path) -> Path:
+    build_tiny_glirel(directory)
+    return directory
 
 
 def text_first(directory: Path) -> Path:
@@ -66,6 +73,7 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
             text_first(build_tiny_gliclass(root / "gliclass-text-first")),
             "tasks: [extract]\nprofiles:\n  default:\n    adapter: gliclass\n",
         ),
+        GLIREL: (glirel(root / "glirel"), "tasks: [extract]\nprofiles:\n  default:\n    adapter: glirel\n"),
         GROUNDING_DINO: (build_tiny_grounding_dino(root / "grounding-dino"), DETECT),
         OWLV2: (build_tiny_owlv2(root / "owlv2"), DETECT),
         COLQWEN2: (build_tiny_colqwen2(root / "colqwen2"), RETRIEVE),
@@ -145,3 +153,28 @@ def test_gliclass_reading_the_text_first_reads_every_label_of_a_long_text(stub) 
     response = extract(stub, GLICLASS_TEXT_FIRST, [types_pb2.Item(text=long)], labels, 0.0)
     scores = {found.label: found.score for found in response.results[0].classifications}
     assert sorted(scores) == sorted(labels) and all(score != 0.5 for score in scores.values()), scores
+
+
+def test_glirel_keeps_the_best_relations_of_an_item(stub) -> None:
+    # 60 one-word spans and 4 labels at threshold 0: every ordered pair and label is a relation (12,320 for a text of
+    # 200 characters, 600 KB of answer per item, held for the whole request). Now the best max_relations (default
+    # 100, at most 1,000).
+    text = " ".join(f"w{index:02d}" for index in range(60))
+    spans = [{"start": 4 * index, "end": 4 * index + 3, "label": "thing"} for index in range(60)]
+    labels = ["a", "b", "c", "d"]
+    item = [types_pb2.Item(text=text)]
+
+    def relations(**options: Any) -> list[float]:
+        response = extract(stub, GLIREL, item, labels, 0.0, entities=spans, **options)
+        return [relation.score for relation in response.results[0].relations]
+
+    default = relations()
+    assert len(default) == 100 and default == sorted(default, reverse=True)
+    assert relations(max_relations=5) == default[:5]
+    assert len(relations(max_relations=1000)) == 1000
+    request = extract_request(GLIREL, item, labels, 0.0, {"entities": spans, "max_relations": 1001})
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Extract(request, timeout=60)
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(raised.value).reason == "INVALID_OPTIONS"
+    assert "max_relations: must be a whole number from 1 to 1000" in raised.value.details()
