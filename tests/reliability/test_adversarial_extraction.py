@@ -41,6 +41,8 @@ RETRIEVE = (
     "    adapter: colpali\n    run_options:\n      muvera: {k_sim: 2, d_proj: 4, repetitions: 3, seed: 5}\n"
 )
 LABELS = ["a cat", "dog"]
+# The pixels one request may decode and resize, all its images together.
+REQUEST_PIXELS = 1_000_000
 
 
 def png(size: tuple[int, int] = (40, 30), seed: int = 0) -> bytes:
@@ -80,7 +82,11 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
     }
     for model_id, (directory, body) in models.items():
         write_config(configs, model_id, f"path: {directory}\n{body}")
-    env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}
+    env = {
+        "SIE_MODELS_DIR": str(configs),
+        "SIE_PRELOAD_MODELS": "",
+        "SIE_MAX_REQUEST_IMAGE_PIXELS": str(REQUEST_PIXELS),
+    }
     with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
         yield stub
 
@@ -178,3 +184,33 @@ def test_glirel_keeps_the_best_relations_of_an_item(stub) -> None:
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "INVALID_OPTIONS"
     assert "max_relations: must be a whole number from 1 to 1000" in raised.value.details()
+
+
+@pytest.mark.parametrize(
+    "model_id, items",
+    [(GROUNDING_DINO, 120), (COLQWEN2, 1300)],
+    ids=["grounding-dino-extract", "colqwen2-encode"],
+)
+def test_the_pixels_of_a_requests_images_are_bounded(stub, model_id, items) -> None:
+    # A 1x1 PNG is 69 bytes, and the processor makes 96 x 96 float32 pixels of it for the tiny GroundingDINO (800 x
+    # 800 for the real one: 7.7 MB): 8,192 of them in a 600 KB request would hold 63 GB at once, decoded and processed
+    # before any forward pass. The sum over a request's images, from their headers, is bounded before decoding.
+    tiny = png((1, 1))
+    many = [image_item(tiny)] * items
+    if model_id == GROUNDING_DINO:
+        request: Any = extract_request(model_id, many, LABELS, None, {})
+        call = stub.Extract
+    else:
+        request = inference_pb2.EncodeRequest(model=model_id, items=many, output_types=["multivector"])
+        call = stub.Encode
+    with pytest.raises(grpc.RpcError) as raised:
+        call_until_loaded(lambda: call(request, timeout=60))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(raised.value).reason == "REQUEST_IMAGES_TOO_LARGE"
+    assert f"the limit is {REQUEST_PIXELS} (SIE_MAX_REQUEST_IMAGE_PIXELS)" in raised.value.details()
+    del many[items // 2 :]
+    if model_id == GROUNDING_DINO:
+        assert len(extract(stub, model_id, many).results) == items // 2
+    else:
+        half = inference_pb2.EncodeRequest(model=model_id, items=many, output_types=["multivector"])
+        assert len(call_until_loaded(lambda: stub.Encode(half, timeout=60))[0].results) == items // 2

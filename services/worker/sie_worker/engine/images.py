@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
 from sie_common.edge.errors import InvalidArgument
 from sie_common.edge.request_bounds import check_image_bytes
 from sie_worker.engine.jobs import ImageInput, ItemInput
-from sie_worker.engine.limits import Limits, check_image_size, check_jpeg_scans
+from sie_worker.engine.limits import Limits, check_image_size, check_jpeg_scans, check_request_pixels
 
 # Pillow's format name -> the names a `format` hint may use for it.
 FORMATS = {"JPEG": ("jpeg", "jpg"), "PNG": ("png",), "WEBP": ("webp",)}
@@ -70,6 +70,27 @@ def decode_image(
             metadata=metadata,
         ) from None
     return opened
+
+
+def check_images_pixels(
+    items: Sequence[ItemInput], *, limits: Limits, resized_pixels: Callable[[int, int], int]
+) -> None:
+    """The first image of each item, counted from its header (decoded plus resized pixels) against
+    SIE_MAX_REQUEST_IMAGE_PIXELS. An image whose header does not read, or that is over a bound of its own, counts
+    nothing here: decode_image refuses it, naming its item."""
+    total = images = 0
+    for item in items:
+        if not item.images:
+            continue
+        try:
+            with Image.open(io.BytesIO(item.images[0].data), formats=tuple(FORMATS)) as opened:
+                width, height = opened.size
+        except Exception:  # noqa: BLE001 - decode_image says what is wrong with it
+            continue
+        if width * height <= limits.image_pixels:
+            total += width * height + resized_pixels(width, height)
+            images += 1
+    check_request_pixels(total, images, limits)
 
 
 def _check_hint(image: ImageInput, where: str, metadata: dict[str, str]) -> None:
