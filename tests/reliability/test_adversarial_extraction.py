@@ -18,10 +18,11 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import struct_pb2
-from PIL import Image
+from PIL import Image, ImageOps
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from sie_contract.tensors import from_tensor
 from test_glirel import build_tiny_glirel
 from test_zero_shot import GLICLASS_PROFILES, NLI_PROFILES, build_tiny_gliclass, build_tiny_nli
 from tiny_colpali import build_tiny_colqwen2
@@ -254,3 +255,38 @@ def test_nli_holds_the_pairs_of_a_batch_not_of_the_request(stub) -> None:
     assert all(len(result.classifications) == len(labels) for result in response.results)
     print("NLI", before, peak[0])
     assert peak[0] - before < 40, (before, peak[0])
+
+
+def oriented_png(image: Image.Image, orientation: int) -> bytes:
+    """`image` as a PNG whose EXIF says how to turn it for display."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", exif=exif)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("orientation", [6, 8, 3])
+def test_an_images_exif_orientation_is_applied(stub, orientation) -> None:
+    # A phone photo is stored sideways with an EXIF orientation; transformers' own image loading (its pipelines'
+    # load_image) turns it upright, as viewers do. The worker read the stored pixels: boxes in a frame the caller
+    # never sees, a page embedded on its side. Now it is turned as transformers turns it.
+    stored = Image.open(io.BytesIO(png((60, 100), seed=3)))
+    sent = oriented_png(stored, orientation)
+    upright = ImageOps.exif_transpose(Image.open(io.BytesIO(sent)))
+    assert upright.size != stored.size or orientation == 3
+    buffer = io.BytesIO()
+    upright.save(buffer, format="PNG")
+
+    def pages(data: bytes) -> np.ndarray:
+        request = inference_pb2.EncodeRequest(model=COLQWEN2, items=[image_item(data)], output_types=["multivector"])
+        result = call_until_loaded(lambda: stub.Encode(request, timeout=60))[0].results[0]
+        return from_tensor(result.multivector)
+
+    np.testing.assert_allclose(pages(sent), pages(buffer.getvalue()), atol=1e-5)
+
+    def boxes(data: bytes) -> list[list[float]]:
+        found = extract(stub, OWLV2, [image_item(data)], threshold=0.0).results[0].objects
+        return [[found.box.x_min, found.box.y_min, found.box.x_max, found.box.y_max] for found in found]
+
+    np.testing.assert_allclose(boxes(sent), boxes(buffer.getvalue()), rtol=1e-4, atol=1e-3)

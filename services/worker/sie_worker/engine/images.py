@@ -22,7 +22,7 @@ import io
 import warnings
 from collections.abc import Callable, Sequence
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from sie_common.edge.errors import InvalidArgument
 from sie_common.edge.request_bounds import check_image_bytes
@@ -41,7 +41,8 @@ warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 def decode_image(
     item: ItemInput, position: int, *, limits: Limits, resized_pixels: Callable[[int, int], int]
 ) -> Image.Image:
-    """The decoded image `position` of `item`, in its own mode (the model's processor converts it).
+    """The decoded image `position` of `item`, in its own mode (the model's processor converts it), turned as its
+    EXIF orientation says.
 
     `resized_pixels(width, height)`: the pixels the model's processor resizes an image of that size to."""
     image = item.images[position]
@@ -63,6 +64,8 @@ def decode_image(
         check_jpeg_scans(image.data, where, metadata, limits)
     try:
         opened.load()
+        # Upright, as transformers' own image loading (and every viewer) turns it: a phone photo is stored sideways.
+        ImageOps.exif_transpose(opened, in_place=True)
     except Exception as error:  # noqa: BLE001 - Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...
         raise InvalidArgument(
             f"{where}: the {opened.format} data cannot be decoded ({error}); send a complete {SUPPORTED} file",
