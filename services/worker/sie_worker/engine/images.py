@@ -79,8 +79,8 @@ def check_images_pixels(
     items: Sequence[ItemInput], *, limits: Limits, resized_pixels: Callable[[int, int], int]
 ) -> None:
     """The first image of each item, counted from its header (decoded plus resized pixels) against
-    SIE_MAX_REQUEST_IMAGE_PIXELS. An image whose header does not read, or that is over a bound of its own, counts
-    nothing here: decode_image refuses it, naming its item."""
+    SIE_MAX_REQUEST_IMAGE_PIXELS. An image whose header does not read, or that is over a bound of its own (size,
+    aspect ratio), counts nothing here: decode_image refuses it, naming its item."""
     total = images = 0
     for item in items:
         if not item.images:
@@ -90,9 +90,13 @@ def check_images_pixels(
                 width, height = opened.size
         except Exception:  # noqa: BLE001 - decode_image says what is wrong with it
             continue
-        if width * height <= limits.image_pixels:
-            total += width * height + resized_pixels(width, height)
-            images += 1
+        resized = resized_pixels(width, height)
+        try:
+            check_image_size(width, height, resized, item.label, item.metadata, limits)
+        except InvalidArgument:
+            continue
+        total += width * height + resized
+        images += 1
     check_request_pixels(total, images, limits)
 
 
