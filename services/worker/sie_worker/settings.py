@@ -146,6 +146,12 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
         help="largest image accepted, in pixels (width x height, read from the header before decoding), and largest "
         "size the model's processor may resize one to",
     )
+    max_request_image_pixels: int = setting(
+        200_000_000,
+        env="SIE_MAX_REQUEST_IMAGE_PIXELS",
+        help="most pixels one request's images may take together, each counted as decoded plus as the model's "
+        "processor resizes it (read from the headers before decoding): a processed pixel takes 12 bytes (3 float32)",
+    )
     # Upper bounds on request fields that need the model (sie_worker.engine.limits; docs/security.md "Bounds"); those
     # the
     # gateway checks too come from RequestBoundSettings.
@@ -327,6 +333,7 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
 # The worker's own request bounds (sie_worker.engine.limits) that must be positive.
 _POSITIVE_BOUNDS = (
     "max_image_pixels",
+    "max_request_image_pixels",
     "max_jpeg_scans",
     "max_muvera_repetitions",
     "max_muvera_d_proj",

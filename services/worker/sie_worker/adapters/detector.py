@@ -225,6 +225,9 @@ class ZeroShotDetector(ImageExtractor):
         text_threshold, max_objects = self._options(query.options)
         threshold = self.threshold if query.threshold is None else query.threshold
         target = [(prepared.height, prepared.width)]
+        if not bool((output.output.logits.sigmoid().amax(dim=-1) > threshold).any()):
+            # No object passes: GroundingDINO's post-processing would name the none found with one empty label.
+            return Extraction()
         if self.family == GROUNDING_DINO:
             with self._tokenizer_lock:  # it decodes the words of each object's label
                 result = self.processor.post_process_grounded_object_detection(

@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from sie_common.edge.errors import clipped
+from sie_common.edge.errors import InvalidArgument, clipped
 from sie_worker.adapters.base import (
     Classification,
     ExtractInput,
@@ -113,18 +114,56 @@ class GliclassClassifier(ItemExtractor):
             device=context.device,
             progress_bar=False,
         ).pipe
+        # A uni-encoder reads the labels' prompt and the text as one input cut to the model's length.
+        self.uni_encoder = getattr(self.model.config, "architecture_type", None) == "uni-encoder"
+        self.text_first = self.uni_encoder and not getattr(self.model.config, "prompt_first", False)
+        # A copy of the tokenizer that cuts nothing, for the length of the labels' prompt (thread-safe, as
+        # TextTokenizer's).
+        self.prompts = Tokenizer.from_str(hf.backend_tokenizer.to_str())
+        self.prompts.no_padding()
+        self.prompts.no_truncation()
 
     def check_query(self, query: ExtractQuery) -> None:
         unknown = sorted(set(query.options) - {"classification_type"})
         if unknown:
             raise ValueError(f"options: unknown option {clipped(unknown[0])!r}; this model reads classification_type")
         read_classification_type(query.options, self.classification_type, "options")
+        self._check_labels_read(query.labels)
+
+    def _check_labels_read(self, labels: Sequence[str]) -> None:
+        """LABELS_TOO_LONG where a uni-encoder would not read every label: its input (the labels' prompt and the
+        text) is cut to the model's length, and a label cut off would be scored from a logit of 0, unread."""
+        if not self.uni_encoder:
+            return
+        tokens = self._prompt_tokens(labels)
+        if tokens > self.max_sequence_length:
+            raise InvalidArgument(
+                f"labels: the labels make a prompt of {tokens} tokens; this model reads at most "
+                f"{self.max_sequence_length} with the text: send fewer or shorter labels (in several requests)",
+                reason="LABELS_TOO_LONG",
+                metadata={"limit": str(self.max_sequence_length), "tokens": str(tokens)},
+            )
+
+    def _prompt_tokens(self, labels: Sequence[str]) -> int:
+        """The tokens of a uni-encoder's input for `labels` and an empty text (special tokens included)."""
+        return len(self.prompts.encode(self.pipeline.prepare_input("", list(labels))).ids)
 
     def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
         """The part of the text the model can read (gliclass tokenizes the whole text before truncating), at the
-        cost of its tokens and its labels'."""
+        cost of its tokens and its labels'. Where the text comes before the labels, it is cut to the tokens the
+        labels leave, else the cut of the whole input would drop labels."""
         text = self.tokenizer.readable_prefixes([item.text or ""])[0]
-        tokens = len(self.tokenizer.encode([text])[0].ids)
+        encoded = self.tokenizer.encode([text])[0]
+        tokens = len(encoded.ids)
+        if self.text_first:
+            room = self.max_sequence_length - self._prompt_tokens(query.labels)
+            ends = [
+                end
+                for token, (_, end) in zip(encoded.ids, encoded.offsets, strict=True)
+                if token not in self.tokenizer.special_ids
+            ]
+            if len(ends) > room:
+                text = text[: ends[room - 1]] if room > 0 else ""
         label_tokens = sum(len(encoding.ids) for encoding in self.tokenizer.rust.encode_batch(list(query.labels)))
         return Prepared(text, tokens + label_tokens)
 

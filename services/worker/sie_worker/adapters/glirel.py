@@ -45,11 +45,15 @@ DEFAULT_THRESHOLD = 0.5
 MAX_ENTITIES = 64
 # Most labels kept per entity pair (`top_k`), and most entity labels for GLiNER.
 MAX_TOP_K = 128
+# Most relations kept per item, the best (`max_relations`): every pair over the threshold is one, up to 4,032 x the
+# labels, and the request holds them all until it answers.
+DEFAULT_MAX_RELATIONS = 100
+MAX_RELATIONS = 1000
 MAX_ENTITY_LABELS = 128
 MAX_LABEL_CHARS = 256
 # GLiREL's own split of a text into words (GLiREL.batch_predict_relations).
 WORD = re.compile(r"\w+(?:[-_]\w+)*|\S")
-OPTIONS = ("entities", "entity_labels", "top_k")
+OPTIONS = ("entities", "entity_labels", "top_k", "max_relations")
 # Prompt tokens GLiREL puts before the words: [REL] label ... [SEP].
 REL_TOKEN, SEP_TOKEN = "[REL]", "[SEP]"
 
@@ -181,6 +185,7 @@ class GlirelExtractor(ItemExtractor):
         if unknown:
             raise ValueError(f"unknown option {unknown[0]!r}; this model reads {', '.join(OPTIONS)}")
         self._top_k(query)
+        self._max_relations(query)
         if "entities" in query.options:
             if "entity_labels" in query.options:
                 raise ValueError("give either entities or entity_labels, not both")
@@ -198,6 +203,12 @@ class GlirelExtractor(ItemExtractor):
         """Most labels kept per entity pair; -1: all over the threshold."""
         value = query.options.get("top_k")
         return -1 if value is None else whole_number(value, "top_k", 1, MAX_TOP_K)
+
+    @staticmethod
+    def _max_relations(query: ExtractQuery) -> int:
+        """Most relations kept per item, the best."""
+        value = query.options.get("max_relations", DEFAULT_MAX_RELATIONS)
+        return whole_number(value, "max_relations", 1, MAX_RELATIONS)
 
     def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
         """The words GLiREL reads (its first max_len, fewer where the labels and words would pass the backbone's
@@ -251,8 +262,9 @@ class GlirelExtractor(ItemExtractor):
             predicted = self.extractor.batch_predict_relations(
                 tokens, list(query.labels), threshold=float(threshold), ner=ner, top_k=self._top_k(query)
             )
+            keep = self._max_relations(query)
             for row, item_relations in zip(rows, predicted, strict=True):
-                relations[row] = item_relations
+                relations[row] = sorted(item_relations, key=lambda relation: -relation["score"])[:keep]
         return [(by_words, item_relations) for by_words, item_relations in zip(words, relations, strict=True)]
 
     @staticmethod

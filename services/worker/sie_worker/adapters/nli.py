@@ -108,35 +108,42 @@ class NliZeroShotClassifier(ItemExtractor):
     def check_query(self, query: ExtractQuery) -> None:
         """The options in bounds, and each hypothesis short enough to leave the text a place in its pair."""
         template, _ = self.settings(query)
-        hypotheses = [template.format(label) for label in query.labels]
-        for label, encoding in zip(
-            query.labels, self.pairs.encode_batch(hypotheses, add_special_tokens=False), strict=True
-        ):
-            if len(encoding.ids) + self.pair_specials > self.max_sequence_length:
+        for label, tokens in zip(query.labels, self._hypothesis_tokens(template, query.labels), strict=True):
+            if tokens > self.max_sequence_length:
                 raise ValueError(
                     f"the hypothesis of label {clipped(label)!r} with the pair's special tokens is longer than the "
                     f"model's {self.max_sequence_length} tokens: it leaves the text no place"
                 )
 
+    def _hypothesis_tokens(self, template: str, labels: tuple[str, ...]) -> list[int]:
+        """The tokens of each label's hypothesis, with the pair's special tokens."""
+        hypotheses = [template.format(label) for label in labels]
+        encodings = self.pairs.encode_batch(hypotheses, add_special_tokens=False)
+        return [len(encoding.ids) + self.pair_specials for encoding in encodings]
+
     def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
-        """One (text, hypothesis) pair per label, at the cost of all their tokens."""
+        """The part of the text the model can read, at the cost of all its (text, hypothesis) pairs' tokens. The
+        pairs themselves (labels x texts of them) are tokenized batch by batch in `run`, never a whole request's."""
         template, _ = self.settings(query)
         text = self.tokenizer.readable_prefixes([item.text or ""])[0]
-        encodings = self.pairs.encode_batch([(text, template.format(label)) for label in query.labels])
-        pairs = [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in encodings]
-        return Prepared(pairs, sum(len(pair.ids) for pair in pairs))
+        text_tokens = len(self.pairs.encode(text, add_special_tokens=False).ids)
+        cost = sum(
+            min(text_tokens, self.max_sequence_length - tokens) + tokens
+            for tokens in self._hypothesis_tokens(template, query.labels)
+        )
+        return Prepared(text, cost)
 
     def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
-        """Per item, the logits of its pairs [labels, classes]."""
-        pairs = [pair for item in batch for pair in item]
+        """Per item, the logits of its pairs [labels, classes]; PAIRS_PER_PASS pairs tokenized and run at a time."""
+        template, _ = self.settings(query)
+        hypotheses = [template.format(label) for label in query.labels]
+        pairs = [(text, hypothesis) for text in batch for hypothesis in hypotheses]
         logits: list[np.ndarray] = []
         for start in range(0, len(pairs), PAIRS_PER_PASS):
-            logits.extend(by_length(pairs[start : start + PAIRS_PER_PASS], self.device, self._logits))
-        outputs, start = [], 0
-        for item in batch:
-            outputs.append(np.stack(logits[start : start + len(item)]))
-            start += len(item)
-        return outputs
+            encodings = self.pairs.encode_batch(pairs[start : start + PAIRS_PER_PASS])
+            tokenized = [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in encodings]
+            logits.extend(by_length(tokenized, self.device, self._logits))
+        return [np.stack(logits[row * len(hypotheses) : (row + 1) * len(hypotheses)]) for row in range(len(batch))]
 
     def _logits(self, pairs: Sequence[TokenizedText]) -> np.ndarray:
         inputs = padded(pairs, self.tokenizer.pad_id, self.device)

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from sie_common.edge.errors import InvalidArgument
 from sie_common.edge.request_bounds import check_image_bytes
 from sie_worker.engine.jobs import ImageInput, ItemInput
-from sie_worker.engine.limits import Limits, check_image_size, check_jpeg_scans
+from sie_worker.engine.limits import Limits, check_image_size, check_jpeg_scans, check_request_pixels
 
 # Pillow's format name -> the names a `format` hint may use for it.
 FORMATS = {"JPEG": ("jpeg", "jpg"), "PNG": ("png",), "WEBP": ("webp",)}
@@ -41,7 +41,8 @@ warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 def decode_image(
     item: ItemInput, position: int, *, limits: Limits, resized_pixels: Callable[[int, int], int]
 ) -> Image.Image:
-    """The decoded image `position` of `item`, in its own mode (the model's processor converts it).
+    """The decoded image `position` of `item`, in its own mode (the model's processor converts it), turned as its
+    EXIF orientation says.
 
     `resized_pixels(width, height)`: the pixels the model's processor resizes an image of that size to."""
     image = item.images[position]
@@ -63,6 +64,8 @@ def decode_image(
         check_jpeg_scans(image.data, where, metadata, limits)
     try:
         opened.load()
+        # Upright, as transformers' own image loading (and every viewer) turns it: a phone photo is stored sideways.
+        ImageOps.exif_transpose(opened, in_place=True)
     except Exception as error:  # noqa: BLE001 - Pillow's decoders raise OSError, ValueError, SyntaxError, struct.error, ...
         raise InvalidArgument(
             f"{where}: the {opened.format} data cannot be decoded ({error}); send a complete {SUPPORTED} file",
@@ -70,6 +73,31 @@ def decode_image(
             metadata=metadata,
         ) from None
     return opened
+
+
+def check_images_pixels(
+    items: Sequence[ItemInput], *, limits: Limits, resized_pixels: Callable[[int, int], int]
+) -> None:
+    """The first image of each item, counted from its header (decoded plus resized pixels) against
+    SIE_MAX_REQUEST_IMAGE_PIXELS. An image whose header does not read, or that is over a bound of its own (size,
+    aspect ratio), counts nothing here: decode_image refuses it, naming its item."""
+    total = images = 0
+    for item in items:
+        if not item.images:
+            continue
+        try:
+            with Image.open(io.BytesIO(item.images[0].data), formats=tuple(FORMATS)) as opened:
+                width, height = opened.size
+        except Exception:  # noqa: BLE001 - decode_image says what is wrong with it
+            continue
+        resized = resized_pixels(width, height)
+        try:
+            check_image_size(width, height, resized, item.label, item.metadata, limits)
+        except InvalidArgument:
+            continue
+        total += width * height + resized
+        images += 1
+    check_request_pixels(total, images, limits)
 
 
 def _check_hint(image: ImageInput, where: str, metadata: dict[str, str]) -> None:

@@ -25,6 +25,7 @@ class Limits(RequestBounds):
     """The bounds of one worker, read once from its settings: those the gateway checks too, and the model-bound ones."""
 
     image_pixels: int
+    request_image_pixels: int
     image_aspect_ratio: float
     jpeg_scans: int
     muvera_repetitions: int
@@ -38,6 +39,7 @@ class Limits(RequestBounds):
         return cls(
             **RequestBounds.fields_from(settings),
             image_pixels=settings.max_image_pixels,
+            request_image_pixels=settings.max_request_image_pixels,
             image_aspect_ratio=settings.max_image_aspect_ratio,
             jpeg_scans=settings.max_jpeg_scans,
             muvera_repetitions=settings.max_muvera_repetitions,
@@ -121,6 +123,20 @@ def check_image_size(
             setting="SIE_MAX_IMAGE_PIXELS",
             metadata=pixel_metadata,
             advice="crop or pad it",
+        )
+
+
+def check_request_pixels(pixels: int, images: int, limits: Limits) -> None:
+    """The pixels of a request's images together (each decoded, plus as its processor resizes it), read from their
+    headers: every image of a request is decoded and processed before its first forward pass, and held until the
+    request answers."""
+    if pixels > limits.request_image_pixels:
+        raise over_limit(
+            f"items: {images} images take {pixels} pixels decoded and resized",
+            reason="REQUEST_IMAGES_TOO_LARGE",
+            limit=limits.request_image_pixels,
+            setting="SIE_MAX_REQUEST_IMAGE_PIXELS",
+            advice="send fewer or smaller images per request",
         )
 
 

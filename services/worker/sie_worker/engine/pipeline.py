@@ -63,7 +63,7 @@ from sie_worker.batching.adaptive import BatchPolicy, batching_for
 from sie_worker.batching.former import Batch, BatchFormer, BatchLimits, PendingItem
 from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
 from sie_worker.engine.batch_key import BatchKey, canonical_options
-from sie_worker.engine.images import decode_image
+from sie_worker.engine.images import check_images_pixels, decode_image
 from sie_worker.engine.jobs import (
     EncodedOutput,
     EncodeJob,
@@ -368,13 +368,15 @@ class Engine:
 
         The first bad image in item order is the one reported."""
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        check = functools.partial(check_images_pixels, limits=self.limits, resized_pixels=encoder.resized_pixels)
+        await loop.run_in_executor(self._image_pool, check, items)
 
         def prepare(item: ItemInput) -> Any:
             return encoder.prepare_image(
                 decode_image(item, 0, limits=self.limits, resized_pixels=encoder.resized_pixels)
             )
 
-        loop = asyncio.get_running_loop()
         prepared = await asyncio.gather(
             *(loop.run_in_executor(self._image_pool, prepare, item) for item in items), return_exceptions=True
         )
@@ -561,12 +563,16 @@ class Engine:
 
         text_rows = [row for row, item in enumerate(items) if not item.images]
         image_rows = [row for row, item in enumerate(items) if item.images]
+        loop = asyncio.get_running_loop()
+        if image_rows:
+            assert isinstance(extractor, ImageExtractor)  # check_adapter_serves: a model taking images has one
+            check = functools.partial(check_images_pixels, limits=self.limits, resized_pixels=extractor.resized_pixels)
+            await loop.run_in_executor(self._image_pool, check, items)
         texts = self.off_loop(
             lambda: [prepare(items[row]) for row in text_rows],
             len(text_rows),
             sum(len(items[row].text or "") for row in text_rows),
         )
-        loop = asyncio.get_running_loop()
         images = [loop.run_in_executor(self._image_pool, prepare, items[row]) for row in image_rows]
         text_outcomes, *image_outcomes = await asyncio.gather(texts, *images)
         clock.tokenization_ms += _ms_since(started)
