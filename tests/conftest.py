@@ -27,6 +27,11 @@ from tiny_models import (
 )
 from worker_process import WorkerProcess, free_port, stop_all
 
+# The suite compares what workers serve with the reference libraries at float32 tolerances, so every worker and
+# engine it starts computes in float32 whatever the CPU (on an AMX machine, `auto` would pick bfloat16).
+# tests/test_cpu_precision.py asks for the other precisions explicitly.
+os.environ.setdefault("SIE_CPU_COMPUTE_PRECISION", "float32")
+
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 LORA_MODEL = "test/tiny-mean-lora"
 LORAS = ("alpha", "beta", "gamma")
@@ -69,7 +74,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
     built = {}
     for name, (pooling, normalize, include_prompt) in VARIANTS.items():
-        built[f"test/{name}"] = build_tiny_model(root / name, pooling=pooling, normalize=normalize, include_prompt=include_prompt)
+        built[f"test/{name}"] = build_tiny_model(
+            root / name, pooling=pooling, normalize=normalize, include_prompt=include_prompt
+        )
     built["test/tiny-splade"] = build_tiny_head_model(root / "splade", "masked_lm")
     built["test/tiny-reranker"] = build_tiny_head_model(root / "reranker", "reranker")
     built["test/tiny-ner"] = build_tiny_head_model(root / "ner", "ner")
@@ -95,7 +102,9 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, 
         f"path: {tiny_models['test/tiny-mean']}\nloras:\n{loras}profiles:\n  default:\n    adapter: sentence_transformer\n",
     )
     write_config(
-        directory, MISCONFIGURED_MODEL, f"path: {tiny_models['test/tiny-splade']}\ntasks: [score]\nprofiles:\n  default:\n    adapter: splade\n"
+        directory,
+        MISCONFIGURED_MODEL,
+        f"path: {tiny_models['test/tiny-splade']}\ntasks: [score]\nprofiles:\n  default:\n    adapter: splade\n",
     )
     return directory
 
@@ -129,7 +138,10 @@ def worker(start_worker) -> WorkerProcess:
 def batching_stub(start_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
     """A worker that keeps at most 2 LoRA adapters and waits 300 ms for batches, so concurrent requests meet."""
     worker = start_worker(
-        SIE_MAX_LORAS_PER_MODEL="2", SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="300", SIE_PRELOAD_MODELS=f"{LORA_MODEL},test/tiny-colbert"
+        SIE_MAX_LORAS_PER_MODEL="2",
+        SIE_ADAPTIVE_BATCHING="false",
+        SIE_MAX_BATCH_WAIT_MS="300",
+        SIE_PRELOAD_MODELS=f"{LORA_MODEL},test/tiny-colbert",
     )
     with grpc.insecure_channel(worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
@@ -160,7 +172,9 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     port = free_port()
     log = open(tmp_path_factory.mktemp("s3-server") / "moto.log", "wb")
     process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     server = S3Server(f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + 60
@@ -203,7 +217,9 @@ async def etcd(etcd_server: EtcdProcess, etcd_prefix: str) -> AsyncIterator[Etcd
 
 
 @pytest.fixture
-def start_config(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProcess, etcd_prefix: str) -> Iterator[Callable[..., WorkerProcess]]:
+def start_config(
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProcess, etcd_prefix: str
+) -> Iterator[Callable[..., WorkerProcess]]:
     """Start `sie-config serve` replicas on this test's prefix; all are stopped when the test ends."""
     started: list[WorkerProcess] = []
 
@@ -211,7 +227,9 @@ def start_config(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProc
         log = tmp_path_factory.mktemp("config-logs") / "config.log"
         # Loopback replicas: tests add models without an admin token unless they set SIE_ADMIN_TOKEN.
         defaults = {
-            "SIE_ETCD_ENDPOINTS": etcd_server.endpoint, "SIE_ETCD_PREFIX": etcd_prefix, "SIE_CONFIG_LEADER_TTL_S": "3",
+            "SIE_ETCD_ENDPOINTS": etcd_server.endpoint,
+            "SIE_ETCD_PREFIX": etcd_prefix,
+            "SIE_CONFIG_LEADER_TTL_S": "3",
             "SIE_ALLOW_UNAUTHENTICATED_ADMIN": "true",
         }
         replica = WorkerProcess({**defaults, **env}, log, module="sie_config")

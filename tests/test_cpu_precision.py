@@ -187,9 +187,14 @@ def test_a_worker_serves_bf16_as_float32_and_falls_back_on_drift(start_worker: C
     answers = {}
     workers = {
         "float32": start_worker(SIE_PRELOAD_MODELS="test/tiny-mean"),
-        "bfloat16": start_worker(SIE_PRELOAD_MODELS="test/tiny-mean", SIE_CPU_FLAGS=INTEL_AMX),
+        "bfloat16": start_worker(
+            SIE_PRELOAD_MODELS="test/tiny-mean", SIE_CPU_FLAGS=INTEL_AMX, SIE_CPU_COMPUTE_PRECISION="auto"
+        ),
         "drifted": start_worker(
-            SIE_PRELOAD_MODELS="test/tiny-mean", SIE_CPU_FLAGS=INTEL_AMX, SIE_PRECISION_MIN_COSINE="1.000001"
+            SIE_PRELOAD_MODELS="test/tiny-mean",
+            SIE_CPU_FLAGS=INTEL_AMX,
+            SIE_CPU_COMPUTE_PRECISION="auto",
+            SIE_PRECISION_MIN_COSINE="1.000001",
         ),
     }
     for name, worker in workers.items():
