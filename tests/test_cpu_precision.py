@@ -23,7 +23,14 @@ from sie_contract.tensors import from_tensor
 from sie_worker.adapters.base import LoadContext, ModelAdapter, TextEncoder
 from sie_worker.adapters.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
-from sie_worker.models.cpu_precision import CpuBuild, auto_precision, cpu_precision, load_on_cpu, parse_cpu_flags
+from sie_worker.models.cpu_precision import (
+    CpuBuild,
+    auto_precision,
+    compare,
+    cpu_precision,
+    load_on_cpu,
+    parse_cpu_flags,
+)
 from tiny_models import build_tiny_head_model, build_tiny_model
 from worker_process import WorkerProcess
 
@@ -206,3 +213,9 @@ def test_a_worker_serves_bf16_as_float32_and_falls_back_on_drift(start_worker: C
     assert "test/tiny-mean (profile default): bfloat16 outputs drift from float32" in workers["drifted"].log()
     assert min_cosine(answers["bfloat16"], answers["float32"]) >= 0.999
     np.testing.assert_allclose(answers["drifted"], answers["float32"], atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_probe_output_that_is_not_finite_disagrees(bad: float) -> None:
+    reference = [np.array([1.0, 2.0, 3.0])]
+    assert compare(reference, [np.array([bad, 2.0, 3.0])]) == 0.0

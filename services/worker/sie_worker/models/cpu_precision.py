@@ -208,7 +208,8 @@ def probe(adapter: ModelAdapter) -> Probe:
 
 
 def compare(reference: Probe, got: Probe) -> float:
-    """The smallest cosine between matching vectors (1.0 where both are zero)."""
+    """The smallest cosine between matching vectors (1.0 where both are zero; 0.0 where one is not finite, since
+    min() would skip a NaN)."""
     if len(reference) != len(got) or any(a.shape != b.shape for a, b in zip(reference, got, strict=True)):
         return 0.0
     worst = 1.0
@@ -218,5 +219,7 @@ def compare(reference: Probe, got: Probe) -> float:
             cosine = 1.0 if not expected.any() and not actual.any() else 0.0
         else:
             cosine = float(expected @ actual) / norms
+        if not np.isfinite(cosine):
+            cosine = 0.0
         worst = min(worst, cosine)
     return worst
