@@ -45,3 +45,9 @@ def test_bad_values_name_the_variable() -> None:
         parse([], {"SIE_HF_FALLBACK": "maybe"})
     with pytest.raises(SettingsError, match="--port='http'"):
         parse(["--port", "http"], {})
+
+
+@pytest.mark.parametrize("value", ["nan", "1.5", "-2"])
+def test_a_minimum_cosine_outside_minus_one_to_one_is_refused(value: str) -> None:
+    with pytest.raises(SettingsError, match=r"SIE_PRECISION_MIN_COSINE=.*must be a cosine"):
+        parse([], {"SIE_PRECISION_MIN_COSINE": value})

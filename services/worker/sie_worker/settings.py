@@ -324,6 +324,8 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
             raise SettingsError(
                 f"SIE_CPU_COMPUTE_PRECISION={self.cpu_compute_precision}: must be one of {', '.join(CPU_PRECISIONS)}"
             )
+        if not -1 <= self.precision_min_cosine <= 1:  # NaN too: `agreement < NaN` would pass every probe
+            raise SettingsError(f"SIE_PRECISION_MIN_COSINE={self.precision_min_cosine}: must be a cosine, -1 to 1")
         if self.max_image_aspect_ratio < 1:
             raise SettingsError(f"SIE_MAX_IMAGE_ASPECT_RATIO={self.max_image_aspect_ratio}: must be at least 1")
         if not self.worker_id:
