@@ -201,7 +201,7 @@ def test_a_worker_serves_bf16_as_float32_and_falls_back_on_drift(start_worker: C
             SIE_PRELOAD_MODELS="test/tiny-mean",
             SIE_CPU_FLAGS=INTEL_AMX,
             SIE_CPU_COMPUTE_PRECISION="auto",
-            SIE_PRECISION_MIN_COSINE="1.000001",
+            SIE_PRECISION_MIN_COSINE="1",
         ),
     }
     for name, worker in workers.items():

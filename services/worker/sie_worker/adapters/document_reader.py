@@ -159,7 +159,9 @@ class DocumentReader(ImageExtractor):
             text = task if item.text is None else f"{task}<s_question>{item.text}</s_question><s_answer>"
             encoder_ids = []
             prompt = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(encoder_ids) + len(prompt) > MAX_PROMPT_TOKENS:
+        # the bound is on the text: Florence-2's image placeholders (577 in real checkpoints) are the page's, not it
+        image_token = getattr(self.generator.config, "image_token_id", None)
+        if sum(token != image_token for token in encoder_ids) + len(prompt) > MAX_PROMPT_TOKENS:
             raise ValueError(f"the prompt is over {MAX_PROMPT_TOKENS} tokens; send a shorter text")
         page = _Page(inputs["pixel_values"][0], encoder_ids, prompt, max_new_tokens, task, image.size)
         return Prepared(page, len(encoder_ids) + len(prompt) + max_new_tokens)
