@@ -68,5 +68,9 @@ manifests: $(INSTALLED)
 manifests-check: $(INSTALLED)
 	$(PYTHON) tools/manifests.py check
 
+# Every path on all-MiniLM-L6-v2 against the machine's roofline (ARGS go to bench/run.py), then the decoder
+# embedder and LLM reranker replicas against theirs; each writes its section of docs/benchmarks.md.
 bench: $(INSTALLED)
 	$(PYTHON) bench/run.py $(ARGS)
+	$(PYTHON) bench/decoder_embedder.py
+	$(PYTHON) bench/llm_reranker.py

@@ -11,8 +11,11 @@ take turns pass by pass: the in-process `SentenceTransformer.encode` at its
 best batch size (16, 32, 64, 128 tried once), then the worker, each round.
 Single-item p50 comes from one-item requests, the two paths alternating.
 
-Writes bench/results/<date>-<machine>-decoder-embedder.json and prints the
-row docs/benchmarks.md carries ("Decoder-LLM embedder").
+After the rounds, the replica's paths against the roofline of its own Linear
+shapes, and what the texts would cost a real Qwen3-0.6B here
+(bench/roofline.py `served`). Writes
+bench/results/<date>-<arch>-<machine kind>-<cores>cores-decoder-embedder.json and prints
+the row and the roofline paragraph docs/benchmarks.md carries ("Decoder-LLM embedder").
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import transformers
-from fair_queuing import machine
+import roofline
+from machine import describe, slug, this_cpu
 from ours import InProcess, grpc_sender
 from tiny_decoders import build_decoder_embedder
 from tiny_models import write_config
@@ -85,22 +89,29 @@ def main() -> None:
                 rounds.append({"in_process": inprocess.throughput(workload), "worker": throughput(served, workload)})
                 print("decoder embedder: in-process %.1f items/s, worker %.1f items/s" % (rounds[-1]["in_process"], rounds[-1]["worker"]), flush=True)
             local, remote = alternating_latencies_ms([inprocess.send, served], SINGLE_REQUESTS)
+            rates = {path: statistics.median(r[path] for r in rounds) for path in ("in_process", "worker")}
+            base = inprocess.model[0].auto_model
+            lengths = inprocess.model.preprocess(workload.texts)["attention_mask"].sum(dim=1).tolist()
+            width = base.config.num_attention_heads * base.config.head_dim
+            figures = roofline.served(base, lengths, base.config.num_hidden_layers, width, rates, this_cpu())
         finally:
             worker.stop()
             inprocess.close()
     result = {
         "date": datetime.date.today().isoformat(),
-        "machine": machine(transformers=transformers.__version__, load_average_at_start=round(load_at_start, 2)),
+        "machine": {**describe("cpu"), "load_average_at_start": round(load_at_start, 2)},
         "model": {"layout": "Qwen3-Embedding (last token, left padding)", **SHAPE, "max_length": MAX_LENGTH, "vocab": 1000},
         "workload": workload.description,
         "in_process_batch_size": batch,
         "rounds": rounds,
         "bulk_items_per_s": {path: summary([r[path] for r in rounds]) for path in ("in_process", "worker")},
         "single_p50_ms": {"in_process": percentile(local, 0.5), "worker": percentile(remote, 0.5)},
+        "roofline": figures,
         "seconds": round(time.monotonic() - started, 1),
     }
     result["worker_over_in_process"] = result["bulk_items_per_s"]["worker"]["median"] / result["bulk_items_per_s"]["in_process"]["median"]
-    out = ROOT / "bench" / "results" / f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores-decoder-embedder.json"
+    kind = slug(result["machine"]["kind"])
+    out = ROOT / "bench" / "results" / f"{result['date']}-{platform.machine()}-{kind}-{os.cpu_count()}cores-decoder-embedder.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     bulk_figures = result["bulk_items_per_s"]
     print(
@@ -118,6 +129,7 @@ def main() -> None:
             result["single_p50_ms"]["worker"],
         )
     )
+    print("\n".join(roofline.served_lines(figures, {"in_process": "in-process", "worker": "the worker"}, "texts")))
     print("wrote %s in %.0f s" % (out.relative_to(ROOT), result["seconds"]))
 
 

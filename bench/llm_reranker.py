@@ -12,8 +12,10 @@ words (the first of bench/workloads.bulk's sentences). Each round measures, in t
   the rounds), the worker as Score requests of 64 documents from 4 client threads (bench/workloads.throughput);
 - single pair: 50 one-document requests to each path, taking turns (bench/workloads.alternating_latencies_ms).
 
-The worker's scores are checked against predict()'s first. Writes
-bench/results/<date>-<machine>-<cores>cores-llm-reranker.json and the "LLM reranker" section of docs/benchmarks.md.
+The worker's scores are checked against predict()'s first; after the rounds, both paths are set against the roofline
+of the replica's own Linear shapes, with what the pairs would cost a real Qwen3-Reranker-0.6B here (bench/roofline.py
+`served`). Writes bench/results/<date>-<arch>-<machine kind>-<cores>cores-llm-reranker.json and the "LLM reranker"
+section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from fair_queuing import machine
+import roofline
+from machine import describe, slug, this_cpu
 from report import replace_docs_section
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import write_config
@@ -127,12 +130,17 @@ def main() -> None:
                 for path, latencies in zip(("in_process", "worker"), alternating_latencies_ms([in_process, send], SINGLE_REQUESTS, texts[0])):
                     runs[path]["p50"].append(percentile(latencies, 0.5))
                     runs[path]["p99"].append(percentile(latencies, 0.99))
+            median = {path: statistics.median(runs[path]["bulk"]) for path in runs}
+            lengths = reference.preprocess(pairs)["attention_mask"].sum(dim=1).tolist()
+            base = reference.model.model  # the decoder under the causal LM's head (read at the last token only)
+            width = base.config.num_attention_heads * base.config.head_dim
+            figures = roofline.served(base, lengths, base.config.num_hidden_layers, width, median, this_cpu())
         finally:
             worker.stop()
 
     result = {
         "date": datetime.date.today().isoformat(),
-        "machine": machine(),
+        "machine": describe("cpu"),
         "model": "tiny random Qwen3-Reranker replica (tools/tiny_rerankers.py: 2 layers, hidden 32, ChatML BPE), max length 256",
         "workload": {"bulk": workload.description, "single": f"{SINGLE_REQUESTS} one-document requests per path per round, taking turns"},
         "rounds": args.rounds,
@@ -140,10 +148,11 @@ def main() -> None:
         "in_process_batch_sizes_tried": rates,
         "max_abs_score_difference": difference,
         "paths": {path: {metric: {**summary(values), "values": values} for metric, values in metrics.items()} for path, metrics in runs.items()},
+        "roofline": figures,
         "seconds": round(time.monotonic() - started, 1),
         "note": args.note,
     }
-    stem = f"{result['date']}-{platform.machine()}-{os.cpu_count()}cores-llm-reranker"
+    stem = f"{result['date']}-{platform.machine()}-{slug(result['machine']['kind'])}-{os.cpu_count()}cores-llm-reranker"
     results_file = ROOT / "bench" / "results" / f"{stem}.json"
     results_file.write_text(json.dumps(result, indent=2) + "\n")
     replace_docs_section(ROOT / "docs" / "benchmarks.md", "LLM reranker", section(result, results_file))
@@ -170,7 +179,8 @@ def section(result: dict, results_file: Path) -> str:
             "## LLM reranker",
             "",
             f"Produced by `python bench/llm_reranker.py` (raw figures: `{results_file.relative_to(ROOT)}`), {result['date']}, "
-            f"{machine['cores']} cores, {machine['cpu']['model']}; torch {machine['torch']} ({machine['torch_threads']} threads). "
+            f"{machine['cores']} cores, {machine['cpu']} ({machine['kind']}; {', '.join(machine['isa'])}); torch {machine['torch']} "
+            f"({machine['torch_threads']} threads). "
             f"Model: {result['model']}, served by adapter `llm_reranker`. Bulk: {result['workload']['bulk']}. Single: "
             f"{result['workload']['single']}. Medians of {result['rounds']} rounds (min-max).",
             "",
@@ -182,6 +192,8 @@ def section(result: dict, results_file: Path) -> str:
             f"{result['max_abs_score_difference']:.1e}. In-process batch sizes tried (pairs/s): "
             + ", ".join(f"{size}: {rate:.0f}" for size, rate in result["in_process_batch_sizes_tried"].items())
             + ".",
+            "",
+            *roofline.served_lines(result["roofline"], {"in_process": "in-process", "worker": "the worker"}, "pairs"),
             *(["", result["note"]] if result["note"] else []),
             "",
         ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 import threading
@@ -18,11 +19,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
+import numpy as np
 import torch
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import SIEClient
 from sie_common.edge.auth import bearer_metadata
+from sie_contract.tensors import from_tensor
 from sie_stack.processes import ServiceProcess, free_port
 from sie_stack.settings import StackSettings
 from sie_stack.up import Stack
@@ -102,18 +105,39 @@ class Senders:
     worker_token: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Standalone:
+    """A running standalone worker: Encode as a `Send`, the vectors themselves, and its log so far."""
+
+    send: Send
+    vectors: Callable[[Sequence[str]], np.ndarray]
+    log: Callable[[], str]
+
+
 @contextlib.contextmanager
-def standalone_worker(tmp: Path, weights: Path, env: dict[str, str]) -> Iterator[Send]:
-    """A worker without etcd serving MODEL from `weights`, preloaded."""
-    models = tmp / "worker-models"
+def standalone_worker(tmp: Path, weights: Path, env: dict[str, str], name: str = "standalone-worker") -> Iterator[Standalone]:
+    """A worker without etcd serving MODEL from `weights`, preloaded; `name` keeps several apart in `tmp`."""
+    models = tmp / f"{name}-models"
     models.mkdir(exist_ok=True)
     (models / "bench-minilm.yaml").write_text(f"id: {MODEL}\npath: {weights}\nprofiles:\n  default:\n    adapter: sentence_transformer\n")
-    worker = ServiceProcess({"SIE_PRELOAD_MODELS": MODEL, "SIE_MODELS_DIR": str(models), **env}, tmp / "standalone-worker.log")
+    worker = ServiceProcess({"SIE_PRELOAD_MODELS": MODEL, "SIE_MODELS_DIR": str(models), **env}, tmp / f"{name}.log")
     try:
         worker.wait_serving()
-        yield grpc_sender(worker.address, MODEL)
+        yield Standalone(grpc_sender(worker.address, MODEL), functools.partial(dense_vectors, worker.address, MODEL), worker.log)
     finally:
         worker.stop()
+
+
+def dense_vectors(address: str, model: str, texts: Sequence[str], per_request: int = 100) -> np.ndarray:
+    """The dense vectors of `texts` from Encode, one row per text, `per_request` texts a request."""
+    rows: list[np.ndarray] = []
+    with grpc.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for start in range(0, len(texts), per_request):
+            items = [types_pb2.Item(text=text) for text in texts[start : start + per_request]]
+            results = stub.Encode(inference_pb2.EncodeRequest(model=model, items=items), timeout=600).results
+            rows.extend(from_tensor(result.dense) for result in results)
+    return np.stack(rows)
 
 
 @contextlib.contextmanager

@@ -29,13 +29,18 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Each target: what it asks, what this run measured, whether it holds and by how much it is missed."""
     checks: list[dict[str, Any]] = []
 
-    def check(name: str, measured: float | None, limit: float, higher_is_better: bool, unit: str, show: Callable[[float], str]) -> None:
+    def check(
+        name: str, measured: float | None, limit: float, higher_is_better: bool, unit: str, show: Callable[[float], str], applies: str | None = None
+    ) -> None:
         if measured is None:
             checks.append({"target": name, "measured": None, "met": None, "missed_by": "not measured in this run"})
             return
+        if applies is not None:  # measured, but the target is for another kind of machine
+            checks.append({"target": name, "measured": round(measured, 6), "shown": show(measured), "met": None, "missed_by": applies})
+            return
         met = measured >= limit if higher_is_better else measured < limit
         gap = (limit - measured) if higher_is_better else (measured - limit)
-        checks.append({"target": name, "measured": round(measured, 4), "met": met, "missed_by": None if met else f"{show(gap)}{unit}"})
+        checks.append({"target": name, "measured": round(measured, 6), "shown": show(measured), "met": met, "missed_by": None if met else f"{show(gap)}{unit}"})
 
     ratio = lambda value: f"{value:.2f}"  # noqa: E731
     millis = lambda value: f"{value:.2f}"  # noqa: E731
@@ -57,12 +62,28 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     )
     hop = result.get("gateway_hop")
     check("the gateway hop adds < 1 ms p50 (tiny model, ms)", None if hop is None else hop["added_p50_ms"], 1.0, False, " ms", millis)
+    fraction = result["paths"].get("worker", {}).get("fp32_roofline_fraction", {}).get("bulk")
+    check("standalone worker >= 0.80 of the fp32 roofline (bulk, fraction)", fraction, 0.80, True, "", ratio)
+    amx = "amx_tile" in result["machine"].get("isa", [])
+    check(
+        "bf16 worker >= 3x the fp32 worker on an AMX machine (bulk, ratio)", _ratio(result, "worker-bf16", "worker"), 3.0, True, "x", ratio,
+        applies=None if amx else "the target is for AMX machines; this one has none",
+    )
+    quality = result["paths"].get("worker-bf16", {}).get("quality")
+    check("bf16 worker: cosine to fp32 >= 0.999 on every bulk text (min)", None if quality is None else quality["min_cosine"], 0.999, True, "", lambda v: f"{v:.5f}")
+    check(
+        "bf16 worker: the same top-10 neighbours as fp32 (queries that keep them, of the retrieval set's)",
+        None if quality is None else quality["same_top_k_set"], quality["queries"] if quality else 0, True, " queries", lambda v: f"{v:.0f}",
+    )
+    check("standalone worker ahead of ONNX Runtime, fp32 (bulk, ratio)", _ratio(result, "worker", "onnxruntime"), 1.0, True, "x", ratio)
+    check("int8 worker ahead of ONNX Runtime, int8 (bulk, ratio)", _ratio(result, "worker-int8", "onnxruntime-int8"), 1.0, True, "x", ratio)
     return checks
 
 
 def add_efficiency(result: dict[str, Any]) -> None:
-    """Each measured path's effective GFLOP/s per workload (items/s * the workload's FLOPs per text) and its fraction
-    of the fp32 roofline, into the path's figures."""
+    """Each measured path's effective GFLOP/s per workload (items/s * the workload's FLOPs per text), its fraction
+    of the fp32 roofline and of its own precision's (a path's `precision`: a roofline kernel, fp32 unless set), into
+    the path's figures."""
     fp32 = result.get("roofline", {}).get("gflops", {}).get("fp32")
     for path in result["paths"].values():
         for workload, figures in result.get("flops", {}).items():
@@ -72,6 +93,9 @@ def add_efficiency(result: dict[str, Any]) -> None:
             path.setdefault("effective_gflops", {})[workload] = gflops
             if isinstance(fp32, float):
                 path.setdefault("fp32_roofline_fraction", {})[workload] = gflops / fp32
+            own = result.get("roofline", {}).get("gflops", {}).get(path.get("precision", "fp32"))
+            if isinstance(own, float):
+                path.setdefault("own_roofline_fraction", {})[workload] = gflops / own
 
 
 def _rate(value: float | str | None) -> str:
@@ -90,7 +114,9 @@ def _roofline_lines(result: dict[str, Any]) -> list[str]:
             "",
             f"Roofline (`bench/roofline.py`): the model's Linear shapes at {roof['rows']} rows (64 texts of the bulk mean), "
             f"{roof['torch_threads']} torch threads, best of {roof['repeats']}"
-            f"{' before and after the paths' if roof.get('measurements') == 2 else ''}: **fp32 {_rate(rates.get('fp32'))} GFLOP/s**, "
+            f"{' before and after the paths' if roof.get('measurements') == 2 else ''}: **fp32 {_rate(rates.get('fp32'))} GFLOP/s**"
+            + (f" (per shape the faster of PyTorch's Linear, {_rate(rates['fp32-mkl'])}, and oneDNN's packed matmul, {_rate(rates['fp32-onednn'])})" if "fp32-mkl" in rates else "")
+            + ", "
             f"bf16 {_rate(rates.get('bf16'))}, int8 {_rate(rates.get('int8'))} (torch._int_mm), "
             f"int8 dynamic-quantized Linear {_rate(rates.get('int8-dynamic'))}.",
         ]
@@ -129,8 +155,8 @@ def table(result: dict[str, Any]) -> str:
         "",
         f"Model {result['model']}. Workloads: " + "; ".join(f"**{name}**: {text}" for name, text in result["workloads"].items()) + ".",
         "",
-        "| path | bulk items/s | bulk effective GFLOP/s | fraction of fp32 roofline (bulk) | long-text items/s | single-item p50 ms | single-item p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| path | bulk items/s | bulk effective GFLOP/s | fraction of fp32 roofline (bulk) | fraction of its precision's roofline (bulk) | long-text items/s | single-item p50 ms | single-item p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     failed = []
     for key, path in result["paths"].items():
@@ -144,9 +170,11 @@ def table(result: dict[str, Any]) -> str:
             label += f" (not in this run: {path['date']}, `{path['from']}`)"
         lines.append(
             f"| {label} | {_cell(path.get('bulk'), 0)} | {_share(path, 'effective_gflops', 0)} | {_share(path, 'fp32_roofline_fraction', 2)} | "
+            f"{_share(path, 'own_roofline_fraction', 2)} | "
             f"{_cell(path.get('long'), 1)} | {_cell(path.get('single_p50_ms'), 2)} | {_cell(path.get('single_p99_ms'), 2)} |"
         )
     lines += ["", *failed] if failed else []
+    lines += _quality_lines(result)
     if "sie-server" in result["paths"] and "torch_threads_tried" in result["paths"]["sie-server"]:
         tried = result["paths"]["sie-server"]["torch_threads_tried"]
         lines += ["", "sie-server thread counts tried (one bulk pass each, items/s): " + ", ".join(f"SIE_TORCH_NUM_THREADS={k}: {v:.0f}" for k, v in tried.items()) + "."]
@@ -166,9 +194,35 @@ def table(result: dict[str, Any]) -> str:
     lines += ["", "| target | measured | met | missed by |", "| --- | ---: | :---: | --- |"]
     for target in result["targets"]:
         met = {True: "yes", False: "**no**", None: "-"}[target["met"]]
-        measured = "-" if target["measured"] is None else f"{target['measured']:.2f}"
+        measured = "-" if target["measured"] is None else target.get("shown", f"{target['measured']:.2f}")
         lines.append(f"| {target['target']} | {measured} | {met} | {target['missed_by'] or ''} |")
     return "\n".join(lines) + "\n"
+
+
+def _quality_lines(result: dict[str, Any]) -> list[str]:
+    """The reduced-precision paths against the float32 worker on the bulk texts (bench/precision.py)."""
+    rows = [(key, path) for key, path in result["paths"].items() if "quality" in path and "error" not in path]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Reduced precision against the float32 worker (`bench/precision.py`): cosines on every bulk text; neighbours: "
+        f"{rows[0][1]['quality']['queries']} queries against {rows[0][1]['quality']['corpus']} paragraphs of Python's own "
+        "documentation (`pydoc_data.topics`), top 10 by cosine; a query whose top 10 changed only by documents float32 "
+        "scores within 0.001 of its 10th counts as changed by near-ties only.",
+        "",
+        "| path | speed-up over the fp32 worker (bulk) | runs in | min cosine | mean cosine | same top-10 set | same top-10 order | changed by near-ties only |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key, path in rows:
+        q = path["quality"]
+        speedup = _ratio(result, key, "worker")
+        lines.append(
+            f"| {path['label']} | {'-' if speedup is None else f'{speedup:.2f}x'} | {path.get('runs_in', '-')} | {q['min_cosine']:.5f} | "
+            f"{q['mean_cosine']:.5f} | {q['same_top_k_set']} of {q['queries']} | {q['same_top_k_order']} of {q['queries']} | "
+            f"{q.get('changed_by_near_ties_only', '-')} |"
+        )
+    return lines
 
 
 def section_name(result: dict[str, Any]) -> str:

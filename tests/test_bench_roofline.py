@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import precision
 import pytest
 import report
 import roofline
@@ -82,6 +83,9 @@ def test_roofline_measures_positive_fp32_rates_on_tiny_shapes() -> None:
     assert measured["gflops"]["bf16"].startswith("unsupported")
     assert measured["gflops"]["int8"].startswith("unsupported")
     assert all(figures["fp32"] > 0 for figures in measured["per_shape_gflops"].values())
+    # The fp32 roofline is the faster of PyTorch's own Linear and the oneDNN-packed matmul the worker runs, per shape.
+    for figures in measured["per_shape_gflops"].values():
+        assert figures["fp32"] == max(figures["fp32-mkl"], figures["fp32-onednn"])
     again = roofline.measure({(16, 32): 2, (32, 16): 1}, rows=8, cpu=no_reduced_precision, repeats=2)
     best = roofline.best_of(measured, again)
     assert best["gflops"]["fp32"] >= min(measured["gflops"]["fp32"], again["gflops"]["fp32"])
@@ -179,3 +183,96 @@ def test_onnx_export_of_a_tiny_bert_matches_torch(tmp_path: Path) -> None:
     peer.check(texts, reference.encode(texts))  # raises below cosine 0.9999, for the exported and the optimized graph
     assert set(peer.notes["min_cosine_vs_sentence_transformers"]) == set(peer.graphs)
     assert np.allclose(peer.encoder.encode(texts, batch_size=3), reference.encode(texts), atol=1e-5)
+
+
+def test_agreement_counts_the_worst_cosine_and_the_queries_whose_neighbours_move() -> None:
+    rng = np.random.default_rng(0)
+    corpus, queries = rng.normal(size=(300, 16)), rng.normal(size=(20, 16))
+    assert precision.cosines(corpus, corpus * 3)["min_cosine"] == pytest.approx(1.0)  # scale does not change a cosine
+    same = precision.neighbours((queries, corpus), (queries, corpus * 3))
+    assert (same["queries"], same["corpus"], same["same_top_k_set"], same["same_top_k_order"]) == (20, 300, 20, 20)
+
+    moved = queries.copy()
+    moved[0] = -queries[0]  # query 0 turns around: its nearest become its farthest; the other 19 keep theirs
+    assert precision.cosines(queries, moved)["min_cosine"] == pytest.approx(-1.0)
+    assert precision.neighbours((queries, corpus), (moved, corpus))["same_top_k_set"] == 19
+    with pytest.raises(ValueError, match="shapes differ"):
+        precision.cosines(corpus, corpus[:10])
+
+
+def test_a_swap_at_the_tenth_place_within_a_near_tie_is_told_apart_from_a_real_move() -> None:
+    def at(cosines: list[float]) -> np.ndarray:  # unit vectors at these cosines to the query [1, 0]
+        return np.array([[c, np.sqrt(1 - c * c)] for c in cosines])
+
+    query = np.array([[1.0, 0.0]])
+    scores = [0.99 - 0.01 * rank for rank in range(10)] + [0.8999, 0.5]  # the 11th is 1e-4 below the 10th
+    tied = scores[:9] + [0.8999, 0.9000, 0.5]  # the 10th and 11th trade places
+    moved = scores[:9] + [0.8999, 0.5, 0.9]  # the 12th, far below in float32, enters
+    reference = (query, at(scores))
+    assert precision.neighbours(reference, (query, at(tied)))["changed_by_near_ties_only"] == 1
+    real = precision.neighbours(reference, (query, at(moved)))
+    assert (real["same_top_k_set"], real["changed_by_near_ties_only"]) == (0, 0)
+
+
+def test_the_retrieval_set_is_real_paragraphs_and_their_first_sentences() -> None:
+    queries, corpus = precision.retrieval_set()
+    assert len(queries) == 100 and len(corpus) > 500
+    assert all(200 < len(text) < 1200 for text in corpus)
+    assert all(any(text.startswith(query) for text in corpus) for query in queries)
+
+
+def _with(result: dict, key: str, **figures: object) -> dict:
+    result["paths"][key].update(figures)
+    return result
+
+
+def test_precision_targets_say_by_how_much_they_are_missed_and_where_they_apply() -> None:
+    amd = _result("AMD EPYC, no AMX", {"worker": 100.0, "worker-bf16": 160.0, "onnxruntime": 90.0}, "2026-11-24")
+    amd["flops"] = {"bulk": {"flops": 2e11, "texts": 100, "tokens": 2000, "mean_tokens": 20.0, "attention_span": 21.0, "flops_per_token": 1e8}}
+    amd["roofline"] = {"rows": 1410, "torch_threads": 2, "repeats": 20, "gflops": {"fp32": 250.0, "bf16": 500.0}}
+    quality = {"min_cosine": 0.9985, "mean_cosine": 0.9999, "same_top_k_set": 97, "same_top_k_order": 90, "queries": 100, "corpus": 739}
+    _with(amd, "worker-bf16", precision="bf16", quality=quality)
+    report.add_efficiency(amd)
+    assert amd["paths"]["worker"]["fp32_roofline_fraction"]["bulk"] == pytest.approx(0.8)  # 100/s * 2 GFLOP / 250
+    assert amd["paths"]["worker-bf16"]["own_roofline_fraction"]["bulk"] == pytest.approx(0.64)  # 320 / 500
+    checks = {check["target"].split(" (")[0]: check for check in report.targets(amd)}
+
+    assert checks["standalone worker >= 0.80 of the fp32 roofline"]["met"] is True
+    on_amd = checks["bf16 worker >= 3x the fp32 worker on an AMX machine"]
+    assert (on_amd["measured"], on_amd["met"]) == (1.6, None) and "AMX machines" in on_amd["missed_by"]
+    cosine = checks["bf16 worker: cosine to fp32 >= 0.999 on every bulk text"]
+    assert (cosine["met"], cosine["shown"], cosine["missed_by"]) == (False, "0.99850", "0.00050")
+    neighbours = checks["bf16 worker: the same top-10 neighbours as fp32"]
+    assert (neighbours["met"], neighbours["missed_by"]) == (False, "3 queries")
+    assert checks["standalone worker ahead of ONNX Runtime, fp32"]["met"] is True
+    assert checks["int8 worker ahead of ONNX Runtime, int8"]["missed_by"] == "not measured in this run"
+
+    intel = _result("Intel Xeon, AMX", {"worker": 100.0, "worker-bf16": 250.0}, "2026-11-24")
+    intel["machine"]["isa"] = ["avx512f", "amx_tile", "amx_bf16"]
+    missed = {check["target"].split(" (")[0]: check for check in report.targets(intel)}["bf16 worker >= 3x the fp32 worker on an AMX machine"]
+    assert (missed["met"], missed["missed_by"]) == (False, "0.50x")
+    table = report.table(_with(amd, "worker-bf16", runs_in="m computes in bfloat16 on this CPU") | {"targets": report.targets(amd)})
+    assert "| worker-bf16 | 1.60x | m computes in bfloat16 on this CPU | 0.99850 |" in table
+    assert "97 of 100" in table
+
+
+def test_profiled_ops_fall_in_the_category_that_does_their_work() -> None:
+    from profile_cpu import categorize
+
+    expected = {
+        "mkldnn::_linear_pointwise": "Linear (matmul)",
+        "aten::addmm": "Linear (matmul)",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+        "aten::bmm": "attention",
+        "aten::native_layer_norm": "layer norm",
+        "aten::gelu": "GELU",
+        "aten::index_select": "real-token gather / scatter",
+        "aten::nonzero": "real-token gather / scatter",
+        "aten::embedding": "embeddings",
+        "aten::add": "elementwise, copies and allocation",
+        "aten::to": "elementwise, copies and allocation",
+        "aten::transpose": "views (no arithmetic)",
+        "aten::t": "views (no arithmetic)",
+        "aten::item": "other",
+    }
+    assert {op: categorize(op) for op in expected} == expected
