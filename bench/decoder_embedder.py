@@ -14,8 +14,8 @@ Single-item p50 comes from one-item requests, the two paths alternating.
 After the rounds, the replica's paths against the roofline of its own Linear
 shapes, and what the texts would cost a real Qwen3-0.6B here
 (bench/roofline.py `served`). Writes
-bench/results/<date>-<arch>-<machine kind>-<cores>cores-decoder-embedder.json and prints
-the row and the roofline paragraph docs/benchmarks.md carries ("Decoder-LLM embedder").
+bench/results/<date>-<arch>-<machine kind>-<cores>cores-decoder-embedder.json and the
+"Decoder-LLM embedder" section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import roofline
 from machine import describe, slug, this_cpu
+from report import replace_docs_section
 from ours import InProcess, grpc_sender
 from tiny_decoders import build_decoder_embedder
 from tiny_models import write_config
@@ -57,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--texts", type=int, default=300)
+    parser.add_argument("--note", default="", help="said under the table, e.g. that the machine was shared")
     args = parser.parse_args()
     started = time.monotonic()
     load_at_start = os.getloadavg()[0]  # other work on the machine moves both paths; recorded, not corrected for
@@ -113,24 +115,46 @@ def main() -> None:
     kind = slug(result["machine"]["kind"])
     out = ROOT / "bench" / "results" / f"{result['date']}-{platform.machine()}-{kind}-{os.cpu_count()}cores-decoder-embedder.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    bulk_figures = result["bulk_items_per_s"]
-    print(
-        "| %s | %.0f (%.0f-%.0f) | %.0f (%.0f-%.0f) | %.2fx | %.1f | %.1f |"
-        % (
-            result["date"],
-            bulk_figures["in_process"]["median"],
-            bulk_figures["in_process"]["min"],
-            bulk_figures["in_process"]["max"],
-            bulk_figures["worker"]["median"],
-            bulk_figures["worker"]["min"],
-            bulk_figures["worker"]["max"],
-            result["worker_over_in_process"],
-            result["single_p50_ms"]["in_process"],
-            result["single_p50_ms"]["worker"],
-        )
+    replace_docs_section(ROOT / "docs" / "benchmarks.md", "Decoder-LLM embedder", section(result, out, args.note))
+    print(section(result, out, args.note))
+    print(f"wrote {out.relative_to(ROOT)} and docs/benchmarks.md in {result['seconds']:.0f} s")
+
+
+def section(result: dict, results_file: Path, note: str) -> str:
+    """The "Decoder-LLM embedder" section of docs/benchmarks.md for one run."""
+    m, bulk_figures = result["machine"], result["bulk_items_per_s"]
+
+    def cell(path: str) -> str:
+        figures = bulk_figures[path]
+        return f"{figures['median']:.0f} ({figures['min']:.0f}-{figures['max']:.0f})"
+
+    return "\n".join(
+        [
+            "## Decoder-LLM embedder",
+            "",
+            f"Produced by `python bench/decoder_embedder.py` (raw figures: `{results_file.relative_to(ROOT)}`), {result['date']}: "
+            f"a random replica of Qwen3-Embedding's layout ({SHAPE['num_hidden_layers']} layers, {SHAPE['hidden_size']} wide, "
+            "last-token pooling, left padding, a 1,000-entry byte-level BPE trained on the spot, texts cut at "
+            f"{MAX_LENGTH} tokens; `tools/tiny_decoders.py`), served by one standalone worker, against "
+            "`SentenceTransformer.encode` on the same directory in the benchmark process, on the same machine in the same "
+            f"run. Same texts: {result['workload']}, as documents, from 4 clients for the worker; the in-process path at its "
+            f"best batch size (16, 32, 64, 128 tried; {result['in_process_batch_size']} won). The two take turns pass by pass, "
+            f"medians of {len(result['rounds'])} rounds (min-max); single-item p50 over {SINGLE_REQUESTS} one-item requests, "
+            "the two paths alternating.",
+            "",
+            "| date | machine | in-process sentence-transformers, items/s | sie-worker standalone (gRPC), items/s | worker / in-process | single-item p50 in-process (ms) | single-item p50 worker (ms) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+            f"| {result['date']} | {m['kind']} ({', '.join(m['isa'])}), {m['cores']} cores (torch {m['torch_threads']} threads) | "
+            f"{cell('in_process')} | {cell('worker')} | {result['worker_over_in_process']:.2f}x | "
+            f"{result['single_p50_ms']['in_process']:.1f} | {result['single_p50_ms']['worker']:.1f} |",
+            "",
+            *roofline.served_lines(result["roofline"], {"in_process": "in-process", "worker": "the worker"}, "texts"),
+            "",
+            f"Load average {m['load_average_at_start']} at the start; the run took {result['seconds']:.0f} s."
+            + (f" {note}" if note else ""),
+            "",
+        ]
     )
-    print("\n".join(roofline.served_lines(figures, {"in_process": "in-process", "worker": "the worker"}, "texts")))
-    print("wrote %s in %.0f s" % (out.relative_to(ROOT), result["seconds"]))
 
 
 if __name__ == "__main__":
