@@ -1,15 +1,19 @@
 """The benchmark: every path side by side on the same machine, model and texts, in one run.
 
-    python bench/run.py [--runs 3] [--paths in-process,worker,onnxruntime,gateway,envoy,sie-server,infinity]
+    python bench/run.py [--runs 3] [--paths in-process,worker,worker-bf16,worker-int8,onnxruntime,onnxruntime-int8,
+                                            gateway,envoy,sie-server,infinity]
                         [--batch-wait-ms MS] [--device cpu|cuda] [--attention sdpa|eager] [--name NAME] [--note TEXT]
 
 Paths: the in-process ceiling (sentence-transformers at its best batch size,
-same torch threads), our standalone worker (gRPC), ONNX Runtime in-process on
-the same model exported to ONNX, the full path (SDK -> gateway -> worker),
-Envoy (HTTP/JSON -> gateway -> worker), the reference engine sie-server
-0.10.1 at its best torch thread count, and Infinity.
+same torch threads), our standalone worker (gRPC) in float32 and, where the
+CPU has them, in bfloat16 and int8, ONNX Runtime in-process on the same model
+exported to ONNX (float32, and int8 by quantize_dynamic), the full path (SDK
+-> gateway -> worker), Envoy (HTTP/JSON -> gateway -> worker), the reference
+engine sie-server 0.10.1 at its best torch thread count, and Infinity. The
+reduced-precision paths are compared with the float32 worker afterwards
+(bench/precision.py).
 Workloads: bulk, long-text mix, single-item latency; the gateway hop on a
-tiny model. The ceiling, our worker, ONNX Runtime and sie-server take turns
+tiny model. The ceiling, our workers, ONNX Runtime and sie-server take turns
 pass by pass (their ratios are the targets), the hop's two paths request by
 request; the other paths run one after another. Before them, the machine's
 matmul rate for the model's own Linear shapes (bench/roofline.py): every
