@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -208,10 +209,11 @@ def probe(adapter: ModelAdapter) -> Probe:
 
 
 def compare(reference: Probe, got: Probe) -> float:
-    """The smallest cosine between matching vectors (1.0 where both are zero; 0.0 where one is not finite, since
-    min() would skip a NaN)."""
+    """The smallest cosine between matching vectors (1.0 where both are zero). Probes of different shapes, or a
+    cosine that is not finite (min() would skip a NaN), give -inf: below every bar SIE_PRECISION_MIN_COSINE accepts,
+    -1 included."""
     if len(reference) != len(got) or any(a.shape != b.shape for a, b in zip(reference, got, strict=True)):
-        return 0.0
+        return -math.inf
     worst = 1.0
     for expected, actual in zip(reference, got, strict=True):
         norms = float(np.linalg.norm(expected) * np.linalg.norm(actual))
@@ -220,6 +222,6 @@ def compare(reference: Probe, got: Probe) -> float:
         else:
             cosine = float(expected @ actual) / norms
         if not np.isfinite(cosine):
-            cosine = 0.0
+            return -math.inf
         worst = min(worst, cosine)
     return worst
