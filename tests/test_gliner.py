@@ -18,7 +18,7 @@ from gliner import GLiNER
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_gliner, write_config
-from worker_process import Services, WorkerProcess
+from worker_process import Services, WorkerProcess, inference_stub
 
 MODELS = {"test/gliner-uni": False, "test/gliner-bi": True}
 REMOTE_CODE = "test/gliner-remote-code"
@@ -63,9 +63,8 @@ def _start(directories: dict[str, Path], root: Path, **env: str) -> WorkerProces
 def gliner_stub(
     services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    worker = services.keep(_start(directories, tmp_path_factory.mktemp("gliner-worker")))
-    with grpc.insecure_channel(worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(services.keep(_start(directories, tmp_path_factory.mktemp("gliner-worker")))) as stub:
+        yield stub
 
 
 def _extract(stub: inference_pb2_grpc.InferenceStub, model_id: str, threshold: float | None, profile: str = "") -> inference_pb2.ExtractResponse:

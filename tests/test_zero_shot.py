@@ -31,7 +31,7 @@ from transformers import (
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import write_config
-from worker_process import Services, WorkerProcess
+from worker_process import Services, WorkerProcess, inference_stub
 
 NLI = "test/nli-bert"
 NLI_BART = "test/nli-bart"
@@ -219,9 +219,8 @@ def _start(directories: dict[str, Path], root: Path, **env: str) -> WorkerProces
 def zero_shot_stub(
     services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    worker = services.keep(_start(directories, tmp_path_factory.mktemp("zero-shot-worker")))
-    with grpc.insecure_channel(worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+    with inference_stub(services.keep(_start(directories, tmp_path_factory.mktemp("zero-shot-worker")))) as stub:
+        yield stub
 
 
 def _extract(
