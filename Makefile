@@ -10,9 +10,10 @@ INSTALLED := $(VENV)/.installed
 # The slowest tests are listed after every run: the whole suite has a 12-minute budget on 2 cores, the in-process
 # tier 3 minutes.
 PYTEST_ARGS ?= --durations=30
-# make test runs the suite's files on this many pytest-xdist processes (--dist loadfile: a file's tests, and the
-# servers its module fixtures start, stay in one process); most of a file's time is waiting on the processes it
-# starts, so more processes than cores pays. TEST_PROCESSES=0 runs everything in this process.
+# make test runs the suite's files on this many pytest-xdist processes (--dist loadgroup: tests/conftest.py makes
+# each file a group, the files sharing an HTTP edge one group, so module and session fixtures start once per
+# process); most of a file's time is waiting on the processes it starts, so more processes than cores pays.
+# TEST_PROCESSES=0 runs everything in this process.
 TEST_PROCESSES ?= 3
 
 .PHONY: up serve test test-fast lint dists constraints protos proto-check proto-lint proto-breaking bench manifests manifests-check
@@ -33,9 +34,9 @@ up: $(INSTALLED)
 serve: $(INSTALLED)
 	$(VENV)/bin/sie-worker serve --preload-models sentence-transformers/all-MiniLM-L6-v2 $(ARGS)
 
-# Every test (CI runs this): the markers of pyproject.toml only order the files, slowest first.
+# Every test (CI runs this); the markers only order the files: slow ones, then clusters, then other processes.
 test: $(INSTALLED)
-	$(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The in-process tier: every test not marked `process` (none starts a worker, etcd, Envoy or any other process).
 test-fast: $(INSTALLED)

@@ -83,12 +83,16 @@ EVERY_TINY_MODEL = ",".join([MINILM, *(f"test/{name}" for name in VARIANTS), *OP
 # their own services use `services`, session-wide ones `session_services`.
 PROCESS_FIXTURES = frozenset({"session_services", "services", "start_worker", "start_module_worker", "start_config"})
 CLUSTER_FIXTURES = frozenset({"etcd_server"})
+# Session fixtures that start several processes: under pytest-xdist the files that use one run in the same worker
+# process, so it starts once (--dist loadgroup; any other file is a group of its own, as --dist loadfile makes it).
+SHARED_SERVERS = ("edge", "auth_edge")
 RELIABILITY_DIR = Path(__file__).parent / "reliability"
 
 
 # --- tiers -------------------------------------------------------------------------------------------------------
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -99,13 +103,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if fixtures & PROCESS_FIXTURES or item.get_closest_marker("cluster"):
             item.add_marker("process")
     if hasattr(config, "workerinput"):
+        _group_files(items, config.rootpath)
         _longest_files_first(items)
 
 
+def _group_files(items: list[pytest.Item], root: Path) -> None:
+    """An xdist_group per file, named after the shared servers its tests use (else after the file)."""
+    servers: dict[Path, set[str]] = {}
+    for item in items:
+        servers.setdefault(item.path, set()).update(set(getattr(item, "fixturenames", ())) & set(SHARED_SERVERS))
+    for item in items:
+        group = "+".join(sorted(servers[item.path])) or item.path.relative_to(root).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _longest_files_first(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (--dist loadfile hands out whole files in collection order): files with slow tests first,
-    then those that start clusters, then other processes, in-process files last, each file's own order kept, so the
-    longest files do not start last."""
+    """Under pytest-xdist (groups are handed out in collection order, --no-loadscope-reorder): files with slow tests
+    first, then those that start clusters, then other processes, in-process files last, each file's own order kept,
+    so the longest files do not start last."""
 
     def weight(item: pytest.Item) -> int:
         return next(
