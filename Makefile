@@ -38,9 +38,9 @@ serve: $(INSTALLED)
 test: $(INSTALLED)
 	$(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The in-process tier: every test not marked `process` (none starts a worker, etcd, Envoy or any other process).
+# The in-process tier: every test that starts no process (a worker, etcd, Envoy or any other), but the slow ones.
 test-fast: $(INSTALLED)
-	$(PYTHON) -m pytest -m "not process" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not process and not slow" $(PYTEST_ARGS)
 
 # Lint, format check and types of the shipped code (the generated stubs excluded; pyproject.toml's [tool.ruff]
 # and [tool.mypy] hold the rules and the paths).

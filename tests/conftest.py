@@ -8,7 +8,7 @@ Tiers (registered in pyproject.toml, `--strict-markers`):
 - `cluster`: the test needs etcd (applied from `etcd_server`), and with it usually a config service and a gateway.
 - `reliability`: the test adds rows to the reliability summary (its fixtures include `reliability_report`), or lives
   under tests/reliability/.
-- `slow`: marked by hand on tests that take over 30 s alone.
+- `slow`: marked by hand on the slowest tests; `make test-fast` (-m "not process and not slow") leaves them out.
 In-process tests of the worker's engine (an Engine built around a fake adapter and a registry passed in) need no
 marker: they are the in-process tier's, as the batch former's, the planner's and the request checks' are.
 """
