@@ -30,7 +30,7 @@ SERVICES = frozenset({*MODULES.values(), "etcd", "envoy", "moto_server"})
 
 
 def kind(argv: list[str]) -> str:
-    if "-m" in argv[:-1]:
+    if argv and Path(argv[0]).name.startswith("python") and "-m" in argv[:-1]:
         module = argv[argv.index("-m") + 1]
         return MODULES.get(module, f"python -m {module}")
     return Path(argv[0]).name if argv else "?"

