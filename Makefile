@@ -10,8 +10,8 @@ INSTALLED := $(VENV)/.installed
 # The slowest tests are listed after every run: the whole suite has a 12-minute budget on 2 cores, the in-process
 # tier 3 minutes.
 PYTEST_ARGS ?= --durations=30
-# make test runs the suite's files on this many pytest-xdist processes (--dist loadgroup: tests/conftest.py makes
-# each file a group, the files sharing an HTTP edge one group, so module and session fixtures start once per
+# make test runs the suite's files on this many pytest-xdist processes (--dist loadfile: each file whole, and the
+# files sharing an HTTP edge together, tests/parallel_files.py, so module and session fixtures start once per
 # process); most of a file's time is waiting on the processes it starts, so more processes than cores pays.
 # TEST_PROCESSES=0 runs everything in this process.
 TEST_PROCESSES ?= 3
@@ -36,7 +36,7 @@ serve: $(INSTALLED)
 
 # Every test (CI runs this); the markers only order the files: slow ones, then clusters, then other processes.
 test: $(INSTALLED)
-	$(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The in-process tier: every test that starts no process (a worker, etcd, Envoy or any other), but the slow ones.
 test-fast: $(INSTALLED)

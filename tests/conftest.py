@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -45,6 +46,7 @@ from worker_process import Services, WorkerProcess, free_port, stop_all
 
 from edge_helpers import AUTH_TOKEN, Edge, running_edge
 from launches import LaunchCount
+from parallel_files import GROUPS_FILE, FileGroupScheduling, write_groups
 from reliability.report import ReliabilityReport
 
 # The suite compares what workers serve with the reference libraries at float32 tolerances, so every worker and
@@ -84,15 +86,14 @@ EVERY_TINY_MODEL = ",".join([MINILM, *(f"test/{name}" for name in VARIANTS), *OP
 PROCESS_FIXTURES = frozenset({"session_services", "services", "start_worker", "start_module_worker", "start_config"})
 CLUSTER_FIXTURES = frozenset({"etcd_server"})
 # Session fixtures that start several processes: under pytest-xdist the files that use one run in the same worker
-# process, so it starts once (--dist loadgroup; any other file is a group of its own, as --dist loadfile makes it).
-SHARED_SERVERS = ("edge", "auth_edge")
+# process, so it starts once (tests/parallel_files.py).
+SHARED_SERVERS = frozenset({"edge", "auth_edge"})
 RELIABILITY_DIR = Path(__file__).parent / "reliability"
 
 
 # --- tiers -------------------------------------------------------------------------------------------------------
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -102,23 +103,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("cluster")
         if fixtures & PROCESS_FIXTURES or item.get_closest_marker("cluster"):
             item.add_marker("process")
-    if hasattr(config, "workerinput"):
-        _group_files(items, config.rootpath)
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
         _longest_files_first(items)
+        if GROUPS_FILE in workerinput:
+            write_groups(Path(workerinput[GROUPS_FILE]), _file_groups(items))
 
 
-def _group_files(items: list[pytest.Item], root: Path) -> None:
-    """An xdist_group per file, named after the shared servers its tests use (else after the file)."""
-    servers: dict[Path, set[str]] = {}
+def _file_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """File -> the shared servers its tests use, for the files whose tests use any."""
+    servers: dict[str, set[str]] = {}
     for item in items:
-        servers.setdefault(item.path, set()).update(set(getattr(item, "fixturenames", ())) & set(SHARED_SERVERS))
-    for item in items:
-        group = "+".join(sorted(servers[item.path])) or item.path.relative_to(root).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+        used = set(getattr(item, "fixturenames", ())) & SHARED_SERVERS
+        servers.setdefault(item.nodeid.split("::")[0], set()).update(used)
+    return {path: "+".join(sorted(used)) for path, used in servers.items() if used}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
+    """Tell each pytest-xdist worker where to write the files' groups."""
+    node.workerinput[GROUPS_FILE] = str(_groups_file(node.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    if config.getvalue("dist") == "loadfile":
+        return FileGroupScheduling(config, log, _groups_file(config))
+    return None
+
+
+def _groups_file(config: pytest.Config) -> Path:
+    return Path(tempfile.gettempdir()) / f"sie-test-file-groups-{os.getpid()}.json"
 
 
 def _longest_files_first(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (groups are handed out in collection order, --no-loadscope-reorder): files with slow tests
+    """Under pytest-xdist (files are handed out in collection order, --no-loadscope-reorder): files with slow tests
     first, then those that start clusters, then other processes, in-process files last, each file's own order kept,
     so the longest files do not start last."""
 
@@ -188,6 +207,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if workeroutput is not None:  # a pytest-xdist worker: its rows and launches go to the controller
         workeroutput["reliability_rows"] = _REPORT.dumps()
         workeroutput["launches"] = _LAUNCHES.dumps()
+    else:
+        _groups_file(session.config).unlink(missing_ok=True)
 
 
 @pytest.hookimpl(optionalhook=True)
