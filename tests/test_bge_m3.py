@@ -292,7 +292,7 @@ def test_all_three_outputs_take_one_forward_pass_per_batch(worker: WorkerProcess
 def test_the_adapter_runs_the_transformer_once_for_all_three_outputs(weights: dict[str, Path], tmp_path: Path) -> None:
     """Inside a batch: one call of the transformer whatever the outputs asked (a forward hook counts them)."""
     from sie_worker.adapters.base import LoadContext
-    from sie_worker.adapters.bge_m3 import BgeM3Encoder
+    from sie_worker.adapters.families.bge_m3 import BgeM3Encoder
 
     config_file = tmp_path / "m3.yaml"
     config_file.write_text(f"id: {MODEL}\npath: {weights['model']}\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: bge_m3\n")

@@ -25,7 +25,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.cluster.model_config import load_model_config
 from sie_contract.tensors import from_tensor
 from sie_worker.adapters.base import LoadContext
-from sie_worker.adapters.colpali import PageRetriever
+from sie_worker.adapters.families.colpali import PageRetriever
 from sie_worker.engine.postprocess import MuveraParams, muvera
 from tiny_colpali import EMBEDDING_DIM, build_tiny_colpali, build_tiny_colqwen2
 from tiny_models import write_config

@@ -22,8 +22,8 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.cluster.model_config import ModelConfig, Profile
 from sie_contract.tensors import from_tensor
 from sie_worker.adapters.base import LoadContext, ModelAdapter, TextEncoder
-from sie_worker.adapters.cross_encoder import CrossEncoderScorer
-from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
+from sie_worker.adapters.families.cross_encoder import CrossEncoderScorer
+from sie_worker.adapters.families.sentence_transformer import SentenceTransformerEncoder
 from sie_worker.models.cpu_precision import (
     CpuBuild,
     auto_precision,

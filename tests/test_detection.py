@@ -298,7 +298,7 @@ def test_an_image_too_large_is_refused_before_decoding(stub, model_id, size, mes
 
 
 def test_resized_pixels_is_what_the_processor_makes(directories) -> None:
-    from sie_worker.adapters.detector import processed_pixels
+    from sie_worker.adapters.families.detector import processed_pixels
 
     for model_id, directory in directories.items():
         processor = AutoProcessor.from_pretrained(directory, backend="pil").image_processor

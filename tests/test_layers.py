@@ -2,7 +2,7 @@
 `if TYPE_CHECKING:` and imports inside functions as well.
 
 - The worker's layers, top to bottom: the process (cli, server, __main__) -> api, cluster -> engine ->
-  batching, models -> weights -> adapters. settings and metrics are leaves: any layer may import them and
+  batching, models -> weights, adapters -> kernels. settings and metrics are leaves: any layer may import them and
   they import nothing of sie_worker. No module imports a layer above its own or a sibling of its own rank
   (batching and models do not import each other; nothing in engine imports api).
 - Proto conversion lives in the worker's api/: below it, nothing imports the sie.v1 messages, protobuf or
@@ -34,15 +34,15 @@ WORKER_RANKS = {
     "api": 4, "cluster": 4,
     "engine": 3,
     "batching": 2, "models": 2,
-    "weights": 1,
-    "adapters": 0,
+    "weights": 1, "adapters": 1,
+    "kernels": 0,
 }  # fmt: skip
 # The process: its entry points, the top layer.
 TOP = {"__main__", "cli", "server"}
 # Leaves: any layer imports them; they import nothing of sie_worker.
 WORKER_LEAVES = {"settings", "metrics"}
 # Layers that work on the worker's own types: messages are converted in api/ (sie_worker.api.convert).
-PROTO_FREE = {"engine", "batching", "models", "weights", "adapters"}
+PROTO_FREE = {"engine", "batching", "models", "weights", "adapters", "kernels"}
 PROTO_MODULES = ("sie", "sie_contract", "google.protobuf")
 # What the client distribution may import of first-party code.
 CLIENT_MAY_IMPORT = ("sie_client", "sie_contract", "sie")

@@ -273,7 +273,7 @@ def test_a_long_score_query_is_tokenized_once_with_the_same_pairs(tiny_models: d
     length), and the pairs are the ones the untouched query gives."""
     from transformers import AutoModelForSequenceClassification
 
-    from sie_worker.adapters.hf_text import TextTokenizer
+    from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
     directory = tiny_models["test/tiny-reranker"]
     tokenizer = TextTokenizer(directory, None, AutoModelForSequenceClassification.from_pretrained(directory))

@@ -5,21 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sie_worker.adapters.base import LoadContext, ModelAdapter
-from sie_worker.adapters.bge_m3 import BgeM3Encoder
-from sie_worker.adapters.clip import DualEncoder
-from sie_worker.adapters.colbert import ColbertEncoder
-from sie_worker.adapters.colpali import PageRetriever
-from sie_worker.adapters.cross_encoder import CrossEncoderScorer
-from sie_worker.adapters.detector import ZeroShotDetector
-from sie_worker.adapters.document_reader import DocumentReader
-from sie_worker.adapters.gliclass import GliclassClassifier
-from sie_worker.adapters.gliner import GlinerExtractor
-from sie_worker.adapters.glirel import GlirelExtractor
-from sie_worker.adapters.llm_reranker import LlmReranker
-from sie_worker.adapters.nli import NliZeroShotClassifier
-from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
-from sie_worker.adapters.splade import SpladeEncoder
-from sie_worker.adapters.token_classifier import TokenClassificationExtractor
+from sie_worker.adapters.families.bge_m3 import BgeM3Encoder
+from sie_worker.adapters.families.clip import DualEncoder
+from sie_worker.adapters.families.colbert import ColbertEncoder
+from sie_worker.adapters.families.colpali import PageRetriever
+from sie_worker.adapters.families.cross_encoder import CrossEncoderScorer
+from sie_worker.adapters.families.detector import ZeroShotDetector
+from sie_worker.adapters.families.document_reader import DocumentReader
+from sie_worker.adapters.families.gliclass import GliclassClassifier
+from sie_worker.adapters.families.gliner import GlinerExtractor
+from sie_worker.adapters.families.glirel import GlirelExtractor
+from sie_worker.adapters.families.llm_reranker import LlmReranker
+from sie_worker.adapters.families.nli import NliZeroShotClassifier
+from sie_worker.adapters.families.sentence_transformer import SentenceTransformerEncoder
+from sie_worker.adapters.families.splade import SpladeEncoder
+from sie_worker.adapters.families.token_classifier import TokenClassificationExtractor
 
 ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
     "sentence_transformer": SentenceTransformerEncoder,

@@ -118,9 +118,9 @@ class LoadContext:
     device: torch.device
     dtype: torch.dtype
     attention_backend: str
-    # Pack float32 CPU Linear layers for oneDNN (sie_worker.adapters.onednn).
+    # Pack float32 CPU Linear layers for oneDNN (sie_worker.kernels.onednn).
     cpu_onednn: bool
-    # Let BERT-family CPU models skip padded tokens where the adapter allows it (sie_worker.adapters.unpadded).
+    # Let BERT-family CPU models skip padded tokens where the adapter allows it (sie_worker.kernels.unpadded).
     cpu_unpadded: bool
 
 

@@ -33,10 +33,10 @@ from sie_common.cluster.model_config import DEFAULT_PROFILE, ModelConfig, ModelC
 from sie_common.edge.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.base import LoadContext, ModelAdapter
-from sie_worker.adapters.hf_text import LOAD_LOCK
 from sie_worker.models.catalog import Catalog
 from sie_worker.models.cpu_precision import cpu_flags, load_on_cpu
 from sie_worker.models.device import compute_dtype
+from sie_worker.models.load_lock import LOAD_LOCK
 from sie_worker.models.lora import LoraAdapters
 from sie_worker.models.memory import MemoryPressure, module_bytes, release_cuda_cache, weight_file_bytes
 from sie_worker.models.passing_thread import in_passing_thread

@@ -23,8 +23,9 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoModel
 
 from sie_worker.adapters.base import EncodedItem, ImageEncoder, LoadContext, TokenizedText
-from sie_worker.adapters.hf_text import load_model, padded
-from sie_worker.adapters.slow_tokenizer import text_tokenizer
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.padding import padded
+from sie_worker.adapters.layers.slow_tokenizer import text_tokenizer
 
 TEXT_PADDINGS = ("longest", "max_length")
 # Model types trained on text padded to the maximum length, read at the last position.

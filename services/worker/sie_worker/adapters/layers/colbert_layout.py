@@ -30,7 +30,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from sie_worker.adapters.hf_text import module_folder, read_json, read_modules
+from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json, read_modules
 
 QUERY_LENGTH = 32
 _IDENTITY = ("torch.nn.modules.linear.Identity", "Identity")

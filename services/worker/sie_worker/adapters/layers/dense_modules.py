@@ -15,7 +15,7 @@ from typing import TypeGuard
 
 import torch
 
-from sie_worker.adapters.hf_text import module_folder, read_json
+from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json
 
 # Activation functions by the name sentence-transformers saves (only torch.nn's, never code from the directory).
 ACTIVATIONS: dict[str, type[torch.nn.Module]] = {

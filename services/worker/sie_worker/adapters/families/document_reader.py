@@ -38,7 +38,7 @@ from sie_worker.adapters.base import (
     LoadContext,
     Prepared,
 )
-from sie_worker.adapters.option_values import whole_number
+from sie_worker.adapters.layers.option_values import whole_number
 
 DEFAULT_MAX_NEW_TOKENS = 256
 # Upper bound of max_new_tokens, in run_options and requests.

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
-from sie_worker.adapters.hf_text import module_folder, read_json, read_modules
+from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json, read_modules
 
 ACTIVATIONS = ("relu", "log1p_relu")
 POOLINGS = ("max", "sum")

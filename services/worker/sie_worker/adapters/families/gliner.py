@@ -30,9 +30,9 @@ from sie_worker.adapters.base import (
     LoadContext,
     Prepared,
 )
-from sie_worker.adapters.hf_text import position_limit
-from sie_worker.adapters.option_values import probability
-from sie_worker.adapters.optional import auto_map_in, is_local_path, require_package
+from sie_worker.adapters.layers.option_values import probability
+from sie_worker.adapters.layers.optional_packages import auto_map_in, is_local_path, require_package
+from sie_worker.adapters.layers.text_tokenizer import position_limit
 
 DEFAULT_THRESHOLD = 0.5
 # The backbone GLiNER's configs name when they name none.

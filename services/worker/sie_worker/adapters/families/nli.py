@@ -31,7 +31,10 @@ from sie_worker.adapters.base import (
     Prepared,
     TokenizedText,
 )
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, model_inputs, padded
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.activations import softmax
+from sie_worker.adapters.layers.padding import by_length, model_inputs, padded
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 DEFAULT_TEMPLATE = "This example is {}."
 MAX_TEMPLATE_BYTES = 512
@@ -165,9 +168,3 @@ class NliZeroShotClassifier(ItemExtractor):
                 if query.threshold is None or scores[index] >= query.threshold
             ]
         )
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, shifted by its maximum (no overflow)."""
-    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)

@@ -1,7 +1,7 @@
 """ColBERT-style multivector encoders: one projected (by default L2-normalized) vector per token.
 
 The directory is a `transformers` encoder plus its projection in one of the layouts
-`sie_worker.adapters.colbert_layout` reads (Stanford, PyLate, sentence-transformers MultiVectorEncoder),
+`sie_worker.adapters.layers.colbert_layout` reads (Stanford, PyLate, sentence-transformers MultiVectorEncoder),
 which also gives the markers, lengths, query expansion and skiplist. load_options override them:
 
 - `query_marker` / `document_marker`: marker tokens inserted after the first token ([CLS]);
@@ -24,8 +24,10 @@ from tokenizers import Tokenizer
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
-from sie_worker.adapters.colbert_layout import ColbertLayout, read_layout
-from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.colbert_layout import ColbertLayout, read_layout
+from sie_worker.adapters.layers.padding import model_inputs, padded
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 
 class ColbertEncoder(TextEncoder):

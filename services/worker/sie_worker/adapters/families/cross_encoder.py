@@ -12,16 +12,16 @@ Sigmoid for one label. load_options `activation` (`sigmoid` / `identity` /
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification
 
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, model_inputs, padded, read_json
-
-ACTIVATIONS = {"sigmoid": torch.sigmoid, "identity": lambda logits: logits, "tanh": torch.tanh}
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.activations import ACTIVATIONS, saved_activation
+from sie_worker.adapters.layers.padding import by_length, model_inputs, padded
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 
 class CrossEncoderScorer(PairScorer):
@@ -57,27 +57,3 @@ class CrossEncoderScorer(PairScorer):
         with torch.inference_mode():
             logits = self.model(**model_inputs(self.model, inputs)).logits.float()[:, 0]
             return self.activation(logits).cpu().numpy()
-
-
-def saved_activation(directory: Path) -> str:
-    """The activation a CrossEncoder saved in the directory (a key of ACTIVATIONS), Sigmoid when it saved none:
-    `activation_fn` in config_sentence_transformers.json (sentence-transformers 6) or under config.json's
-    `sentence_transformers`, or config.json's `sbert_ce_default_activation_function` (before 4.0; e.g. Identity
-    on the ms-marco cross-encoders, Tanh on Qwen3-Reranker seq-cls conversions). A torch activation outside
-    ACTIVATIONS fails the load: scoring through another one would be silently wrong."""
-    config = read_json(directory / "config.json")
-    saved = str(
-        read_json(directory / "config_sentence_transformers.json").get("activation_fn")
-        or (config.get("sentence_transformers") or {}).get("activation_fn")
-        or config.get("sbert_ce_default_activation_function")
-        or ""
-    )
-    name = saved.rsplit(".", 1)[-1].lower()
-    if name in ACTIVATIONS:
-        return name
-    if saved.startswith("torch."):
-        raise ValueError(
-            f"the saved activation {saved} is not one of {', '.join(ACTIVATIONS)}; set load_options.activation"
-        )
-    # none saved, or a class of remote code, which sentence-transformers ignores without trust_remote_code
-    return "sigmoid"

@@ -25,7 +25,8 @@ from PIL import Image
 from transformers import AutoConfig, AutoProcessor
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, PatchImageEncoder, TokenizedText
-from sie_worker.adapters.hf_text import load_model, padded
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.padding import padded
 
 # model_type -> the transformers class (looked up on load: importing one loads its modeling code).
 _MODELS = {"colpali": "ColPaliForRetrieval", "colqwen2": "ColQwen2ForRetrieval"}

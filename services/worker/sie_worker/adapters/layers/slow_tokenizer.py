@@ -9,7 +9,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from sie_worker.adapters.base import TokenizedText
-from sie_worker.adapters.hf_text import PREFIX_CHARS_PER_TOKEN, TextTokenizer, max_length
+from sie_worker.adapters.layers.text_tokenizer import PREFIX_CHARS_PER_TOKEN, TextTokenizer, max_length
 
 
 class SlowTextTokenizer:

@@ -29,7 +29,9 @@ import torch
 from transformers import AutoModel
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, SparseWeights, TextEncoder, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.padding import model_inputs, padded
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 SCORE_MODES = ("dense", "sparse", "multivector", "hybrid")
 # The BGE-M3 paper's weights for hybrid scores (dense, sparse, multivector).

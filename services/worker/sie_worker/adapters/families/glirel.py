@@ -34,10 +34,10 @@ from sie_worker.adapters.base import (
     Prepared,
     Relation,
 )
-from sie_worker.adapters.gliner import GlinerExtractor
-from sie_worker.adapters.hf_text import position_limit
-from sie_worker.adapters.option_values import probability, whole_number
-from sie_worker.adapters.optional import require_package
+from sie_worker.adapters.families.gliner import GlinerExtractor
+from sie_worker.adapters.layers.option_values import probability, whole_number
+from sie_worker.adapters.layers.optional_packages import require_package
+from sie_worker.adapters.layers.text_tokenizer import position_limit
 
 DEFAULT_THRESHOLD = 0.5
 # Most entity spans one item takes (from the request or from GLiNER): GLiREL scores every ordered pair against every

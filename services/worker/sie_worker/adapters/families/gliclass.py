@@ -33,10 +33,10 @@ from sie_worker.adapters.base import (
     LoadContext,
     Prepared,
 )
-from sie_worker.adapters.hf_text import TextTokenizer
-from sie_worker.adapters.nli import softmax
-from sie_worker.adapters.option_values import probability
-from sie_worker.adapters.optional import auto_map_in, is_local_path, require_package
+from sie_worker.adapters.layers.activations import softmax
+from sie_worker.adapters.layers.option_values import probability
+from sie_worker.adapters.layers.optional_packages import auto_map_in, is_local_path, require_package
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 CLASSIFICATION_TYPES = ("single-label", "multi-label")
 DEFAULT_THRESHOLD = 0.5

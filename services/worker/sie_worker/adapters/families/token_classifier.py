@@ -26,7 +26,9 @@ from sie_worker.adapters.base import (
     Prepared,
     TokenizedText,
 )
-from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.padding import model_inputs, padded
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 
 class TokenClassificationExtractor(ItemExtractor):

@@ -3,7 +3,7 @@
 weight[v] = max over the item's tokens of log(1 + relu(logit[token, v])), padding excluded (a
 sentence-transformers SpladePooling may say `sum` instead of max, or `log1p_relu`: log(1 + log(1 + relu))).
 Doc-only models (OpenSearch) weigh queries without the model: each distinct token of the query, special tokens
-dropped, gets its static weight from `idf.json` / the SparseStaticEmbedding (sie_worker.adapters.sparse_layout).
+dropped, gets its static weight from `idf.json` / the SparseStaticEmbedding (sie_worker.adapters.layers.sparse_layout).
 The non-zero weights come back as ascending indices + values.
 run_options `query_prompt` / `document_prompt` put a prefix before the text.
 """
@@ -18,8 +18,10 @@ import torch
 from transformers import AutoModelForMaskedLM
 
 from sie_worker.adapters.base import EncodedItem, LoadContext, SparseWeights, TextEncoder, TokenizedText
-from sie_worker.adapters.hf_text import TextTokenizer, load_model, model_inputs, padded
-from sie_worker.adapters.sparse_layout import read_layout
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.padding import model_inputs, padded
+from sie_worker.adapters.layers.sparse_layout import read_layout
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 
 class SpladeEncoder(TextEncoder):

@@ -1,35 +1,27 @@
-"""Pieces every `transformers`-based text adapter shares: tokenizer set-up, padding, attention backend."""
+"""A model's text tokenizer as the adapters use it: truncating, unpadded, thread-safe, reading a long text only as
+far as the model does; and the model's length limit (its config, sentence-transformers files, tokenizer and position
+table)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer
 
-from sie_worker.adapters.base import LoadContext, TokenizedText
-from sie_worker.adapters.onednn import use_onednn
-from sie_worker.adapters.unpadded import use_unpadded
+from sie_worker.adapters.base import TokenizedText
+from sie_worker.adapters.layers.checkpoint_files import read_json
 
 log = logging.getLogger(__name__)
 
-Row = TypeVar("Row")
-# On a CPU one more forward pass costs about as much as this many padded tokens.
-CPU_SPLIT_TOKENS = 64
 # Characters of a text tokenized at first per token of the maximum length (TextTokenizer._encode_prefixes).
 PREFIX_CHARS_PER_TOKEN = 4
 # Above this, a tokenizer's model_max_length is a placeholder, not a limit.
 _UNSET_MAX_LENGTH = 1_000_000
-# transformers' and peft's from_pretrained are not safe to run in two threads at
-# once (meta-device initialisation is process-wide): model and LoRA loads take turns.
-LOAD_LOCK = threading.Lock()
 
 
 class TextTokenizer:
@@ -131,94 +123,6 @@ def _chunks_final(encoding: Any, chunks: int) -> bool:
     return bool(words) and bool(last) and max(words) < last[-1]
 
 
-def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = True) -> PreTrainedModel:
-    """`auto_class.from_pretrained` on the model directory, in the compute dtype, on the device, in eval mode,
-    on oneDNN kernels on a CPU where the context asks for them.
-    An adapter that reads no output at padded positions passes reads_padding=False, and a BERT-family
-    model on a CPU then computes on real tokens only (sie_worker.adapters.unpadded).
-    Code shipped with the weights runs only when the profile sets load_options.trust_remote_code."""
-    model = auto_class.from_pretrained(
-        context.weights,
-        dtype=context.dtype,
-        trust_remote_code=context.profile.trust_remote_code,
-        **attention_kwargs(context),
-    )
-    model = model.to(context.device).eval()
-    if context.cpu_onednn and context.device.type == "cpu":
-        use_onednn(model)
-    if not reads_padding and context.cpu_unpadded and context.device.type == "cpu":
-        use_unpadded(model)
-    return model
-
-
-def padded(
-    batch: Sequence[TokenizedText], pad_id: int, device: torch.device, *, left: bool = False
-) -> dict[str, torch.Tensor]:
-    """input_ids, attention_mask and token_type_ids of a batch, padded to its longest item on the right
-    (on the left with `left`: each item then ends at the last position)."""
-    longest = max(len(item.ids) for item in batch)
-    ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
-    mask = np.zeros((len(batch), longest), dtype=np.int64)
-    types = np.zeros((len(batch), longest), dtype=np.int64)
-    for row, item in enumerate(batch):
-        start = longest - len(item.ids) if left else 0
-        ids[row, start : start + len(item.ids)] = item.ids
-        mask[row, start : start + len(item.ids)] = 1
-        if item.type_ids:
-            types[row, start : start + len(item.type_ids)] = item.type_ids
-    return {
-        "input_ids": torch.from_numpy(ids).to(device),
-        "attention_mask": torch.from_numpy(mask).to(device),
-        "token_type_ids": torch.from_numpy(types).to(device),
-    }
-
-
-def length_groups(lengths: Sequence[int], split_tokens: int) -> list[list[int]]:
-    """Positions of a batch in runs of similar length, shortest first.
-
-    A new run starts where padding the run so far up to the next item's length
-    would add more than `split_tokens` padded tokens.
-    """
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
-        if current and len(current) * (lengths[index] - longest) > split_tokens:
-            groups.append(current)
-            current = []
-        current.append(index)
-        longest = lengths[index]
-    if current:
-        groups.append(current)
-    return groups
-
-
-def by_length(
-    batch: Sequence[TokenizedText], device: torch.device, forward: Callable[[Sequence[TokenizedText]], Iterable[Row]]
-) -> list[Row]:
-    """`forward` over the batch, one output per item in the batch's order.
-
-    On a CPU, compute grows with every padded token and a forward pass costs
-    little on its own, so the batch runs as several passes of similar length
-    (the batch former keeps a batch's oldest item whatever its length: one long
-    item would otherwise pad every short one). Accelerators run it whole.
-    """
-    if device.type != "cpu":
-        return list(forward(batch))
-    outputs: list[Any] = [None] * len(batch)
-    for group in length_groups([len(item.ids) for item in batch], CPU_SPLIT_TOKENS):
-        for index, output in zip(group, forward([batch[index] for index in group]), strict=True):
-            outputs[index] = output
-    return outputs
-
-
-def model_inputs(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop token_type_ids for models that have no segment embeddings."""
-    if getattr(model.config, "type_vocab_size", 0):
-        return inputs
-    return {key: value for key, value in inputs.items() if key != "token_type_ids"}
-
-
 def max_length(configured: int | None, st_config: dict[str, Any], tokenizer: Any, model: Any) -> int:
     """The model YAML wins, then sentence_bert_config.json, then the tokenizer, then the position table; never
     more than the position table holds (a longer input would fail the forward pass of its whole batch)."""
@@ -262,50 +166,3 @@ def _position_table(model: Any) -> torch.nn.Embedding | None:
         if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
             return module
     return None
-
-
-def attention_kwargs(context: LoadContext) -> dict[str, str]:
-    backend = context.attention_backend
-    if backend == "auto":
-        if context.device.type == "cuda" and _flash_attention_installed():
-            return {"attn_implementation": "flash_attention_2"}
-        return {}
-    return {"attn_implementation": backend}
-
-
-def _flash_attention_installed() -> bool:
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def read_modules(directory: Path) -> list[dict[str, Any]]:
-    """The entries of the directory's sentence-transformers `modules.json` ([] without one); ValueError when it
-    is not a list of objects, each with a string `type` and `path`."""
-    path = directory / "modules.json"
-    if not path.exists():
-        return []
-    entries = json.loads(path.read_text())
-    if not isinstance(entries, list) or not all(
-        isinstance(entry, dict) and isinstance(entry.get("type"), str) and isinstance(entry.get("path", ""), str)
-        for entry in entries
-    ):
-        raise ValueError(f"{path}: not a list of modules, each with a string type and path")
-    return entries
-
-
-def module_folder(directory: Path, relative: str) -> Path:
-    """`directory / relative` for a folder the checkpoint's own files name (modules.json, a Router's config).
-    ValueError where it leads out of the directory ('..', an absolute path, a symlink): the weight roots were
-    checked for the directory, not for what its files point at."""
-    folder = directory / relative
-    inside = directory.resolve()
-    if folder.resolve() != inside and inside not in folder.resolve().parents:
-        raise ValueError(f"{directory}: module path {relative!r} leads out of the model directory")
-    return folder

@@ -22,18 +22,12 @@ from transformers import AutoModel
 
 from sie_common.edge.errors import InvalidArgument
 from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
-from sie_worker.adapters.bidirectional import use_bidirectional
-from sie_worker.adapters.dense_modules import DenseModule, load_dense
-from sie_worker.adapters.hf_text import (
-    TextTokenizer,
-    by_length,
-    load_model,
-    module_folder,
-    padded,
-    position_offset,
-    read_json,
-    read_modules,
-)
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json, read_modules
+from sie_worker.adapters.layers.dense_modules import DenseModule, load_dense
+from sie_worker.adapters.layers.padding import by_length, padded
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer, position_offset
+from sie_worker.kernels.bidirectional import use_bidirectional
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Older sentence-transformers configs: one boolean per mode, in this order.

@@ -6,7 +6,7 @@ computes it, then the CrossEncoder activation (Sigmoid unless the directory save
 difference is the yes-probability of a softmax over the two tokens. mxbai-rerank-v2 style checkpoints converted
 to `*ForSequenceClassification` score with their own one-label head at the last real token.
 
-The prompt: load_options `template` (sie_worker.adapters.pair_templates.TextTemplate), else the tokenizer's chat
+The prompt: load_options `template` (sie_worker.adapters.layers.pair_templates.TextTemplate), else the tokenizer's chat
 template with the roles sentence-transformers gives a pair, else the plain pair. A text over the maximum length
 is cut at its end and its template tail (the tokens after the document, e.g. the assistant turn) written back
 over its last tokens, as sentence-transformers restores a chat template's suffix, so the last token stays the one
@@ -27,9 +27,12 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from sie_common.edge.errors import InvalidArgument
 from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
-from sie_worker.adapters.cross_encoder import ACTIVATIONS, saved_activation
-from sie_worker.adapters.hf_text import TextTokenizer, by_length, load_model, module_folder, read_json, read_modules
-from sie_worker.adapters.pair_templates import ChatTemplate, PairTemplate, TextTemplate
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.activations import ACTIVATIONS, saved_activation
+from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json, read_modules
+from sie_worker.adapters.layers.padding import by_length
+from sie_worker.adapters.layers.pair_templates import ChatTemplate, PairTemplate, TextTemplate
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
 # The pair fillers whose renders differ only in content: their common token tail is the template's.
 _FILLERS = ("0", "1 2 3 4")

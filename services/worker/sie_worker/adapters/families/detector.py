@@ -43,8 +43,8 @@ from sie_worker.adapters.base import (
     LoadContext,
     Prepared,
 )
-from sie_worker.adapters.hf_text import load_model
-from sie_worker.adapters.option_values import probability, whole_number
+from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.layers.option_values import probability, whole_number
 
 GROUNDING_DINO = "grounding-dino"
 OWLV2 = "owlv2"
