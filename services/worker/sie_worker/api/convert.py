@@ -55,7 +55,7 @@ def describe_model(registry: ModelRegistry, model_id: str) -> inference_pb2.Mode
     loaded = registry.loaded(model_id)
     state = registry.state(model_id)
     stats = registry.stats(model_id)
-    encoder = loaded[0].encoder if loaded else None
+    encoder = loaded[0].adapter if loaded else None
     described = inference_pb2.Model(
         id=config.id,
         tasks=config.tasks,

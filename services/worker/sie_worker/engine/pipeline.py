@@ -80,10 +80,10 @@ from sie_worker.engine.limits import Limits, check_held_multivectors
 from sie_worker.engine.plan import Planner, RequestPlan, Similarity
 from sie_worker.engine.postprocess import muvera, quantize, truncate
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
-from sie_worker.models.catalog import read_catalog
-from sie_worker.models.device import select_device
-from sie_worker.models.memory import blame_item, is_cuda_oom, release_cuda_cache, run_isolating_failures
-from sie_worker.models.registry import LoadedModel, ModelRegistry
+from sie_worker.models.batch_retry import blame_item, run_isolating_failures
+from sie_worker.models.build import LoadedModel
+from sie_worker.models.memory import is_cuda_oom, release_cuda_cache
+from sie_worker.models.registry import ModelRegistry
 from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -149,10 +149,12 @@ class _Clock:
 
 
 class Engine:
-    def __init__(self, settings: WorkerSettings) -> None:
+    """The pipeline around a registry of models (passed in: an engine can be built in-process around any adapters)."""
+
+    def __init__(self, settings: WorkerSettings, registry: ModelRegistry) -> None:
         self.settings = settings
-        self.device = select_device(settings.device)
-        self.registry = ModelRegistry(read_catalog(settings), settings, self.device)
+        self.registry = registry
+        self.device = registry.device
         self.limits = Limits.from_settings(settings)
         self._former = BatchFormer()
         self._cpu_pool = ThreadPoolExecutor(settings.preprocessor_workers, thread_name_prefix="sie-cpu")
@@ -265,7 +267,7 @@ class Engine:
         too) would be more than SIE_MAX_SCORE_MULTIVECTOR_BYTES to hold (an answer may be far smaller than that:
         MUVERA, a binary dtype), so no vectors are computed and held for an answer that cannot go out or that a
         request may not hold."""
-        encoder = plan.model.encoder
+        encoder = plan.model.adapter
         total = 0
 
         def check(rows: int) -> None:
@@ -341,7 +343,7 @@ class Engine:
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
         """One image per item: decoded and preprocessed on the image pool, then batched by the image key, at cost 1
         (every image is processed to one size) or, where images yield a multivector per patch, at their rows."""
-        encoder = model.encoder
+        encoder = model.adapter
         assert isinstance(encoder, ImageEncoder)  # check_adapter_serves: a model whose inputs include image has one
         pixels = await self._prepare_images(clock, encoder, items)
         costs = [IMAGE_COST] * len(pixels)
@@ -399,7 +401,7 @@ class Engine:
         options: Mapping[str, Any],
         check_rows: Callable[[int], None] | None = None,
     ) -> tuple[list[EncodedItem], list[_ItemResult]]:
-        encoder = cast(TextEncoder, model.encoder)  # the plan checked it encodes
+        encoder = cast(TextEncoder, model.adapter)  # the plan checked it encodes
         prompt = encoder.prompt(is_query=is_query, instruction=instruction)
         tokenized = await self._tokenize(
             clock,
@@ -441,7 +443,7 @@ class Engine:
     async def _score_pairs(
         self, model: LoadedModel, job: ScoreJob, clock: _Clock
     ) -> tuple[list[float], list[_ItemResult]]:
-        scorer = cast(PairScorer, model.encoder)  # the plan checked it scores pairs
+        scorer = cast(PairScorer, model.adapter)  # the plan checked it scores pairs
         query = job.query.text or ""
         texts = [item.text or "" for item in job.items]
         chars = len(job.instruction or "") + len(query) + sum(map(len, texts))
@@ -464,7 +466,7 @@ class Engine:
 
         An instruction is the query's (retrieval models encode documents with their document prompt), except on a
         dual encoder, where it is the prompt of every text (`a photo of `), the items included."""
-        encoder, outputs = plan.model.encoder, plan.device_outputs
+        encoder, outputs = plan.model.adapter, plan.device_outputs
         item_instruction = job.instruction if isinstance(encoder, ImageEncoder) else None
         (query, query_results), (items, item_results) = await _all_or_none(
             self._encode_items(
@@ -500,7 +502,7 @@ class Engine:
         clock = self._clock(job.debug)
         with self.admitted(), contextlib.ExitStack() as holds:
             model = self._planner.plan(job, holds).model
-            extractor = cast(ItemExtractor, model.encoder)  # the plan checked it
+            extractor = cast(ItemExtractor, model.adapter)  # the plan checked it
             query = ExtractQuery(job.labels, job.threshold, job.options)
             inputs, prepared = await self._prepare_extract(clock, extractor, job.items, query)
             work = self._work(model, job.lora, lambda batch: extractor.run(batch, query))
@@ -818,7 +820,7 @@ def _finish(item: EncodedItem, plan: RequestPlan, *, is_query: bool) -> EncodedO
     dense = None
     if "dense" in plan.outputs:
         if plan.muvera is None:
-            normalized = cast(TextEncoder, plan.model.encoder).normalized  # the plan checked it encodes
+            normalized = cast(TextEncoder, plan.model.adapter).normalized  # the plan checked it encodes
             dense = truncate(item.vector("dense"), dims=plan.dims, normalized=normalized)
         else:
             multivector = item.vector("multivector")

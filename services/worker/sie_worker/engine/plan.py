@@ -27,7 +27,8 @@ from sie_worker.adapters.base import (
 from sie_worker.engine.jobs import EncodeJob, ExtractJob, ItemInput, ScoreJob
 from sie_worker.engine.limits import Limits, check_muvera
 from sie_worker.engine.postprocess import MuveraParams, cosine, maxsim
-from sie_worker.models.registry import LoadedModel, ModelRegistry
+from sie_worker.models.build import LoadedModel
+from sie_worker.models.registry import ModelRegistry
 
 Similarity = Callable[[EncodedItem, EncodedItem], float]
 Job = EncodeJob | ScoreJob | ExtractJob
@@ -106,7 +107,7 @@ class Planner:
     def _score(self, job: ScoreJob, holds: contextlib.ExitStack) -> RequestPlan:
         config = self.registry.config(job.model)
         model = self._model(holds, config, job.profile, "score", job.lora, [job.query, *job.items])
-        encoder = model.encoder
+        encoder = model.adapter
         if isinstance(encoder, PairScorer):
             return RequestPlan(model, "score")
         outputs: tuple[str, ...]
@@ -130,7 +131,7 @@ class Planner:
     def _extract(self, job: ExtractJob, holds: contextlib.ExitStack) -> RequestPlan:
         config = self.registry.config(job.model)
         model = self._model(holds, config, job.profile, "extract", job.lora, job.items)
-        extractor = model.encoder
+        extractor = model.adapter
         assert isinstance(extractor, ItemExtractor)  # check_adapter_serves: an extract model's adapter is one
         if extractor.zero_shot and not job.labels:
             raise InvalidArgument(
@@ -226,7 +227,7 @@ def _check_outputs(config: ModelConfig, output_types: tuple[str, ...]) -> None:
 
 def _device_outputs(model: LoadedModel, output_types: tuple[str, ...]) -> tuple[str, ...]:
     """What the forward pass must produce: dense of a multivector-only model comes from MUVERA."""
-    native = model.encoder.output_types
+    native = model.adapter.output_types
     needed = []
     for output in output_types:
         source = "multivector" if output == "dense" and "dense" not in native and "multivector" in native else output
@@ -243,7 +244,7 @@ def _device_outputs(model: LoadedModel, output_types: tuple[str, ...]) -> tuple[
 
 def _uses_muvera(model: LoadedModel) -> bool:
     """Whether the model's dense output is the MUVERA encoding of its multivectors."""
-    native = model.encoder.output_types
+    native = model.adapter.output_types
     return "dense" not in native and "multivector" in native
 
 
@@ -263,4 +264,4 @@ def dense_dims(model: LoadedModel, options: Mapping[str, Any]) -> int:
     """Width of the model's dense output (its MUVERA encoding for a multivector model)."""
     if _uses_muvera(model):
         return _muvera_params(model, options).dims
-    return model.encoder.dims
+    return model.adapter.dims
