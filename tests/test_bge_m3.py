@@ -291,7 +291,7 @@ def test_all_three_outputs_take_one_forward_pass_per_batch(worker: WorkerProcess
 
 def test_the_adapter_runs_the_transformer_once_for_all_three_outputs(weights: dict[str, Path], tmp_path: Path) -> None:
     """Inside a batch: one call of the transformer whatever the outputs asked (a forward hook counts them)."""
-    from sie_worker.adapters.base import LoadContext
+    from sie_worker.adapters.contract import Input, LoadContext, Query
     from sie_worker.adapters.families.bge_m3 import BgeM3Encoder
 
     config_file = tmp_path / "m3.yaml"
@@ -301,6 +301,7 @@ def test_the_adapter_runs_the_transformer_once_for_all_three_outputs(weights: di
     adapter = BgeM3Encoder(context)
     calls = []
     adapter.model.register_forward_hook(lambda *_: calls.append(1))
-    items = adapter.encode(adapter.tokenize(TEXTS, ""), OUTPUTS)
+    query = Query("encode", outputs=OUTPUTS)
+    items = adapter.run([ready.value for ready in adapter.prepare([Input(text) for text in TEXTS], query)], query)
     assert len(calls) == 1
     assert all(item.dense is not None and item.sparse is not None and item.multivector is not None for item in items)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sie_worker.adapters.base import TokenizedText
+from sie_worker.adapters.items import TokenizedText
 from sie_worker.adapters.layers.padding import CPU_SPLIT_TOKENS, by_length, length_groups
 
 

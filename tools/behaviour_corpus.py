@@ -22,6 +22,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -201,6 +202,7 @@ def record_worker(directory: Path, cases: list[Case]) -> dict[str, Record]:
         "SIE_MODELS_DIR": str(directory / "configs"),
         "SIE_WEIGHT_ROOTS": str(directory),
         "SIE_PRELOAD_MODELS": ",".join([*built, MINILM]),
+        "SIE_WORKER_ID": "corpus-worker",
     }
     (directory / "logs").mkdir(exist_ok=True)
     worker = ServiceProcess(env, directory / "logs" / f"worker-{os.getpid()}.log")
@@ -294,9 +296,25 @@ def record(directory: Path, out: Path, only: str | None) -> None:
     print(f"recorded {sum(map(len, recorded.values()))} answers in {out}")
 
 
+# What differs from run to run and is left out of a comparison: heap addresses in messages (Pillow names its
+# BytesIO), worker ids (a standalone worker's is its host and port).
+RUN_DEPENDENT = (
+    (re.compile(r"0x[0-9a-f]{6,}"), "0x…"),
+    (re.compile(r'"worker_id": "[^"]*"'), '"worker_id": "…"'),
+    (re.compile(r"on worker [^;]*;"), "on worker …;"),
+)
+
+
+def _comparable(recorded: dict[str, dict[str, Record]]) -> dict[str, dict[str, Record]]:
+    text = json.dumps(recorded, sort_keys=True)
+    for pattern, replacement in RUN_DEPENDENT:
+        text = pattern.sub(replacement, text)
+    return json.loads(text)
+
+
 def compare(first: Path, second: Path) -> int:
     """Print what differs; 1 if anything does."""
-    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    a, b = _comparable(json.loads(first.read_text())), _comparable(json.loads(second.read_text()))
     differences = 0
     counts = {"answers": 0, "refusals": 0}
     for transport in sorted(set(a) | set(b)):

@@ -22,7 +22,7 @@ from sie_worker.api.inference import InferenceService
 from sie_worker.api.work import WorkService
 from sie_worker.cluster.config_sync import ConfigSync
 from sie_worker.cluster.registration import Registration
-from sie_worker.engine.pipeline import Engine
+from sie_worker.engine.engine import Engine
 from sie_worker.metrics import register_engine
 from sie_worker.models.catalog import read_catalog
 from sie_worker.models.device import select_device

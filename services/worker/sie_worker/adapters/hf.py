@@ -1,15 +1,68 @@
-"""Loading a `transformers` model the way every adapter does: its compute dtype, its device, eval mode, the attention
-backend, and the CPU kernels the worker's settings ask for."""
+"""What the `transformers`-based families share: the load context and its device, a model loaded in the compute
+dtype on that device (eval mode, the attention backend, the CPU kernels the worker's settings ask for), its
+tokenizer with the model's length limit, and the prompt put before each text."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel
 
-from sie_worker.adapters.base import LoadContext
+from sie_worker.adapters.contract import Adapter, LoadContext, Query
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 from sie_worker.kernels.onednn import use_onednn
 from sie_worker.kernels.unpadded import use_unpadded
+
+
+class HfAdapter(Adapter):
+    """A family built on `transformers`. Its prompts: `query_prompt` before a query, `document_prompt` before a
+    document, and `instruction_prompt` (with `{instruction}` where it goes) instead of either when the request has an
+    instruction."""
+
+    query_prompt: str = ""
+    document_prompt: str = ""
+    instruction_prompt: str = "{instruction}"
+
+    def __init__(self, context: LoadContext) -> None:
+        self.context = context
+        self.device = context.device
+
+    def load(self, auto_class: Any, *, reads_padding: bool = True, weights: Path | None = None) -> PreTrainedModel:
+        """The model of the directory (`weights`, or the context's) through `auto_class` (load_model)."""
+        context = self.context if weights is None else dataclasses.replace(self.context, weights=weights)
+        return load_model(auto_class, context, reads_padding=reads_padding)
+
+    def use_tokenizer(
+        self,
+        model: Any,
+        *,
+        directory: Path | None = None,
+        default_length: int | None = None,
+        reserve: int = 0,
+        hf: Any = None,
+    ) -> TextTokenizer:
+        """The model's tokenizer (in `directory`, else the model directory), truncating at the config's
+        max_sequence_length (else `default_length`, else what the model's files say) within the model's positions;
+        its length becomes the adapter's max_sequence_length. `reserve`: room kept for tokens the adapter inserts;
+        `hf`: the tokenizer, loaded already."""
+        tokenizer = TextTokenizer(
+            directory or self.context.weights,
+            self.context.config.max_sequence_length or default_length,
+            model,
+            reserve=reserve,
+            trust_remote_code=self.context.profile.trust_remote_code,
+            hf=hf,
+        )
+        self.max_sequence_length = tokenizer.max_length
+        return tokenizer
+
+    def prompt(self, query: Query) -> str:
+        """What goes before each text of a part of a request."""
+        if query.instruction is not None:
+            return self.instruction_prompt.replace("{instruction}", query.instruction)
+        return self.query_prompt if query.is_query else self.document_prompt
 
 
 def load_model(auto_class: Any, context: LoadContext, *, reads_padding: bool = True) -> PreTrainedModel:

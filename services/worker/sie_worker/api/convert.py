@@ -23,8 +23,9 @@ from sie_common.edge.request_bounds import (
 )
 from sie_common.edge.request_params import merged_request
 from sie_contract.tensors import to_tensor
-from sie_worker.adapters.base import Entity, Extraction
+from sie_worker.adapters.items import Entity, Extraction
 from sie_worker.batching.stats import BatchStats
+from sie_worker.engine.describe import describe
 from sie_worker.engine.jobs import (
     EncodedOutput,
     EncodeJob,
@@ -38,7 +39,6 @@ from sie_worker.engine.jobs import (
     Timing,
 )
 from sie_worker.engine.limits import Limits
-from sie_worker.engine.plan import dense_dims
 from sie_worker.engine.postprocess import OUTPUT_DTYPES, Quantized
 from sie_worker.models.registry import ModelRegistry, ModelState
 
@@ -51,34 +51,31 @@ _MODEL_STATES = {
 
 def describe_model(registry: ModelRegistry, model_id: str) -> inference_pb2.Model:
     """A served model as ListModels and DescribeModel answer it (NOT_FOUND if it is not served)."""
-    config = registry.config(model_id)
-    loaded = registry.loaded(model_id)
-    state = registry.state(model_id)
-    stats = registry.stats(model_id)
-    encoder = loaded[0].adapter if loaded else None
+    model = describe(registry, model_id)
+    config = model.config
     described = inference_pb2.Model(
         id=config.id,
         tasks=config.tasks,
         output_types=config.output_types,
-        dims=config.dims or (dense_dims(loaded[0], {}) if loaded else 0),
-        # Loaded, what the model really reads (a config's value is capped at its position table).
-        max_sequence_length=encoder.max_sequence_length if encoder else config.max_sequence_length or 0,
+        dims=model.dims,
+        max_sequence_length=model.max_sequence_length,
         profiles=sorted(config.profiles),
-        state=_MODEL_STATES[state],
-        stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),
+        state=_MODEL_STATES[model.state],
+        stats=inference_pb2.ModelStats(
+            requests=model.stats.requests, items=model.stats.items, forward_passes=model.stats.forward_passes
+        ),
         inputs=config.inputs,
-        memory_bytes=sum(model.memory_bytes for model in loaded),
+        memory_bytes=model.memory_bytes,
         loras=sorted(config.loras),
-        loaded_loras=loaded[0].loras.loaded if loaded else [],
+        loaded_loras=model.loaded_loras,
     )
-    failure = registry.failure(model_id)
-    if state is ModelState.FAILED and failure is not None:
+    if model.failure is not None:
         described.failure.CopyFrom(
             inference_pb2.ModelLoadFailure(
-                error=failure.error,
-                attempts=failure.attempts,
-                permanent=failure.permanent,
-                retry_in_s=failure.retry_in_s(),
+                error=model.failure.error,
+                attempts=model.failure.attempts,
+                permanent=model.failure.permanent,
+                retry_in_s=model.failure.retry_in_s(),
             )
         )
     return described

@@ -4,26 +4,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from sie_common.cluster.model_config import ModelConfig
-from sie_worker.adapters.base import LoadContext, ModelAdapter
+from sie_worker.adapters.contract import Adapter, LoadContext
 from sie_worker.models.cpu_precision import cpu_flags, load_on_cpu
 from sie_worker.models.device import compute_dtype
 from sie_worker.models.load_lock import LOAD_LOCK
 from sie_worker.models.lora import LoraAdapters
 from sie_worker.models.memory import module_bytes
-from sie_worker.models.serves import check_adapter_serves
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.cache import weights_key
 from sie_worker.weights.resolver import ResolvedWeights
 from sie_worker.weights.roots import WeightRoots
-
-# Builds an adapter from its load context: an adapter class, by the name profiles give in `adapter:`.
-AdapterFactory = Callable[[LoadContext], ModelAdapter]
 
 
 @dataclass
@@ -37,7 +33,7 @@ class ModelStats:
 class LoadedModel:
     config: ModelConfig
     profile: str
-    adapter: ModelAdapter
+    adapter: Adapter
     stats: ModelStats
     loras: LoraAdapters
     weights_key: str = ""
@@ -55,7 +51,7 @@ class ModelBuilder:
         settings: WorkerSettings,
         device: torch.device,
         weight_roots: WeightRoots,
-        adapters: Mapping[str, AdapterFactory],
+        adapters: Mapping[str, type[Adapter]],
     ) -> None:
         self._settings = settings
         self._device = device
@@ -78,8 +74,9 @@ class ModelBuilder:
             raise ValueError(
                 f"adapter {profile.adapter!r} is not in this worker; available: {', '.join(sorted(self._adapters))}"
             )
+        factory.spec.check_config(config)
 
-        def build(dtype: torch.dtype, *, cpu_onednn: bool) -> ModelAdapter:
+        def build(dtype: torch.dtype, *, cpu_onednn: bool) -> Adapter:
             return factory(
                 LoadContext(
                     config=config,
@@ -108,7 +105,6 @@ class ModelBuilder:
             if precision == "int8":  # dynamic int8 quantisation is a CPU path
                 precision = self._settings.default_compute_precision
             adapter = build(compute_dtype(self._device, precision), cpu_onednn=self._settings.cpu_onednn)
-        check_adapter_serves(config, profile.adapter or "", adapter)
         loras = LoraAdapters(
             config.id,
             adapter.model,

@@ -27,7 +27,8 @@ from sie_common.cluster.config_store import is_from_etcd
 from sie_common.cluster.model_config import DEFAULT_PROFILE, ModelConfig
 from sie_common.edge.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
 from sie_worker.adapters import ADAPTERS
-from sie_worker.models.build import AdapterFactory, LoadedModel, ModelBuilder, ModelStats
+from sie_worker.adapters.contract import Adapter
+from sie_worker.models.build import LoadedModel, ModelBuilder, ModelStats
 from sie_worker.models.catalog import Catalog
 from sie_worker.models.load_errors import FAILURE_CHARS, MAX_COOLDOWN_S, LoadFailure, describe_failure, is_permanent
 from sie_worker.models.memory import Key, MemoryPressure, ResidentModels, weight_file_bytes
@@ -57,7 +58,7 @@ class ModelRegistry:
         catalog: Catalog,
         settings: WorkerSettings,
         device: torch.device,
-        adapters: Mapping[str, AdapterFactory] = ADAPTERS,
+        adapters: Mapping[str, type[Adapter]] = ADAPTERS,
     ) -> None:
         """`adapters`: the adapter of each name a profile may give (every family of sie_worker.adapters by default)."""
         self._catalog = catalog

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
-from sie_worker.adapters.base import EncodedItem, LoadContext, SparseWeights, TextEncoder, TokenizedText
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query, Similarity
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import EncodedItem, SparseWeights, TokenizedText
 from sie_worker.adapters.layers.padding import model_inputs, padded
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.spec import AdapterSpec, Option
 
 SCORE_MODES = ("dense", "sparse", "multivector", "hybrid")
 # The BGE-M3 paper's weights for hybrid scores (dense, sparse, multivector).
@@ -39,25 +40,32 @@ DEFAULT_SCORE_WEIGHTS = {"dense": 0.4, "sparse": 0.2, "multivector": 0.4}
 # The reference system's name for the multivector score.
 _ALIASES = {"colbert": "multivector"}
 
-Similarity = Callable[[EncodedItem, EncodedItem], float]
+
+def _score_mode(value: Any) -> None:
+    score_settings({"score_mode": value})
 
 
-class BgeM3Encoder(TextEncoder):
-    tasks = ("encode", "score")
-    output_types = ("dense", "sparse", "multivector")
+def _score_weights(value: Any) -> None:
+    score_settings({"score_weights": value})
+
+
+class BgeM3Encoder(HfAdapter):
+    spec = AdapterSpec(
+        "bge_m3",
+        tasks=("encode", "score"),
+        outputs=("dense", "sparse", "multivector"),
+        options=(
+            Option("score_mode", f"what a score compares: {', '.join(SCORE_MODES)}", _score_mode, tasks=("score",)),
+            Option("score_weights", "a hybrid score's weight of each output", _score_weights, tasks=("score",)),
+        ),
+    )
     normalized = True
 
     def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
         directory = context.weights
-        self.model = load_model(AutoModel, context, reads_padding=False)
-        self.device = context.device
-        self.tokenizer = TextTokenizer(
-            directory,
-            context.config.max_sequence_length,
-            self.model,
-            trust_remote_code=context.profile.trust_remote_code,
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        self.model = self.load(AutoModel, reads_padding=False)
+        self.tokenizer = self.use_tokenizer(self.model)
         hidden = int(self.model.config.hidden_size)
         self.sparse_linear = _linear(directory / "sparse_linear.pt", hidden).to(
             device=context.device, dtype=context.dtype
@@ -78,32 +86,28 @@ class BgeM3Encoder(TextEncoder):
         dropped = {hf.cls_token_id, hf.eos_token_id, hf.pad_token_id, hf.unk_token_id}
         self.dropped_ids = np.array(sorted(token for token in dropped if token is not None), dtype=np.int64)
         run_options = context.profile.run_options
-        self.query_prompt: str = run_options.get("query_prompt", "")
-        self.document_prompt: str = run_options.get("document_prompt", "")
-        self.instruction_prompt: str = run_options.get("instruction_prompt", "{instruction}")
+        self.query_prompt = run_options.get("query_prompt", "")
+        self.document_prompt = run_options.get("document_prompt", "")
+        self.instruction_prompt = run_options.get("instruction_prompt", "{instruction}")
         self.default_score = score_settings(run_options)
 
-    def prompt(self, *, is_query: bool, instruction: str | None) -> str:
-        if instruction is not None:
-            return self.instruction_prompt.replace("{instruction}", instruction)
-        return self.query_prompt if is_query else self.document_prompt
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        prompt = self.prompt(query)
+        tokenized = self.tokenizer.encode([prompt + (item.text or "") for item in items])
+        return [Prepared(item, len(item.ids), self.multivector_rows(item)) for item in tokenized]
 
-    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
-        return self.tokenizer.encode([prompt + text for text in texts])
-
-    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+    def run(self, batch: Sequence[TokenizedText], query: Query) -> list[EncodedItem]:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         dense = sparse = multivector = None
-        with torch.inference_mode():
-            hidden = self.model(**model_inputs(self.model, inputs)).last_hidden_state
-            if "dense" in output_types:
-                dense = torch.nn.functional.normalize(hidden[:, 0].float(), p=2, dim=-1).cpu().numpy()
-            if "sparse" in output_types:
-                sparse = torch.relu(self.sparse_linear(hidden)).squeeze(-1).float().cpu().numpy()
-            if "multivector" in output_types:
-                multivector = (
-                    torch.nn.functional.normalize(self.colbert_linear(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
-                )
+        hidden = self.model(**model_inputs(self.model, inputs)).last_hidden_state
+        if "dense" in query.outputs:
+            dense = torch.nn.functional.normalize(hidden[:, 0].float(), p=2, dim=-1).cpu().numpy()
+        if "sparse" in query.outputs:
+            sparse = torch.relu(self.sparse_linear(hidden)).squeeze(-1).float().cpu().numpy()
+        if "multivector" in query.outputs:
+            multivector = (
+                torch.nn.functional.normalize(self.colbert_linear(hidden[:, 1:]).float(), p=2, dim=-1).cpu().numpy()
+            )
         items = []
         for row, item in enumerate(batch):
             length = len(item.ids)

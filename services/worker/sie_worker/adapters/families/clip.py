@@ -20,31 +20,34 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor, AutoModel
+from transformers import AutoImageProcessor, AutoModel, PreTrainedModel
 
-from sie_worker.adapters.base import EncodedItem, ImageEncoder, LoadContext, TokenizedText
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import EncodedItem, TokenizedText
 from sie_worker.adapters.layers.padding import padded
 from sie_worker.adapters.layers.slow_tokenizer import text_tokenizer
+from sie_worker.adapters.spec import AdapterSpec
 
 TEXT_PADDINGS = ("longest", "max_length")
 # Model types trained on text padded to the maximum length, read at the last position.
 _MAX_LENGTH_PADDED = ("siglip",)
 
 
-class DualEncoder(ImageEncoder):
-    tasks = ("encode", "score")
-    output_types = ("dense",)
+class DualEncoder(HfAdapter):
+    spec = AdapterSpec("clip", tasks=("encode", "score"), inputs=("text", "image"), outputs=("dense",))
+
+    model: PreTrainedModel
 
     def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
         load_options = dict(context.profile.load_options)
-        self.model = load_model(AutoModel, context)
+        self.model = self.load(AutoModel)
         if not (hasattr(self.model, "get_text_features") and hasattr(self.model, "get_image_features")):
             raise ValueError(
                 f"{type(self.model).__name__} is not a dual encoder: it lacks get_text_features / get_image_features"
             )
-        self.device = context.device
-        self.normalized: bool = bool(load_options.get("normalize", True))
+        self.normalized = bool(load_options.get("normalize", True))
         model_type = self.model.config.model_type
         self.text_padding: str = load_options.get(
             "text_padding", "max_length" if model_type in _MAX_LENGTH_PADDED else "longest"
@@ -63,11 +66,17 @@ class DualEncoder(ImageEncoder):
                 f"config says dims {self.dims}, but the model embeds in {projected or text_config.hidden_size}"
             )
 
-    def prompt(self, *, is_query: bool, instruction: str | None) -> str:
-        return instruction or ""
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        """Texts tokenized after the request's instruction (`a photo of `); an image processed, at a cost of 1 (every
+        image is processed to one size)."""
+        if query.modality == "image":
+            return [Prepared(self.prepare_image(item.decoded_image()), 1) for item in items]
+        prompt = self.prompt(query)
+        tokenized = self.tokenizer.encode([prompt + (item.text or "") for item in items])
+        return [Prepared(TokenizedText(item.ids), len(item.ids)) for item in tokenized]
 
-    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
-        return [TokenizedText(item.ids) for item in self.tokenizer.encode([prompt + text for text in texts])]
+    def run(self, batch: Sequence[Any], query: Query) -> list[EncodedItem]:
+        return self.encode_images(batch) if query.modality == "image" else self.encode(batch)
 
     def resized_pixels(self, width: int, height: int) -> int:
         """A fixed height and width, or the short edge scaled to `shortest_edge` (the long edge then grows with the
@@ -86,7 +95,7 @@ class DualEncoder(ImageEncoder):
     def prepare_image(self, image: Image.Image) -> np.ndarray:
         return self.image_processor(images=[image], return_tensors="np")["pixel_values"][0]
 
-    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+    def encode(self, batch: Sequence[TokenizedText]) -> list[EncodedItem]:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         if self.text_padding == "max_length":
             ids = inputs["input_ids"]
@@ -94,15 +103,13 @@ class DualEncoder(ImageEncoder):
             text_inputs = {"input_ids": torch.nn.functional.pad(ids, (0, fill), value=self.tokenizer.pad_id)}
         else:
             text_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-        with torch.inference_mode():
-            # torch types a module's attributes as Tensor | Module
-            return self._dense(self.model.get_text_features(**text_inputs))  # type: ignore[operator]
+        # torch types a module's attributes as Tensor | Module
+        return self._dense(self.model.get_text_features(**text_inputs))  # type: ignore[operator]
 
-    def encode_images(self, batch: Sequence[np.ndarray], output_types: Sequence[str]) -> list[EncodedItem]:
+    def encode_images(self, batch: Sequence[np.ndarray]) -> list[EncodedItem]:
         pixels = torch.from_numpy(np.stack(batch)).to(self.device, self.model.dtype)
-        with torch.inference_mode():
-            # torch types a module's attributes as Tensor | Module
-            return self._dense(self.model.get_image_features(pixel_values=pixels))  # type: ignore[operator]
+        # torch types a module's attributes as Tensor | Module
+        return self._dense(self.model.get_image_features(pixel_values=pixels))  # type: ignore[operator]
 
     def _dense(self, output: Any) -> list[EncodedItem]:
         # transformers 5 returns the projected features as pooler_output of a model output.

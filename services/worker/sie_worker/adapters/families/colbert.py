@@ -23,36 +23,30 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModel
 
-from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import EncodedItem, TokenizedText
 from sie_worker.adapters.layers.colbert_layout import ColbertLayout, read_layout
 from sie_worker.adapters.layers.padding import model_inputs, padded
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.spec import AdapterSpec
 
 
-class ColbertEncoder(TextEncoder):
-    tasks = ("encode", "score")
-    output_types = ("multivector",)
+class ColbertEncoder(HfAdapter):
+    spec = AdapterSpec("colbert", tasks=("encode", "score"), outputs=("multivector",))
 
     def __init__(self, context: LoadContext) -> None:
-        directory = context.weights
-        layout = _with_options(read_layout(directory), dict(context.profile.load_options))
+        super().__init__(context)
+        layout = _with_options(read_layout(context.weights), dict(context.profile.load_options))
         _check_settings(layout)
         self.layout = layout
-        self.model = load_model(AutoModel, context)
+        self.model = self.load(AutoModel)
         _check_projections(layout.projections, int(self.model.config.hidden_size))
-        self.device = context.device
         self.normalized = layout.normalize
         # A marker takes one position of the length limit, as the checkpoint was trained.
         reserve = int(layout.prefix_tokens and bool(layout.document_prefix))
-        self.tokenizer = TextTokenizer(
-            directory,
-            context.config.max_sequence_length or layout.document_length,
-            self.model,
-            reserve=reserve,
-            trust_remote_code=context.profile.trust_remote_code,
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        self.tokenizer = self.use_tokenizer(self.model, default_length=layout.document_length, reserve=reserve)
+        if not layout.prefix_tokens:  # prefixes of text before the input (markers are tokens, inserted by `prepare`)
+            self.query_prompt, self.document_prompt = layout.query_prefix, layout.document_prefix
         vocab = self.tokenizer.rust
         self.query_marker = _marker_id(vocab, layout.query_prefix) if layout.prefix_tokens else None
         self.document_marker = _marker_id(vocab, layout.document_prefix) if layout.prefix_tokens else None
@@ -64,14 +58,13 @@ class ColbertEncoder(TextEncoder):
             for weight, bias in layout.projections
         ]
         self.multivector_dims = int(layout.projections[-1][0].shape[0])
-        self.dims = 0
 
-    def prompt(self, *, is_query: bool, instruction: str | None) -> str:
-        if instruction is not None or self.layout.prefix_tokens:
-            return instruction or ""
-        return self.layout.query_prefix if is_query else self.layout.document_prefix
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        tokenized = self.tokenize([item.text or "" for item in items], self.prompt(query), is_query=query.is_query)
+        return [Prepared(item, len(item.ids), self.multivector_rows(item)) for item in tokenized]
 
-    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
+    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool) -> list[TokenizedText]:
+        """Each text after the prompt, with its marker; a query cut to the query length (and expanded to it)."""
         marker = self.query_marker if is_query else self.document_marker
         layout = self.layout
         # Cut to, and expanded no further than, what the model reads (a stated query length may be far longer).
@@ -96,20 +89,19 @@ class ColbertEncoder(TextEncoder):
         """The token ids whose vectors `item` drops (the skiplist: documents, and queries where the layout says so)."""
         return self.skip_ids if self.layout.skip_in_queries or not item.is_query else set()
 
-    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+    def run(self, batch: Sequence[TokenizedText], query: Query) -> list[EncodedItem]:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
         attention = inputs["attention_mask"].clone()
         if not self.layout.attend_to_expansion:
             for row, item in enumerate(batch):
                 if item.is_query:
                     attention[row, _real_length(item.ids, self.expansion_id) :] = 0
-        with torch.inference_mode():
-            vectors = self.model(**model_inputs(self.model, {**inputs, "attention_mask": attention})).last_hidden_state
-            for weight, bias in self.projections:
-                vectors = torch.nn.functional.linear(vectors, weight, bias)
-            if self.normalized:
-                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
-            vectors = vectors.float().cpu().numpy()
+        hidden = self.model(**model_inputs(self.model, {**inputs, "attention_mask": attention})).last_hidden_state
+        for weight, bias in self.projections:
+            hidden = torch.nn.functional.linear(hidden, weight, bias)
+        if self.normalized:
+            hidden = torch.nn.functional.normalize(hidden, p=2, dim=-1)
+        vectors = hidden.float().cpu().numpy()
         items = []
         for row, item in enumerate(batch):
             skip = self._skipped(item)

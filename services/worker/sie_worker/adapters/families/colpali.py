@@ -22,11 +22,13 @@ import numpy as np
 import torch
 import transformers
 from PIL import Image
-from transformers import AutoConfig, AutoProcessor
+from transformers import AutoConfig, AutoProcessor, PreTrainedModel
 
-from sie_worker.adapters.base import EncodedItem, LoadContext, PatchImageEncoder, TokenizedText
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import EncodedItem, TokenizedText
 from sie_worker.adapters.layers.padding import padded
+from sie_worker.adapters.spec import AdapterSpec
 
 # model_type -> the transformers class (looked up on load: importing one loads its modeling code).
 _MODELS = {"colpali": "ColPaliForRetrieval", "colqwen2": "ColQwen2ForRetrieval"}
@@ -43,22 +45,22 @@ class PageImage:
     grid: np.ndarray | None = None
 
 
-class PageRetriever(PatchImageEncoder):
-    tasks = ("encode", "score")
-    output_types = ("multivector",)
+class PageRetriever(HfAdapter):
+    spec = AdapterSpec("colpali", tasks=("encode", "score"), inputs=("text", "image"), outputs=("multivector",))
+
+    model: PreTrainedModel
 
     def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
         model_type = AutoConfig.from_pretrained(context.weights).model_type
         if model_type not in _MODELS:
             raise ValueError(
                 f"model_type {model_type!r} is not a visual document retriever: one of {', '.join(_MODELS)}"
             )
-        self.model = load_model(getattr(transformers, _MODELS[model_type]), context)
+        self.model = self.load(getattr(transformers, _MODELS[model_type]))
         self.processor = AutoProcessor.from_pretrained(context.weights, backend="pil")
         self.qwen = model_type == "colqwen2"
-        self.device = context.device
         self.normalized = True
-        self.dims = 0
         self.multivector_dims = int(self.model.config.embedding_dim)
         self.max_sequence_length = context.config.max_sequence_length or DEFAULT_QUERY_TOKENS
         self.pad_id = int(self.processor.tokenizer.pad_token_id)
@@ -72,23 +74,23 @@ class PageRetriever(PatchImageEncoder):
             processor = self._local.processor = copy.deepcopy(self.processor)
         return processor
 
-    def prompt(self, *, is_query: bool, instruction: str | None) -> str:
-        return instruction or ""
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        """Every text as a query (the processor's query path, after the request's instruction), cut to
+        max_sequence_length tokens; an image through the processor's image path. Each yields a vector per token:
+        an image's are also its cost in a batch."""
+        if query.modality == "image":
+            images = [self.prepare_image(item.decoded_image()) for item in items]
+            return [Prepared(image, len(image.ids), len(image.ids)) for image in images]
+        prompt = self.prompt(query)
+        prepared = []
+        for item in items:
+            ids = self._processor().process_queries([prompt + (item.text or "")])["input_ids"][0].tolist()
+            tokens = TokenizedText(ids[: self.max_sequence_length], is_query=True)
+            prepared.append(Prepared(tokens, len(tokens.ids), len(tokens.ids)))
+        return prepared
 
-    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
-        """Every text as a query (the processor's query path), cut to max_sequence_length tokens."""
-        items = []
-        for text in texts:
-            ids = self._processor().process_queries([prompt + text])["input_ids"][0].tolist()
-            items.append(TokenizedText(ids[: self.max_sequence_length], is_query=True))
-        return items
-
-    def multivector_rows(self, item: TokenizedText) -> int:
-        return len(item.ids)
-
-    def image_rows(self, image: PageImage) -> int:
-        """The vectors `encode_images` returns for a prepared image, which is also its cost in a batch."""
-        return len(image.ids)
+    def run(self, batch: Sequence[Any], query: Query) -> list[EncodedItem]:
+        return self.encode_images(batch) if query.modality == "image" else self.encode(batch)
 
     def resized_pixels(self, width: int, height: int) -> int:
         """ColQwen2: the multiple of its patch grid within min_pixels / max_pixels that keeps the aspect ratio;
@@ -120,10 +122,10 @@ class PageRetriever(PatchImageEncoder):
             return PageImage(ids, pixels[: int(grid[1] * grid[2])], grid)
         return PageImage(ids, pixels)
 
-    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+    def encode(self, batch: Sequence[TokenizedText]) -> list[EncodedItem]:
         return self._embed([len(item.ids) for item in batch], padded(batch, self.pad_id, self.device))
 
-    def encode_images(self, batch: Sequence[PageImage], output_types: Sequence[str]) -> list[EncodedItem]:
+    def encode_images(self, batch: Sequence[PageImage]) -> list[EncodedItem]:
         inputs = padded([TokenizedText(image.ids) for image in batch], self.pad_id, self.device)
         if self.qwen:
             # The model takes each image's patches padded to the batch's most, with the grids that say how many count.
@@ -143,6 +145,5 @@ class PageRetriever(PatchImageEncoder):
         its prefix, which it attends to both ways); Qwen2-VL takes none."""
         if self.qwen:
             inputs.pop("token_type_ids")
-        with torch.inference_mode():
-            vectors = self.model(**inputs).embeddings.float().cpu().numpy()
+        vectors = self.model(**inputs).embeddings.float().cpu().numpy()
         return [EncodedItem(multivector=vectors[row, :length]) for row, length in enumerate(lengths)]

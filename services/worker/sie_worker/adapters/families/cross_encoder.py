@@ -14,46 +14,40 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 from transformers import AutoModelForSequenceClassification
 
-from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import TokenizedText
 from sie_worker.adapters.layers.activations import ACTIVATIONS, saved_activation
 from sie_worker.adapters.layers.padding import by_length, model_inputs, padded
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.spec import AdapterSpec
 
 
-class CrossEncoderScorer(PairScorer):
-    tasks = ("score",)
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class CrossEncoderScorer(HfAdapter):
+    spec = AdapterSpec("cross_encoder", tasks=("score",), pairs=True)
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = load_model(AutoModelForSequenceClassification, context, reads_padding=False)
+        super().__init__(context)
+        self.model = self.load(AutoModelForSequenceClassification, reads_padding=False)
         if self.model.config.num_labels != 1:
             raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
-        self.device = context.device
-        self.tokenizer = TextTokenizer(
-            context.weights,
-            context.config.max_sequence_length,
-            self.model,
-            trust_remote_code=context.profile.trust_remote_code,
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        self.tokenizer = self.use_tokenizer(self.model)
         activation = context.profile.load_options.get("activation") or saved_activation(context.weights)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
         self.activation = ACTIVATIONS[activation]
 
-    def tokenize_pairs(self, query: str, texts: Sequence[str], instruction: str | None = None) -> list[TokenizedText]:
-        return self.tokenizer.encode_pairs((instruction or "") + query, texts)
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        """Each (query, item) pair as one sequence, the instruction before the query."""
+        first = (query.instruction or "") + (items[0].pair or "") if items else ""
+        tokenized = self.tokenizer.encode_pairs(first, [item.text or "" for item in items])
+        return [Prepared(item, len(item.ids)) for item in tokenized]
 
-    def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+    def run(self, batch: Sequence[TokenizedText], query: Query) -> np.ndarray:
         return np.array(by_length(batch, self.device, self._score), dtype=np.float32)
 
     def _score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
-        with torch.inference_mode():
-            logits = self.model(**model_inputs(self.model, inputs)).logits.float()[:, 0]
-            return self.activation(logits).cpu().numpy()
+        logits = self.model(**model_inputs(self.model, inputs)).logits.float()[:, 0]
+        return self.activation(logits).cpu().numpy()

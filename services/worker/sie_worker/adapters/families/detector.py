@@ -28,23 +28,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor, PreTrainedModel
 from transformers.image_transforms import get_size_with_aspect_ratio
 from transformers.image_utils import get_image_size_for_max_height_width
 
-from sie_common.edge.errors import InvalidArgument, clipped
-from sie_worker.adapters.base import (
-    Box,
-    DetectedObject,
-    ExtractInput,
-    Extraction,
-    ExtractQuery,
-    ImageExtractor,
-    LoadContext,
-    Prepared,
-)
-from sie_worker.adapters.hf import load_model
-from sie_worker.adapters.layers.option_values import probability, whole_number
+from sie_common.edge.errors import clipped
+from sie_worker.adapters.contract import AdapterError, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import Box, DetectedObject, Extraction
+from sie_worker.adapters.spec import AdapterSpec, Option, probability, whole_number
 
 GROUNDING_DINO = "grounding-dino"
 OWLV2 = "owlv2"
@@ -77,21 +69,37 @@ class RawDetections:
     input_ids: torch.Tensor
 
 
-class ZeroShotDetector(ImageExtractor):
-    tasks = ("extract",)
-    zero_shot = True
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class ZeroShotDetector(HfAdapter):
+    spec = AdapterSpec(
+        "zero_shot_detector",
+        tasks=("extract",),
+        inputs=("image",),
+        labels=True,
+        options=(
+            Option(
+                "text_threshold",
+                "GroundingDINO: the score a word of the prompt needs to name an object",
+                lambda value: probability(value, "text_threshold"),
+            ),
+            Option(
+                "max_objects",
+                "objects kept per image, best first",
+                lambda value: whole_number(value, "max_objects", 1, MAX_OBJECTS),
+            ),
+        ),
+    )
+
+    model: PreTrainedModel
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = load_model(AutoModelForZeroShotObjectDetection, context)
+        super().__init__(context)
+        self.model = self.load(AutoModelForZeroShotObjectDetection)
         self.family = self.model.config.model_type
         if self.family not in DEFAULT_THRESHOLDS:
             raise ValueError(
                 f"model type {self.family!r} is not a detector this adapter runs; it runs: "
                 f"{', '.join(DEFAULT_THRESHOLDS)}"
             )
-        self.device = context.device
         self.processor = AutoProcessor.from_pretrained(
             context.weights, backend="pil", trust_remote_code=context.profile.trust_remote_code
         )
@@ -125,13 +133,16 @@ class ZeroShotDetector(ImageExtractor):
 
     # -- the request --------------------------------------------------------
 
-    def check_query(self, query: ExtractQuery) -> None:
-        """Options parse and are in bounds, and the model reads every label whole."""
-        self._options(query.options)
+    def check(self, query: Query) -> None:
+        """Options this family reads, and the model reads every label whole."""
+        known = ("text_threshold", "max_objects") if self.family == GROUNDING_DINO else ("max_objects",)
+        unknown = sorted(set(query.options) - set(known))
+        if unknown:
+            raise ValueError(f"{self.family} reads no option {clipped(unknown[0])!r}; it reads: {', '.join(known)}")
         if self.family == GROUNDING_DINO:
             for index, label in enumerate(query.labels):
                 if not label.strip() or any(mark in label for mark in PHRASE_ENDS):
-                    raise InvalidArgument(
+                    raise AdapterError(
                         f"labels[{index}]: {clipped(label)!r}: GroundingDINO reads the labels as one prompt of "
                         "phrases, each ended by '.' or '?', so a label must have a word and neither mark",
                         reason="INVALID_LABEL",
@@ -140,15 +151,10 @@ class ZeroShotDetector(ImageExtractor):
         self._text(query.labels)
 
     def _options(self, options: Mapping[str, Any]) -> tuple[float, int]:
-        """(text_threshold, max_objects) of a request; ValueError for an option that does not parse or is out of
-        bounds."""
-        known = ("text_threshold", "max_objects") if self.family == GROUNDING_DINO else ("max_objects",)
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise ValueError(f"{self.family} reads no option {clipped(unknown[0])!r}; it reads: {', '.join(known)}")
-        text_threshold = probability(options.get("text_threshold", self.text_threshold), "text_threshold")
-        max_objects = whole_number(options.get("max_objects", DEFAULT_MAX_OBJECTS), "max_objects", 1, MAX_OBJECTS)
-        return text_threshold, max_objects
+        """(text_threshold, max_objects) of a request (their bounds are the spec's)."""
+        return float(options.get("text_threshold", self.text_threshold)), int(
+            options.get("max_objects", DEFAULT_MAX_OBJECTS)
+        )
 
     def _text(self, labels: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """The tokenized text of `labels` for one image (cached); LABELS_TOO_LONG when the model would not read it
@@ -166,7 +172,7 @@ class ZeroShotDetector(ImageExtractor):
                 lengths = [(f"labels[{index}]", len(ids)) for index, ids in enumerate(counts)]
             for what, length in lengths:
                 if length > self.max_sequence_length:
-                    raise InvalidArgument(
+                    raise AdapterError(
                         f"{what} is {length} tokens; {self.family} reads at most {self.max_sequence_length}: "
                         "send fewer or shorter labels (in several requests)",
                         reason="LABELS_TOO_LONG",
@@ -183,7 +189,7 @@ class ZeroShotDetector(ImageExtractor):
     def resized_pixels(self, width: int, height: int) -> int:
         return processed_pixels(self.image_processor, self.family, width, height)
 
-    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The image in RGB (as transformers' detection pipeline loads it), processed alone."""
         if item.image is None:
             raise ValueError(f"{self.family} detects objects in an image; this item has none")
@@ -195,7 +201,7 @@ class ZeroShotDetector(ImageExtractor):
         )
         return Prepared(processed, 1)
 
-    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Each image's raw detections; images of one processed size share a forward pass."""
         text = self._text(query.labels)
         by_shape: dict[tuple[int, ...], list[int]] = {}
@@ -212,15 +218,14 @@ class ZeroShotDetector(ImageExtractor):
                 inputs["pixel_mask"] = torch.from_numpy(np.stack([image.pixel_mask for image in images])).to(
                     self.device
                 )
-            with torch.inference_mode():
-                output = self.model(**inputs)
+            output = self.model(**inputs)
             logits, boxes = output.logits.float().cpu(), output.pred_boxes.float().cpu()
             for position, row in enumerate(rows):
                 one = type(output)(logits=logits[position : position + 1], pred_boxes=boxes[position : position + 1])
                 found[row] = RawDetections(one, text["input_ids"])
         return found
 
-    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         """The processor's post-processing at the original size, best first, at most max_objects."""
         text_threshold, max_objects = self._options(query.options)
         threshold = self.threshold if query.threshold is None else query.threshold

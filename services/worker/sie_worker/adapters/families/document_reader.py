@@ -29,16 +29,10 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutput
 
-from sie_worker.adapters.base import (
-    Continued,
-    ExtractInput,
-    Extraction,
-    ExtractQuery,
-    ImageExtractor,
-    LoadContext,
-    Prepared,
-)
-from sie_worker.adapters.layers.option_values import whole_number
+from sie_worker.adapters.contract import Continued, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import Extraction
+from sie_worker.adapters.spec import AdapterSpec, Option, whole_number
 
 DEFAULT_MAX_NEW_TOKENS = 256
 # Upper bound of max_new_tokens, in run_options and requests.
@@ -79,13 +73,23 @@ class _Generation:
     done: dict[int, list[int]] = field(default_factory=dict)
 
 
-class DocumentReader(ImageExtractor):
-    tasks = ("extract",)
-    zero_shot = False
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class DocumentReader(HfAdapter):
+    spec = AdapterSpec(
+        "document_reader",
+        tasks=("extract",),
+        inputs=("text", "image"),
+        options=(
+            Option("task", "the task token the prompt starts with (a Florence-2 task, a Donut task start token)"),
+            Option(
+                "max_new_tokens",
+                f"most tokens generated, 1 to {MAX_NEW_TOKENS}",
+                lambda value: whole_number(value, "max_new_tokens", 1, MAX_NEW_TOKENS),
+            ),
+        ),
+    )
 
     def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
         weights = str(context.weights)
         config = AutoConfig.from_pretrained(weights, local_files_only=True)
         self.florence = config.model_type == "florence2"
@@ -99,7 +103,6 @@ class DocumentReader(ImageExtractor):
         self.generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=context.dtype)
         self.generator.to(context.device).eval()
         self.model = self.generator
-        self.device = context.device
         self.processor = AutoProcessor.from_pretrained(weights, local_files_only=True)
         self.tokenizer = self.processor.tokenizer
         self.max_sequence_length = MAX_PROMPT_TOKENS
@@ -134,16 +137,14 @@ class DocumentReader(ImageExtractor):
         """The processor resizes every page to one size."""
         return self._resized
 
-    def check_query(self, query: ExtractQuery) -> None:
+    def check(self, query: Query) -> None:
         unknown = sorted(set(query.options) - set(OPTIONS))
         if unknown:
             raise ValueError(f"{', '.join(unknown)} not read by a document reader (it reads {', '.join(OPTIONS)})")
         if "task" in query.options:
             self._check_task(query.options["task"], "task")
-        if "max_new_tokens" in query.options:
-            whole_number(query.options["max_new_tokens"], "max_new_tokens", 1, MAX_NEW_TOKENS)
 
-    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The page's pixels and prompt, at the cost of the prompt's tokens and the tokens it may generate."""
         if item.image is None:
             raise ValueError("a document reader reads a page image; the item has none")
@@ -166,28 +167,27 @@ class DocumentReader(ImageExtractor):
         page = _Page(inputs["pixel_values"][0], encoder_ids, prompt, max_new_tokens, task, image.size)
         return Prepared(page, len(encoder_ids) + len(prompt) + max_new_tokens)
 
-    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per item, its generated ids once it ends, else `Continued` after one slice of decode steps."""
         outputs: list[Any] = [None] * len(batch)
         groups: dict[int, tuple[_Generation, list[int]]] = {}
-        with torch.inference_mode():
-            if isinstance(batch[0], Continued):
-                for position, paused in enumerate(batch):
-                    state: _Generation = paused.state
-                    groups.setdefault(id(state), (state, []))[1].append(position)
-                for state, positions in groups.values():
-                    _keep(state, [batch[position].row for position in positions])
-            else:
-                for length in sorted({len(page.prompt) for page in batch}):
-                    positions = [position for position, page in enumerate(batch) if len(page.prompt) == length]
-                    state = self._start([batch[position] for position in positions], positions)
-                    groups[id(state)] = (state, positions)
+        if isinstance(batch[0], Continued):
+            for position, paused in enumerate(batch):
+                state: _Generation = paused.state
+                groups.setdefault(id(state), (state, []))[1].append(position)
             for state, positions in groups.values():
-                self._slice(state)
-                for position in positions:
-                    paused = batch[position]
-                    row = paused.row if isinstance(paused, Continued) else position
-                    outputs[position] = state.done.pop(row) if row in state.done else Continued(state, row)
+                _keep(state, [batch[position].row for position in positions])
+        else:
+            for length in sorted({len(page.prompt) for page in batch}):
+                positions = [position for position, page in enumerate(batch) if len(page.prompt) == length]
+                state = self._start([batch[position] for position in positions], positions)
+                groups[id(state)] = (state, positions)
+        for state, positions in groups.values():
+            self._slice(state)
+            for position in positions:
+                paused = batch[position]
+                row = paused.row if isinstance(paused, Continued) else position
+                outputs[position] = state.done.pop(row) if row in state.done else Continued(state, row)
         return outputs
 
     def _start(self, pages: Sequence[_Page], rows: list[int]) -> _Generation:
@@ -246,7 +246,7 @@ class DocumentReader(ImageExtractor):
                     state.done[state.rows[position]] = state.ids[position].tolist()
                 _keep(state, [row for position, row in enumerate(state.rows) if position not in ended])
 
-    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         page: _Page = prepared
         if not self.florence:
             text = self.tokenizer.decode(output[len(page.prompt) :], skip_special_tokens=False)

@@ -23,20 +23,13 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from sie_common.edge.errors import InvalidArgument, clipped
-from sie_worker.adapters.base import (
-    Classification,
-    ExtractInput,
-    Extraction,
-    ExtractQuery,
-    ItemExtractor,
-    LoadContext,
-    Prepared,
-)
+from sie_common.edge.errors import clipped
+from sie_worker.adapters.contract import AdapterError, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import Classification, Extraction
 from sie_worker.adapters.layers.activations import softmax
-from sie_worker.adapters.layers.option_values import probability
 from sie_worker.adapters.layers.optional_packages import auto_map_in, is_local_path, require_package
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.spec import AdapterSpec, Option, probability
 
 CLASSIFICATION_TYPES = ("single-label", "multi-label")
 DEFAULT_THRESHOLD = 0.5
@@ -85,13 +78,22 @@ def read_classification_type(options: Mapping[str, Any], default: Any, where: st
     return str(value)
 
 
-class GliclassClassifier(ItemExtractor):
-    tasks = ("extract",)
-    zero_shot = True
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class GliclassClassifier(HfAdapter):
+    spec = AdapterSpec(
+        "gliclass",
+        tasks=("extract",),
+        labels=True,
+        options=(
+            Option(
+                "classification_type",
+                f"{' or '.join(CLASSIFICATION_TYPES)}",
+                lambda value: read_classification_type({"classification_type": value}, None, "options"),
+            ),
+        ),
+    )
 
     def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
         require_package("gliclass", context.config.id, "pip install '.[gliclass]'")
         from gliclass import GLiClassModel, ZeroShotClassificationPipeline
 
@@ -99,10 +101,7 @@ class GliclassClassifier(ItemExtractor):
         self.model = GLiClassModel.from_pretrained(str(context.weights), local_files_only=True)
         self.model.to(context.device).eval()
         hf = AutoTokenizer.from_pretrained(str(context.weights), local_files_only=True)
-        self.tokenizer = TextTokenizer(
-            context.weights, context.config.max_sequence_length, _backbone(self.model), hf=hf
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        self.tokenizer = self.use_tokenizer(_backbone(self.model), hf=hf)
         run_options = context.profile.run_options
         self.classification_type = read_classification_type(run_options, "multi-label", "run_options")
         self.threshold = probability(run_options.get("threshold", DEFAULT_THRESHOLD), "run_options.threshold")
@@ -123,11 +122,10 @@ class GliclassClassifier(ItemExtractor):
         self.prompts.no_padding()
         self.prompts.no_truncation()
 
-    def check_query(self, query: ExtractQuery) -> None:
+    def check(self, query: Query) -> None:
         unknown = sorted(set(query.options) - {"classification_type"})
         if unknown:
             raise ValueError(f"options: unknown option {clipped(unknown[0])!r}; this model reads classification_type")
-        read_classification_type(query.options, self.classification_type, "options")
         self._check_labels_read(query.labels)
 
     def _check_labels_read(self, labels: Sequence[str]) -> None:
@@ -137,7 +135,7 @@ class GliclassClassifier(ItemExtractor):
             return
         tokens = self._prompt_tokens(labels)
         if tokens > self.max_sequence_length:
-            raise InvalidArgument(
+            raise AdapterError(
                 f"labels: the labels make a prompt of {tokens} tokens; this model reads at most "
                 f"{self.max_sequence_length} with the text: send fewer or shorter labels (in several requests)",
                 reason="LABELS_TOO_LONG",
@@ -148,7 +146,7 @@ class GliclassClassifier(ItemExtractor):
         """The tokens of a uni-encoder's input for `labels` and an empty text (special tokens included)."""
         return len(self.prompts.encode(self.pipeline.prepare_input("", list(labels))).ids)
 
-    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The part of the text the model can read (gliclass tokenizes the whole text before truncating), at the
         cost of its tokens and its labels'. Where the text comes before the labels, it is cut to the tokens the
         labels leave, else the cut of the whole input would drop labels."""
@@ -167,21 +165,20 @@ class GliclassClassifier(ItemExtractor):
         label_tokens = sum(len(encoding.ids) for encoding in self.tokenizer.rust.encode_batch(list(query.labels)))
         return Prepared(text, tokens + label_tokens)
 
-    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per text, the model's logit of each label."""
         labels = list(query.labels)
         inputs = self.pipeline.prepare_inputs(list(batch), labels, same_labels=True)
-        with torch.inference_mode():
-            # gliclass's own rule for the label slots the model allocates (config max_labels_alloc)
-            slots = self.pipeline._resolve_max_num_classes(labels, True)
-            logits = self.model(**inputs, max_num_classes=slots).logits
+        # gliclass's own rule for the label slots the model allocates (config max_labels_alloc)
+        slots = self.pipeline._resolve_max_num_classes(labels, True)
+        logits = self.model(**inputs, max_num_classes=slots).logits
         return list(logits[:, : len(labels)].float().cpu().numpy())
 
-    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         """Single-label: the best label, unless below the request's threshold; multi-label: the labels at or above
         the threshold, best first."""
         logits = np.asarray(output, dtype=np.float64)
-        if read_classification_type(query.options, self.classification_type, "options") == "single-label":
+        if query.options.get("classification_type", self.classification_type) == "single-label":
             scores = softmax(logits)
             order = [int(scores.argmax())]
             threshold = query.threshold

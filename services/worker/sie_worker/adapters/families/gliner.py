@@ -21,18 +21,11 @@ import torch
 from transformers import AutoConfig
 
 from sie_common.edge.errors import clipped
-from sie_worker.adapters.base import (
-    Entity,
-    ExtractInput,
-    Extraction,
-    ExtractQuery,
-    ItemExtractor,
-    LoadContext,
-    Prepared,
-)
-from sie_worker.adapters.layers.option_values import probability
+from sie_worker.adapters.contract import Adapter, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.items import Entity, Extraction
 from sie_worker.adapters.layers.optional_packages import auto_map_in, is_local_path, require_package
 from sie_worker.adapters.layers.text_tokenizer import position_limit
+from sie_worker.adapters.spec import AdapterSpec, probability
 
 DEFAULT_THRESHOLD = 0.5
 # The backbone GLiNER's configs name when they name none.
@@ -84,11 +77,8 @@ def _named_backbones(config: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]
     return [(field, saved) for field, saved in backbones if not any(isinstance(config.get(key), dict) for key in saved)]
 
 
-class GlinerExtractor(ItemExtractor):
-    tasks = ("extract",)
-    zero_shot = True
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class GlinerExtractor(Adapter):
+    spec = AdapterSpec("gliner", tasks=("extract",), labels=True)
 
     def __init__(self, context: LoadContext) -> None:
         require_package("gliner", context.config.id, "pip install gliner --no-deps && pip install '.[gliner]'")
@@ -123,15 +113,12 @@ class GlinerExtractor(ItemExtractor):
                 return text[:end]
         return text
 
-    def check_query(self, query: ExtractQuery) -> None:
-        """Labels and threshold are bounded by the request's checks; GLiNER reads no options."""
-
-    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The part of the text GLiNER reads, at the cost of its words."""
         text = self.read_part(item.text or "")
         return Prepared(text, len(text.split()) + 1)
 
-    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per text, GLiNER's spans as (start, end, label, [score])."""
         found = self.extractor.inference(
             list(batch),
@@ -141,7 +128,7 @@ class GlinerExtractor(ItemExtractor):
         )
         return [[(e["start"], e["end"], e["label"], [float(e["score"])]) for e in entities] for entities in found]
 
-    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         text, spans = prepared, output
         if self.merge_adjacent:
             spans = merge_adjacent(text, spans)

@@ -24,20 +24,12 @@ import torch
 from huggingface_hub import snapshot_download
 
 from sie_common.cluster.model_config import Profile
-from sie_worker.adapters.base import (
-    Entity,
-    ExtractInput,
-    Extraction,
-    ExtractQuery,
-    ItemExtractor,
-    LoadContext,
-    Prepared,
-    Relation,
-)
+from sie_worker.adapters.contract import Adapter, Input, LoadContext, Prepared, Query
 from sie_worker.adapters.families.gliner import GlinerExtractor
-from sie_worker.adapters.layers.option_values import probability, whole_number
+from sie_worker.adapters.items import Entity, Extraction, Relation
 from sie_worker.adapters.layers.optional_packages import require_package
 from sie_worker.adapters.layers.text_tokenizer import position_limit
+from sie_worker.adapters.spec import AdapterSpec, Option, probability, whole_number
 
 DEFAULT_THRESHOLD = 0.5
 # Most entity spans one item takes (from the request or from GLiNER): GLiREL scores every ordered pair against every
@@ -125,11 +117,30 @@ def request_spans(value: Any) -> list[Span]:
     return spans
 
 
-class GlirelExtractor(ItemExtractor):
-    tasks = ("extract",)
-    zero_shot = True
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class GlirelExtractor(Adapter):
+    spec = AdapterSpec(
+        "glirel",
+        tasks=("extract",),
+        labels=True,
+        options=(
+            Option(
+                "top_k", "most labels kept per entity pair", lambda value: whole_number(value, "top_k", 1, MAX_TOP_K)
+            ),
+            Option(
+                "max_relations",
+                "most relations kept per item, the best",
+                lambda value: whole_number(value, "max_relations", 1, MAX_RELATIONS),
+            ),
+            Option(
+                "entities",
+                "the entity spans of the items' texts: {start, end, label}",
+                request_spans,
+            ),
+            Option(
+                "entity_labels", "the labels GLiNER finds entities of", lambda value: _labels(value, "entity_labels")
+            ),
+        ),
+    )
 
     def __init__(self, context: LoadContext) -> None:
         require_package("glirel", context.config.id, "pip install glirel --no-deps && pip install '.[glirel]'")
@@ -179,38 +190,32 @@ class GlirelExtractor(ItemExtractor):
             self.entities = GlinerExtractor(dataclasses.replace(context, weights=weights, profile=profile))
             self.entity_modules = self.entities.extractor
 
-    def check_query(self, query: ExtractQuery) -> None:
-        """Spans from the request or entity labels for GLiNER (not both), and `top_k`, each within its bound."""
+    def check(self, query: Query) -> None:
+        """Spans from the request or entity labels for GLiNER (not both)."""
         unknown = sorted(set(query.options) - set(OPTIONS))
         if unknown:
             raise ValueError(f"unknown option {unknown[0]!r}; this model reads {', '.join(OPTIONS)}")
-        self._top_k(query)
-        self._max_relations(query)
         if "entities" in query.options:
             if "entity_labels" in query.options:
                 raise ValueError("give either entities or entity_labels, not both")
-            request_spans(query.options["entities"])
             return
         if self.entities is None:
             raise ValueError("this model has no entity model (run_options.entity_model): give options.entities")
-        if "entity_labels" in query.options:
-            _labels(query.options["entity_labels"], "entity_labels")
-        elif self.entity_labels is None:
+        if "entity_labels" not in query.options and self.entity_labels is None:
             raise ValueError("give options.entity_labels (the profile sets no run_options.entity_labels)")
 
     @staticmethod
-    def _top_k(query: ExtractQuery) -> int:
+    def _top_k(query: Query) -> int:
         """Most labels kept per entity pair; -1: all over the threshold."""
         value = query.options.get("top_k")
-        return -1 if value is None else whole_number(value, "top_k", 1, MAX_TOP_K)
+        return -1 if value is None else int(value)
 
     @staticmethod
-    def _max_relations(query: ExtractQuery) -> int:
+    def _max_relations(query: Query) -> int:
         """Most relations kept per item, the best."""
-        value = query.options.get("max_relations", DEFAULT_MAX_RELATIONS)
-        return whole_number(value, "max_relations", 1, MAX_RELATIONS)
+        return int(query.options.get("max_relations", DEFAULT_MAX_RELATIONS))
 
-    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The words GLiREL reads (its first max_len, fewer where the labels and words would pass the backbone's
         positions) and the request's spans checked against the text."""
         text = item.text or ""
@@ -240,7 +245,7 @@ class GlirelExtractor(ItemExtractor):
                 raise ValueError(f"entities[{index}] ({span.start}, {span.end}) covers no word")
         return Prepared(Item(read, words, spans), tokens)
 
-    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per item, its spans and GLiREL's relations between them ((head words, tail words), label, score)."""
         items: list[Item] = list(batch)
         spans = [item.spans for item in items]
@@ -248,7 +253,9 @@ class GlirelExtractor(ItemExtractor):
         if found:
             assert self.entities is not None  # check_query: spans come from the request when there is no GLiNER
             labels = tuple(query.options.get("entity_labels") or self.entity_labels or ())
-            outputs = self.entities.run([items[row].entity_text or "" for row in found], ExtractQuery(labels))
+            outputs = self.entities.run(
+                [items[row].entity_text or "" for row in found], Query("extract", labels=labels)
+            )
             for row, output in zip(found, outputs, strict=True):
                 best = sorted(output, key=lambda span: -max(span[3]))[:MAX_ENTITIES]
                 spans[row] = [Span(start, end, label, max(scores)) for start, end, label, scores in sorted(best)]
@@ -281,7 +288,7 @@ class GlirelExtractor(ItemExtractor):
                 by_words.setdefault((first, last), span)
         return by_words
 
-    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         """Relations between character spans, best score first."""
         text = item.text or ""
         by_words, relations = output

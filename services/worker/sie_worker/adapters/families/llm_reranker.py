@@ -23,42 +23,36 @@ from typing import Any
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedModel
 
-from sie_common.edge.errors import InvalidArgument
-from sie_worker.adapters.base import LoadContext, PairScorer, TokenizedText
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import AdapterError, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import TokenizedText
 from sie_worker.adapters.layers.activations import ACTIVATIONS, saved_activation
 from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json, read_modules
 from sie_worker.adapters.layers.padding import by_length
 from sie_worker.adapters.layers.pair_templates import ChatTemplate, PairTemplate, TextTemplate
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.spec import AdapterSpec
 
 # The pair fillers whose renders differ only in content: their common token tail is the template's.
 _FILLERS = ("0", "1 2 3 4")
 
 
-class LlmReranker(PairScorer):
-    tasks = ("score",)
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class LlmReranker(HfAdapter):
+    spec = AdapterSpec("llm_reranker", tasks=("score",), pairs=True)
+
+    model: PreTrainedModel
 
     def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
         directory = context.weights
         options = context.profile.load_options
         run_options = context.profile.run_options
         architecture = str((read_json(directory / "config.json").get("architectures") or [""])[0])
         self.own_head = architecture.endswith("ForSequenceClassification")
-        self.model = load_model(AutoModelForSequenceClassification if self.own_head else AutoModelForCausalLM, context)
-        self.device = context.device
+        self.model = self.load(AutoModelForSequenceClassification if self.own_head else AutoModelForCausalLM)
         self.backbone = getattr(self.model, self.model.base_model_prefix)
-        self.tokenizer = TextTokenizer(
-            directory,
-            context.config.max_sequence_length,
-            self.model,
-            trust_remote_code=context.profile.trust_remote_code,
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        self.tokenizer = self.use_tokenizer(self.model)
         # A copy that never truncates: the template tail is restored after the cut (_truncate).
         self.untruncated = Tokenizer.from_str(self.tokenizer.hf.backend_tokenizer.to_str())
         self.untruncated.no_truncation()
@@ -86,7 +80,13 @@ class LlmReranker(PairScorer):
             raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
         self.activation = ACTIVATIONS[activation]
 
-    def tokenize_pairs(self, query: str, texts: Sequence[str], instruction: str | None = None) -> list[TokenizedText]:
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        pair = items[0].pair or "" if items else ""
+        tokenized = self.tokenize_pairs(pair, [item.text or "" for item in items], query.instruction)
+        return [Prepared(item, len(item.ids)) for item in tokenized]
+
+    def tokenize_pairs(self, query: str, texts: Sequence[str], instruction: str | None) -> list[TokenizedText]:
+        """Each (query, text) pair in the prompt, with the request's instruction (else the model's default)."""
         instruction = instruction if instruction is not None else self.default_instruction
         if self.template is None:  # plain pairs: the instruction goes before the query, as a CrossEncoder prompt does
             return self.tokenizer.encode_pairs((instruction or "") + query, texts)
@@ -98,7 +98,7 @@ class LlmReranker(PairScorer):
             self.untruncated.encode(self.template.render(query, "", instruction), add_special_tokens=False).ids
         )
         if around >= self.max_sequence_length:
-            raise InvalidArgument(
+            raise AdapterError(
                 f"the prompt around the document (template, instruction and query) is {around} tokens, and the model "
                 f"reads"
                 f" {self.max_sequence_length}: no token of any document would be read",
@@ -111,7 +111,7 @@ class LlmReranker(PairScorer):
             for encoding in self.untruncated.encode_batch(rendered, add_special_tokens=False)
         ]
 
-    def score(self, batch: Sequence[TokenizedText]) -> np.ndarray:
+    def run(self, batch: Sequence[TokenizedText], query: Query) -> np.ndarray:
         return np.array(by_length(batch, self.device, self._score), dtype=np.float32)
 
     def _readable(self, texts: list[str]) -> list[str]:
@@ -156,16 +156,15 @@ class LlmReranker(PairScorer):
             mask[row, start : start + len(item.ids)] = 1
         positions = np.maximum(mask.cumsum(axis=1) - 1, 0)
         last = [longest - 1] * len(batch) if self.padding_side == "left" else [length - 1 for length in lengths]
-        with torch.inference_mode():
-            hidden = self.backbone(
-                input_ids=torch.from_numpy(ids).to(self.device),
-                attention_mask=torch.from_numpy(mask).to(self.device),
-                position_ids=torch.from_numpy(positions).to(self.device),
-            ).last_hidden_state
-            final = hidden[torch.arange(len(batch), device=self.device), torch.tensor(last, device=self.device)]
-            logits = self._head(final).float()
-            scores = logits[:, 0] - logits[:, 1] if logits.shape[1] == 2 else logits[:, 0]
-            return self.activation(scores).cpu().numpy()
+        hidden = self.backbone(
+            input_ids=torch.from_numpy(ids).to(self.device),
+            attention_mask=torch.from_numpy(mask).to(self.device),
+            position_ids=torch.from_numpy(positions).to(self.device),
+        ).last_hidden_state
+        final = hidden[torch.arange(len(batch), device=self.device), torch.tensor(last, device=self.device)]
+        logits = self._head(final).float()
+        scores = logits[:, 0] - logits[:, 1] if logits.shape[1] == 2 else logits[:, 0]
+        return self.activation(scores).cpu().numpy()
 
     def _head(self, final: torch.Tensor) -> torch.Tensor:
         """The model's own head on the last real tokens: the classifier, or the output-embedding rows of the score

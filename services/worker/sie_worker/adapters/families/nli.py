@@ -16,25 +16,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForSequenceClassification
 
 from sie_common.edge.errors import clipped
-from sie_worker.adapters.base import (
-    Classification,
-    ExtractInput,
-    Extraction,
-    ExtractQuery,
-    ItemExtractor,
-    LoadContext,
-    Prepared,
-    TokenizedText,
-)
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import Classification, Extraction, TokenizedText
 from sie_worker.adapters.layers.activations import softmax
 from sie_worker.adapters.layers.padding import by_length, model_inputs, padded
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.spec import AdapterSpec, Option
 
 DEFAULT_TEMPLATE = "This example is {}."
 MAX_TEMPLATE_BYTES = 512
@@ -54,47 +45,53 @@ def label_index(label2id: Mapping[str, Any], prefix: str) -> int:
     )
 
 
-def read_options(options: Mapping[str, Any], defaults: Mapping[str, Any], where: str) -> tuple[str, bool]:
-    """(hypothesis template, multi_label) from `options`, else `defaults`; ValueError for a value out of bounds."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"{where}: unknown option {unknown[0]!r}; this model reads {', '.join(OPTIONS)}")
-    template = options.get("hypothesis_template", defaults.get("hypothesis_template", DEFAULT_TEMPLATE))
-    if not isinstance(template, str):
-        raise ValueError(f"{where}.hypothesis_template: must be a string, got {type(template).__name__}")
-    if len(template.encode()) > MAX_TEMPLATE_BYTES:
+def hypothesis_template(value: Any, where: str) -> str:
+    """A hypothesis template: at most MAX_TEMPLATE_BYTES, exactly one `{}` and no other brace."""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.hypothesis_template: must be a string, got {type(value).__name__}")
+    if len(value.encode()) > MAX_TEMPLATE_BYTES:
         raise ValueError(f"{where}.hypothesis_template: longer than {MAX_TEMPLATE_BYTES} bytes")
-    if template.count("{}") != 1 or template.count("{") != 1 or template.count("}") != 1:
+    if value.count("{}") != 1 or value.count("{") != 1 or value.count("}") != 1:
         raise ValueError(
             f"{where}.hypothesis_template: must hold exactly one {{}} (where the label goes) and no other brace"
         )
-    multi_label = options.get("multi_label", defaults.get("multi_label", False))
-    if not isinstance(multi_label, bool):
-        raise ValueError(f"{where}.multi_label: must be true or false, got {multi_label!r}")
-    return template, multi_label
+    return value
 
 
-class NliZeroShotClassifier(ItemExtractor):
-    tasks = ("extract",)
-    zero_shot = True
-    output_types: tuple[str, ...] = ()
-    dims = 0
+def multi_label(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}.multi_label: must be true or false, got {value!r}")
+    return value
+
+
+class NliZeroShotClassifier(HfAdapter):
+    spec = AdapterSpec(
+        "nli_zero_shot",
+        tasks=("extract",),
+        labels=True,
+        options=(
+            Option(
+                "hypothesis_template",
+                "the hypothesis each label makes, `{}` where the label goes",
+                lambda value: hypothesis_template(value, "options"),
+            ),
+            Option(
+                "multi_label",
+                "score each label on its own (else a softmax across the labels)",
+                lambda value: multi_label(value, "options"),
+            ),
+        ),
+    )
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = load_model(AutoModelForSequenceClassification, context, reads_padding=False)
+        super().__init__(context)
+        self.model = self.load(AutoModelForSequenceClassification, reads_padding=False)
         label2id = self.model.config.label2id or {}
         self.entailment = label_index(label2id, "entail")
         # As the pipeline picks it: the first class, or the last where entailment is first ("not_entailment" of
         # two-class models such as MoritzLaurer's zeroshot-v2.0).
         self.contradiction = len(label2id) - 1 if self.entailment == 0 else 0
-        self.device = context.device
-        self.tokenizer = TextTokenizer(
-            context.weights,
-            context.config.max_sequence_length,
-            self.model,
-            trust_remote_code=context.profile.trust_remote_code,
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        self.tokenizer = self.use_tokenizer(self.model)
         # A copy of the tokenizer that cuts only the text of a pair, never the hypothesis.
         self.pairs = Tokenizer.from_str(self.tokenizer.hf.backend_tokenizer.to_str())
         self.pairs.no_padding()
@@ -102,14 +99,21 @@ class NliZeroShotClassifier(ItemExtractor):
             self.max_sequence_length, strategy="only_first", direction=self.tokenizer.hf.truncation_side
         )
         self.pair_specials = self.pairs.num_special_tokens_to_add(is_pair=True)
-        self.defaults = context.profile.run_options
-        read_options({}, self.defaults, "run_options")
+        defaults = context.profile.run_options
+        self.template = hypothesis_template(defaults.get("hypothesis_template", DEFAULT_TEMPLATE), "run_options")
+        self.multi_label = multi_label(defaults.get("multi_label", False), "run_options")
 
-    def settings(self, query: ExtractQuery) -> tuple[str, bool]:
-        return read_options(query.options, self.defaults, "options")
+    def settings(self, query: Query) -> tuple[str, bool]:
+        """The request's (hypothesis template, multi_label), else the profile's."""
+        return query.options.get("hypothesis_template", self.template), query.options.get(
+            "multi_label", self.multi_label
+        )
 
-    def check_query(self, query: ExtractQuery) -> None:
-        """The options in bounds, and each hypothesis short enough to leave the text a place in its pair."""
+    def check(self, query: Query) -> None:
+        """Only the options it reads, and each hypothesis short enough to leave the text a place in its pair."""
+        unknown = sorted(set(query.options) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"options: unknown option {unknown[0]!r}; this model reads {', '.join(OPTIONS)}")
         template, _ = self.settings(query)
         for label, tokens in zip(query.labels, self._hypothesis_tokens(template, query.labels), strict=True):
             if tokens > self.max_sequence_length:
@@ -124,7 +128,7 @@ class NliZeroShotClassifier(ItemExtractor):
         encodings = self.pairs.encode_batch(hypotheses, add_special_tokens=False)
         return [len(encoding.ids) + self.pair_specials for encoding in encodings]
 
-    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The part of the text the model can read, at the cost of all its (text, hypothesis) pairs' tokens. The
         pairs themselves (labels x texts of them) are tokenized batch by batch in `run`, never a whole request's."""
         template, _ = self.settings(query)
@@ -136,7 +140,7 @@ class NliZeroShotClassifier(ItemExtractor):
         )
         return Prepared(text, cost)
 
-    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per item, the logits of its pairs [labels, classes]; PAIRS_PER_PASS pairs tokenized and run at a time."""
         template, _ = self.settings(query)
         hypotheses = [template.format(label) for label in query.labels]
@@ -150,10 +154,9 @@ class NliZeroShotClassifier(ItemExtractor):
 
     def _logits(self, pairs: Sequence[TokenizedText]) -> np.ndarray:
         inputs = padded(pairs, self.tokenizer.pad_id, self.device)
-        with torch.inference_mode():
-            return self.model(**model_inputs(self.model, inputs)).logits.float().cpu().numpy()
+        return self.model(**model_inputs(self.model, inputs)).logits.float().cpu().numpy()
 
-    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         """The labels best first, without those scored below the request's threshold."""
         _, multi_label = self.settings(query)
         if multi_label or len(query.labels) == 1:

@@ -20,13 +20,14 @@ import numpy as np
 import torch
 from transformers import AutoModel
 
-from sie_common.edge.errors import InvalidArgument
-from sie_worker.adapters.base import EncodedItem, LoadContext, TextEncoder, TokenizedText
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import AdapterError, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import EncodedItem, TokenizedText
 from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json, read_modules
 from sie_worker.adapters.layers.dense_modules import DenseModule, load_dense
 from sie_worker.adapters.layers.padding import by_length, padded
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer, position_offset
+from sie_worker.adapters.layers.text_tokenizer import position_offset
+from sie_worker.adapters.spec import AdapterSpec
 from sie_worker.kernels.bidirectional import use_bidirectional
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
@@ -45,11 +46,11 @@ PADDING_SIDES = ("left", "right")
 PROMPT_COUNTS_KEPT = 16
 
 
-class SentenceTransformerEncoder(TextEncoder):
-    tasks = ("encode",)
-    output_types = ("dense",)
+class SentenceTransformerEncoder(HfAdapter):
+    spec = AdapterSpec("sentence_transformer", tasks=("encode",), outputs=("dense",))
 
     def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
         directory = context.weights
         load_options = dict(context.profile.load_options)
         run_options = dict(context.profile.run_options)
@@ -62,20 +63,13 @@ class SentenceTransformerEncoder(TextEncoder):
         if unknown:
             raise ValueError(f"unknown pooling mode {unknown[0]!r}; known: {', '.join(POOLING_MODES)}")
         self.include_prompt: bool = _flag(load_options, "include_prompt", bool(pooling.get("include_prompt", True)))
-        self.normalized: bool = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
+        self.normalized = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
         bidirectional = _flag(load_options, "bidirectional", False)
 
-        self.model = load_model(AutoModel, context, reads_padding=False)
+        self.model = self.load(AutoModel, reads_padding=False)
         if getattr(self.model.config, "use_cache", None):
             self.model.config.use_cache = False  # one forward pass per batch: a key/value cache is only memory
-        self.device = context.device
-        self.tokenizer = TextTokenizer(
-            directory,
-            context.config.max_sequence_length,
-            self.model,
-            trust_remote_code=context.profile.trust_remote_code,
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        self.tokenizer = self.use_tokenizer(self.model)
         padding_side = load_options.get("padding_side", self.tokenizer.hf.padding_side)
         if padding_side not in PADDING_SIDES:
             raise ValueError(
@@ -98,26 +92,26 @@ class SentenceTransformerEncoder(TextEncoder):
         if self.dims != width:
             raise ValueError(f"config says dims {self.dims}, but the model gives {width}")
         prompts = read_json(directory / "config_sentence_transformers.json").get("prompts") or {}
-        self.query_prompt: str = run_options.get("query_prompt", prompts.get("query", ""))
+        self.query_prompt = run_options.get("query_prompt", prompts.get("query", ""))
         document = next((prompts[name] for name in _DOCUMENT_PROMPT_NAMES if name in prompts), "")
-        self.document_prompt: str = run_options.get("document_prompt", document)
-        self.instruction_prompt: str = run_options.get("instruction_prompt", "{instruction}")
+        self.document_prompt = run_options.get("document_prompt", document)
+        self.instruction_prompt = run_options.get("instruction_prompt", "{instruction}")
         # Each request's instruction makes a prompt of its own: only the latest few counts are kept.
         self._count_prompt_tokens = functools.lru_cache(maxsize=PROMPT_COUNTS_KEPT)(self._prompt_token_count)
 
-    def prompt(self, *, is_query: bool, instruction: str | None) -> str:
-        if instruction is not None:
-            return self.instruction_prompt.replace("{instruction}", instruction)
-        return self.query_prompt if is_query else self.document_prompt
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        tokenized = self.tokenize([item.text or "" for item in items], self.prompt(query))
+        return [Prepared(item, len(item.ids)) for item in tokenized]
 
-    def tokenize(self, texts: Sequence[str], prompt: str, *, is_query: bool = False) -> list[TokenizedText]:
+    def tokenize(self, texts: Sequence[str], prompt: str) -> list[TokenizedText]:
+        """Each text after the prompt, with the prompt's tokens counted where pooling leaves them out."""
         prompt_tokens = 0
         if prompt and not self.include_prompt:
             # A prompt left out of pooling that fills the model's length leaves nothing to pool: every item
             # would get a zero vector.
             prompt_tokens, length = self._count_prompt_tokens(prompt)
             if length >= self.max_sequence_length:
-                raise InvalidArgument(
+                raise AdapterError(
                     f"the prompt (with the instruction in it) is {length} tokens or more, and the model reads "
                     f"{self.max_sequence_length}"
                     " and leaves the prompt out of pooling: no token of the texts would be pooled",
@@ -131,7 +125,7 @@ class SentenceTransformerEncoder(TextEncoder):
         # vector beside other items and failed a forward pass of its own.
         empty = next((index for index, item in enumerate(tokenized) if not item.ids), None)
         if empty is not None:
-            raise InvalidArgument(
+            raise AdapterError(
                 f"item {empty}: the text is no tokens for this model (its tokenizer adds none of its own); an empty "
                 f"text has no embedding",
                 reason="NO_TOKENS",
@@ -145,7 +139,7 @@ class SentenceTransformerEncoder(TextEncoder):
         ids = self.tokenizer.encode([prompt])[0].ids
         return len(ids) - (1 if ids and ids[-1] in self.tokenizer.special_ids else 0), len(ids)
 
-    def encode(self, batch: Sequence[TokenizedText], output_types: Sequence[str]) -> list[EncodedItem]:
+    def run(self, batch: Sequence[TokenizedText], query: Query) -> list[EncodedItem]:
         return [EncodedItem(dense=row) for row in by_length(batch, self.device, self.embed)]
 
     def embed(self, batch: Sequence[TokenizedText]) -> np.ndarray:
@@ -156,15 +150,14 @@ class SentenceTransformerEncoder(TextEncoder):
         for row, item in enumerate(batch):
             start = longest - len(item.ids) if self.pad_left else 0
             pool_mask[row, start + item.prompt_tokens : start + len(item.ids)] = 1
-        with torch.inference_mode():
-            attention = inputs["attention_mask"]
-            hidden = self._hidden(inputs["input_ids"], attention)
-            pooled = pool(hidden, attention, torch.from_numpy(pool_mask).to(self.device), self.pooling_modes)
-            for dense in self.dense:
-                pooled = dense(pooled)
-            if self.normalized:
-                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-            return pooled.float().cpu().numpy()
+        attention = inputs["attention_mask"]
+        hidden = self._hidden(inputs["input_ids"], attention)
+        pooled = pool(hidden, attention, torch.from_numpy(pool_mask).to(self.device), self.pooling_modes)
+        for dense in self.dense:
+            pooled = dense(pooled)
+        if self.normalized:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.float().cpu().numpy()
 
     def _hidden(self, input_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """The transformer's last hidden state [batch, tokens, hidden]."""

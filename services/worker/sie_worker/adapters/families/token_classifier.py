@@ -13,59 +13,40 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from transformers import AutoModelForTokenClassification
 
-from sie_worker.adapters.base import (
-    Entity,
-    ExtractInput,
-    Extraction,
-    ExtractQuery,
-    ItemExtractor,
-    LoadContext,
-    Prepared,
-    TokenizedText,
-)
-from sie_worker.adapters.hf import load_model
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import Entity, Extraction, TokenizedText
 from sie_worker.adapters.layers.padding import model_inputs, padded
-from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.spec import AdapterSpec
 
 
-class TokenClassificationExtractor(ItemExtractor):
-    tasks = ("extract",)
-    zero_shot = False
-    output_types: tuple[str, ...] = ()
-    dims = 0
+class TokenClassificationExtractor(HfAdapter):
+    spec = AdapterSpec("token_classifier", tasks=("extract",))
 
     def __init__(self, context: LoadContext) -> None:
-        self.model = load_model(AutoModelForTokenClassification, context)
-        self.device = context.device
-        self.tokenizer = TextTokenizer(
-            context.weights,
-            context.config.max_sequence_length,
-            self.model,
-            trust_remote_code=context.profile.trust_remote_code,
-        )
-        self.max_sequence_length = self.tokenizer.max_length
+        super().__init__(context)
+        self.model = self.load(AutoModelForTokenClassification)
+        self.tokenizer = self.use_tokenizer(self.model)
         # transformers types id2label as it may be given (str keys, or none) and num_labels as optional; a loaded
         # model's config has both, with int keys.
         self.labels = [self.model.config.id2label[index] for index in range(self.model.config.num_labels)]  # type: ignore[index, arg-type]
 
-    def check_query(self, query: ExtractQuery) -> None:
+    def check(self, query: Query) -> None:
         """The model's own labels are the ones it finds: labels in the request are ignored."""
 
-    def prepare(self, item: ExtractInput, query: ExtractQuery) -> Prepared:
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
         tokens = self.tokenizer.encode([item.text or ""])[0]
         return Prepared(tokens, len(tokens.ids))
 
-    def run(self, batch: Sequence[Any], query: ExtractQuery) -> list[Any]:
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per item, label probabilities [tokens, labels]."""
         inputs = padded(batch, self.tokenizer.pad_id, self.device)
-        with torch.inference_mode():
-            probabilities = self.model(**model_inputs(self.model, inputs)).logits.float().softmax(dim=-1).cpu().numpy()
+        probabilities = self.model(**model_inputs(self.model, inputs)).logits.float().softmax(dim=-1).cpu().numpy()
         return [probabilities[row, : len(item.ids)] for row, item in enumerate(batch)]
 
-    def finish(self, item: ExtractInput, prepared: Any, output: Any, query: ExtractQuery) -> Extraction:
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         return Extraction(entities=self.entities(item.text or "", prepared, output, query.threshold))
 
     def entities(

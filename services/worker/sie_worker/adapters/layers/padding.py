@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from sie_worker.adapters.base import TokenizedText
+from sie_worker.adapters.items import TokenizedText
 
 Row = TypeVar("Row")
 # On a CPU one more forward pass costs about as much as this many padded tokens.

@@ -8,7 +8,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from sie_worker.adapters.base import TokenizedText
+from sie_worker.adapters.items import TokenizedText
 from sie_worker.adapters.layers.text_tokenizer import PREFIX_CHARS_PER_TOKEN, TextTokenizer, max_length
 
 

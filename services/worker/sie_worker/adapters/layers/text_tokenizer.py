@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from sie_worker.adapters.base import TokenizedText
+from sie_worker.adapters.items import TokenizedText
 from sie_worker.adapters.layers.checkpoint_files import read_json
 
 log = logging.getLogger(__name__)
