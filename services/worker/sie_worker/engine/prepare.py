@@ -17,7 +17,7 @@ from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
 from sie_common.edge.errors import InvalidArgument, SieError
 from sie_common.runtime.tracing import span
 from sie_worker.adapters.contract import Adapter, AdapterError, Input, Prepared
-from sie_worker.engine.images import check_images_pixels, decode_image
+from sie_worker.engine.images import ImageHeader, decode, read_headers
 from sie_worker.engine.jobs import ItemInput
 from sie_worker.engine.limits import Limits, check_held_multivectors
 from sie_worker.engine.plan import Part, RequestPlan
@@ -93,35 +93,36 @@ class Preparation:
         return PreparedPart(inputs, prepared)
 
     async def _images(self, adapter: Adapter, part: Part, items: Sequence[ItemInput]) -> PreparedPart:
-        """Each item's image decoded and processed on the image pool, in parallel, after the part's images were
-        counted from their headers."""
+        """The part's image headers read (together, against the request's bound), then each image decoded and
+        processed on the image pool, in parallel."""
         loop = asyncio.get_running_loop()
-        given = [items[row] for row in part.rows]
-        check = functools.partial(check_images_pixels, limits=self._limits, resized_pixels=adapter.resized_pixels)
+        read = functools.partial(read_headers, limits=self._limits, resized_pixels=adapter.resized_pixels)
         try:
-            await loop.run_in_executor(self._image_pool, check, given)
+            headers = await loop.run_in_executor(self._image_pool, read, [items[row] for row in part.rows])
         except SieError as error:
             raise _Refused(REQUEST, error) from None  # the request's, not an item's: before any item's
 
-        def prepare(row: int) -> tuple[Input, Prepared]:
-            item = items[row]
+        def prepare(row: int, header: ImageHeader) -> tuple[Input, Prepared]:
             try:
-                image = decode_image(item, 0, limits=self._limits, resized_pixels=adapter.resized_pixels)
-                read = Input(item.text, image)
-                return read, adapter.prepare([read], part.query)[0]
+                given = Input(header.item.text, decode(header, limits=self._limits))
+                return given, adapter.prepare([given], part.query)[0]
             except AdapterError as error:
                 raise _refused(error, items, (row,)) from None
             except SieError as error:
                 raise _Refused(row, error) from None
 
         outcomes = await asyncio.gather(
-            *(loop.run_in_executor(self._image_pool, prepare, row) for row in part.rows), return_exceptions=True
+            *(loop.run_in_executor(self._image_pool, prepare, *pair) for pair in zip(part.rows, headers, strict=True)),
+            return_exceptions=True,
         )
+        refused = [outcome for outcome in outcomes if isinstance(outcome, _Refused)]
+        if refused:
+            raise min(refused, key=lambda refusal: refusal.row)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
         pairs = [outcome for outcome in outcomes if isinstance(outcome, tuple)]
-        return PreparedPart([read for read, _ in pairs], [ready for _, ready in pairs])
+        return PreparedPart([given for given, _ in pairs], [ready for _, ready in pairs])
 
     def _check_multivectors(self, plan: RequestPlan, parts: Sequence[PreparedPart]) -> None:
         """Before the forward pass, from the rows each prepared item yields: RESPONSE_TOO_LARGE when the plan's
