@@ -181,3 +181,15 @@ async def test_multivectors_are_bounded_before_the_forward_pass(tmp_path: Path) 
         scored = await small.score(ScoreJob(FAKE_ENCODER, ItemInput(query), items("abc", "ghi"), options=by_rows))
         scores = {entry.index: entry.score for entry in scored.ranked}
         assert scores == {index: fake_maxsim_of("q: " + query, text) for index, text in enumerate(["abc", "ghi"])}
+
+
+async def test_an_option_the_model_does_not_read_is_refused_naming_it_and_those_it_reads(engine: Engine) -> None:
+    """A typo, a field sent as an option, or an option of another task is UNKNOWN_OPTION, not ignored."""
+    field = await refusal(engine.encode(EncodeJob(FAKE_ENCODER, items("a"), options={"dims": 3})))
+    assert (field.reason, dict(field.metadata)) == ("UNKNOWN_OPTION", {"option": "dims", "accepted": ""})
+    assert "reads no option 'dims' for encode; it reads: none" in field.message
+    other_task = await refusal(engine.encode(EncodeJob(FAKE_ENCODER, items("a"), options={"compare": "multivector"})))
+    assert other_task.reason == "UNKNOWN_OPTION"
+    typo = await refusal(engine.extract(ExtractJob(FAKE_EXTRACTOR, items("a"), labels=("a",), options={"max_fund": 1})))
+    assert dict(typo.metadata) == {"option": "max_fund", "accepted": "max_found"}
+    assert typo.message.endswith("it reads: max_found")

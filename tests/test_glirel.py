@@ -183,18 +183,18 @@ def test_bad_spans_are_refused(stub, entities: list[dict[str, Any]], reason: str
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "reason", "message"),
     [
-        ({}, "give options.entities"),
-        ({**ENTITY_OPTIONS, "top_k": 0}, "top_k"),
-        ({**ENTITY_OPTIONS, "colour": 1}, "unknown option 'colour'"),
+        ({}, "INVALID_OPTIONS", "give options.entities"),
+        ({**ENTITY_OPTIONS, "top_k": 0}, "INVALID_OPTIONS", "top_k"),
+        ({**ENTITY_OPTIONS, "colour": 1}, "UNKNOWN_OPTION", "reads no option 'colour'"),
     ],
 )
-def test_bad_options_are_refused(stub, options: dict[str, Any], message: str) -> None:
+def test_bad_options_are_refused(stub, options: dict[str, Any], reason: str, message: str) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         _extract(stub, options)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error_info(raised.value).reason == "INVALID_OPTIONS"
+    assert error_info(raised.value).reason == reason
     assert message in raised.value.details()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from sie_common.cluster.model_config import ModelConfig
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
-from sie_common.edge.errors import InvalidArgument
+from sie_common.edge.errors import InvalidArgument, clipped
 from sie_worker.adapters.contract import AdapterError, Query, Similarity
 from sie_worker.engine.batch_key import BatchKey, batch_key
 from sie_worker.engine.jobs import EncodeJob, ExtractJob, ItemInput, ScoreJob
@@ -115,7 +115,7 @@ class Planner:
             self._check_answer_estimate(job, outputs, dense_dims(model, job.options))
         _check_one_input_per_item(model, job.items)
         query = Query("encode", outputs=needed, is_query=job.is_query, instruction=job.instruction, options=job.options)
-        _check_query(model, query)
+        _check_query(model, "encode", query)
         return RequestPlan(
             model,
             "encode",
@@ -142,7 +142,7 @@ class Planner:
         model = self._model(holds, config, job.profile, "score", job.lora, [job.query, *job.items])
         adapter = model.adapter
         items = (job.query, *job.items)
-        _check_query(model, Query("score", instruction=job.instruction, options=job.options))
+        _check_query(model, "score", Query("score", instruction=job.instruction, options=job.options))
         if adapter.spec.pairs:
             query = Query("score", instruction=job.instruction, options=job.options)
             pairs = _parts(model, job.lora, job.items, query, first_row=1, pair=job.query.text or "")
@@ -170,8 +170,15 @@ class Planner:
             raise InvalidArgument(
                 f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS"
             )
+        if job.labels and not model.adapter.spec.labels:
+            raise InvalidArgument(
+                f"labels: model {job.model} (adapter {model.adapter.spec.name}) finds labels of its own and reads none "
+                "from the request; send no labels",
+                reason="LABELS_NOT_READ",
+                metadata={"model": job.model},
+            )
         query = Query("extract", labels=job.labels, threshold=job.threshold, options=job.options)
-        _check_query(model, query)
+        _check_query(model, "extract", query)
         _check_one_input_per_item(model, job.items, allow_text_with_image=True)
         return RequestPlan(model, "extract", job.lora, tuple(job.items), _parts(model, job.lora, job.items, query))
 
@@ -249,9 +256,21 @@ def _maxsim(query: Any, item: Any) -> float:
     return maxsim(query.vector("multivector"), item.vector("multivector"))
 
 
-def _check_query(model: LoadedModel, query: Query) -> None:
-    """The request's options within the bounds the model's adapter declares for them, then what only the model can
-    check (its `check`): INVALID_OPTIONS, or the reason the adapter gives."""
+def _check_query(model: LoadedModel, task: str, query: Query) -> None:
+    """Only options the model reads for `task` (its adapter's, and MUVERA's for an encode of a multivector model):
+    UNKNOWN_OPTION naming the option and those it reads; each within the bounds the adapter declares for it, then
+    what only the model can check (its `check`): INVALID_OPTIONS, or the reason the adapter gives."""
+    spec = model.adapter.spec
+    accepted = (*spec.option_names(task), *(("muvera",) if task == "encode" and spec.uses_muvera else ()))
+    unknown = sorted(set(query.options) - set(accepted))
+    if unknown:
+        name = clipped(unknown[0])
+        raise InvalidArgument(
+            f"options.{name}: model {model.config.id} (adapter {spec.name}) reads no option {name!r} for {task}; "
+            f"it reads: {', '.join(accepted) or 'none'}",
+            reason="UNKNOWN_OPTION",
+            metadata={"option": name, "accepted": ",".join(accepted)},
+        )
     try:
         for option in model.adapter.spec.options:
             read = not option.tasks or query.task in option.tasks

@@ -134,11 +134,13 @@ class ZeroShotDetector(HfAdapter):
     # -- the request --------------------------------------------------------
 
     def check(self, query: Query) -> None:
-        """Options this family reads, and the model reads every label whole."""
-        known = ("text_threshold", "max_objects") if self.family == GROUNDING_DINO else ("max_objects",)
-        unknown = sorted(set(query.options) - set(known))
-        if unknown:
-            raise ValueError(f"{self.family} reads no option {clipped(unknown[0])!r}; it reads: {', '.join(known)}")
+        """Options this family reads (OWLv2 has no text threshold), and the model reads every label whole."""
+        if "text_threshold" in query.options and self.family != GROUNDING_DINO:
+            raise AdapterError(
+                f"options.text_threshold: {self.family} reads no option 'text_threshold'; it reads: max_objects",
+                reason="UNKNOWN_OPTION",
+                metadata={"option": "text_threshold", "accepted": "max_objects"},
+            )
         if self.family == GROUNDING_DINO:
             for index, label in enumerate(query.labels):
                 if not label.strip() or any(mark in label for mark in PHRASE_ENDS):

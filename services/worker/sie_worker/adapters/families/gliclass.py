@@ -123,9 +123,6 @@ class GliclassClassifier(HfAdapter):
         self.prompts.no_truncation()
 
     def check(self, query: Query) -> None:
-        unknown = sorted(set(query.options) - {"classification_type"})
-        if unknown:
-            raise ValueError(f"options: unknown option {clipped(unknown[0])!r}; this model reads classification_type")
         self._check_labels_read(query.labels)
 
     def _check_labels_read(self, labels: Sequence[str]) -> None:

@@ -45,7 +45,6 @@ MAX_ENTITY_LABELS = 128
 MAX_LABEL_CHARS = 256
 # GLiREL's own split of a text into words (GLiREL.batch_predict_relations).
 WORD = re.compile(r"\w+(?:[-_]\w+)*|\S")
-OPTIONS = ("entities", "entity_labels", "top_k", "max_relations")
 # Prompt tokens GLiREL puts before the words: [REL] label ... [SEP].
 REL_TOKEN, SEP_TOKEN = "[REL]", "[SEP]"
 
@@ -192,9 +191,6 @@ class GlirelExtractor(Adapter):
 
     def check(self, query: Query) -> None:
         """Spans from the request or entity labels for GLiNER (not both)."""
-        unknown = sorted(set(query.options) - set(OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown option {unknown[0]!r}; this model reads {', '.join(OPTIONS)}")
         if "entities" in query.options:
             if "entity_labels" in query.options:
                 raise ValueError("give either entities or entity_labels, not both")

@@ -29,7 +29,6 @@ from sie_worker.adapters.spec import AdapterSpec, Option
 
 DEFAULT_TEMPLATE = "This example is {}."
 MAX_TEMPLATE_BYTES = 512
-OPTIONS = ("hypothesis_template", "multi_label")
 # Most (text, hypothesis) pairs in one forward pass: an item has one pair per label (up to SIE_MAX_LABELS).
 PAIRS_PER_PASS = 64
 
@@ -110,10 +109,7 @@ class NliZeroShotClassifier(HfAdapter):
         )
 
     def check(self, query: Query) -> None:
-        """Only the options it reads, and each hypothesis short enough to leave the text a place in its pair."""
-        unknown = sorted(set(query.options) - set(OPTIONS))
-        if unknown:
-            raise ValueError(f"options: unknown option {unknown[0]!r}; this model reads {', '.join(OPTIONS)}")
+        """Each hypothesis short enough to leave the text a place in its pair."""
         template, _ = self.settings(query)
         for label, tokens in zip(query.labels, self._hypothesis_tokens(template, query.labels), strict=True):
             if tokens > self.max_sequence_length:

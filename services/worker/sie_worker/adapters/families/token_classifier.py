@@ -33,9 +33,6 @@ class TokenClassificationExtractor(HfAdapter):
         # model's config has both, with int keys.
         self.labels = [self.model.config.id2label[index] for index in range(self.model.config.num_labels)]  # type: ignore[index, arg-type]
 
-    def check(self, query: Query) -> None:
-        """The model's own labels are the ones it finds: labels in the request are ignored."""
-
     def prepare_one(self, item: Input, query: Query) -> Prepared:
         tokens = self.tokenizer.encode([item.text or ""])[0]
         return Prepared(tokens, len(tokens.ids))
