@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sie_common.cluster.model_config import parse_model_config
 from sie_worker.adapters import ADAPTERS
@@ -45,7 +47,11 @@ def test_every_family_is_found_by_its_own_name() -> None:
         ),
         (AdapterSpec("Bad-Name", tasks=("extract",)), {"prepare", "run", "finish"}, "is not lowercase"),
         (AdapterSpec("t", tasks=("translate",)), {"prepare", "run"}, "tasks ['translate'] are not among"),
-        (AdapterSpec("i", tasks=("encode",), inputs=("image",), outputs=("dense",)), {"prepare", "run"}, "resizes them to"),
+        (
+            AdapterSpec("i", tasks=("encode",), inputs=("image",), outputs=("dense",)),
+            {"prepare", "run"},
+            "resizes them to",
+        ),
         (AdapterSpec("r", tasks=("encode",), outputs=("dense",)), {"prepare"}, "does not implement run"),
         (AdapterSpec("p", tasks=("encode",), outputs=("dense",)), {"run"}, "neither prepare nor prepare_one"),
         (AdapterSpec("x", tasks=("extract",)), {"prepare", "run"}, "does not implement finish"),
@@ -104,3 +110,25 @@ def test_an_options_tasks_decide_which_requests_may_give_it() -> None:
     bge_m3 = ADAPTERS["bge_m3"].spec
     assert bge_m3.option_names("score") == ("score_mode", "score_weights")
     assert bge_m3.option_names("encode") == ()
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(value=_json)
+def test_an_options_declared_check_refuses_any_value_out_of_bounds_with_a_value_error(value: Any) -> None:
+    """Whatever JSON a request sends for a declared option, its check passes it or says why (ValueError, answered
+    INVALID_OPTIONS): no other error (which would answer INTERNAL)."""
+    for family in ADAPTERS.values():
+        for option in family.spec.options:
+            if option.check is None:
+                continue
+            try:
+                option.check(value)
+            except ValueError as error:
+                assert str(error)
