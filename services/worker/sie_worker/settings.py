@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from sie_common.cluster.model_config import weight_packages_setting
 from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
@@ -261,6 +262,7 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
         env="SIE_WORKER_LEASE_TTL_S",
         help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it",
     )
+    weight_packages: tuple[str, ...] = weight_packages_setting()
     weight_roots: tuple[str, ...] = setting(
         (),
         env="SIE_WEIGHT_ROOTS",
