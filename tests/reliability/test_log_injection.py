@@ -15,7 +15,7 @@ import pytest
 from local_cluster import etcd_call, wait_until
 from sie_common.cluster import config_store
 from sie_common.cluster.etcd import Etcd
-from sie_common.runtime.logs import CONTINUATION, JsonFormatter, TextFormatter
+from sie_common.runtime.logs import JsonFormatter
 
 FORGED = "2026-01-01 00:00:00,000 ERROR sie_worker.server: forged"
 # Every way a string can end a line or rewrite a terminal.
@@ -36,6 +36,8 @@ def captured() -> Iterator[tuple[logging.Logger, io.StringIO, logging.Handler]]:
 
 
 def test_a_text_record_is_one_line_whatever_its_message_holds(captured) -> None:
+    from sie_common.runtime.logs import TextFormatter
+
     logger, stream, handler = captured
     handler.setFormatter(TextFormatter())
     for separator in BREAKS:
@@ -51,6 +53,8 @@ def test_a_text_record_is_one_line_whatever_its_message_holds(captured) -> None:
 
 
 def test_a_traceback_follows_on_indented_lines_so_it_cannot_start_a_record(captured) -> None:
+    from sie_common.runtime.logs import CONTINUATION, TextFormatter
+
     logger, stream, handler = captured
     handler.setFormatter(TextFormatter())
     try:
