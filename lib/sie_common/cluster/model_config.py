@@ -18,7 +18,7 @@ by the config service and the worker.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,8 +50,16 @@ _NAME = re.compile(_SEGMENT)
 # The Hub's repository ids: [namespace/]name of word characters, '.' and '-', neither first nor last.
 _HUB_PART = r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?"
 _HF_ID = re.compile(rf"({_HUB_PART}/)?{_HUB_PART}")
+_HUB_ID_RULE = (
+    "a Hugging Face repository id: [namespace/]name of letters, digits, '_', '.' and '-' (neither first nor last, "
+    f"no '--' or '..'), at most {MAX_HF_ID_CHARS} characters"
+)
 # A branch, tag, commit or ref (refs/pr/1): '/'-separated segments, none starting with '.' or '-'.
 _REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+_REVISION_RULE = (
+    "a Hub revision: a branch, tag or commit ('/'-separated letters, digits, '_', '.' and '-', no segment starting "
+    f"with '.' or '-', no '..'), at most {MAX_NAME_BYTES} characters"
+)
 # A top-level package (no dots: finding a dotted one imports its parents) and a directory inside it.
 _PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SUBDIR = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
@@ -201,8 +209,8 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
     config = ModelConfig(
         id=model_id,
         source=source,
-        hf_id=_hf_id(data, source),
-        revision=_revision(data, source),
+        hf_id=_checked_string(data, "hf_id", source, _is_hub_id, _HUB_ID_RULE),
+        revision=_checked_string(data, "revision", source, _is_revision, _REVISION_RULE),
         path=resolved_path,
         bundled_weights=_bundled_weights(data, source),
         inputs=_choices(data, "inputs", INPUTS, ("text",), source),
@@ -277,7 +285,11 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
         if not isinstance(name, str):
             raise ModelConfigError(source, "loras", f"an adapter name is a string, got {name!r}")
         _check_name(
-            name, _NAME, source, f"loras.{repr(clipped(name))[1:-1]}", "an adapter name is letters, digits, '.', '_', '-'"
+            name,
+            _NAME,
+            source,
+            f"loras.{repr(clipped(name))[1:-1]}",
+            "an adapter name is letters, digits, '.', '_', '-'",
         )
         if not isinstance(location, str) or not location:
             raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {location!r}")
@@ -334,36 +346,26 @@ def _check_name(value: str, pattern: re.Pattern[str], source: str, field_path: s
         raise ModelConfigError(source, field_path, problem)
 
 
-def _hf_id(data: Mapping, source: str) -> str | None:
-    hf_id = _string(data, "hf_id", source)
-    if hf_id is not None and (
-        len(hf_id) > MAX_HF_ID_CHARS
-        or not _HF_ID.fullmatch(hf_id)
-        or "--" in hf_id
-        or ".." in hf_id
-        or hf_id.endswith(".git")
-    ):
-        raise ModelConfigError(
-            source,
-            "hf_id",
-            f"{clipped(hf_id)!r} is not a Hugging Face repository id: [namespace/]name of letters, digits, '_', '.' "
-            f"and '-' (neither first nor last, no '--' or '..'), at most {MAX_HF_ID_CHARS} characters",
-        )
-    return hf_id
+def _is_hub_id(value: str) -> bool:
+    return (
+        len(value) <= MAX_HF_ID_CHARS
+        and _HF_ID.fullmatch(value) is not None
+        and "--" not in value
+        and ".." not in value
+        and not value.endswith(".git")
+    )
 
 
-def _revision(data: Mapping, source: str) -> str | None:
-    revision = _string(data, "revision", source)
-    if revision is not None and (
-        len(revision) > MAX_NAME_BYTES or not _REVISION.fullmatch(revision) or ".." in revision
-    ):
-        raise ModelConfigError(
-            source,
-            "revision",
-            f"{clipped(revision)!r} is not a Hub revision: a branch, tag or commit ('/'-separated letters, digits, "
-            f"'_', '.' and '-', no segment starting with '.' or '-', no '..'), at most {MAX_NAME_BYTES} characters",
-        )
-    return revision
+def _is_revision(value: str) -> bool:
+    return len(value) <= MAX_NAME_BYTES and _REVISION.fullmatch(value) is not None and ".." not in value
+
+
+def _checked_string(data: Mapping, key: str, source: str, valid: Callable[[str], bool], what: str) -> str | None:
+    """The string field `key`, refused as not `what` unless `valid` accepts it."""
+    value = _string(data, key, source)
+    if value is not None and not valid(value):
+        raise ModelConfigError(source, key, f"{clipped(value)!r} is not {what}")
+    return value
 
 
 def _bundled_weights(data: Mapping, source: str) -> str | None:
