@@ -197,3 +197,26 @@ def test_a_config_that_can_never_load_fails_once_and_stays_failed_on_the_worker(
     log = worker.log()
     assert "The Zen of Python" not in log and "Beautiful is better than ugly" not in log
     assert log.count("loading test/torch-weights (profile default) failed") == 1
+
+
+# (case, call, expected status, reason): a caller's long string must not overflow the error's trailers (a client
+# refuses more than 8-16 KiB of them, and would see RESOURCE_EXHAUSTED instead of the precise error).
+LONG = "n" * 100_000
+
+
+def test_long_names_in_config_errors_are_clipped_so_the_precise_error_arrives(admin) -> None:
+    _, stub = admin
+    cases = [
+        ("GetModelConfig", lambda: stub.GetModelConfig(config_pb2.GetModelConfigRequest(model=LONG), timeout=30), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
+        ("GetBundle", lambda: stub.GetBundle(config_pb2.GetBundleRequest(bundle_id=LONG), timeout=30), grpc.StatusCode.NOT_FOUND, "BUNDLE_NOT_FOUND"),
+        ("adapter no bundle serves", lambda: stub.AddModel(config_pb2.AddModelRequest(config=config(profiles={"default": {"adapter": LONG}})), timeout=30), grpc.StatusCode.FAILED_PRECONDITION, "NO_BUNDLE_FOR_PROFILE"),
+        ("a long input", lambda: stub.AddModel(config_pb2.AddModelRequest(config=config(inputs=[LONG])), timeout=30), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL_CONFIG"),
+        ("a long extends", lambda: stub.AddModel(config_pb2.AddModelRequest(config=config(profiles={"default": {"adapter": "sentence_transformer", "extends": LONG}})), timeout=30), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL_CONFIG"),
+        ("path with '..'", lambda: stub.AddModel(config_pb2.AddModelRequest(config=config(path="/a/../" + LONG)), timeout=30), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL_CONFIG"),
+        ("lora location with '..'", lambda: stub.AddModel(config_pb2.AddModelRequest(config=config(loras={"x": "../" + LONG})), timeout=30), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_MODEL_CONFIG"),
+    ]
+    for case, call, code, reason in cases:
+        with pytest.raises(grpc.RpcError) as caught:
+            call()
+        assert (caught.value.code(), error_info(caught.value).reason) == (code, reason), case
+        assert len(caught.value.details()) < 2048, case

@@ -102,3 +102,15 @@ def test_a_hostile_config_in_etcd_cannot_forge_a_line_of_the_worker_or_gateway_l
         for line in log.split("\n"):
             assert "forged" not in line or "ignoring a stored value that does not validate" in line, line
             assert not any(character in line for character in "\r\u2028")
+
+
+def test_a_request_s_megabyte_model_name_does_not_make_a_megabyte_log_line(captured) -> None:
+    from sie_common.runtime.logs import request_fields
+
+    logger, stream, handler = captured
+    handler.setFormatter(JsonFormatter())
+    with request_fields(model="m" * 1_000_000, request_id="r" * 1_000_000):
+        logger.error("refused")
+    line = json.loads(stream.getvalue())
+    assert len(stream.getvalue()) < 2048
+    assert line["model"].startswith("m" * 256) and line["model"].endswith("(1000000 characters)")

@@ -202,7 +202,7 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
     )
     path = _string(data, "path", source)
     if path and ".." in Path(path).parts:
-        raise ModelConfigError(source, "path", f"{path!r} contains '..'; name the weights directory without it")
+        raise ModelConfigError(source, "path", f"{_shown(path)} contains '..'; name the weights directory without it")
     resolved_path = Path(path) if path else None
     if resolved_path is not None and not resolved_path.is_absolute() and base_dir is not None:
         resolved_path = base_dir / resolved_path
@@ -241,7 +241,7 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
     profiles = {}
     for name, body in raw.items():
         if not isinstance(name, str):
-            raise ModelConfigError(source, "profiles", f"a profile name is a string, got {name!r}")
+            raise ModelConfigError(source, "profiles", f"a profile name is a string, got {_shown(name)}")
         _check_name(
             name, _NAME, source, "profiles", f"{clipped(name)!r} is not a profile name (letters, digits, '.', '_', '-')"
         )
@@ -283,7 +283,7 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
     loras = {}
     for name, location in raw.items():
         if not isinstance(name, str):
-            raise ModelConfigError(source, "loras", f"an adapter name is a string, got {name!r}")
+            raise ModelConfigError(source, "loras", f"an adapter name is a string, got {_shown(name)}")
         _check_name(
             name,
             _NAME,
@@ -292,11 +292,11 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
             "an adapter name is letters, digits, '.', '_', '-'",
         )
         if not isinstance(location, str) or not location:
-            raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {location!r}")
+            raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {_shown(location)}")
         path = Path(location)
         if ".." in path.parts:
             raise ModelConfigError(
-                source, f"loras.{name}", f"{location!r} contains '..'; name the adapter directory without it"
+                source, f"loras.{name}", f"{_shown(location)} contains '..'; name the adapter directory without it"
             )
         beside_config = base_dir / path if base_dir is not None and not path.is_absolute() else None
         loras[name] = str(beside_config) if beside_config is not None and beside_config.exists() else location
@@ -390,6 +390,11 @@ def _bundled_weights(data: Mapping, source: str) -> str | None:
     return spec
 
 
+def _shown(value: object) -> str:
+    """A config value as an error quotes it: a long one cut (errors travel in gRPC trailers, which clients cap)."""
+    return clipped(repr(value))
+
+
 def _no_unknown_keys(data: Mapping, allowed: set[str], source: str, prefix: str) -> None:
     unknown = sorted(str(key) for key in data if key not in allowed)
     if unknown:
@@ -414,7 +419,7 @@ def _positive_int(data: Mapping, key: str, source: str, *, prefix: str = "") -> 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelConfigError(source, prefix + key, f"must be a positive integer, got {value!r}")
+        raise ModelConfigError(source, prefix + key, f"must be a positive integer, got {_shown(value)}")
     return value
 
 
@@ -422,7 +427,7 @@ def _bool(data: Mapping, key: str, source: str, *, prefix: str = "") -> bool | N
     value = data.get(key)
     if value is None or isinstance(value, bool):
         return value
-    raise ModelConfigError(source, prefix + key, f"must be true or false, got {value!r}")
+    raise ModelConfigError(source, prefix + key, f"must be true or false, got {_shown(value)}")
 
 
 def _choices(
@@ -435,7 +440,7 @@ def _choices(
         raise ModelConfigError(source, key, f"must be a non-empty list of {', '.join(allowed)}")
     for entry in value:
         if entry not in allowed:
-            raise ModelConfigError(source, key, f"{clipped(repr(entry))} is not one of {', '.join(allowed)}")
+            raise ModelConfigError(source, key, f"{_shown(entry)} is not one of {', '.join(allowed)}")
     return tuple(value)
 
 

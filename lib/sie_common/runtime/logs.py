@@ -28,6 +28,8 @@ from types import MappingProxyType
 
 from opentelemetry import trace
 
+from sie_common.edge.errors import clipped
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # What starts each line of a text record's traceback or stack.
 CONTINUATION = "    "
@@ -36,6 +38,8 @@ CONTINUATION = "    "
 # rewrite what a terminal shows.
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Characters of a request's model and request_id a log line carries (a caller may send megabytes of either).
+FIELD_CHARS = 256
 # Those json.dumps leaves as they are (it escapes only C0): a reader that splits on any line break would split on them.
 _JSON_UNESCAPED = re.compile("[\x7f-\x9f\u2028\u2029]")
 
@@ -47,7 +51,7 @@ _request: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
 @contextlib.contextmanager
 def request_fields(*, model: str, request_id: str) -> Iterator[None]:
     """Tag every log line written inside this block (in this task and the tasks it starts) with the request."""
-    token = _request.set({"model": model, "request_id": request_id})
+    token = _request.set({"model": clipped(model, FIELD_CHARS), "request_id": clipped(request_id, FIELD_CHARS)})
     try:
         yield
     finally:

@@ -13,7 +13,16 @@ from sie_common.cluster.config_messages import bundle_to_message, config_from_me
 from sie_common.cluster.etcd import EtcdUnavailable
 from sie_common.cluster.model_config import ModelConfig, ModelConfigError, weight_packages
 from sie_common.edge.auth import Check, Metadata, token_check
-from sie_common.edge.errors import Internal, InvalidArgument, NotFound, PermissionDenied, SieError, Unavailable, abort
+from sie_common.edge.errors import (
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    SieError,
+    Unavailable,
+    abort,
+    clipped,
+)
 from sie_config.metrics import REQUESTS
 from sie_config.settings import ConfigSettings
 from sie_config.store import ConfigStore, check_config_size, request_fingerprint
@@ -149,10 +158,10 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
             bundle = snapshot.bundles.get(request.bundle_id)
             if bundle is None:
                 raise NotFound(
-                    f"no bundle {request.bundle_id!r}; bundles: "
+                    f"no bundle {clipped(request.bundle_id)!r}; bundles: "
                     f"{', '.join(sorted(snapshot.bundles)) or 'none published yet'}",
                     reason="BUNDLE_NOT_FOUND",
-                    metadata={"bundle": request.bundle_id},
+                    metadata={"bundle": clipped(request.bundle_id)},
                 )
             return config_pb2.GetBundleResponse(bundle=bundle_to_message(bundle, snapshot.bundle_hashes()[bundle.id]))
 

@@ -22,7 +22,15 @@ from sie_common.cluster import config_store
 from sie_common.cluster.bundles import Bundle, bundle_config_hash, bundle_set_hash
 from sie_common.cluster.etcd import Etcd
 from sie_common.cluster.model_config import ModelConfig, parse_model_config
-from sie_common.edge.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, SieError, Unavailable
+from sie_common.edge.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SieError,
+    Unavailable,
+    clipped,
+)
 from sie_config.leader import LeaderElection
 
 log = logging.getLogger(__name__)
@@ -90,7 +98,11 @@ class ConfigStore:
     async def model(self, model_id: str) -> ModelConfig:
         entry = await self._etcd.get(config_store.model_name(model_id))
         if entry is None:
-            raise NotFound(f"no model config {model_id!r}", reason="MODEL_NOT_FOUND", metadata={"model": model_id})
+            raise NotFound(
+                f"no model config {clipped(model_id)!r}",
+                reason="MODEL_NOT_FOUND",
+                metadata={"model": clipped(model_id)},
+            )
         return config_store.decode_model(entry.value, source=f"etcd {config_store.model_name(model_id)}")
 
     # -- writes (the leader) ------------------------------------------------
@@ -186,12 +198,13 @@ class ConfigStore:
         for name in sorted(config.profiles):
             adapter = config.profile(name).adapter
             if not any(bundle.can_serve(config) and adapter in bundle.adapters for bundle in self._bundles.values()):
+                shown = clipped(str(adapter))
                 offered = "; ".join(f"{b.id}: {', '.join(b.adapters)}" for b in self._bundles.values()) or "none"
                 raise FailedPrecondition(
-                    f"model {config.id!r} profile {name!r}: no bundle serves adapter {adapter!r} for this model "
+                    f"model {config.id!r} profile {name!r}: no bundle serves adapter {shown!r} for this model "
                     f"(bundles and their adapters: {offered})",
                     reason="NO_BUNDLE_FOR_PROFILE",
-                    metadata={"model": config.id, "profile": name, "adapter": str(adapter)},
+                    metadata={"model": config.id, "profile": name, "adapter": shown},
                 )
 
     async def _replay(self, idempotency_key: str, fingerprint: str) -> config_pb2.AddModelResponse | None:
