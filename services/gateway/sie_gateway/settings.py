@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sie_common.edge.auth import check_auth_mode
+from sie_common.edge.encode_stream import EncodeStreamSettings
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
 
 
 @dataclass(frozen=True)
-class GatewaySettings(RequestBoundSettings, ServiceSettings):
+class GatewaySettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings):
     port: int = port_setting(50051)
     configured_gpus: tuple[str, ...] = setting(
         (),
@@ -23,12 +24,6 @@ class GatewaySettings(RequestBoundSettings, ServiceSettings):
     )
     worker_window: int = setting(
         64, env="SIE_GATEWAY_WORKER_WINDOW", help="requests in flight on one worker's stream; more wait for a slot"
-    )
-    encode_stream_window: int = setting(
-        32,
-        env="SIE_ENCODE_STREAM_WINDOW",
-        help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, "
-        "no more of its requests are read (flow control holds the caller back)",
     )
     max_attempts: int = setting(
         3, env="SIE_GATEWAY_MAX_ATTEMPTS", help="workers one request may be tried on when workers vanish under it"
@@ -100,7 +95,13 @@ class GatewaySettings(RequestBoundSettings, ServiceSettings):
         super().__post_init__()
         check_auth_mode(self.auth_mode, self.auth_tokens)
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
-        for name in ("pool_default_ttl_s", "pool_max_workers", "pool_max_ttl_s", "encode_stream_window"):
+        for name in (
+            "pool_default_ttl_s",
+            "pool_max_workers",
+            "pool_max_ttl_s",
+            "encode_stream_window",
+            "max_encode_streams",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"SIE_{name.upper()} must be positive, got {getattr(self, name)}")
         if self.pool_default_ttl_s > self.pool_max_ttl_s:
