@@ -58,16 +58,19 @@ class ChildProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self._command: list[str] = []
         self._env: dict[str, str] | None = None
+        self._cwd: Path | None = None
 
-    def _spawn(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        self._command, self._env = list(command), dict(env) if env else None
+    def _spawn(self, command: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+        self._command, self._env, self._cwd = list(command), dict(env) if env else None, cwd
         self.respawn()
 
     def respawn(self) -> None:
         """Start the process again, as it was last started (same command, environment and ports); its
         output goes on at the end of the same log."""
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self._command, env=self._env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self._command, env=self._env, cwd=self._cwd, stdout=log, stderr=subprocess.STDOUT
+            )
 
     @property
     def env(self) -> dict[str, str]:
@@ -225,27 +228,40 @@ class ServiceProcess(ChildProcess):
 
 
 class EtcdProcess(ChildProcess):
-    """One etcd member; `stop()` then `start()` restarts it on the same ports and data."""
+    """One etcd member; `stop()` then `start()` restarts it on the same ports and data.
+
+    Its client port is on loopback; its peer "port" is a Unix socket in a
+    directory beside the data dir that only this user may enter, so nobody
+    else on the host can speak raft to it (etcd does not authenticate peers).
+
+    `auth_token_ttl_s`: how long a token etcd issued stays valid unused once
+    authentication is on (etcd's `--auth-token-ttl`, 300 s by default)."""
 
     name = "etcd"
 
-    def __init__(self, data_dir: Path, log_path: Path, client_port: int | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, log_path: Path, client_port: int | None = None, *, auth_token_ttl_s: int | None = None
+    ) -> None:
         super().__init__(log_path)
         self.client_port = client_port or free_port()
-        self.peer_port = free_port()
         self.endpoint = f"127.0.0.1:{self.client_port}"
         self.data_dir = data_dir
+        self.peer_dir = data_dir.with_name(data_dir.name + "-peer")
+        self.auth_token_ttl_s = auth_token_ttl_s
 
     def start(self, timeout_s: float = 60) -> None:
         client_url = f"http://{self.endpoint}"
-        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        # etcd wants host:port even for a Unix socket; it makes the socket file `sie:1` in its working directory.
+        peer_url = "unix://sie:1"
+        self.peer_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.peer_dir / "sie:1").unlink(missing_ok=True)  # left by a killed etcd
         self._spawn(
             [
                 str(ETCD_BINARY),
                 "--name",
                 "sie",
                 "--data-dir",
-                str(self.data_dir),
+                str(self.data_dir.resolve()),
                 "--listen-client-urls",
                 client_url,
                 "--advertise-client-urls",
@@ -258,7 +274,9 @@ class EtcdProcess(ChildProcess):
                 f"sie={peer_url}",
                 "--log-level",
                 "warn",
-            ]
+                *(["--auth-token-ttl", str(self.auth_token_ttl_s)] if self.auth_token_ttl_s else []),
+            ],
+            cwd=self.peer_dir,
         )
         self._wait(self._healthy, timeout_s)
 

@@ -67,6 +67,20 @@ class ServiceSettings:
         ("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)"
     )
     etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    etcd_username: str | None = setting(
+        None,
+        env="SIE_ETCD_USERNAME",
+        help="etcd user this service authenticates as (its role says what it may read and write); unset: no "
+        "credential, which an etcd with authentication on refuses",
+    )
+    etcd_password_file: str | None = setting(
+        None,
+        env="SIE_ETCD_PASSWORD_FILE",
+        help="file holding SIE_ETCD_USERNAME's password (read again whenever the service authenticates)",
+    )
+    etcd_password: str | None = setting(
+        None, env="SIE_ETCD_PASSWORD", help="SIE_ETCD_USERNAME's password itself, instead of SIE_ETCD_PASSWORD_FILE"
+    )
     tls_cert_file: str | None = setting(
         None,
         env="SIE_TLS_CERT_FILE",
