@@ -71,7 +71,9 @@ class SieUp:
         """The banner, once the stack is up."""
         deadline = time.monotonic() + timeout_s
         while BANNER_END not in self.output():
-            assert self.process.poll() is None and time.monotonic() < deadline, f"sie up did not come up:\n{self.output()}"
+            assert self.process.poll() is None and time.monotonic() < deadline, (
+                f"sie up did not come up:\n{self.output()}"
+            )
             time.sleep(0.5)
         return self.output()
 
@@ -123,7 +125,9 @@ class RawEtcd:
 
     def put(self, key: str, value: bytes) -> grpc.StatusCode:
         """Write one key; OK, or the code etcd refused it with."""
-        return self._status(lambda: self.kv.Put(rpc.PutRequest(key=key.encode(), value=value), timeout=10, metadata=self.metadata))
+        return self._status(
+            lambda: self.kv.Put(rpc.PutRequest(key=key.encode(), value=value), timeout=10, metadata=self.metadata)
+        )
 
     def delete(self, key: str) -> grpc.StatusCode:
         request = rpc.DeleteRangeRequest(key=key.encode())

@@ -63,7 +63,9 @@ def test_inference_tokens_and_pools_work_with_etcd_authentication_on(secured: Si
         stub = inference_pb2_grpc.InferenceStub(channel)
         # The gateway's etcd user writes pools/ (and only the gateway's may).
         created = stub.CreatePool(
-            inference_pb2.CreatePoolRequest(name="team-a", gpus={"default": 1}, ttl_s=120), metadata=metadata, timeout=30
+            inference_pb2.CreatePoolRequest(name="team-a", gpus={"default": 1}, ttl_s=120),
+            metadata=metadata,
+            timeout=30,
         ).pool
         assert created.name == "team-a" and dict(created.gpus) == {"default": 1}
         assert pool_keys(secured) == [PREFIX + "pools/team-a"]

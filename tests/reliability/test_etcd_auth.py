@@ -49,10 +49,14 @@ class ForgedWorker(worker_pb2_grpc.WorkerServicer):
         for request in request_iterator:
             if request.HasField("encode"):
                 self.texts += [item.text for item in request.encode.items]
-                forged = types_pb2.Tensor(dtype="float32", shape=[DIMS], data=np.full(DIMS, FORGED_VALUE, "<f4").tobytes())
+                forged = types_pb2.Tensor(
+                    dtype="float32", shape=[DIMS], data=np.full(DIMS, FORGED_VALUE, "<f4").tobytes()
+                )
                 results = [inference_pb2.EncodeResult(id=item.id, dense=forged) for item in request.encode.items]
                 yield worker_pb2.WorkResponse(
-                    request_id=request.request_id, worker_id="forged", encode=inference_pb2.EncodeResponse(model=MODEL, results=results)
+                    request_id=request.request_id,
+                    worker_id="forged",
+                    encode=inference_pb2.EncodeResponse(model=MODEL, results=results),
                 )
 
     def record(self, worker_id: str) -> bytes:
@@ -87,7 +91,9 @@ def root(stack: SieUp) -> RawEtcd:
 
 def stable(contents: dict[str, bytes]) -> dict[str, bytes]:
     """etcd's contents but for what changes on its own (worker-0 refreshes its record; demand leases lapse)."""
-    return {key: value for key, value in contents.items() if not key.startswith((PREFIX + "workers/", PREFIX + "demand/"))}
+    return {
+        key: value for key, value in contents.items() if not key.startswith((PREFIX + "workers/", PREFIX + "demand/"))
+    }
 
 
 def encode_through_gateway(stack: SieUp, count: int, seconds: float) -> list[np.ndarray]:
@@ -96,7 +102,9 @@ def encode_through_gateway(stack: SieUp, count: int, seconds: float) -> list[np.
     with grpc.insecure_channel(stack.gateway) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         for index in range(count):
-            request = inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=f"a caller's secret {index}")])
+            request = inference_pb2.EncodeRequest(
+                model=MODEL, items=[types_pb2.Item(text=f"a caller's secret {index}")]
+            )
             result = stub.Encode(request, timeout=60).results[0].dense
             vectors.append(np.frombuffer(result.data, "<f4") if result.data else np.asarray(result.values, "<f4"))
             time.sleep(seconds / count)
@@ -112,7 +120,9 @@ def test_a_forged_worker_registration_is_refused_and_the_forged_worker_gets_no_t
         for who, user in INTRUDERS.items():
             etcd = intruder(stack, user)
             try:
-                refusals[who] = etcd.put(f"{PREFIX}workers/forged-by-{who.replace(' ', '-')}", forged.record(f"forged-{who}"))
+                refusals[who] = etcd.put(
+                    f"{PREFIX}workers/forged-by-{who.replace(' ', '-')}", forged.record(f"forged-{who}")
+                )
             finally:
                 etcd.close()
         # Give the gateway time to see a registration (it used to route to one within 2 s), then call it.
@@ -121,7 +131,9 @@ def test_a_forged_worker_registration_is_refused_and_the_forged_worker_gets_no_t
 
         assert forged.streams == [], "the gateway opened a Work stream to the forged worker"
         assert forged.texts == [], "a caller's text reached the forged worker"
-        assert all(v.shape == (DIMS,) and not np.allclose(v, FORGED_VALUE) for v in vectors), "a caller got the forged vector"
+        assert all(v.shape == (DIMS,) and not np.allclose(v, FORGED_VALUE) for v in vectors), (
+            "a caller got the forged vector"
+        )
         assert len({v.tobytes() for v in vectors}) == len(vectors)  # real embeddings of different texts
         for who, code in refusals.items():
             reliability_report.add(SECTION, f"{who} registers a worker", expected="refused", actual=code.name)
@@ -146,7 +158,9 @@ def test_a_model_config_written_straight_to_etcd_is_refused_and_etcd_is_left_unc
     etcd = intruder(stack, INTRUDERS[who])
     try:
         before = stable(admin.read())
-        evil = b'{"id": "evil/model", "hf_id": "evil/model", "profiles": {"default": {"adapter": "sentence_transformer"}}}'
+        evil = (
+            b'{"id": "evil/model", "hf_id": "evil/model", "profiles": {"default": {"adapter": "sentence_transformer"}}}'
+        )
         attempts = {
             "add a model": etcd.put(PREFIX + "models/evil/model", evil),
             "change the demo model": etcd.put(f"{PREFIX}models/{MODEL}", evil),
