@@ -31,9 +31,9 @@ class AuthEtcd:
 
     def __init__(self, tmp: Path) -> None:
         self.server = EtcdProcess(tmp / "etcd", tmp / "etcd.log", auth_token_ttl_s=TOKEN_TTL_S)
-        self.server.start()
         self.users = StackEtcdCredentials(tmp / "credentials", PREFIX, ["worker-0"])
-        self.users.set_up(self.server.endpoint)
+        self.users.set_up(self.server)
+        self.server.start()
 
     def credentials(self, user: str) -> EtcdCredentials:
         return EtcdCredentials(user, password_file=str(self.users.password_file(user)))
@@ -224,3 +224,56 @@ def test_credential_settings_come_whole_or_not_at_all() -> None:
     ]:
         with pytest.raises(SettingsError, match=message):
             credential(**env)
+
+
+async def test_a_state_dir_that_lost_its_root_password_says_how_to_recover(auth_etcd: AuthEtcd, tmp_path: Path) -> None:
+    """`sie up` on etcd data with authentication on, but password files that are not its own (deleted, replaced)."""
+    other = StackEtcdCredentials(tmp_path / "credentials", PREFIX, ["worker-0"])
+    with pytest.raises(RuntimeError) as refused:
+        await other.apply(auth_etcd.server.endpoint)
+    message = str(refused.value)
+    assert "wrong password for etcd user 'root'" in message
+    assert str(other.password_file(ROOT_USER)) in message and "delete the state dir's etcd/" in message
+    root = await auth_etcd.client(ROOT_USER)  # nothing changed: the stack's own users still sign in
+    await root.close()
+    gateway = await auth_etcd.client(GATEWAY_USER)
+    await gateway.close()
+
+
+def test_users_are_set_up_before_etcd_listens_on_its_port(tmp_path: Path) -> None:
+    """A fresh etcd lets anyone add users and roles until authentication is on (a local user could make itself
+    root): `sie up` sets them up while etcd serves only a Unix socket in a directory of its own."""
+    from sie_stack.processes import port_in_use
+
+    seen = {}
+
+    class Watched(StackEtcdCredentials):
+        async def apply(self, endpoint: str) -> None:
+            private_dir = Path(endpoint.removeprefix("unix:")).parent
+            seen["port"], seen["mode"] = port_in_use(server.client_port), private_dir.stat().st_mode & 0o777
+            await super().apply(endpoint)
+
+    server = EtcdProcess(tmp_path / "etcd", tmp_path / "etcd.log")
+    Watched(tmp_path / "credentials", PREFIX, ["worker-0"]).set_up(server)
+    assert seen == {"port": False, "mode": 0o700}
+    assert not port_in_use(server.client_port) and server.process is None  # left stopped
+    server.start()
+    try:
+        assert (
+            anonymous_read(server.endpoint) == "etcdserver: user name is empty"
+        )  # authentication is on from the first request
+    finally:
+        server.stop()
+
+
+def anonymous_read(endpoint: str) -> str:
+    """What etcd answers a read without a token."""
+    import grpc
+    from aetcd import rpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            rpc.KVStub(channel).Range(rpc.RangeRequest(key=b"/sie/"), timeout=10)
+        except grpc.RpcError as error:
+            return error.details() or ""
+    return "answered"

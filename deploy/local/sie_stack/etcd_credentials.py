@@ -28,6 +28,7 @@ from sie_common.cluster.etcd_access import (
     set_up_access,
     worker_permissions,
 )
+from sie_stack.processes import EtcdProcess
 
 
 def worker_user(worker_id: str) -> str:
@@ -50,12 +51,17 @@ class StackEtcdCredentials:
         """What a service needs to sign in to etcd as `user`."""
         return {"SIE_ETCD_USERNAME": user, "SIE_ETCD_PASSWORD_FILE": str(self.password_file(user))}
 
-    def set_up(self, endpoint: str) -> None:
-        """Create the users and roles in etcd (at `endpoint`) and turn authentication on."""
-        asyncio.run(self.apply(endpoint))
+    def set_up(self, etcd: EtcdProcess) -> None:
+        """Create the users and roles and turn authentication on, with etcd serving only on its private socket
+        (a fresh etcd takes any change to users and roles until authentication is on); leaves it stopped."""
+        etcd.start(private=True)
+        try:
+            asyncio.run(self.apply(etcd.private_endpoint))
+        finally:
+            etcd.stop()
 
     async def apply(self, endpoint: str) -> None:
-        """`set_up`, in a running event loop."""
+        """Create the users and roles in the etcd at `endpoint` and turn authentication on."""
         users = [
             EtcdUser(CONFIG_USER, self._password(CONFIG_USER), CONFIG_PERMISSIONS),
             EtcdUser(GATEWAY_USER, self._password(GATEWAY_USER), GATEWAY_PERMISSIONS),

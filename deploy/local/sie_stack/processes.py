@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -231,13 +233,20 @@ class EtcdProcess(ChildProcess):
     """One etcd member; `stop()` then `start()` restarts it on the same ports and data.
 
     Its client port is on loopback; its peer "port" is a Unix socket in a
-    directory beside the data dir that only this user may enter, so nobody
-    else on the host can speak raft to it (etcd does not authenticate peers).
+    directory beside the data dir that only this user may enter (`peer_dir`),
+    so nobody else on the host can speak raft to it (etcd does not
+    authenticate peers). `start(private=True)` serves clients on a Unix socket
+    in a fresh directory of this user's (`private_endpoint`, a short path: a
+    socket's path must fit in 107 bytes) instead of the port: etcd's users are
+    set up that way, before anyone else can reach it.
 
     `auth_token_ttl_s`: how long a token etcd issued stays valid unused once
     authentication is on (etcd's `--auth-token-ttl`, 300 s by default)."""
 
     name = "etcd"
+    # etcd wants host:port even for a Unix socket; it makes a socket file of that name in its working directory.
+    _PEER_SOCKET = "sie:1"
+    _CLIENT_SOCKET = "sie-client:1"
 
     def __init__(
         self, data_dir: Path, log_path: Path, client_port: int | None = None, *, auth_token_ttl_s: int | None = None
@@ -246,15 +255,27 @@ class EtcdProcess(ChildProcess):
         self.client_port = client_port or free_port()
         self.endpoint = f"127.0.0.1:{self.client_port}"
         self.data_dir = data_dir
-        self.peer_dir = data_dir.with_name(data_dir.name + "-peer")
+        self.peer_dir = (data_dir.parent / (data_dir.name + "-peer")).resolve()
         self.auth_token_ttl_s = auth_token_ttl_s
+        self._private_dir: Path | None = None
 
-    def start(self, timeout_s: float = 60) -> None:
-        client_url = f"http://{self.endpoint}"
-        # etcd wants host:port even for a Unix socket; it makes the socket file `sie:1` in its working directory.
-        peer_url = "unix://sie:1"
-        self.peer_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (self.peer_dir / "sie:1").unlink(missing_ok=True)  # left by a killed etcd
+    @property
+    def private_endpoint(self) -> str:
+        """The client endpoint while started with `private=True`."""
+        assert self._private_dir is not None, "etcd was not started privately"
+        return f"unix:{self._private_dir / self._CLIENT_SOCKET}"
+
+    def start(self, timeout_s: float = 60, *, private: bool = False) -> None:
+        client_url = f"unix://{self._CLIENT_SOCKET}" if private else f"http://{self.endpoint}"
+        peer_url = f"unix://{self._PEER_SOCKET}"
+        if private:
+            self._private_dir = Path(tempfile.mkdtemp(prefix="sie-etcd-"))  # mode 0700
+            where = self._private_dir
+        else:
+            self.peer_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.peer_dir, 0o700)
+            (self.peer_dir / self._PEER_SOCKET).unlink(missing_ok=True)  # left by a killed etcd
+            where = self.peer_dir
         self._spawn(
             [
                 str(ETCD_BINARY),
@@ -276,9 +297,9 @@ class EtcdProcess(ChildProcess):
                 "warn",
                 *(["--auth-token-ttl", str(self.auth_token_ttl_s)] if self.auth_token_ttl_s else []),
             ],
-            cwd=self.peer_dir,
+            cwd=where,
         )
-        self._wait(self._healthy, timeout_s)
+        self._wait(self._healthy_privately if private else self._healthy, timeout_s)
 
     def _healthy(self) -> bool:
         try:
@@ -287,9 +308,26 @@ class EtcdProcess(ChildProcess):
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
+    def _healthy_privately(self) -> bool:
+        """/health over the private socket (urllib speaks TCP only)."""
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(1)
+                sock.connect(self.private_endpoint.removeprefix("unix:"))
+                sock.sendall(b"GET /health HTTP/1.0\r\nHost: etcd\r\n\r\n")
+                reply = b""
+                while chunk := sock.recv(4096):
+                    reply += chunk
+        except OSError:
+            return False
+        return reply.startswith(b"HTTP/1.0 200") and b'"health":"true"' in reply
+
     def stop(self, timeout_s: float = 20) -> int | None:
         code = super().stop(timeout_s)
         self.process = None
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
         return code
 
 

@@ -65,8 +65,8 @@ class Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         etcd = EtcdProcess(self.state / "etcd", self.logs / "etcd.log", client_port=s.etcd_port)
         self.started.append(etcd)
+        self.etcd_credentials.set_up(etcd)
         etcd.start()
-        self.etcd_credentials.set_up(etcd.endpoint)
         env = {"SIE_ETCD_ENDPOINTS": etcd.endpoint, "SIE_ETCD_PREFIX": s.etcd_prefix, "SIE_LOG_LEVEL": s.log_level}
         if self.admin_token_file is not None:
             self.admin_token_file.unlink(missing_ok=True)
