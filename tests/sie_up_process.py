@@ -96,6 +96,13 @@ class SieUp:
     def credentials(self) -> Path:
         return self.state / "etcd-credentials"
 
+    def tls(self) -> tuple[bytes, bytes, bytes] | None:
+        """(CA, client certificate, client key) of the stack's etcd; None where it has none (plaintext)."""
+        directory = self.state / "etcd-tls"
+        if not directory.exists():
+            return None
+        return tuple((directory / name).read_bytes() for name in ("ca.pem", "client.pem", "client-key.pem"))  # type: ignore[return-value]
+
     def password(self, user: str) -> str | None:
         """`user`'s etcd password; None where the stack keeps none (one without etcd authentication)."""
         path = self.credentials / user
@@ -107,13 +114,26 @@ class SieUp:
 
 
 class RawEtcd:
-    """etcd's own gRPC API on one channel, signed in as `user` (None: no token, as anyone on the host)."""
+    """etcd's own gRPC API on one channel, signed in as `user` (None: no token, as anyone on the host), over TLS
+    with a client certificate when `tls` (CA, certificate, key) is given."""
 
-    def __init__(self, endpoint: str, user: str | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        user: str | None = None,
+        password: str | None = None,
+        tls: tuple[bytes, bytes, bytes] | None = None,
+    ) -> None:
         """Without a password, no token is sent whatever `user` says."""
-        self.channel = grpc.insecure_channel(endpoint)
+        if tls is None:
+            self.channel = grpc.insecure_channel(endpoint)
+        else:
+            ca, cert, key = tls
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+            self.channel = grpc.secure_channel(endpoint, credentials)
         self.kv = rpc.KVStub(self.channel)
         self.auth = rpc.AuthStub(self.channel)
+        self.maintenance = rpc.MaintenanceStub(self.channel)
         self.user = user
         self.metadata: tuple[tuple[str, str], ...] = ()
         if user is not None and password is not None:
@@ -147,6 +167,23 @@ class RawEtcd:
             return list(self.auth.UserList(rpc.AuthUserListRequest(), timeout=10, metadata=self.metadata).users)
         except grpc.RpcError as error:
             return error.code()
+
+    def alarm(self, action: int) -> grpc.StatusCode:
+        """Raise (ACTIVATE) or clear (DEACTIVATE) etcd's NOSPACE alarm on every member."""
+        request = rpc.AlarmRequest(action=action, alarm=rpc.AlarmType.NOSPACE, memberID=0)
+        return self._status(lambda: self.maintenance.Alarm(request, timeout=10, metadata=self.metadata))
+
+    def alarms(self) -> list[str] | grpc.StatusCode:
+        try:
+            reply = self.maintenance.Alarm(
+                rpc.AlarmRequest(action=rpc.AlarmRequest.GET), timeout=10, metadata=self.metadata
+            )
+        except grpc.RpcError as error:
+            return error.code()
+        return [rpc.AlarmType.Name(member.alarm) for member in reply.alarms]
+
+    def disable_auth(self) -> grpc.StatusCode:
+        return self._status(lambda: self.auth.AuthDisable(rpc.AuthDisableRequest(), timeout=10, metadata=self.metadata))
 
     def _status(self, call) -> grpc.StatusCode:
         try:

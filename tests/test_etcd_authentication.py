@@ -277,3 +277,40 @@ def anonymous_read(endpoint: str) -> str:
         except grpc.RpcError as error:
             return error.details() or ""
     return "answered"
+
+
+async def test_an_etcd_with_client_certificate_auth_takes_only_clients_with_its_certificate(tmp_path: Path) -> None:
+    """`sie up`'s etcd: TLS with `--client-cert-auth`, then its users."""
+    from sie_common.cluster.etcd import EtcdTls, EtcdUnavailable
+    from sie_stack.etcd_tls import StackEtcdTls
+
+    tls = StackEtcdTls(tmp_path / "tls")
+    tls.create()
+    server = EtcdProcess(tmp_path / "etcd", tmp_path / "etcd.log", tls=tls)
+    users = StackEtcdCredentials(tmp_path / "credentials", PREFIX, ["worker-0"])
+    server.start(private=True)  # what users.set_up(server) does, in this test's event loop
+    await users.apply(server.private_endpoint)
+    server.stop()
+    server.start()
+    try:
+        client_tls = EtcdTls(str(tls.ca), str(tls.client_cert), str(tls.client_key))
+        gateway = EtcdCredentials(GATEWAY_USER, password_file=str(users.password_file(GATEWAY_USER)))
+        for refused in (
+            Etcd([server.endpoint], PREFIX, credentials=gateway),  # plaintext
+            Etcd([server.endpoint], PREFIX, credentials=gateway, tls=EtcdTls(str(tls.ca))),  # no client certificate
+        ):
+            with pytest.raises(EtcdUnavailable) as raised:
+                await refused.connect()
+            assert not isinstance(raised.value, EtcdAccessDenied), "refused before any credential is looked at"
+        anonymous = Etcd([server.endpoint], PREFIX, tls=client_tls)
+        with pytest.raises(EtcdAccessDenied, match="no credential"):  # the certificate alone is no etcd user
+            await anonymous.connect()
+        etcd = Etcd([server.endpoint], PREFIX, credentials=gateway, tls=client_tls)
+        await etcd.connect()
+        try:
+            await etcd.put("pools/p", b"x")
+            assert [entry.name for entry in (await etcd.read_prefix("pools/"))[0]] == ["pools/p"]
+        finally:
+            await etcd.close()
+    finally:
+        server.stop()

@@ -43,7 +43,7 @@ def http_encode(stack: SieUp, token: str | None) -> tuple[int, dict]:
 
 
 def pool_keys(stack: SieUp) -> list[str]:
-    etcd = RawEtcd(stack.etcd, "root", stack.password("root"))
+    etcd = RawEtcd(stack.etcd, "root", stack.password("root"), stack.tls())
     try:
         contents = etcd.read(PREFIX + "pools/")
     finally:
@@ -87,16 +87,22 @@ def test_a_second_stack_started_while_one_runs_serves_with_etcd_users_of_its_own
     second = SieUp.start(tmp_path, workers=1)
     try:
         banner = second.wait_up()
-        assert f"(authentication on: users' passwords in {second.credentials})" in banner
+        assert (
+            f"(client certificates in {second.state / 'etcd-tls'}; users' passwords in {second.credentials})" in banner
+        )
         status, body = http_encode(second, None)
         assert status == 200 and len(body["results"][0]["dense"]["values"]) == 384, body
         status, _ = http_encode(secured, TOKEN)
         assert status == 200
-        # Each stack made its own users: the second's passwords do not open the first's etcd.
+        # Each stack made its own certificates and users: the second's open nothing of the first's etcd.
+        assert second.tls() != secured.tls()
         for user in ("root", "sie-gateway"):
             assert second.password(user) != secured.password(user)
             with pytest.raises(grpc.RpcError) as refused:
-                RawEtcd(secured.etcd, user, second.password(user))
+                RawEtcd(secured.etcd, user, second.password(user), second.tls())
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # its certificate is not from the first's CA
+            with pytest.raises(grpc.RpcError) as refused:
+                RawEtcd(secured.etcd, user, second.password(user), secured.tls())
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "authentication failed" in (refused.value.details() or "")
     finally:

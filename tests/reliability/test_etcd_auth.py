@@ -3,11 +3,14 @@
 Before, etcd took writes from anyone: a fake worker written under `workers/`
 got traffic within 2 s, the gateway sent it its SIE_WORKER_TOKEN, a caller's
 text reached it and the caller got its forged vector; configs written straight
-to etcd skipped the admin token. Now `sie up` turns etcd authentication on and
-each service signs in as its own user. Against it, with no credential and with
-each service's credential where that service must not write: registering a
-worker, writing a model config, reading the users. Each refused write must
-leave etcd as it was, and a forged worker must get nothing.
+to etcd skipped the admin token. Now `sie up`'s etcd takes connections only
+with the run's client certificate, and requests only from its users: each
+service signs in as its own. Against it, with no certificate, with the
+certificate but no credential, and with each service's credential where that
+service must not write: registering a worker, writing a model config, reading
+the users, and etcd 3.5's way round its own authentication (raise a NOSPACE
+alarm, then turn authentication off). Each refused write must leave etcd as it
+was, and a forged worker must get nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import grpc
 import numpy as np
 import pytest
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
+from aetcd import rpc
 from sie_common.cluster.cluster_store import WorkerRecord, encode_worker
 from sie_up_process import PREFIX, RawEtcd, SieUp
 
@@ -29,8 +33,22 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DIMS = 384
 FORGED_VALUE = 7.0
 SECTION = "etcd authentication"
-# Who tries to write, and with which etcd user (None: no credential at all).
-INTRUDERS = {"nobody": None, "the gateway's user": "sie-gateway", "worker-0's user": "sie-worker-0"}
+# Who tries to write: without the stack's client certificate, with it but no etcd user, or as a user.
+NO_CERTIFICATE = "anyone on the host"
+INTRUDERS = {
+    NO_CERTIFICATE: None,
+    "a process with the certificate only": None,
+    "the gateway's user": "sie-gateway",
+    "worker-0's user": "sie-worker-0",
+}
+# What etcd answers each of them when it refuses.
+REFUSED = {
+    NO_CERTIFICATE: grpc.StatusCode.UNAVAILABLE,  # the TLS handshake fails
+    # etcd takes the certificate's name ("sie up service") as the user, and no such user may do anything
+    "a process with the certificate only": grpc.StatusCode.PERMISSION_DENIED,
+    "the gateway's user": grpc.StatusCode.PERMISSION_DENIED,
+    "worker-0's user": grpc.StatusCode.PERMISSION_DENIED,  # it may write its own key only
+}
 
 
 class ForgedWorker(worker_pb2_grpc.WorkerServicer):
@@ -79,14 +97,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SieUp]:
         running.stop()
 
 
-def intruder(stack: SieUp, user: str | None) -> RawEtcd:
-    """A client signed in as `user`; with no credential where the stack has none for it (a stack without etcd
-    authentication, where everyone is nobody)."""
-    return RawEtcd(stack.etcd, user, stack.password(user) if user else None)
+def intruder(stack: SieUp, who: str) -> RawEtcd:
+    """A client as `who` (an INTRUDERS key, or "root"); with no credential or certificate where the stack keeps
+    none (a stack without etcd TLS or users, where everyone is anyone)."""
+    user = "root" if who == "root" else INTRUDERS[who]
+    tls = None if who == NO_CERTIFICATE else stack.tls()
+    return RawEtcd(stack.etcd, user, stack.password(user) if user else None, tls)
 
 
 def root(stack: SieUp) -> RawEtcd:
     return intruder(stack, "root")
+
+
+def without_credential(stack: SieUp) -> RawEtcd:
+    return RawEtcd(stack.etcd, tls=stack.tls())
 
 
 def stable(contents: dict[str, bytes]) -> dict[str, bytes]:
@@ -117,12 +141,10 @@ def test_a_forged_worker_registration_is_refused_and_the_forged_worker_gets_no_t
     forged = ForgedWorker()
     try:
         refusals = {}
-        for who, user in INTRUDERS.items():
-            etcd = intruder(stack, user)
+        for index, who in enumerate(INTRUDERS):
+            etcd = intruder(stack, who)
             try:
-                refusals[who] = etcd.put(
-                    f"{PREFIX}workers/forged-by-{who.replace(' ', '-')}", forged.record(f"forged-{who}")
-                )
+                refusals[who] = etcd.put(f"{PREFIX}workers/forged-{index}", forged.record(f"forged-{index}"))
             finally:
                 etcd.close()
         # Give the gateway time to see a registration (it used to route to one within 2 s), then call it.
@@ -137,11 +159,7 @@ def test_a_forged_worker_registration_is_refused_and_the_forged_worker_gets_no_t
         assert len({v.tobytes() for v in vectors}) == len(vectors)  # real embeddings of different texts
         for who, code in refusals.items():
             reliability_report.add(SECTION, f"{who} registers a worker", expected="refused", actual=code.name)
-        assert refusals == {
-            "nobody": grpc.StatusCode.INVALID_ARGUMENT,  # etcd: "user name is empty"
-            "the gateway's user": grpc.StatusCode.PERMISSION_DENIED,
-            "worker-0's user": grpc.StatusCode.PERMISSION_DENIED,  # it may write its own key only
-        }
+        assert refusals == REFUSED
         etcd = root(stack)
         try:
             assert sorted(etcd.read(PREFIX + "workers/")) == [PREFIX + "workers/worker-0"]
@@ -155,7 +173,7 @@ def test_a_forged_worker_registration_is_refused_and_the_forged_worker_gets_no_t
 def test_a_model_config_written_straight_to_etcd_is_refused_and_etcd_is_left_unchanged(stack: SieUp, who: str) -> None:
     """The config service is the only writer of what workers load: no other credential may write models/."""
     admin = root(stack)
-    etcd = intruder(stack, INTRUDERS[who])
+    etcd = intruder(stack, who)
     try:
         before = stable(admin.read())
         evil = (
@@ -169,8 +187,7 @@ def test_a_model_config_written_straight_to_etcd_is_refused_and_etcd_is_left_unc
             "take the config leader's key": etcd.put(PREFIX + "config/leader", b'{"replica": "evil"}'),
             "rewrite a bundle": etcd.put(PREFIX + "bundles/default", b"{}"),
         }
-        refused = grpc.StatusCode.INVALID_ARGUMENT if INTRUDERS[who] is None else grpc.StatusCode.PERMISSION_DENIED
-        assert attempts == dict.fromkeys(attempts, refused)
+        assert attempts == dict.fromkeys(attempts, REFUSED[who])
         assert stable(admin.read()) == before
         assert PREFIX + "models/evil/model" not in before and f"{PREFIX}models/{MODEL}" in before
     finally:
@@ -188,11 +205,16 @@ def test_etcd_users_and_passwords_stay_private(stack: SieUp) -> None:
     assert files == ["root", "sie-config", "sie-gateway", "sie-worker-0"]
     for name in files:
         assert stat.S_IMODE(os.stat(stack.credentials / name).st_mode) == 0o600, name
+    tls = stack.state / "etcd-tls"  # and the certificates: no CA key is kept, so nothing more can be signed
+    assert stat.S_IMODE(os.stat(tls).st_mode) == 0o700
+    names = ["ca.pem", "client-key.pem", "client.pem", "server-key.pem", "server.pem"]
+    assert sorted(path.name for path in tls.iterdir()) == names
+    assert all(stat.S_IMODE(os.stat(path).st_mode) == 0o600 for path in tls.iterdir())
     # In etcd: nobody without a credential, and no service's user, may list the users or read another's keys.
-    for who, user in INTRUDERS.items():
-        etcd = intruder(stack, user)
+    for who in INTRUDERS:
+        etcd = intruder(stack, who)
         try:
-            assert etcd.list_users() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED), who
+            assert isinstance(etcd.list_users(), grpc.StatusCode), f"{who} listed the users"
             contents = etcd.read()
             assert isinstance(contents, grpc.StatusCode), f"{who} read the whole prefix"
         finally:
@@ -213,3 +235,35 @@ def test_etcd_users_and_passwords_stay_private(stack: SieUp) -> None:
     for child in psutil.Process(stack.process.pid).children(recursive=True):
         seen = " ".join(child.cmdline()) + " ".join(child.environ().values())
         assert not any(password in seen for password in passwords), child.cmdline()
+
+
+def test_etcds_alarm_cannot_be_used_to_turn_its_authentication_off(stack: SieUp, reliability_report) -> None:
+    """etcd 3.5 (the one `sie up` runs) answers Alarm without a credential, and with a NOSPACE alarm raised it
+    applies AuthDisable unchecked: three calls open it to anyone. Without the stack's client certificate nobody
+    gets to make them."""
+    etcd = intruder(stack, NO_CERTIFICATE)
+    try:
+        raised = etcd.alarm(rpc.AlarmRequest.ACTIVATE)
+        disabled = etcd.disable_auth()
+        cleared = etcd.alarm(rpc.AlarmRequest.DEACTIVATE)
+        forged = etcd.put(PREFIX + "workers/forged-after-alarm", b"{}")
+    finally:
+        etcd.close()
+    reliability_report.add(
+        SECTION,
+        "anyone on the host: NOSPACE alarm, then AuthDisable",
+        expected="refused",
+        actual=f"{raised.name}, {disabled.name}",
+    )
+    assert (raised, disabled, cleared, forged) == (grpc.StatusCode.UNAVAILABLE,) * 4
+    admin = root(stack)
+    try:
+        assert admin.alarms() == []
+        assert PREFIX + "workers/forged-after-alarm" not in admin.read(PREFIX + "workers/")
+    finally:
+        admin.close()
+    anyone = without_credential(stack)
+    try:
+        assert anyone.read() == grpc.StatusCode.PERMISSION_DENIED  # authentication is still on
+    finally:
+        anyone.close()

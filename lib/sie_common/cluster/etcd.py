@@ -14,6 +14,9 @@ says "permission denied" then) is opened again with a fresh token. Watches
 already open and lease keep-alives are not checked against the token, so they
 outlive it. A password file is read again on each authentication, so a rotated
 password is picked up without a restart.
+
+**TLS.** With `EtcdTls` the client speaks TLS to etcd and presents a client
+certificate (`sie up`'s etcd refuses connections without one).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from aetcd import rpc
 from aetcd.utils import lease_to_id, prefix_range_end
 
 from sie_common.runtime.settings import SettingsError
-from sie_common.runtime.transport import RECONNECT_OPTIONS
+from sie_common.runtime.transport import RECONNECT_OPTIONS, channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,19 @@ class EtcdCredentials:
         return f"EtcdCredentials(username={self.username!r})"
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd: the CA that signed etcd's certificate, and the client certificate and key to present (etcd's
+    `--client-cert-auth` refuses connections without one)."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return channel_credentials(self.ca_file, self.cert_file, self.key_file)
+
+
 class EtcdSettings(Protocol):
     """The fields of a service's settings that say how it reaches etcd (`ServiceSettings`)."""
 
@@ -140,6 +156,12 @@ class EtcdSettings(Protocol):
     def etcd_password(self) -> str | None: ...
     @property
     def etcd_password_file(self) -> str | None: ...
+    @property
+    def etcd_ca_file(self) -> str | None: ...
+    @property
+    def etcd_cert_file(self) -> str | None: ...
+    @property
+    def etcd_key_file(self) -> str | None: ...
 
 
 def credentials_from(settings: EtcdSettings) -> EtcdCredentials | None:
@@ -149,6 +171,16 @@ def credentials_from(settings: EtcdSettings) -> EtcdCredentials | None:
     if not settings.etcd_username:
         raise SettingsError("SIE_ETCD_PASSWORD / SIE_ETCD_PASSWORD_FILE need SIE_ETCD_USERNAME")
     return EtcdCredentials(settings.etcd_username, settings.etcd_password or None, settings.etcd_password_file or None)
+
+
+def tls_from(settings: EtcdSettings) -> EtcdTls | None:
+    """TLS to etcd when the settings name its CA (None: plaintext); SettingsError for a client certificate
+    without a CA."""
+    if not settings.etcd_ca_file:
+        if settings.etcd_cert_file or settings.etcd_key_file:
+            raise SettingsError("SIE_ETCD_CERT_FILE / SIE_ETCD_KEY_FILE (TLS to etcd) need SIE_ETCD_CA_FILE")
+        return None
+    return EtcdTls(settings.etcd_ca_file, settings.etcd_cert_file or None, settings.etcd_key_file or None)
 
 
 @dataclass(frozen=True)
@@ -182,6 +214,7 @@ class Etcd:
         prefix: str = DEFAULT_PREFIX,
         *,
         credentials: EtcdCredentials | None = None,
+        tls: EtcdTls | None = None,
         timeout_s: float = 5.0,
     ) -> None:
         if not endpoints:
@@ -189,6 +222,7 @@ class Etcd:
         self.endpoints = tuple(endpoints)
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
         self.credentials = credentials
+        self.tls = tls
         self._timeout_s = timeout_s
         self._stubs: _Stubs | None = None
         self._token: str | None = None
@@ -196,14 +230,19 @@ class Etcd:
 
     @classmethod
     def from_settings(cls, settings: EtcdSettings) -> Etcd:
-        """The client a service's settings describe: endpoints, prefix and credential."""
-        return cls(settings.etcd_endpoints, settings.etcd_prefix, credentials=credentials_from(settings))
+        """The client a service's settings describe: endpoints, prefix, credential and TLS."""
+        return cls(
+            settings.etcd_endpoints,
+            settings.etcd_prefix,
+            credentials=credentials_from(settings),
+            tls=tls_from(settings),
+        )
 
     async def connect(self) -> None:
         """Connect to the first endpoint that answers (authenticating first, with a credential)."""
         errors = []
         for endpoint in self.endpoints:
-            stubs = _Stubs(rpc.insecure_channel(endpoint.removeprefix("http://"), options=RECONNECT_OPTIONS.items()))
+            stubs = _Stubs(self._channel(endpoint.removeprefix("http://").removeprefix("https://")))
             try:
                 # Signing in shows that etcd answers; without a credential, a read that any client may make.
                 if self.credentials:
@@ -224,6 +263,12 @@ class Etcd:
             self._stubs = stubs
             return
         raise EtcdUnavailable("cannot reach etcd at " + "; ".join(errors))
+
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        options = RECONNECT_OPTIONS.items()
+        if self.tls is None:
+            return rpc.insecure_channel(target, options=options)
+        return rpc.secure_channel(target, self.tls.credentials(), options=options)
 
     async def close(self) -> None:
         if self._stubs is not None:
@@ -295,7 +340,8 @@ class Etcd:
         """The exception a failed call becomes: access refusals name the credential to fix."""
         details = error.details() or ""
         user = self.credentials.username if self.credentials else None
-        if _NO_USER in details:
+        # Without a token etcd may take the name in the client certificate as the user, and refuse that one.
+        if _NO_USER in details or (user is None and error.code() == grpc.StatusCode.PERMISSION_DENIED):
             return EtcdAccessDenied(
                 f"etcd refused {what}: it has authentication on and this client has no credential (set "
                 "SIE_ETCD_USERNAME and SIE_ETCD_PASSWORD_FILE or SIE_ETCD_PASSWORD)"

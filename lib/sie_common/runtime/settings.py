@@ -81,6 +81,17 @@ class ServiceSettings:
     etcd_password: str | None = setting(
         None, env="SIE_ETCD_PASSWORD", help="SIE_ETCD_USERNAME's password itself, instead of SIE_ETCD_PASSWORD_FILE"
     )
+    etcd_ca_file: str | None = setting(
+        None,
+        env="SIE_ETCD_CA_FILE",
+        help="PEM CA bundle that signed etcd's certificate: when set, etcd is reached over TLS",
+    )
+    etcd_cert_file: str | None = setting(
+        None,
+        env="SIE_ETCD_CERT_FILE",
+        help="PEM client certificate presented to etcd (etcd with --client-cert-auth refuses connections without one)",
+    )
+    etcd_key_file: str | None = setting(None, env="SIE_ETCD_KEY_FILE", help="PEM private key of SIE_ETCD_CERT_FILE")
     tls_cert_file: str | None = setting(
         None,
         env="SIE_TLS_CERT_FILE",
