@@ -37,7 +37,7 @@ async def serve(settings: ConfigSettings) -> None:
     bundles = load_bundles(directory)
     if not bundles:
         raise ValueError(f"no bundle YAML files in {directory} (SIE_BUNDLES_DIR)")
-    etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+    etcd = Etcd.from_settings(settings)
     await etcd.connect()
     address = advertised_address(settings.host, settings.port, settings.advertise_address)
     store: ConfigStore | None = None

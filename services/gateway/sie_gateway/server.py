@@ -32,7 +32,7 @@ DRAIN_GRACE_S = 30.0
 
 async def serve(settings: GatewaySettings) -> None:
     transport = ServerTransport.of(settings)
-    etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+    etcd = Etcd.from_settings(settings)
     await etcd.connect()
     demand = DemandRecorder(etcd)
     dispatcher = Dispatcher(

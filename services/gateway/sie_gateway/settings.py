@@ -89,11 +89,18 @@ class GatewaySettings(RequestBoundSettings, EncodeStreamSettings, ServiceSetting
     worker_tls_key_file: str | None = setting(
         None, env="SIE_WORKER_TLS_KEY_FILE", help="PEM private key of SIE_WORKER_TLS_CERT_FILE"
     )
+    allow_unauthenticated_workers: bool = setting(
+        False,
+        env="SIE_ALLOW_UNAUTHENTICATED_WORKERS",
+        help="present SIE_WORKER_TOKEN although no worker is authenticated (no etcd credential, so anyone who reaches "
+        "etcd may register a worker, and no SIE_WORKER_TLS_CA_FILE): for tests on a trusted host only",
+    )
     metrics_port: int = metrics_port_setting(9096, env="SIE_GATEWAY_METRICS_PORT")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_auth_mode(self.auth_mode, self.auth_tokens)
+        self._check_worker_token_recipients()
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
         for name in (
             "pool_default_ttl_s",
@@ -106,6 +113,18 @@ class GatewaySettings(RequestBoundSettings, EncodeStreamSettings, ServiceSetting
                 raise SettingsError(f"SIE_{name.upper()} must be positive, got {getattr(self, name)}")
         if self.pool_default_ttl_s > self.pool_max_ttl_s:
             raise SettingsError("SIE_POOL_DEFAULT_TTL_S must not exceed SIE_POOL_MAX_TTL_S")
+
+    def _check_worker_token_recipients(self) -> None:
+        """The worker token goes only to workers the gateway can authenticate: registered by etcd's worker role
+        (the gateway's own etcd credential proves etcd has authentication on) or holding a certificate from
+        SIE_WORKER_TLS_CA_FILE."""
+        authenticated = bool(self.etcd_username) or bool(self.worker_tls_ca_file)
+        if self.worker_token and not authenticated and not self.allow_unauthenticated_workers:
+            raise SettingsError(
+                "SIE_WORKER_TOKEN is set, but nothing authenticates the workers it would be sent to: anyone who can "
+                "write to etcd could register one and receive it. Give the gateway its etcd credential "
+                "(SIE_ETCD_USERNAME, with etcd authentication on), or SIE_WORKER_TLS_CA_FILE (docs/security.md)"
+            )
 
     def token_pool_quotas(self) -> dict[str, int]:
         """Token -> the workers its pools may reserve, from SIE_POOL_TOKEN_QUOTAS (errors never show the token)."""
