@@ -13,9 +13,10 @@ import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
 
-from sie_client.client import AsyncSIEClient, EncodeOptions, ExtractOptions
+from sie_client.client import AsyncSIEClient
 from sie_client.messages import ItemLike
 from sie_client.types import EncodeResult, ExtractResult
+from sie_client.verbs import EncodeOptions, ExtractOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
