@@ -1,16 +1,55 @@
-"""AsyncSIEClient: the engine's three verbs, model listing, pools and capacity over grpc.aio.
+"""The clients and the errors they raise, as the reference SDK's `sie_sdk.client` has them."""
 
-Works against a gateway, a standalone worker and Envoy's HTTP port alike. Its parts, one module each: the set-up
-(connection.py), the verbs (verbs.py), models, pools and capacity (pools.py), retries (retry.py: capacity waits
-until `provision_timeout_s`, LORA_LOADING a bounded number of times, out of device memory `max_oom_retries` times,
-RESOURCE_EXHAUSTED with capped backoff, request errors never) and long lists sent in windows (streaming.py).
-"""
+from sie_client.async_client import AsyncSIEClient
+from sie_client.errors import (
+    AccountInactiveError,
+    AccountStateUnavailableError,
+    EstimateUnroutableError,
+    IncompleteBatchError,
+    InputTooLongError,
+    InsufficientCreditsError,
+    JobFailedError,
+    LoraLoadingError,
+    ModelLoadFailedError,
+    ModelLoadingError,
+    PoolError,
+    ProvisioningError,
+    RateLimitError,
+    RelayUnavailableError,
+    RequestError,
+    ResourceExhaustedError,
+    ServerError,
+    SIEConnectionError,
+    SIEError,
+    SpendLimitError,
+)
+from sie_client.sync_client import SIEClient
 
-from __future__ import annotations
+# The reference SDK's name for the async client.
+SIEAsyncClient = AsyncSIEClient
 
-from sie_client.pools import PoolMethods
-from sie_client.verbs import VerbMethods
-
-
-class AsyncSIEClient(VerbMethods, PoolMethods):
-    """The client: `AsyncSIEClient(target, ...)` (see Connection for the arguments), as an async context manager."""
+__all__ = [
+    "AccountInactiveError",
+    "AccountStateUnavailableError",
+    "AsyncSIEClient",
+    "EstimateUnroutableError",
+    "IncompleteBatchError",
+    "InputTooLongError",
+    "InsufficientCreditsError",
+    "JobFailedError",
+    "LoraLoadingError",
+    "ModelLoadFailedError",
+    "ModelLoadingError",
+    "PoolError",
+    "ProvisioningError",
+    "RateLimitError",
+    "RelayUnavailableError",
+    "RequestError",
+    "ResourceExhaustedError",
+    "SIEAsyncClient",
+    "SIEClient",
+    "SIEConnectionError",
+    "SIEError",
+    "ServerError",
+    "SpendLimitError",
+]

@@ -111,10 +111,11 @@ def delay_or_raise(status: CallStatus, policy: RetryPolicy, attempt: int, starte
     if delay is not None:
         return delay
     if policy.wait_for_capacity and status.reason in CAPACITY_REASONS:
-        raise ProvisioningTimeoutError(
+        raise ProvisioningTimeoutError.from_status(
             f"no capacity after {waited:.1f} s (provision_timeout_s={policy.provision_timeout_s}): {status.message}",
-            code=status.code,
+            grpc_code=status.code,
             reason=status.reason,
             metadata=status.metadata,
+            retry_after=status.retry_after_s,
         )
     raise status.error()

@@ -60,10 +60,10 @@ async def encode_streamed(
             try:
                 answer = await asyncio.wait_for(call.read(), wait_s)
             except TimeoutError:
-                raise ServerError(
+                raise ServerError.from_status(
                     f"EncodeStream: no answer in {wait_s:.1f} s (timeout_s={timeout_s}) with {remaining} "
                     f"requests outstanding",
-                    code=grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc_code=grpc.StatusCode.DEADLINE_EXCEEDED,
                 ) from None
             if answer is grpc.aio.EOF:
                 break
