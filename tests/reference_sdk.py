@@ -1,6 +1,7 @@
-"""The reference SDK (sie-sdk 0.10.1 from PyPI) in a virtual environment of its own under build/, for the tests that
-compare sie_client with it. It needs Python 3.12; `reference_python()` finds one or says why not (the tests skip
-with that reason). The first call creates the environment (about a minute: pip from PyPI), later calls reuse it."""
+"""The reference SDK (sie-sdk 0.10.1 from PyPI) in a virtual environment of its own under .pytest_cache/, for the
+tests that compare sie_client with it. It needs Python 3.12; `reference_python()` finds one or says why not (the
+tests skip with that reason). The first call creates the environment (about a minute: pip from PyPI), later calls
+reuse it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_SDK = "sie-sdk==0.10.1"
-VENV = ROOT / "build" / "sie-sdk-0.10.1"
+# Under .pytest_cache (ignored by git, hidden from tests/test_docs.py's look at the top-level folders).
+VENV = ROOT / ".pytest_cache" / "reference-sdk" / "sie-sdk-0.10.1"
 
 
 def python312() -> str | None:

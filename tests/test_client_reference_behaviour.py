@@ -289,3 +289,22 @@ def test_capacity_of_a_worker_has_the_reference_s_shape(client) -> None:
     assert (capacity["status"], capacity["worker_count"], capacity["gpu_count"]) == ("healthy", 1, 1)
     assert capacity["models_loaded"] == sum(1 for model in client.list_models() if model["loaded"]) >= 1
     assert MEAN in capacity["workers"][0]["loaded_models"] and capacity["models"][MEAN]["state"] == "loaded"
+
+
+def test_a_short_answer_is_an_incomplete_batch_not_misaligned_results() -> None:
+    from sie_client import IncompleteBatchError
+    from sie_client.verbs import _check_count
+
+    _check_count([{"id": "a"}], 1, "m", "encode")
+    with pytest.raises(IncompleteBatchError) as short:
+        _check_count([{"id": "a"}], 2, "m", "extract")
+    assert (short.value.expected, short.value.received, short.value.code) == (2, 1, "EXTRACT_RESULT_COUNT_MISMATCH")
+    assert isinstance(short.value, ServerError) and short.value.results == [{"id": "a"}]
+
+
+def test_max_concurrency_serves_every_call(worker) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with SIEClient(worker.address, max_concurrency=1, stream_batch_size=2) as client, ThreadPoolExecutor(4) as pool:
+        calls = [pool.submit(client.encode, MEAN, [f"text {n}", f"more {n}", f"last {n}"]) for n in range(4)]
+        assert [len(call.result(timeout=120)) for call in calls] == [3, 3, 3, 3]

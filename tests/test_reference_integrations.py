@@ -5,7 +5,7 @@ installed --no-deps) run their own integration test suites against `sie up`, wit
 Their suites name BAAI/bge-m3, jinaai/jina-reranker-v2-base-multilingual and urchade/gliner_multi-v2.1; the stack
 serves offline stand-ins under those names (tests/reference_integration_models.py). The sdists (which carry the
 tests) and the two vector-store adapters the suites import (langchain-chroma, llama-index-vector-stores-chroma)
-are fetched from PyPI into build/ on the first run; without PyPI the test skips, saying so."""
+are fetched from PyPI into .pytest_cache/ on the first run; without PyPI the test skips, saying so."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from stack_process import stop_stack
 from test_stack_up import read_until
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "build" / "reference-integrations"
+CACHE = ROOT / ".pytest_cache" / "reference-integrations"  # ignored by git, as reference_sdk.VENV
 SUITES = {"sie-langchain": "sie_langchain", "sie-llamaindex": "sie_llamaindex", "sie-chroma": "sie_chroma"}
 VERSION = "0.10.1"
 # What the suites import beyond this project's test environment (the integrations themselves need nothing else).
@@ -61,7 +61,7 @@ def _pip(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def suites() -> dict[str, Path]:
-    """Each suite's unpacked sdist, fetched once into build/; and the alias and vector stores on one path."""
+    """Each suite's unpacked sdist, fetched once into .pytest_cache/; and the alias and vector stores on one path."""
     ready = CACHE / ".ready"
     if not ready.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
