@@ -97,7 +97,7 @@ class PoolMethods(Connection):
         response = await self._call(self._stub.CreatePool, request, RetryPolicy())
         self._stop_renewing(name)
         self._renewals[name] = asyncio.create_task(self._renew(name, max(ttl_s / 3, 0.2)))
-        pool: PoolInfo | None = messages.pool_info(response.pool)
+        pool = messages.pool_info(response.pool)
         deadline = time.monotonic() + timeout_s
         try:
             while len(_workers(pool)) < min_workers:
@@ -107,14 +107,14 @@ class PoolMethods(Connection):
                         f"{timeout_s} s"
                     )
                 await asyncio.sleep(poll_s)
-                pool = await self.get_pool(name)
-                if pool is None:
+                found = await self.get_pool(name)
+                if found is None:
                     raise PoolError(f"pool {name!r} was deleted while waiting for its workers", pool_name=name)
+                pool = found
         except BaseException:
             with contextlib.suppress(SIEError):
                 await self.delete_pool(name)
             raise
-        assert pool is not None  # the loop replaced it only with a pool that exists
         return pool
 
     async def get_pool(self, name: str | None = None) -> PoolInfo | None:
@@ -261,8 +261,8 @@ def _worker(name: str, bundle: str, loaded_models: list[str]) -> WorkerInfo:
     )
 
 
-def _workers(pool: PoolInfo | None) -> list[Any]:
-    return list((pool or {}).get("status", {}).get("assigned_workers", ()))
+def _workers(pool: PoolInfo) -> list[Any]:
+    return list(pool.get("status", {}).get("assigned_workers", ()))
 
 
 def check_wait(timeout_s: float, poll_s: float, poll_name: str = "poll_s") -> None:
