@@ -60,45 +60,53 @@ local ESCAPES = {[34] = '"', [92] = "\\", [47] = "/", [98] = "\b", [102] = "\f",
 
 -- The string starting at s[i] == '"': the index after it, or nil and the index where it stops being a
 -- JSON string (a raw control character, a bad escape, no closing quote); with `decode` also its text
--- (a \u escape beyond ASCII stays as written: no field name has one).
+-- (a \u escape beyond ASCII stays as written: no field name has one). A plain byte loop: LuaJIT
+-- compiles it, where a pattern search per escape would run interpreted.
 local function read_string(s, i, decode)
-  local j = i + 1
+  local n = #s
+  local j = i + 1 -- the start of the current run of plain characters
+  local k = j
   local parts = decode and {} or nil
-  while true do
-    local k = find(s, '[%z\1-\31"\\]', j)
-    if not k then
-      return nil, #s + 1
-    end
-    if parts then
-      parts[#parts + 1] = sub(s, j, k - 1)
-    end
+  while k <= n do
     local c = byte(s, k)
     if c == 34 then -- '"'
-      return k + 1, parts and concat(parts)
-    end
-    if c ~= 92 then -- a control character
-      return nil, k
-    end
-    c = byte(s, k + 1)
-    if c == 117 then -- 'u'
-      local _, e = find(s, "^%x%x%x%x", k + 2)
-      if not e then
+      if parts then
+        parts[#parts + 1] = sub(s, j, k - 1)
+        return k + 1, concat(parts)
+      end
+      return k + 1
+    elseif c == 92 then -- '\\'
+      local e = byte(s, k + 1)
+      local escaped
+      if e == 117 then -- 'u'
+        local _, last = find(s, "^%x%x%x%x", k + 2)
+        if not last then
+          return nil, k
+        end
+        if parts then
+          local code = tonumber(sub(s, k + 2, last), 16)
+          escaped = code < 128 and string.char(code) or sub(s, k, last)
+        end
+        e = last
+      elseif ESCAPES[e] then
+        escaped = ESCAPES[e]
+        e = k + 1
+      else
         return nil, k
       end
       if parts then
-        local code = tonumber(sub(s, k + 2, e), 16)
-        parts[#parts + 1] = code < 128 and string.char(code) or sub(s, k, e)
+        parts[#parts + 1] = sub(s, j, k - 1)
+        parts[#parts + 1] = escaped
       end
-      j = e + 1
-    elseif ESCAPES[c] then
-      if parts then
-        parts[#parts + 1] = ESCAPES[c]
-      end
-      j = k + 2
-    else
+      k = e + 1
+      j = k
+    elseif c < 32 then -- a raw control character
       return nil, k
+    else
+      k = k + 1
     end
   end
+  return nil, n + 1
 end
 
 -- The number starting at s[i]: the index after it, or nil and where it stops being a JSON number.
