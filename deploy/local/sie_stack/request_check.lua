@@ -439,35 +439,62 @@ end
 -- HTTP/1 stream whose half-sent body sits in a filter's buffer: so each body's announced size (its
 -- content-length, BODY_LIMIT when it has none) is leased from this worker thread's BODY_BUDGET from its
 -- headers until the check has it all; past the budget a request is refused at once (503 OVERLOADED)
--- instead of buffered. A lease whose request died (reset, timed out) lapses after LEASE_S.
-local leases = {} -- id -> {bytes, expiry}
-local reserved, last_lease, last_purge = 0, 0, 0
+-- instead of buffered. Bodies of LARGE bytes or more may hold at most three quarters of the budget, so
+-- a few slow senders of big bodies leave room for everyone's small ones. A lease is keyed by its
+-- request's coroutine, weakly: when a request ends without a word (reset, timed out) Envoy drops its
+-- coroutine and the next purge (a full collection, at most once a second, only when a lease does not
+-- fit) returns its bytes; LEASE_S bounds a lease in any case.
+local LARGE = 65536
+local leases = setmetatable({}, {__mode = "k"}) -- coroutine -> {bytes, expiry}
+local reserved, reserved_large, last_purge = 0, 0, 0
 
-local function release(id)
-  local lease = leases[id]
-  if lease then
-    reserved = reserved - lease[1]
-    leases[id] = nil
-  end
+local function fits(bytes)
+  return reserved + bytes <= BODY_BUDGET and (bytes < LARGE or reserved_large + bytes <= BODY_BUDGET * 3 / 4)
 end
 
-local function admit(bytes)
-  local now = os.time()
-  if reserved + bytes > BODY_BUDGET and now > last_purge then -- at most one purge a second
-    last_purge = now
-    for id, lease in pairs(leases) do
-      if lease[2] <= now then
-        release(id)
+local function purge(now)
+  collectgarbage()
+  reserved, reserved_large = 0, 0
+  for owner, lease in pairs(leases) do
+    if lease[2] <= now then
+      leases[owner] = nil
+    else
+      reserved = reserved + lease[1]
+      if lease[1] >= LARGE then
+        reserved_large = reserved_large + lease[1]
       end
     end
   end
-  if reserved + bytes > BODY_BUDGET then
+end
+
+-- A lease of `bytes` for the running request (true), or nil when they do not fit.
+local function admit(bytes)
+  local now = os.time()
+  if not fits(bytes) and now > last_purge then
+    last_purge = now
+    purge(now)
+  end
+  if not fits(bytes) then
     return nil
   end
-  last_lease = last_lease + 1
-  leases[last_lease] = {bytes, now + LEASE_S}
+  leases[coroutine.running()] = {bytes, now + LEASE_S}
   reserved = reserved + bytes
-  return last_lease
+  if bytes >= LARGE then
+    reserved_large = reserved_large + bytes
+  end
+  return true
+end
+
+local function release()
+  local owner = coroutine.running()
+  local lease = leases[owner]
+  if lease then
+    leases[owner] = nil
+    reserved = reserved - lease[1]
+    if lease[1] >= LARGE then
+      reserved_large = reserved_large - lease[1]
+    end
+  end
 end
 
 local function respond(handle, status, body)
@@ -540,7 +567,7 @@ function envoy_on_request(handle)
     end
     local body = handle:body()
     if lease then
-      release(lease)
+      release()
     end
     if body ~= nil and body:length() > 0 then
       local text = body:getBytes(0, body:length())
