@@ -60,7 +60,7 @@ class RequestBoundSettings:
     max_metadata_bytes: int = setting(
         16384,
         env="SIE_MAX_METADATA_BYTES",
-        help="largest item metadata struct accepted, in serialized protobuf bytes (nested at most SIE_MAX_OPTIONS_DEPTH)",
+        help="largest item metadata struct accepted, in serialized protobuf bytes (at most SIE_MAX_OPTIONS_DEPTH deep)",
     )
 
     def __post_init__(self) -> None:
