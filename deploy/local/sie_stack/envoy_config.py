@@ -337,9 +337,14 @@ def _local_replies() -> dict[str, Any]:
                 },
                 _INVALID_ARGUMENT,
                 "INVALID_REQUEST",
-                "%LOCAL_REPLY_BODY%",
+                "the request cannot be read: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)",
             ),
-            _local_reply(_status_between(500, 599), _INTERNAL, "EDGE_ERROR", "%LOCAL_REPLY_BODY%"),
+            _local_reply(
+                _status_between(500, 599),
+                _INTERNAL,
+                "EDGE_ERROR",
+                "Envoy could not serve the request: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)",
+            ),
         ],
     }
 
