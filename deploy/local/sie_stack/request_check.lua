@@ -182,6 +182,19 @@ end
 
 local walk
 
+-- After an object's member or an array's element: the index of the next one and false, the index after
+-- the container and true when `close` ends it, or nil and a failure.
+local function next_entry(s, i, close)
+  i = skip_space(s, i)
+  local c = byte(s, i)
+  if c == 44 then -- ','
+    return skip_space(s, i + 1), false
+  elseif c == close then
+    return i + 1, true
+  end
+  return nil, {at = i}
+end
+
 -- An object at s[i] == '{'. `schema`: a message's entry (its keys are checked), or nil with `values` the
 -- spec of every value (a map, a Struct).
 local function walk_object(s, i, schema, values, depth)
@@ -226,14 +239,10 @@ local function walk_object(s, i, schema, values, depth)
       end
       return nil, failure
     end
-    i = skip_space(s, i)
-    local c = byte(s, i)
-    if c == 44 then -- ','
-      i = skip_space(s, i + 1)
-    elseif c == 125 then
-      return i + 1
-    else
-      return nil, {at = i}
+    local ended
+    i, ended = next_entry(s, i, 125) -- '}'
+    if i == nil or ended then
+      return i, ended
     end
   end
 end
@@ -255,16 +264,12 @@ local function walk_array(s, i, spec, depth)
       end
       return nil, failure
     end
-    i = skip_space(s, i)
-    local c = byte(s, i)
-    if c == 44 then -- ','
-      i = skip_space(s, i + 1)
-      index = index + 1
-    elseif c == 93 then
-      return i + 1
-    else
-      return nil, {at = i}
+    local ended
+    i, ended = next_entry(s, i, 93) -- ']'
+    if i == nil or ended then
+      return i, ended
     end
+    index = index + 1
   end
 end
 

@@ -163,16 +163,22 @@ def check_instruction(instruction: str, bounds: RequestBounds) -> None:
         )
 
 
-def check_name(field: str, value: str, bounds: RequestBounds) -> None:
-    """A model id, profile name, LoRA name or extract label: at most SIE_MAX_NAME_BYTES."""
+def check_name(
+    field: str,
+    value: str,
+    bounds: RequestBounds,
+    reason: str = "NAME_TOO_LONG",
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """A model id, profile name, LoRA name, extract label or a struct's key: at most SIE_MAX_NAME_BYTES."""
     size = _utf8_bytes(value, bounds.name_bytes)
     if size > bounds.name_bytes:
         raise over_limit(
             f"{field}: {size} bytes",
-            reason="NAME_TOO_LONG",
+            reason=reason,
             limit=bounds.name_bytes,
             setting="SIE_MAX_NAME_BYTES",
-            metadata={"field": field},
+            metadata={**(metadata or {}), "field": field},
         )
 
 
@@ -259,15 +265,7 @@ def _check_struct(
             )
         if isinstance(container, struct_pb2.Struct):
             for key in container.fields:
-                key_size = _utf8_bytes(key, bounds.name_bytes)
-                if key_size > bounds.name_bytes:
-                    raise over_limit(
-                        f"{where}: a key of {key_size} bytes",
-                        reason="KEY_TOO_LONG",
-                        limit=bounds.name_bytes,
-                        setting="SIE_MAX_NAME_BYTES",
-                        metadata={**metadata, "field": where},
-                    )
+                check_name(f"{where} key", key, bounds, "KEY_TOO_LONG", metadata)
         values = container.fields.values() if isinstance(container, struct_pb2.Struct) else container.values
         for value in values:
             kind = value.WhichOneof("kind")
