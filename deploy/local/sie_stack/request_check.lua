@@ -507,9 +507,10 @@ local function respond(handle, status, body)
   handle:respond({[":status"] = status, ["content-type"] = "application/json"}, body)
 end
 
--- Whether Envoy's gRPC filters take the request as native gRPC (the transcoder leaves it alone).
+-- Whether Envoy takes the request as native gRPC (the transcoder leaves it alone): application/grpc or
+-- application/grpc+...; "application/grpc; charset=utf-8" is transcoded as JSON.
 local function is_grpc(content_type)
-  return content_type == "application/grpc" or find(content_type, "^application/grpc[+;]") ~= nil
+  return content_type == "application/grpc" or find(content_type, "^application/grpc%+") ~= nil
 end
 
 function envoy_on_request(handle)

@@ -9,8 +9,8 @@
 -- sie_stack.request_check prepends NAMESPACE, the dynamic-metadata namespace the check writes `rpc` to,
 -- and NOT_FOUND, the JSON body of Envoy's other 404s.
 
-local function is_grpc(content_type)
-  return content_type == "application/grpc" or string.find(content_type, "^application/grpc[+;]") ~= nil
+local function is_grpc(content_type) -- as request_check.lua's
+  return content_type == "application/grpc" or string.find(content_type, "^application/grpc%+") ~= nil
 end
 
 function envoy_on_request(handle)
