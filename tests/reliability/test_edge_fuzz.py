@@ -3,7 +3,7 @@
 Every request is answered within a time linear in its size; never 200 for a body the contract refuses (judged by
 protobuf's own JSON parser on the strictly parsed body, with the edge's documented limits); never a 5xx but for a
 documented cause; every refusal is the JSON error body. The corpus (edge_corpus.json) replays every HTTP-edge defect
-found so far, each with the status and reason it must get now. Bounded to about a minute of requests."""
+found so far, each with the status and reason it must get now. 1,000 generated requests: about 20 s on 2 cores."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ headers = st.dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None, database=None,
+@settings(max_examples=1000, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]),
        path=st.sampled_from(ENCODE_PATHS) | st.sampled_from(OTHER_PATHS), body=raw_bodies(), extra=headers)
