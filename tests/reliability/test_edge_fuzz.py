@@ -68,7 +68,8 @@ ENTRIES = json.loads(CORPUS.read_text())["requests"]
 @pytest.mark.parametrize("entry", ENTRIES, ids=[entry["name"] for entry in ENTRIES])
 def test_every_known_edge_defect_stays_fixed(edge, entry) -> None:
     body = expand(entry["body"]).encode() if "body" in entry else None
-    status, seconds, got = request(port_of(edge), entry["method"], expand(entry["path"]), body)
+    headers = {name: expand(value) for name, value in entry.get("headers", {}).items()}
+    status, seconds, got = request(port_of(edge), entry["method"], expand(entry["path"]), body, headers)
     assert status == entry["status"], got[:500]
     assert assert_json_error(status, got)["reason"] == entry["reason"]
     assert seconds < entry.get("max_seconds", time_bound(len(body or b""))), seconds
@@ -212,7 +213,7 @@ def raw_bodies(draw: st.DrawFn) -> bytes:
 headers = st.dictionaries(
     st.sampled_from(["content-type", "x-sie-pool", "x-sie-machine-profile", "idempotency-key", "x-extra", "te", "accept"]),
     st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", "application/grpc-web",
-                     "application/x-www-form-urlencoded", "", "l4", "x" * 200, "trailers"]),
+                     "application/x-www-form-urlencoded", "", "l4", "x" * 200, "x" * 12000, "trailers"]),
     max_size=3,
 )
 

@@ -64,6 +64,7 @@ _HTTP_CONNECTION_MANAGER = (
 )
 _GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
 _FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+_ORIGINAL_PATH = "x-envoy-original-path"
 _MAX_CONNECTIONS = "envoy.resource_monitors.global_downstream_max_connections"
 # google.rpc.Code of the other JSON bodies Envoy answers with itself.
 _INVALID_ARGUMENT = 3
@@ -84,6 +85,9 @@ MAX_CONCURRENT_STREAMS = 100
 # more bytes). A native gRPC stream is exempt from the second once its first answer is on its way.
 REQUEST_HEADERS_TIMEOUT = "10s"
 REQUEST_TIMEOUT = "60s"
+# A request's headers (the path with them), in KiB: what Envoy passes on becomes gRPC metadata, and grpc refuses
+# metadata past 8 KiB at random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
+MAX_REQUEST_HEADERS_KIB = 7
 # A stream, and a connection without streams, with no bytes either way for this long are closed.
 STREAM_IDLE_TIMEOUT = "300s"
 CONNECTION_IDLE_TIMEOUT = "300s"
@@ -183,6 +187,7 @@ def _http_connection_manager(
             "normalize_path": True,
             "merge_slashes": True,
             "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
+            "max_request_headers_kb": MAX_REQUEST_HEADERS_KIB,
             "request_headers_timeout": REQUEST_HEADERS_TIMEOUT,
             "request_timeout": REQUEST_TIMEOUT,
             "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
@@ -196,11 +201,17 @@ def _http_connection_manager(
                         "domains": ["*"],
                         "routes": [
                             # Matched after transcoding, on the gRPC path: only gRPC calls reach the services.
+                            # The transcoder's copy of the HTTP path is not passed on (it would count twice).
                             {
                                 "match": {"prefix": "/sie.v1.ConfigService/", "grpc": {}},
                                 "route": {"cluster": "config", "timeout": "0s"},
+                                "request_headers_to_remove": [_ORIGINAL_PATH],
                             },
-                            {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
+                            {
+                                "match": {"prefix": "/", "grpc": {}},
+                                "route": {"cluster": "gateway", "timeout": "0s"},
+                                "request_headers_to_remove": [_ORIGINAL_PATH],
+                            },
                             *(_alive(path) for path in LIVENESS_PATHS),
                             *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
                             not_found,
@@ -327,6 +338,13 @@ def _local_replies() -> dict[str, Any]:
                 "BODY_TOO_LARGE",
                 "the body is larger than the edge takes (sie envoy-config --max-request-bytes, the services' "
                 "SIE_MAX_RECEIVE_MESSAGE_BYTES): send fewer or smaller items per request",
+            ),
+            _local_reply(
+                _status(431),
+                _INVALID_ARGUMENT,
+                "HEADERS_TOO_LARGE",
+                f"the request's headers, its path with them, exceed {MAX_REQUEST_HEADERS_KIB} KiB (they travel on as "
+                "gRPC metadata): send fewer or shorter headers",
             ),
             # The transcoder's refusals (a value that does not fit its field: "dims": "many") and the HTTP codec's.
             _local_reply(
