@@ -64,7 +64,6 @@ _HTTP_CONNECTION_MANAGER = (
 )
 _GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
 _FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
-_ORIGINAL_PATH = "x-envoy-original-path"
 _MAX_CONNECTIONS = "envoy.resource_monitors.global_downstream_max_connections"
 # google.rpc.Code of the other JSON bodies Envoy answers with itself.
 _INVALID_ARGUMENT = 3
@@ -85,8 +84,9 @@ MAX_CONCURRENT_STREAMS = 100
 # more bytes). A native gRPC stream is exempt from the second once its first answer is on its way.
 REQUEST_HEADERS_TIMEOUT = "10s"
 REQUEST_TIMEOUT = "60s"
-# A request's headers (the path with them), in KiB: what Envoy passes on becomes gRPC metadata, and grpc refuses
-# metadata past 8 KiB at random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
+# A request's headers (the path with them), in KiB: what Envoy passes on becomes gRPC metadata (the path as
+# x-envoy-original-path, which tells the gateway the caller reads JSON), and grpc refuses metadata past 8 KiB at
+# random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
 MAX_REQUEST_HEADERS_KIB = 7
 # A stream, and a connection without streams, with no bytes either way for this long are closed.
 STREAM_IDLE_TIMEOUT = "300s"
@@ -201,17 +201,11 @@ def _http_connection_manager(
                         "domains": ["*"],
                         "routes": [
                             # Matched after transcoding, on the gRPC path: only gRPC calls reach the services.
-                            # The transcoder's copy of the HTTP path is not passed on (it would count twice).
                             {
                                 "match": {"prefix": "/sie.v1.ConfigService/", "grpc": {}},
                                 "route": {"cluster": "config", "timeout": "0s"},
-                                "request_headers_to_remove": [_ORIGINAL_PATH],
                             },
-                            {
-                                "match": {"prefix": "/", "grpc": {}},
-                                "route": {"cluster": "gateway", "timeout": "0s"},
-                                "request_headers_to_remove": [_ORIGINAL_PATH],
-                            },
+                            {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
                             *(_alive(path) for path in LIVENESS_PATHS),
                             *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
                             not_found,
