@@ -101,6 +101,8 @@ def test_an_overlong_value_is_invalid_argument_with_its_reason_everywhere(edge, 
 
 def test_model_ids_in_a_path_are_bounded_with_reasons(edge) -> None:
     status, got = post(edge, "/v1/encode/" + "m" * 8192, {"items": [ITEM]})
+    assert (status, reason(got)) == (431, "HEADERS_TOO_LARGE")
+    status, got = post(edge, "/v1/encode/" + "m" * 4096, {"items": [ITEM]})
     assert (status, reason(got)) == (414, "PATH_TOO_LONG")
     status, got = curl(edge, "POST", "/v1/encode/" + "m" * 1024, {"items": [ITEM]})
     assert (status, reason(got)) == (400, "NAME_TOO_LONG")

@@ -20,9 +20,9 @@ def edge(tmp_path_factory):
         yield running
 
 
-def answer(edge, method: str, path: str, body: object = None) -> tuple[int, str, dict]:
+def answer(edge, method: str, path: str, body: object = None, headers: dict | None = None) -> tuple[int, str, dict]:
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    status, _, got = request(edge.port, method, path, data)
+    status, _, got = request(edge.port, method, path, data, headers)
     parsed = json.loads(got)
     (info,) = parsed["details"]
     return status, info["reason"], info["metadata"]
@@ -89,6 +89,12 @@ def test_a_method_a_path_does_not_take_is_405_in_every_spelling(edge) -> None:
 
 
 def test_an_overlong_path_is_refused_before_it_becomes_grpc_metadata(edge) -> None:
-    """An 8 KB model id in the path was 429 RESOURCE_EXHAUSTED (the path travels as gRPC metadata)."""
-    status, reason, metadata = answer(edge, "POST", "/v1/encode/" + "m" * 8192, {"items": [{"text": "x"}]})
+    """An 8 KB model id in the path was 429 RESOURCE_EXHAUSTED (the path travels as gRPC metadata): over 7 KiB of
+    headers it is 431, under that but over 2048 bytes 414."""
+    status, reason, metadata = answer(edge, "POST", "/v1/encode/" + "m" * 4096, {"items": [{"text": "x"}]})
     assert (status, reason, metadata) == (414, "PATH_TOO_LONG", {"limit": "2048"})
+    assert answer(edge, "POST", "/v1/encode/" + "m" * 8192, {"items": [{"text": "x"}]})[:2] == (431, "HEADERS_TOO_LARGE")
+    assert answer(edge, "POST", "/v1/encode/m", {"items": [{"text": "x"}]}, {"x-extra": "h" * 12_000})[:2] == (
+        431,
+        "HEADERS_TOO_LARGE",
+    )
