@@ -228,7 +228,10 @@ def test_the_client_returns_objects_with_boxes(worker, directories) -> None:
     with SIEClient(worker.address) as client:
         results = client.extract(GROUNDING_DINO, [Item(images=[IMAGES[1]])], labels=LABELS)
     expected = reference(directories[GROUNDING_DINO], IMAGES[1], LABELS, None, None)
-    assert_same_objects([(found["label"], found["score"], found["bbox"]) for found in results[0]["objects"]], expected)
+    corners = [[found["box"][key] for key in ("x_min", "y_min", "x_max", "y_max")] for found in results[0]["objects"]]
+    assert_same_objects([(found["label"], found["score"], box) for found, box in zip(results[0]["objects"], corners, strict=True)], expected)
+    for found, (x_min, y_min, x_max, y_max) in zip(results[0]["objects"], corners, strict=True):  # the reference's format
+        assert found["bbox"] == [round(x_min), round(y_min), round(x_max) - round(x_min), round(y_max) - round(y_min)]
 
 
 def refusal(stub, model_id: str, items: list[types_pb2.Item], labels: list[str] = LABELS, **options: Any) -> grpc.RpcError:

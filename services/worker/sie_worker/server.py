@@ -113,7 +113,7 @@ class _Cluster:
     @classmethod
     async def follow(cls, settings: WorkerSettings, engine: Engine) -> _Cluster:
         """Connect and start serving the control plane's model configs for this bundle."""
-        etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+        etcd = Etcd.from_settings(settings)
         await etcd.connect()
         config_sync = ConfigSync(settings, engine.registry, etcd)
         await config_sync.start()

@@ -128,8 +128,10 @@ def _unreadable(data: bytes, where: str, metadata: dict[str, str], error: Except
             reason="UNSUPPORTED_IMAGE_FORMAT",
             metadata={**metadata, "format": other},
         )
+    # Pillow's own message names the file object it read, heap address and all: not the caller's business.
+    detail = "no image header" if isinstance(error, UnidentifiedImageError) else str(error)
     return InvalidArgument(
-        f"{where}: not a {SUPPORTED} image ({len(data)} bytes that do not decode: {error})",
+        f"{where}: not a {SUPPORTED} image ({len(data)} bytes that do not decode: {detail})",
         reason="INVALID_IMAGE",
         metadata=metadata,
     )

@@ -208,6 +208,14 @@ class ModelRegistry:
     def model_ids(self) -> list[str]:
         return sorted(self._configs)
 
+    def serves(self, model_id: str) -> bool:
+        """Whether a config of this worker names the model (what a metric's `model` label may say)."""
+        return model_id in self._configs
+
+    def serves_profile(self, profile: str) -> bool:
+        """Whether a served model has a profile of this name (what a metric's `profile` label may say)."""
+        return any(profile in config.profiles for config in list(self._configs.values()))
+
     @property
     def catalog(self) -> Catalog:
         return self._catalog
