@@ -15,6 +15,7 @@ from sie_common.edge.errors import InvalidArgument, clipped
 from sie_common.edge.request_bounds import (
     check_instruction,
     check_item_count,
+    check_item_fields,
     check_labels,
     check_name,
     check_options,
@@ -193,6 +194,7 @@ def _item(message: types_pb2.Item, index: int | None, limits: Limits) -> ItemInp
         )
     if text is not None:
         check_text(text, item.label, item.metadata, limits)
+    check_item_fields(message, item.label, item.metadata, limits)
     return item
 
 
