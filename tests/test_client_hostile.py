@@ -29,8 +29,9 @@ def unreachable():
     ],
 )
 def test_waits_that_would_never_end_or_never_pause_are_value_errors(unreachable, kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        unreachable.wait_for_capacity("any/model", **kwargs)
+    interval = {("poll_interval_s" if key == "poll_s" else key): value for key, value in kwargs.items()}
+    with pytest.raises(ValueError, match=message.replace("poll_s", "poll_interval_s")):
+        unreachable.wait_for_capacity("default", model="any/model", **interval)
     with pytest.raises(ValueError, match=message):
         unreachable.create_pool("p", {"default": 1}, min_workers=1, **kwargs)
 

@@ -221,7 +221,10 @@ def test_the_client_returns_objects_with_boxes(detector_worker, directories) -> 
     with SIEClient(detector_worker.address) as client:
         results = client.extract(GROUNDING_DINO, [Item(images=[IMAGES[1]])], labels=LABELS)
     expected = reference(directories[GROUNDING_DINO], IMAGES[1], LABELS, None, None)
-    assert_same_objects([(found["label"], found["score"], found["bbox"]) for found in results[0]["objects"]], expected)
+    corners = [[found["box"][key] for key in ("x_min", "y_min", "x_max", "y_max")] for found in results[0]["objects"]]
+    assert_same_objects([(found["label"], found["score"], box) for found, box in zip(results[0]["objects"], corners, strict=True)], expected)
+    for found, (x_min, y_min, x_max, y_max) in zip(results[0]["objects"], corners, strict=True):  # the reference's format
+        assert found["bbox"] == [round(x_min), round(y_min), round(x_max) - round(x_min), round(y_max) - round(y_min)]
 
 
 def refusal(stub, model_id: str, items: list[types_pb2.Item], labels: list[str] = LABELS, **options: Any) -> grpc.RpcError:
@@ -254,7 +257,7 @@ def test_an_owlv2_label_past_its_positions_is_refused(detector_stub) -> None:
         (GROUNDING_DINO, LABELS, {"text_threshold": 1.5}, "INVALID_OPTIONS", "text_threshold: must be a number from 0 to 1, got 1.5"),
         (GROUNDING_DINO, LABELS, {"max_objects": 0}, "INVALID_OPTIONS", "max_objects: must be a whole number from 1 to 1000"),
         (OWLV2, LABELS, {"max_objects": 2.5}, "INVALID_OPTIONS", "max_objects: must be a whole number from 1 to 1000, got 2.5"),
-        (OWLV2, LABELS, {"text_threshold": 0.3}, "INVALID_OPTIONS", "owlv2 reads no option 'text_threshold'; it reads: max_objects"),
+        (OWLV2, LABELS, {"text_threshold": 0.3}, "UNKNOWN_OPTION", "owlv2 reads no option 'text_threshold'; it reads: max_objects"),
     ],
     ids=["dot-in-label", "text-threshold", "max-objects-zero", "max-objects-fraction", "owlv2-text-threshold"],
 )
@@ -291,7 +294,7 @@ def test_an_image_too_large_is_refused_before_decoding(detector_stub, model_id, 
 
 
 def test_resized_pixels_is_what_the_processor_makes(directories) -> None:
-    from sie_worker.adapters.detector import processed_pixels
+    from sie_worker.adapters.families.detector import processed_pixels
 
     for model_id, directory in directories.items():
         processor = AutoProcessor.from_pretrained(directory, backend="pil").image_processor

@@ -421,7 +421,8 @@ def test_keda_queries_read_the_demand_a_gateway_with_the_overlays_environment_pu
     settings = settings_for_image(container["image"])
     metrics_port = free_port()
     env = {**env_of(container), field(settings, "metrics_port").metadata["env"]: str(metrics_port)}
-    del env["SIE_ETCD_ENDPOINTS"]  # the test's etcd instead
+    for name in ("SIE_ETCD_ENDPOINTS", "SIE_ETCD_USERNAME", "SIE_ETCD_PASSWORD_FILE"):
+        del env[name]  # the test's etcd instead, which has no authentication
     gateway = cluster.start_gateway(**env)
     scaled_objects = [obj for obj in objects if obj["kind"] == "ScaledObject"]
     with grpc.insecure_channel(gateway.address) as channel:

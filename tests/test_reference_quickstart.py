@@ -26,7 +26,7 @@ import pytest
 
 from local_cluster import model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
-from sie_client import NotFoundError, ProvisioningTimeoutError, SIEClient
+from sie_client import NotFoundError, SIEClient
 from worker_process import Services, free_port
 from stack_process import SieUp
 from test_stack_up import read_until
@@ -159,18 +159,17 @@ def test_reference_quickstart_runs_against_sie_up(quickstart_stack: Stack, capsy
 
 def test_capacity_is_what_is_loaded(quickstart_stack: Stack) -> None:
     with SIEClient(base_url=quickstart_stack.url) as client:
-        assert client.get_capacity()["models"][COLD]["loaded"] is False
-        with pytest.raises(ProvisioningTimeoutError):
-            client.wait_for_capacity(COLD, timeout_s=1.0, poll_s=0.2)
+        capacity = client.get_capacity()
+        assert capacity["models"][COLD]["loaded"] is False and capacity["status"] == "healthy"
         with pytest.raises(NotFoundError) as missing:
-            client.wait_for_capacity("no/such-model", timeout_s=1.0)
+            client.wait_for_capacity("default", model="no/such-model", timeout_s=5)
         assert missing.value.reason == "MODEL_NOT_FOUND"
-        client.encode(COLD, "load it")  # a model loads on its first request; the client waits it out
-        capacity = client.wait_for_capacity(COLD, timeout_s=60)
+        capacity = client.wait_for_capacity("default", model=COLD, timeout_s=60, poll_interval_s=0.2)  # loads it
         assert capacity["models"][COLD]["loaded"] is True and capacity["models"][COLD]["loaded_on"] == ["worker-0"]
-        assert capacity["workers"] == ["worker-0"]
+        assert [worker["name"] for worker in capacity["workers"]] == ["worker-0"] and capacity["worker_count"] == 1
         assert capacity["pools"] == []
         listed = {model["name"]: model for model in client.list_models()}
         assert listed[COLD]["loaded"] is True and listed[COLD]["outputs"] == ["dense"]
+        assert listed[COLD]["state"] == "loaded"
         assert listed[COLD]["dims"] == {"dense": 32}  # from the model's config: the gateway knows no more than that
-        assert listed[STELLA]["dims"] == {"dense": None}  # its config names no dims
+        assert listed[STELLA]["dims"] == {}  # its config names no dims

@@ -17,7 +17,7 @@ from sentence_transformers import SentenceTransformer
 
 from grpc_helpers import encode_request, encode_when_loaded, error_info, retry_delay_s
 from sie.v1 import inference_pb2, inference_pb2_grpc
-from sie_common.cluster.model_config import parse_model_config
+from sie_common.cluster.model_config import ModelConfig, parse_model_config
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.cache import CLUSTER_MARKER, LOCAL_MARKER, LocalCache, weights_key
 from sie_worker.weights.resolver import WeightResolver, WeightsNotFound
@@ -60,7 +60,7 @@ def test_origin_upload_then_cluster_hit_then_local_hit(s3_server, bucket, tiny_m
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     origin_config = config("org/tiny", bundled_weights="tiny_weights_pkg:model")
 
-    first = resolver(s3_server, bucket, tmp_path / "worker-1").resolve(origin_config)
+    first = resolver(s3_server, bucket, tmp_path / "worker-1", weight_packages=("tiny_weights_pkg",)).resolve(origin_config)
     assert first.source == "bundled package"
     keys = [item["Key"] for item in s3_server.client().list_objects_v2(Bucket=bucket)["Contents"]]
     assert f"cache/org--tiny@main/{CLUSTER_MARKER}" in keys
@@ -204,8 +204,9 @@ def test_a_retryable_load_failure_cools_down(start_worker, tmp_path) -> None:
     [
         ({"hf_id": "BAAI/bge-small-en-v1.5"}, "BAAI--bge-small-en-v1.5@main"),
         ({"hf_id": "org/m", "revision": "refs/pr/1"}, "org--m@refs--pr--1"),
-        ({"hf_id": "org/m", "revision": "../../etc"}, "org--m@..--..--etc"),  # one folder name, never a path
+        # The validator refuses such a revision; a config built past it still names one folder, never a path.
+        ({"hf_id": "org/m", "revision": "../../etc"}, "org--m@..--..--etc"),
     ],
 )
 def test_weights_key_is_one_folder_name(fields: dict, key: str) -> None:
-    assert weights_key(config(fields["hf_id"], **{k: v for k, v in fields.items() if k != "hf_id"})) == key
+    assert weights_key(ModelConfig(id=fields["hf_id"], source="t", **fields)) == key

@@ -172,7 +172,8 @@ def test_only_the_token_that_created_a_pool_may_renew_or_delete_it(cluster, reli
 
     cluster.start_worker("w1", SIE_PRELOAD_MODELS=KNOWN_MODEL, SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="alice-token,mallory-token", SIE_WORKER_TOKEN="work")
     gateway = cluster.start_gateway(
-        SIE_POOLS_ENABLED="true", SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="alice-token,mallory-token", SIE_WORKER_TOKEN="work"
+        SIE_POOLS_ENABLED="true", SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="alice-token,mallory-token", SIE_WORKER_TOKEN="work",
+        SIE_ALLOW_UNAUTHENTICATED_WORKERS="true",  # the test's etcd has no authentication
     )
     alice, mallory = (("authorization", "Bearer alice-token"),), (("authorization", "Bearer mallory-token"),)
     with gateway.channel() as channel:

@@ -246,6 +246,12 @@ def test_a_server_on_a_taken_port_fails_start_naming_the_port(
         "SIE_PORT": str(port),
         "SIE_ETCD_ENDPOINTS": f"127.0.0.1:{stack.ports['etcd']}",
         "SIE_ETCD_PREFIX": f"/other-{uuid.uuid4().hex[:8]}/",
+        # The stack's etcd wants its client certificate and a user; its root user may use any prefix.
+        "SIE_ETCD_USERNAME": "root",
+        "SIE_ETCD_PASSWORD_FILE": str(stack.state / "etcd-credentials" / "root"),
+        "SIE_ETCD_CA_FILE": str(stack.state / "etcd-tls" / "ca.pem"),
+        "SIE_ETCD_CERT_FILE": str(stack.state / "etcd-tls" / "client.pem"),
+        "SIE_ETCD_KEY_FILE": str(stack.state / "etcd-tls" / "client-key.pem"),
         "SIE_MODELS_DIR": str(models),
         "SIE_PRELOAD_MODELS": "",
         "SIE_WORKER_METRICS_PORT": "0",

@@ -1,68 +1,126 @@
-"""The SIE Python client: encode, score and extract with numpy results.
+"""The SIE Python client: encode, score and extract with numpy results; a drop-in for the reference SDK (`sie_sdk`):
+its names, arguments and result keys (docs/migration.md).
 
 from sie_client import SIEClient, Item
-client = SIEClient("http://localhost:8080")  # or "localhost:50061", or base_url=...
+client = SIEClient("http://localhost:8080")  # or "localhost:50061"
 vector = client.encode("sentence-transformers/all-MiniLM-L6-v2", Item(text="hello"))["dense"]
 """
 
-from sie_client.client import AsyncSIEClient
-from sie_client.errors import (
-    AuthError,
-    ItemError,
+from importlib import metadata as _metadata
+
+from sie_client.client import (
+    AccountInactiveError,
+    AccountStateUnavailableError,
+    AsyncSIEClient,
+    EstimateUnroutableError,
+    IncompleteBatchError,
+    InputTooLongError,
+    InsufficientCreditsError,
+    JobFailedError,
     LoraLoadingError,
-    ModelLoadError,
     ModelLoadFailedError,
     ModelLoadingError,
-    NotFoundError,
     PoolError,
-    PreconditionError,
     ProvisioningError,
-    ProvisioningTimeoutError,
+    RateLimitError,
+    RelayUnavailableError,
     RequestError,
     ResourceExhaustedError,
     ServerError,
+    SIEAsyncClient,
+    SIEClient,
     SIEConnectionError,
     SIEError,
+    SpendLimitError,
+)
+from sie_client.encoding import (
+    SparseVector,
+    dense_embedding,
+    multivector_embedding,
+    normalize_sparse_vector,
+    sparse_embedding,
+    sparse_embedding_dict,
+)
+from sie_client.errors import (
+    AuthError,
+    GatedModelError,
+    ItemError,
+    ModelLoadError,
+    NotFoundError,
+    NotSupportedError,
+    PreconditionError,
+    ProvisioningTimeoutError,
     UnavailableError,
 )
-from sie_client.sync_client import SIEClient
 from sie_client.types import (
+    AssignedWorkerInfo,
+    CapacityInfo,
     Classification,
     DetectedObject,
     EncodeResult,
     Entity,
     ExtractResult,
     Item,
+    ModelInfo,
+    PoolInfo,
+    PoolResponse,
+    PoolSpec,
+    PoolSpecResponse,
+    PoolStatusInfo,
     Relation,
     ScoreEntry,
     ScoreResult,
+    SparseResult,
     Timing,
+    TimingInfo,
+    WorkerInfo,
     dequantize,
 )
 
-# The reference SDK's name for the async client.
-SIEAsyncClient = AsyncSIEClient
+try:
+    __version__ = _metadata.version("sie-client")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was not installed
+    __version__ = "0+unknown"
 
 __all__ = [
+    "AccountInactiveError",
+    "AccountStateUnavailableError",
+    "AssignedWorkerInfo",
     "AsyncSIEClient",
     "AuthError",
+    "CapacityInfo",
     "Classification",
     "DetectedObject",
     "EncodeResult",
     "Entity",
+    "EstimateUnroutableError",
     "ExtractResult",
+    "GatedModelError",
+    "IncompleteBatchError",
+    "InputTooLongError",
+    "InsufficientCreditsError",
     "Item",
     "ItemError",
+    "JobFailedError",
     "LoraLoadingError",
+    "ModelInfo",
     "ModelLoadError",
     "ModelLoadFailedError",
     "ModelLoadingError",
     "NotFoundError",
+    "NotSupportedError",
     "PoolError",
+    "PoolInfo",
+    "PoolResponse",
+    "PoolSpec",
+    "PoolSpecResponse",
+    "PoolStatusInfo",
     "PreconditionError",
     "ProvisioningError",
     "ProvisioningTimeoutError",
+    "RateLimitError",
     "Relation",
+    "RelayUnavailableError",
     "RequestError",
     "ResourceExhaustedError",
     "SIEAsyncClient",
@@ -72,7 +130,17 @@ __all__ = [
     "ScoreEntry",
     "ScoreResult",
     "ServerError",
+    "SparseResult",
+    "SparseVector",
+    "SpendLimitError",
     "Timing",
+    "TimingInfo",
     "UnavailableError",
+    "WorkerInfo",
+    "dense_embedding",
     "dequantize",
+    "multivector_embedding",
+    "normalize_sparse_vector",
+    "sparse_embedding",
+    "sparse_embedding_dict",
 ]

@@ -1,19 +1,73 @@
-"""Reading an encode result: its dense, sparse and multivector outputs as plain numpy / dict values.
+"""Reading an encode result as plain Python values, under the reference SDK's names, and as float32 numpy.
 
-A result (a dict from `encode`) holds each output under its name; int8 / uint8 outputs are decoded
-to float32 with their scales (see `dequantize`). Sparse vectors become {token_id: weight} dicts, the
-shape vector stores such as Qdrant and the reference SDK's helpers take.
+The reference's helpers (`dense_embedding`, `sparse_embedding`, `sparse_embedding_dict`, `normalize_sparse_vector`,
+`multivector_embedding`) turn a result into the lists and dicts that framework integrations and vector stores take,
+with the reference's behaviour (absent outputs give empty values, `dense_embedding` raises ValueError unless
+`strict=False`). Ours read a result as float32 numpy, int8 / uint8 outputs decoded with their scales (`dense`,
+`multivector`), as {token_id: weight} (`sparse`), and do sparse arithmetic (`normalize_sparse`: unit L2 norm, which
+is not what the reference's `normalize_sparse_vector` does; `sparse_dot`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from sie_client.types import EncodeResult, SparseVector, dequantize
+from sie_client.types import EncodeResult, SparseResult, dequantize
+
+SparseVector = dict[str, list]
+"""`{"indices": list[int], "values": list[float]}`"""
+
+
+def _field(holder: Any, name: str) -> Any:
+    """`holder[name]` of a dict, `holder.name` of an object; None when absent."""
+    return holder.get(name) if isinstance(holder, Mapping) else getattr(holder, name, None)
+
+
+def _as_list(values: Any) -> list:
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
+def dense_embedding(result: Any, *, strict: bool = True) -> list[float]:
+    """The dense vector as a list of floats (the values as sent: int8 outputs stay ints; `dense` decodes them).
+    Without one: ValueError, or [] with `strict=False`."""
+    values = _field(result, "dense")
+    if values is None:
+        if strict:
+            raise ValueError("the encode result has no dense embedding (ask for output_types=['dense'])")
+        return []
+    return _as_list(values)
+
+
+def normalize_sparse_vector(sparse: Any) -> SparseVector:
+    """A sparse vector ({indices, values} of arrays or lists) as {"indices": list[int], "values": list[float]};
+    empty lists when either is missing."""
+    indices, values = _field(sparse, "indices"), _field(sparse, "values")
+    if indices is None or values is None:
+        return {"indices": [], "values": []}
+    return {"indices": _as_list(indices), "values": _as_list(values)}
+
+
+def sparse_embedding(result: Any) -> SparseVector:
+    """A result's sparse vector as {"indices": list[int], "values": list[float]}; empty lists without one."""
+    sparse = _field(result, "sparse")
+    return normalize_sparse_vector(sparse) if sparse is not None else {"indices": [], "values": []}
+
+
+def sparse_embedding_dict(result: Any) -> dict[int, float]:
+    """A result's sparse vector as {token_id: weight}; {} without one."""
+    vector = sparse_embedding(result)
+    return dict(zip(vector["indices"], vector["values"], strict=True))
+
+
+def multivector_embedding(raw: Any) -> list[list[float]]:
+    """A multivector (a 2-D array, or a list of vectors) as a list of lists of floats."""
+    if hasattr(raw, "tolist"):
+        return raw.tolist()
+    return [_as_list(vector) for vector in raw]
 
 
 def dense(result: EncodeResult) -> np.ndarray:
@@ -30,13 +84,12 @@ def multivector(result: EncodeResult) -> np.ndarray:
     return dequantize(result, "multivector")
 
 
-def sparse(result: EncodeResult | SparseVector) -> dict[int, float]:
-    """The sparse vector as {token_id: weight}, from a result or its `sparse` entry."""
-    fields = cast(Mapping[str, Any], result)  # a result or a SparseVector, told apart at run time
-    vector = fields if "indices" in fields else fields.get("sparse", fields)
-    if "indices" not in vector:
+def sparse(result: EncodeResult | SparseResult) -> dict[int, float]:
+    """The sparse vector as {token_id: weight}, from a result or its `sparse` entry; KeyError if it has none."""
+    vector = result if "indices" in result else result.get("sparse")
+    if vector is None or "indices" not in vector:
         raise KeyError("the result has no sparse output (ask for output_types=['sparse'])")
-    return {int(index): float(value) for index, value in zip(vector["indices"], vector["values"], strict=True)}
+    return sparse_embedding_dict({"sparse": vector})
 
 
 def normalize_sparse(vector: Mapping[int, float]) -> dict[int, float]:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Union, cast
+from typing import TYPE_CHECKING, Any, Union, cast
 
 import numpy as np
 
@@ -26,8 +27,17 @@ _FORMAT_BY_SUFFIX = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "w
 _PNG_MODES = ("1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA")
 
 
-def image_message(image: ImageLike) -> types_pb2.Image:
-    """One image as the contract's `Image`: encoded bytes plus a format hint."""
+def image_message(image: ImageLike | Mapping[str, Any]) -> types_pb2.Image:
+    """One image as the contract's `Image`: encoded bytes plus a format hint. An ImageInput dict ({"data", "format"},
+    the reference's) is its `data` with its `format` as the hint."""
+    if isinstance(image, Mapping):
+        unknown = sorted(set(image) - {"data", "format"})
+        if "data" not in image or unknown:
+            raise TypeError(f"an image dict has the keys data and format, not {sorted(image)}")
+        message = image_message(image["data"])
+        if image.get("format"):
+            message.format = str(image["format"]).lower()
+        return message
     if isinstance(image, (bytes, bytearray, memoryview)):
         return types_pb2.Image(data=bytes(image))
     if isinstance(image, (str, os.PathLike)):
@@ -43,7 +53,10 @@ def image_message(image: ImageLike) -> types_pb2.Image:
         buffer = io.BytesIO()
         picture.save(buffer, format="PNG")
         return types_pb2.Image(data=buffer.getvalue(), format="png")
-    raise TypeError(f"an image is encoded bytes, a file path, a PIL.Image or a numpy array, not {type(image).__name__}")
+    raise TypeError(
+        f"an image is encoded bytes, a file path, a PIL.Image, a numpy array or a {{data, format}} dict, not "
+        f"{type(image).__name__}"
+    )
 
 
 def _from_array(array: np.ndarray) -> Image.Image:

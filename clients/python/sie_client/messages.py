@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from google.protobuf import json_format, struct_pb2
@@ -12,69 +12,80 @@ from sie.v1 import inference_pb2, types_pb2
 from sie_client.errors import ItemError
 from sie_client.images import image_message
 from sie_client.types import (
+    AssignedWorkerInfo,
+    Box,
     Classification,
     DetectedObject,
     EncodeResult,
     Entity,
     ExtractResult,
     Item,
+    ModelDims,
+    ModelInfo,
+    ModelLoadError,
+    ModelRouting,
+    ModelState,
+    PoolInfo,
+    PoolSpecResponse,
+    PoolStatusInfo,
+    ProfileInfo,
     Relation,
+    ScoreEntry,
     ScoreResult,
-    Timing,
+    SparseResult,
+    TimingInfo,
 )
 from sie_contract.tensors import from_tensor
 
+# The profile a request that names none gets (sie_common.cluster.model_config.DEFAULT_PROFILE).
+DEFAULT_PROFILE = "default"
+
+# An item: a dict of the Item keys (Item(...) builds one), or a str (its text).
 ItemLike = Item | str | Mapping[str, Any]
 
 ITEM_FIELDS = ("id", "text", "images", "metadata")
-# Item fields of the reference SDK that this engine has no input for.
-UNSUPPORTED_ITEM_FIELDS = ("audio", "video")
+# Item keys of the reference SDK that this engine has no input for.
+UNSUPPORTED_ITEM_FIELDS = ("audio", "video", "document", "multivector")
 
 
 def is_single(items: object) -> bool:
-    """One item (a str, an Item or a dict), as opposed to a list of them."""
-    return isinstance(items, (str, Item, Mapping))
+    """One item (a str or a dict), as opposed to a list of them."""
+    return isinstance(items, (str, Mapping))
 
 
 def as_batch(items: ItemLike | Sequence[ItemLike]) -> Sequence[ItemLike]:
     """A list of one for one item; a list as it is."""
-    return [items] if isinstance(items, (str, Item, Mapping)) else items
-
-
-def as_item(item: ItemLike) -> Item:
-    """An Item from an Item, a str (its text) or a dict of the reference SDK's item fields (ItemError otherwise)."""
-    if isinstance(item, Item):
-        return item
-    if isinstance(item, str):
-        return Item(text=item)
-    if not isinstance(item, Mapping):
-        raise TypeError(f"an item is an Item, a str or a dict, not {type(item).__name__}")
-    for field in item:
-        if field in UNSUPPORTED_ITEM_FIELDS and item[field] is not None:
-            raise ItemError(f"item field {field!r} is not supported: this engine takes text and images", field=field)
-        if field not in ITEM_FIELDS and field not in UNSUPPORTED_ITEM_FIELDS:
-            raise ItemError(f"unknown item field {field!r}; an item has {', '.join(ITEM_FIELDS)}", field=str(field))
-    return Item(**{field: item[field] for field in ITEM_FIELDS if field in item})
+    return [items] if isinstance(items, (str, Mapping)) else items
 
 
 def item_message(item: ItemLike) -> types_pb2.Item:
-    item = as_item(item)
-    for field, value in (("id", item.id), ("text", item.text)):
+    """An item as the contract's Item; ItemError for a key it does not know or cannot send, or a value of the wrong
+    type (before anything is sent)."""
+    if isinstance(item, str):
+        return types_pb2.Item(text=item)
+    if not isinstance(item, Mapping):
+        raise TypeError(f"an item is a dict (Item(...)) or a str, not {type(item).__name__}")
+    fields = cast(Mapping[str, Any], item)  # its keys are checked here, at run time
+    for field in fields:
+        if field in UNSUPPORTED_ITEM_FIELDS and fields[field] is not None:
+            raise ItemError(f"item field {field!r} is not supported: this engine takes text and images", field=field)
+        if field not in ITEM_FIELDS and field not in UNSUPPORTED_ITEM_FIELDS:
+            raise ItemError(f"unknown item field {field!r}; an item has {', '.join(ITEM_FIELDS)}", field=str(field))
+    item_id, text, images, metadata = (fields.get(field) for field in ITEM_FIELDS)
+    for field, value in (("id", item_id), ("text", text)):
         if value is not None and not isinstance(value, str):
             raise ItemError(f"item field {field!r} is a str, not {type(value).__name__}", field=field)
-    if item.images is not None and not isinstance(item.images, (list, tuple)):
+    if images is not None and not isinstance(images, (list, tuple)):
         # A str would be read as one file per character, bytes as one image per byte.
-        raise ItemError(f"item field 'images' is a list of images, not {type(item.images).__name__}", field="images")
-    if item.metadata is not None and not (
-        isinstance(item.metadata, Mapping) and all(isinstance(key, str) for key in item.metadata)
-    ):
+        raise ItemError(f"item field 'images' is a list of images, not {type(images).__name__}", field="images")
+    if metadata is not None and not (isinstance(metadata, Mapping) and all(isinstance(key, str) for key in metadata)):
         raise ItemError("item field 'metadata' is a dict with str keys", field="metadata")
-    message = types_pb2.Item(id=item.id or "")
-    if item.text is not None:
-        message.text = item.text
-    message.images.extend(image_message(image) for image in item.images or ())
-    if item.metadata:
-        message.metadata.update(item.metadata)
+    message = types_pb2.Item(id=item_id or "")
+    if text is not None:
+        message.text = text
+    message.images.extend(image_message(image) for image in images or ())
+    if metadata:
+        message.metadata.update(metadata)
     return message
 
 
@@ -122,8 +133,8 @@ def encode_request(
     return request
 
 
-def timing(message: types_pb2.Timing) -> Timing:
-    result = Timing(
+def timing(message: types_pb2.Timing) -> TimingInfo:
+    result = TimingInfo(
         queue_ms=message.queue_ms,
         tokenization_ms=message.tokenization_ms,
         inference_ms=message.inference_ms,
@@ -138,19 +149,25 @@ def timing(message: types_pb2.Timing) -> Timing:
     return result
 
 
-def encode_results(response: inference_pb2.EncodeResponse) -> list[EncodeResult]:
+def item_id(sent: str, index: int) -> str:
+    """The id a result carries: the item's own, or `item-<index>` (its position in the call) for one sent without."""
+    return sent or f"item-{index}"
+
+
+def encode_results(response: inference_pb2.EncodeResponse, first_index: int = 0) -> list[EncodeResult]:
+    """The response's results; `first_index` is the position in the call of the response's first item."""
     shared_timing = timing(response.timing)
     results = []
-    for message in response.results:
-        result = EncodeResult(id=message.id, timing=shared_timing)
+    for index, message in enumerate(response.results, start=first_index):
+        result = EncodeResult(model=response.model, id=item_id(message.id, index), timing=shared_timing)
         if message.HasField("dense"):
             result["dense"] = from_tensor(message.dense)
             _add_decode_parameters(result, "dense", message.dense)
         if message.HasField("sparse"):
-            result["sparse"] = {
-                "indices": np.asarray(message.sparse.indices, dtype=np.uint32),
-                "values": np.asarray(message.sparse.values, dtype=np.float32),
-            }
+            result["sparse"] = SparseResult(
+                indices=np.asarray(message.sparse.indices, dtype=np.int32),
+                values=np.asarray(message.sparse.values, dtype=np.float32),
+            )
         if message.HasField("multivector"):
             result["multivector"] = from_tensor(message.multivector)
             _add_decode_parameters(result, "multivector", message.multivector)
@@ -167,42 +184,43 @@ def _add_decode_parameters(result: EncodeResult, output: str, tensor: types_pb2.
 
 
 def score_result(response: inference_pb2.ScoreResponse, query_id: str | None) -> ScoreResult:
-    """`item_id` is the item's id, or `item-<index>` for an item sent without one (as the reference SDK names it)."""
     return ScoreResult(
         model=response.model,
         query_id=query_id,
         scores=[
-            {"item_id": s.item_id or f"item-{s.index}", "index": s.index, "score": s.score, "rank": s.rank}
+            ScoreEntry(item_id=item_id(s.item_id, s.index), score=s.score, rank=s.rank, index=s.index)
             for s in response.scores
         ],
         timing=timing(response.timing),
     )
 
 
-def extract_results(response: inference_pb2.ExtractResponse) -> list[ExtractResult]:
-    """Each item's results, every kind present (empty where the model produces none)."""
+def extract_results(response: inference_pb2.ExtractResponse, first_index: int = 0) -> list[ExtractResult]:
+    """Each item's results, every kind present (empty where the model produces none); `first_index` as in
+    encode_results."""
     shared_timing = timing(response.timing)
     return [
         ExtractResult(
-            id=result.id,
+            model=response.model,
+            id=item_id(result.id, index),
             entities=[_entity(entity) for entity in result.entities],
             relations=[
-                Relation(head=_entity(found.head), tail=_entity(found.tail), label=found.label, score=found.score)
+                Relation(
+                    head=found.head.text,
+                    tail=found.tail.text,
+                    relation=found.label,
+                    score=found.score,
+                    head_entity=_entity(found.head),
+                    tail_entity=_entity(found.tail),
+                )
                 for found in result.relations
             ],
             classifications=[Classification(label=found.label, score=found.score) for found in result.classifications],
-            objects=[
-                DetectedObject(
-                    label=found.label,
-                    score=found.score,
-                    bbox=[found.box.x_min, found.box.y_min, found.box.x_max, found.box.y_max],
-                )
-                for found in result.objects
-            ],
+            objects=[_object(found) for found in result.objects],
             data=json_format.MessageToDict(result.data) if result.HasField("data") else {},
             timing=shared_timing,
         )
-        for result in response.results
+        for index, result in enumerate(response.results, start=first_index)
     ]
 
 
@@ -210,18 +228,69 @@ def _entity(entity: inference_pb2.Entity) -> Entity:
     return Entity(text=entity.text, label=entity.label, score=entity.score, start=entity.start, end=entity.end)
 
 
-def model_dict(model: inference_pb2.Model) -> dict[str, Any]:
-    """A model with the proto's field names plus the reference SDK's keys: `name`, `outputs`, `dims` per output
-    (the dense width; None where the server does not report one) and `loaded` (in memory here; on a gateway, on a
-    worker)."""
-    described = as_dict(model)
-    described.update(
-        name=model.id,
-        outputs=list(model.output_types),
-        dims={output: (model.dims or None) if output == "dense" else None for output in model.output_types},
-        loaded=model.state == inference_pb2.MODEL_STATE_LOADED or bool(model.loaded_on),
+def _object(found: inference_pb2.DetectedObject) -> DetectedObject:
+    """`bbox` as [x, y, width, height] in whole pixels (the corners rounded, then the size between them); `box` the
+    exact corners."""
+    box = found.box
+    left, top = round(box.x_min), round(box.y_min)
+    return DetectedObject(
+        label=found.label,
+        score=found.score,
+        bbox=[left, top, round(box.x_max) - left, round(box.y_max) - top],
+        box=Box(x_min=box.x_min, y_min=box.y_min, x_max=box.x_max, y_max=box.y_max),
     )
-    return described
+
+
+def model_info(model: inference_pb2.Model) -> ModelInfo:
+    """A model with the reference's keys (state "loaded", profiles by name, last_error, dims of the outputs whose
+    width the server reports), then the proto's own fields under their names where the reference has no such key."""
+    failure = model.failure if model.HasField("failure") else None
+    info = ModelInfo(
+        name=model.id,
+        loaded=model.state == inference_pb2.MODEL_STATE_LOADED or bool(model.loaded_on),
+        state=_STATES.get(model.state, "available"),
+        last_error=None
+        if failure is None
+        else ModelLoadError(
+            code="UNKNOWN", message=failure.error, attempts=failure.attempts, permanent=failure.permanent
+        ),
+        inputs=list(model.inputs),
+        outputs=list(model.output_types),
+        dims=ModelDims(dense=model.dims) if model.dims and "dense" in model.output_types else ModelDims(),
+        max_sequence_length=model.max_sequence_length or None,
+        revision=None,
+        profiles={name: ProfileInfo(is_default=name == DEFAULT_PROFILE) for name in model.profiles},
+        capabilities=None,
+        routing=ModelRouting(policy=None, upstream_kind=None),
+        aliases=[],
+    )
+    extra = {key: value for key, value in as_dict(model).items() if key not in info}
+    return cast(ModelInfo, {**info, **extra})
+
+
+_STATES: dict[int, ModelState] = {
+    inference_pb2.MODEL_STATE_AVAILABLE: "available",
+    inference_pb2.MODEL_STATE_LOADING: "loading",
+    inference_pb2.MODEL_STATE_LOADED: "loaded",
+    inference_pb2.MODEL_STATE_FAILED: "failed",
+    inference_pb2.MODEL_STATE_UNLOADING: "unloading",
+}
+
+
+def pool_info(pool: inference_pb2.Pool) -> PoolInfo:
+    """A pool in the reference's nested shape (spec, status), with the proto's fields at the top level too."""
+    workers = list(pool.workers)
+    info = PoolInfo(
+        name=pool.name,
+        spec=PoolSpecResponse(name=pool.name, gpus=dict(pool.gpus), bundle=pool.bundle or None),
+        status=PoolStatusInfo(
+            state="active" if pool.ready else "pending",
+            assigned_workers=[
+                AssignedWorkerInfo(name=worker, url="", gpu="", bundle=pool.bundle) for worker in workers
+            ],
+        ),
+    )
+    return cast(PoolInfo, {**as_dict(pool), **info, "workers": workers})
 
 
 def as_dict(message: Any) -> dict[str, Any]:

@@ -1,13 +1,22 @@
-"""When the client tries a failed call again, and after how long."""
+"""When the client tries a failed call again, and after how long; and the loop that does it for a unary call."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import grpc
 
-from sie_client.status import CallStatus
+from sie_client.errors import ProvisioningTimeoutError
+from sie_client.status import CallStatus, call_status
+
+Response = TypeVar("Response")
+# gRPC call metadata: (key, value) pairs.
+Metadata = tuple[tuple[str, str], ...]
 
 # UNAVAILABLE reasons that mean "capacity is on its way": waited out with wait_for_capacity.
 CAPACITY_REASONS = frozenset({"PROVISIONING", "MODEL_LOADING"})
@@ -72,3 +81,41 @@ class RetryPolicy:
     def _jittered(self, attempt: int) -> float:
         ceiling = min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(attempt - 1, 32))
         return ceiling * random.uniform(0.5, 1.0)  # jitter: callers that failed together retry apart
+
+
+async def call_with_retries(
+    method: Callable[..., Awaitable[Response]],
+    request: Any,
+    policy: RetryPolicy,
+    *,
+    metadata: Metadata,
+    timeout_s: float,
+) -> Response:
+    """One unary call, tried again as `policy` says; the last failure raised as its SIEError."""
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await method(request, metadata=metadata, timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            status = call_status(error)
+        await asyncio.sleep(delay_or_raise(status, policy, attempt, started))
+
+
+def delay_or_raise(status: CallStatus, policy: RetryPolicy, attempt: int, started: float) -> float:
+    """Seconds to wait before trying the failed call again, or the error that ends it (ProvisioningTimeoutError once
+    a capacity wait has run out)."""
+    waited = time.monotonic() - started
+    delay = policy.delay(status, attempt, waited)
+    if delay is not None:
+        return delay
+    if policy.wait_for_capacity and status.reason in CAPACITY_REASONS:
+        raise ProvisioningTimeoutError.from_status(
+            f"no capacity after {waited:.1f} s (provision_timeout_s={policy.provision_timeout_s}): {status.message}",
+            grpc_code=status.code,
+            reason=status.reason,
+            metadata=status.metadata,
+            retry_after=status.retry_after_s,
+        )
+    raise status.error()

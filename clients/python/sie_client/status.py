@@ -20,8 +20,12 @@ class CallStatus:
     retry_after_s: float | None = None
 
     def error(self) -> SIEError:
-        return error_class(self.code, self.reason)(
-            self.message, code=self.code, reason=self.reason, metadata=self.metadata
+        return error_class(self.code, self.reason).from_status(
+            self.message,
+            grpc_code=self.code,
+            reason=self.reason,
+            metadata=self.metadata,
+            retry_after=self.retry_after_s,
         )
 
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack, overload
+from typing import Any, Concatenate, Literal, NoReturn, ParamSpec, TypeVar, Unpack, overload
 
-from sie_client.client import AsyncSIEClient, EncodeOptions, ExtractOptions
+from sie_client.async_client import AsyncSIEClient
+from sie_client.connection import Connection
 from sie_client.messages import ItemLike
 from sie_client.types import EncodeResult, ExtractResult
+from sie_client.verbs import EncodeOptions, ExtractOptions
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -47,13 +50,13 @@ def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client:
 
 
 class SIEClient:
-    def __init__(self, target: str | None = None, **kwargs: Any) -> None:
-        """Same arguments as AsyncSIEClient."""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Same arguments as AsyncSIEClient (its signature is this one's: see the end of this module)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sie-client", daemon=True)
         self._thread.start()
         try:
-            self._client: AsyncSIEClient = self._run(self._create(target, kwargs))
+            self._client: AsyncSIEClient = self._run(self._create(args, kwargs))
         except BaseException:
             _stop(self._loop, self._thread)
             raise
@@ -62,8 +65,9 @@ class SIEClient:
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self._client)
 
     @staticmethod
-    async def _create(target: str | None, kwargs: dict[str, Any]) -> AsyncSIEClient:
-        return AsyncSIEClient(target, **kwargs)
+    async def _create(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncSIEClient:
+        """On the client's loop: what the async client creates there (its channel, locks) belongs to that loop."""
+        return AsyncSIEClient(*args, **kwargs)
 
     @property
     def base_url(self) -> str:
@@ -95,7 +99,7 @@ class SIEClient:
     def encode(self, model: str, items: Any, **options: Unpack[EncodeOptions]) -> EncodeResult | list[EncodeResult]:
         return self._run(self._client.encode(model, items, **options))
 
-    encode.__doc__ = AsyncSIEClient.encode.__doc__
+    functools.update_wrapper(encode, AsyncSIEClient.encode)  # its documentation and signature
 
     @overload  # a str is also a Sequence: one str is one item, as the first overload says
     def extract(self, model: str, items: ItemLike, **options: Unpack[ExtractOptions]) -> ExtractResult: ...  # type: ignore[overload-overlap]
@@ -106,7 +110,12 @@ class SIEClient:
     def extract(self, model: str, items: Any, **options: Unpack[ExtractOptions]) -> ExtractResult | list[ExtractResult]:
         return self._run(self._client.extract(model, items, **options))
 
-    extract.__doc__ = AsyncSIEClient.extract.__doc__
+    functools.update_wrapper(extract, AsyncSIEClient.extract)
+
+    def watch(self, *, mode: Literal["auto", "cluster", "worker"] = "auto") -> NoReturn:
+        self._client.watch(mode=mode)
+
+    watch.__doc__ = AsyncSIEClient.watch.__doc__
 
     score = _blocking(AsyncSIEClient.score)
     list_models = _blocking(AsyncSIEClient.list_models)
@@ -116,3 +125,7 @@ class SIEClient:
     delete_pool = _blocking(AsyncSIEClient.delete_pool)
     get_capacity = _blocking(AsyncSIEClient.get_capacity)
     wait_for_capacity = _blocking(AsyncSIEClient.wait_for_capacity)
+
+
+# The constructor's arguments as AsyncSIEClient's (the reference's and ours) for help() and inspect, which read it.
+SIEClient.__init__.__signature__ = inspect.signature(Connection.__init__)  # type: ignore[attr-defined]

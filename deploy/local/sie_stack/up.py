@@ -20,9 +20,12 @@ import yaml
 
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
 from sie_common.cluster.config_messages import config_to_message
+from sie_common.cluster.etcd_access import CONFIG_USER, GATEWAY_USER
 from sie_common.cluster.model_config import ModelConfig, parse_model_config
 from sie_common.edge.auth import bearer_metadata
 from sie_stack.envoy_config import render
+from sie_stack.etcd_credentials import StackEtcdCredentials, worker_user
+from sie_stack.etcd_tls import StackEtcdTls
 from sie_stack.processes import ChildProcess, EnvoyProcess, EtcdProcess, ServiceProcess, Standby, port_in_use
 from sie_stack.settings import StackSettings
 from sie_stack.supervisor import Supervisor
@@ -44,6 +47,13 @@ class Stack:
         self.admin_token_file = None if settings.admin_token else self.state / "admin-token"
         # The gateway presents it on its Work streams; the workers refuse streams without it.
         self.worker_token = secrets.token_urlsafe(24)
+        # etcd has authentication on; each service signs in as its own user (etcd_credentials.py), over TLS
+        # with the run's client certificate (etcd_tls.py).
+        self.worker_ids = [f"worker-{index}" for index in range(settings.workers)]
+        self.etcd_credentials = StackEtcdCredentials(
+            self.state / "etcd-credentials", settings.etcd_prefix, self.worker_ids
+        )
+        self.etcd_tls = StackEtcdTls(self.state / "etcd-tls")
         self.standby: Standby | None = None
 
     def up(self) -> None:
@@ -56,15 +66,27 @@ class Stack:
                 "holds them; stop it, or move this stack with the flags named"
             )
         self.logs.mkdir(parents=True, exist_ok=True)
-        etcd = EtcdProcess(self.state / "etcd", self.logs / "etcd.log", client_port=s.etcd_port)
+        # etcd takes connections only with the run's client certificate, and requests only from its users.
+        self.etcd_tls.create()
+        etcd = EtcdProcess(self.state / "etcd", self.logs / "etcd.log", client_port=s.etcd_port, tls=self.etcd_tls)
         self.started.append(etcd)
+        self.etcd_credentials.set_up(etcd)
         etcd.start()
-        env = {"SIE_ETCD_ENDPOINTS": etcd.endpoint, "SIE_LOG_LEVEL": s.log_level}
+        env = {
+            "SIE_ETCD_ENDPOINTS": etcd.endpoint,
+            "SIE_ETCD_PREFIX": s.etcd_prefix,
+            **self.etcd_tls.env(),
+            "SIE_LOG_LEVEL": s.log_level,
+        }
         if self.admin_token_file is not None:
             self.admin_token_file.unlink(missing_ok=True)
             with os.fdopen(os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as file:
                 file.write(self.admin_token + "\n")
-        config = self._service("sie_config", s.config_port, {**env, "SIE_ADMIN_TOKEN": self.admin_token})
+        config = self._service(
+            "sie_config",
+            s.config_port,
+            {**env, **self.etcd_credentials.env(CONFIG_USER), "SIE_ADMIN_TOKEN": self.admin_token},
+        )
         with grpc.insecure_channel(config.address) as channel:
             admin = config_pb2_grpc.ConfigServiceStub(channel)
             wait_for_leader(admin)
@@ -80,12 +102,20 @@ class Stack:
             self._service(
                 "sie_worker",
                 s.worker_port + index,
-                {**env, **inference, "SIE_WORKER_ID": f"worker-{index}", "SIE_PRELOAD_MODELS": DEMO_MODEL},
-                log_name=f"worker-{index}",
+                {
+                    **env,
+                    **self.etcd_credentials.env(worker_user(worker_id)),
+                    **inference,
+                    "SIE_WORKER_ID": worker_id,
+                    "SIE_PRELOAD_MODELS": DEMO_MODEL,
+                },
+                log_name=worker_id,
             )
-            for index in range(s.workers)
+            for index, worker_id in enumerate(self.worker_ids)
         ]
-        gateway = self._service("sie_gateway", s.gateway_port, {**env, **inference})
+        gateway = self._service(
+            "sie_gateway", s.gateway_port, {**env, **self.etcd_credentials.env(GATEWAY_USER), **inference}
+        )
         envoy_config = self.state / "envoy.json"
         envoy_config.write_text(
             json.dumps(
@@ -132,7 +162,8 @@ class Stack:
             f"  gateway (gRPC)      127.0.0.1:{s.gateway_port}\n"
             f"  config (gRPC)       127.0.0.1:{s.config_port}\n"
             f"  workers (gRPC)      {workers}\n"
-            f"  etcd                127.0.0.1:{s.etcd_port}\n"
+            f"  etcd                127.0.0.1:{s.etcd_port}   (client certificates in {self.etcd_tls.directory}; "
+            f"users' passwords in {self.etcd_credentials.directory})\n"
             f"  metrics             {self._metrics_endpoints()}   (/metrics, /healthz, /readyz)\n"
             f"  state and logs      {self.state}\n"
             f"{self._token_lines()}"

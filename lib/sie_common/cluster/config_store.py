@@ -24,6 +24,8 @@ MODELS = "models/"
 BUNDLES = "bundles/"
 # Written in the same transaction as every model write: its mod_revision is the epoch.
 EPOCH = "epoch"
+# The config service's own records: its leader key and its idempotency answers.
+CONFIG_SERVICE = "config/"
 
 
 def model_name(model_id: str) -> str:

@@ -1,33 +1,69 @@
-"""The engine's one door to etcd v3: reads at a revision, guarded transactions, leases, watches.
+"""The engine's one door to etcd v3: reads at a revision, guarded transactions, leases, watches, users and roles.
 
-Wraps `aetcd` (its connection, transactions and leases) and, where aetcd has
-no API for it, the etcd gRPC stubs it ships: ranges read at a given revision,
-and watches that hand over each etcd response as one batch with its revision
-and report compaction as `Compacted`. Every key is a name under one prefix
-(`SIE_ETCD_PREFIX`, default `/sie/`); the layout is in docs/control-plane.md.
+Speaks etcd's gRPC API through the stubs `aetcd` ships, and builds transaction
+comparisons with aetcd's helpers. Every key is a name under one prefix
+(`SIE_ETCD_PREFIX`, default `/sie/`); the layout, and which service's etcd
+role may read and write which names, are in docs/control-plane.md.
+
+**Authentication.** With `EtcdCredentials` the client authenticates as that
+etcd user and sends the token etcd hands back on every call. etcd forgets its
+tokens: after `--auth-token-ttl` without use (simple tokens, 300 s by default)
+and on every restart. A call refused for an expired token is authenticated
+again and sent once more; a watch that etcd cancels at creation for one (etcd
+says "permission denied" then) is opened again with a fresh token. Watches
+already open and lease keep-alives are not checked against the token, so they
+outlive it. A password file is read again on each authentication, so a rotated
+password is picked up without a restart.
+
+**TLS.** With `EtcdTls` the client speaks TLS to etcd and presents a client
+certificate (`sie up`'s etcd refuses connections without one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
-import aetcd
-import aetcd.exceptions
+import aetcd.client
+import aetcd.transactions
+import grpc
 from aetcd import rpc
-from aetcd.utils import prefix_range_end
+from aetcd.utils import lease_to_id, prefix_range_end
 
-from sie_common.runtime.transport import RECONNECT_OPTIONS
+from sie_common.runtime.settings import SettingsError
+from sie_common.runtime.transport import RECONNECT_OPTIONS, channel_credentials
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/sie/"
+T = TypeVar("T")
+Metadata = tuple[tuple[str, str], ...]
+
+# What etcd says when a token it issued is no longer valid (expired, etcd restarted, or the auth store
+# changed since it was issued): authenticate again and retry.
+_STALE_TOKEN = ("invalid auth token", "revision of auth store is old", "auth token is expired")
+# What etcd says to a call without a token while authentication is on.
+_NO_USER = "user name is empty"
+# etcd's cancel reason for a watch it refused: a stale token, or a role that may not read the range.
+_WATCH_REFUSED = "permission denied"
 
 
 class EtcdUnavailable(ConnectionError):
     """etcd could not be reached or answered with an error; callers retry."""
+
+
+class EtcdAccessDenied(EtcdUnavailable):
+    """etcd refused this client: no credential while etcd has authentication on, a wrong password, a credential
+    while etcd has it off, or a role that may not read or write the key. Retrying helps only once an operator has
+    fixed the credential or the role, so callers that retry EtcdUnavailable keep retrying."""
+
+
+class EtcdAuthDisabled(EtcdAccessDenied):
+    """A credential was given, but etcd has authentication off (anyone may read and write)."""
 
 
 class Compacted(Exception):
@@ -65,51 +101,190 @@ class WatchBatch:
     changes: tuple[Change, ...]
 
 
-class Etcd:
-    """A connection to etcd whose keys are names under `prefix`."""
+@dataclass(frozen=True)
+class EtcdCredentials:
+    """An etcd user and its password, given as such or as a file holding it (read at each authentication)."""
 
-    def __init__(self, endpoints: Sequence[str], prefix: str = DEFAULT_PREFIX, *, timeout_s: float = 5.0) -> None:
+    username: str
+    password: str | None = None
+    password_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.username:
+            raise SettingsError("an etcd credential needs a user name (SIE_ETCD_USERNAME)")
+        if (self.password is None) == (self.password_file is None):
+            raise SettingsError(
+                f"etcd user {self.username!r} needs exactly one of SIE_ETCD_PASSWORD and SIE_ETCD_PASSWORD_FILE"
+            )
+
+    def read_password(self) -> str:
+        if self.password is not None:
+            return self.password
+        assert self.password_file is not None
+        try:
+            return Path(self.password_file).read_text().rstrip("\r\n")
+        except OSError as error:
+            raise EtcdAccessDenied(f"cannot read SIE_ETCD_PASSWORD_FILE {self.password_file}: {error}") from error
+
+    def __repr__(self) -> str:  # never show the password
+        return f"EtcdCredentials(username={self.username!r})"
+
+
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd: the CA that signed etcd's certificate, and the client certificate and key to present (etcd's
+    `--client-cert-auth` refuses connections without one)."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return channel_credentials(self.ca_file, self.cert_file, self.key_file)
+
+
+class EtcdSettings(Protocol):
+    """The fields of a service's settings that say how it reaches etcd (`ServiceSettings`)."""
+
+    @property
+    def etcd_endpoints(self) -> tuple[str, ...]: ...
+    @property
+    def etcd_prefix(self) -> str: ...
+    @property
+    def etcd_username(self) -> str | None: ...
+    @property
+    def etcd_password(self) -> str | None: ...
+    @property
+    def etcd_password_file(self) -> str | None: ...
+    @property
+    def etcd_ca_file(self) -> str | None: ...
+    @property
+    def etcd_cert_file(self) -> str | None: ...
+    @property
+    def etcd_key_file(self) -> str | None: ...
+
+
+def credentials_from(settings: EtcdSettings) -> EtcdCredentials | None:
+    """The credential the settings give (None: connect without one); SettingsError for half of one."""
+    if not (settings.etcd_username or settings.etcd_password or settings.etcd_password_file):
+        return None
+    if not settings.etcd_username:
+        raise SettingsError("SIE_ETCD_PASSWORD / SIE_ETCD_PASSWORD_FILE need SIE_ETCD_USERNAME")
+    return EtcdCredentials(settings.etcd_username, settings.etcd_password or None, settings.etcd_password_file or None)
+
+
+def tls_from(settings: EtcdSettings) -> EtcdTls | None:
+    """TLS to etcd when the settings name its CA (None: plaintext); SettingsError for a client certificate
+    without a CA."""
+    if not settings.etcd_ca_file:
+        if settings.etcd_cert_file or settings.etcd_key_file:
+            raise SettingsError("SIE_ETCD_CERT_FILE / SIE_ETCD_KEY_FILE (TLS to etcd) need SIE_ETCD_CA_FILE")
+        return None
+    return EtcdTls(settings.etcd_ca_file, settings.etcd_cert_file or None, settings.etcd_key_file or None)
+
+
+@dataclass(frozen=True)
+class Permission:
+    """A role's right on one name under the prefix (a name ending in `/`: every key under it)."""
+
+    name: str
+    write: bool
+
+
+class _Stubs:
+    """The etcd gRPC services on one channel."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.kv = rpc.KVStub(channel)
+        self.lease = rpc.LeaseStub(channel)
+        self.watch = rpc.WatchStub(channel)
+        self.auth = rpc.AuthStub(channel)
+
+
+_OPS = aetcd.client.Transactions()
+
+
+class Etcd:
+    """A connection to etcd whose keys are names under `prefix`, authenticated with `credentials` when given."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        credentials: EtcdCredentials | None = None,
+        tls: EtcdTls | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoints given (SIE_ETCD_ENDPOINTS)")
         self.endpoints = tuple(endpoints)
         self.prefix = prefix if prefix.endswith("/") else prefix + "/"
+        self.credentials = credentials
+        self.tls = tls
         self._timeout_s = timeout_s
-        self._client: aetcd.Client | None = None
+        self._stubs: _Stubs | None = None
+        self._token: str | None = None
+        self._auth_lock = asyncio.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: EtcdSettings) -> Etcd:
+        """The client a service's settings describe: endpoints, prefix, credential and TLS."""
+        return cls(
+            settings.etcd_endpoints,
+            settings.etcd_prefix,
+            credentials=credentials_from(settings),
+            tls=tls_from(settings),
+        )
 
     async def connect(self) -> None:
-        """Connect to the first endpoint that answers."""
+        """Connect to the first endpoint that answers (authenticating first, with a credential)."""
         errors = []
         for endpoint in self.endpoints:
-            host, _, port = endpoint.removeprefix("http://").rpartition(":")
-            client = aetcd.Client(
-                host=host or "localhost", port=int(port), timeout=self._timeout_s, options=RECONNECT_OPTIONS
-            )
+            stubs = _Stubs(self._channel(endpoint.removeprefix("http://").removeprefix("https://")))
             try:
-                await client.connect()
-                await client.kvstub.Range(rpc.RangeRequest(key=b"\0", count_only=True), timeout=self._timeout_s)
-            except Exception as error:  # noqa: BLE001 - any failure means: try the next endpoint
-                errors.append(f"{endpoint}: {error}")
-                await client.close()
+                # Signing in shows that etcd answers; without a credential, a read that any client may make.
+                if self.credentials:
+                    self._token = await self._authenticate(stubs)
+                else:
+                    probe = rpc.RangeRequest(key=b"\0", count_only=True)
+                    await stubs.kv.Range(probe, timeout=self._timeout_s)
+            except grpc.aio.AioRpcError as error:
+                await stubs.channel.close()
+                failure = self._failure(error, "connecting")
+                if isinstance(failure, EtcdAccessDenied):
+                    raise failure from error  # another endpoint of the same cluster would refuse the same
+                errors.append(f"{endpoint}: {error.details()}")
                 continue
-            self._client = client
+            except BaseException:
+                await stubs.channel.close()
+                raise
+            self._stubs = stubs
             return
         raise EtcdUnavailable("cannot reach etcd at " + "; ".join(errors))
 
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        options = RECONNECT_OPTIONS.items()
+        if self.tls is None:
+            return rpc.insecure_channel(target, options=options)
+        return rpc.secure_channel(target, self.tls.credentials(), options=options)
+
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        if self._stubs is not None:
+            await self._stubs.channel.close()
+            self._stubs = None
 
     @property
-    def client(self) -> aetcd.Client:
-        if self._client is None:
+    def _connected(self) -> _Stubs:
+        if self._stubs is None:
             raise EtcdUnavailable("not connected to etcd")
-        return self._client
+        return self._stubs
 
     @property
     def ops(self) -> aetcd.client.Transactions:
-        """Comparison and operation builders for `txn` (value, version, create, mod, put, get, delete)."""
-        return self.client.transactions
+        """Comparison and operation builders for `txn` (value, version, create, mod, put, delete)."""
+        return _OPS
 
     def key(self, name: str) -> bytes:
         return (self.prefix + name).encode()
@@ -121,6 +296,71 @@ class Etcd:
 
     def _name(self, key: bytes) -> str:
         return key.decode()[len(self.prefix) :]
+
+    # -- authentication ------------------------------------------------------------------------
+
+    def _metadata(self) -> Metadata:
+        return (("token", self._token),) if self._token else ()
+
+    async def _authenticate(self, stubs: _Stubs) -> str:
+        assert self.credentials is not None
+        request = rpc.AuthenticateRequest(name=self.credentials.username, password=self.credentials.read_password())
+        reply = await stubs.auth.Authenticate(request, timeout=self._timeout_s)
+        return reply.token
+
+    async def _renew_token(self, stale: str | None) -> None:
+        """Authenticate again, unless another call already replaced the `stale` token."""
+        async with self._auth_lock:
+            if self._token != stale:
+                return
+            try:
+                self._token = await self._authenticate(self._connected)
+            except grpc.aio.AioRpcError as error:
+                raise self._failure(error, "authenticating again") from error
+            log.info("authenticated to etcd again as %s", self.credentials.username if self.credentials else "?")
+
+    def _token_is_stale(self, error: grpc.aio.AioRpcError) -> bool:
+        return self.credentials is not None and any(reason in (error.details() or "") for reason in _STALE_TOKEN)
+
+    async def _call(self, what: str, invoke: Callable[[_Stubs, Metadata], Awaitable[T]]) -> T:
+        """One etcd call with the current token; once more with a fresh token if etcd says it went stale."""
+        stubs, token = self._connected, self._token
+        try:
+            return await invoke(stubs, self._metadata())
+        except grpc.aio.AioRpcError as error:
+            if not self._token_is_stale(error):
+                raise self._failure(error, what) from error
+        await self._renew_token(token)
+        try:
+            return await invoke(stubs, self._metadata())
+        except grpc.aio.AioRpcError as error:
+            raise self._failure(error, what) from error
+
+    def _failure(self, error: grpc.aio.AioRpcError, what: str) -> EtcdUnavailable:
+        """The exception a failed call becomes: access refusals name the credential to fix."""
+        details = error.details() or ""
+        user = self.credentials.username if self.credentials else None
+        # Without a token etcd may take the name in the client certificate as the user, and refuse that one.
+        if _NO_USER in details or (user is None and error.code() == grpc.StatusCode.PERMISSION_DENIED):
+            return EtcdAccessDenied(
+                f"etcd refused {what}: it has authentication on and this client has no credential (set "
+                "SIE_ETCD_USERNAME and SIE_ETCD_PASSWORD_FILE or SIE_ETCD_PASSWORD)"
+            )
+        if "authentication failed" in details:
+            return EtcdAccessDenied(f"etcd refused {what}: wrong password for etcd user {user!r}")
+        if "authentication is not enabled" in details:
+            return EtcdAuthDisabled(
+                f"etcd refused {what}: a credential was given (etcd user {user!r}) but etcd has authentication off; "
+                "turn it on (sie up and the Kubernetes base do), or unset SIE_ETCD_USERNAME"
+            )
+        if error.code() == grpc.StatusCode.PERMISSION_DENIED:
+            return EtcdAccessDenied(
+                f"etcd refused {what}: permission denied for etcd user {user!r} (docs/control-plane.md lists what each "
+                "service's role may read and write)"
+            )
+        return EtcdUnavailable(f"etcd {what} failed: {error.code().name} {details}")
+
+    # -- keys ------------------------------------------------------------------------------------
 
     async def get(self, name: str, revision: int = 0) -> Entry | None:
         """One key as of `revision` (0: now)."""
@@ -140,11 +380,14 @@ class Etcd:
     async def _range(self, key: bytes, range_end: bytes | None, revision: int) -> tuple[list[Entry], int]:
         request = rpc.RangeRequest(key=key, range_end=range_end or b"", revision=revision)
         try:
-            reply = await self.client.kvstub.Range(request, timeout=self._timeout_s)
-        except rpc.AioRpcError as error:
-            if "compacted" in (error.details() or ""):
+            reply = await self._call(
+                f"reading {key.decode()!r}",
+                lambda stubs, metadata: stubs.kv.Range(request, timeout=self._timeout_s, metadata=metadata),
+            )
+        except EtcdUnavailable as error:
+            if "compacted" in str(error):
                 raise Compacted(revision) from error
-            raise EtcdUnavailable(f"etcd range read failed: {error.details()}") from error
+            raise
         entries = [Entry(self._name(kv.key), kv.value, kv.mod_revision, kv.create_revision) for kv in reply.kvs]
         return entries, reply.header.revision
 
@@ -152,13 +395,12 @@ class Etcd:
         """Apply `success` if every comparison holds (else `failure`); returns (succeeded, revision after)."""
         request = rpc.TxnRequest(
             compare=[c.build_message() for c in compare],
-            success=self.client._ops_to_requests(success),
-            failure=self.client._ops_to_requests(failure or []),
+            success=[_request_op(op) for op in success],
+            failure=[_request_op(op) for op in failure or []],
         )
-        try:
-            reply = await self.client.kvstub.Txn(request, timeout=self._timeout_s)
-        except rpc.AioRpcError as error:
-            raise EtcdUnavailable(f"etcd transaction failed: {error.details()}") from error
+        reply = await self._call(
+            "a transaction", lambda stubs, metadata: stubs.kv.Txn(request, timeout=self._timeout_s, metadata=metadata)
+        )
         return reply.succeeded, reply.header.revision
 
     async def put(self, name: str, value: bytes, lease: int = 0) -> int:
@@ -171,28 +413,43 @@ class Etcd:
         _, revision = await self.txn([], [self.ops.delete(self.key(name))])
         return revision
 
+    async def compact(self, revision: int) -> None:
+        request = rpc.CompactionRequest(revision=revision, physical=True)
+        await self._call(
+            "compacting", lambda stubs, metadata: stubs.kv.Compact(request, timeout=self._timeout_s, metadata=metadata)
+        )
+
+    # -- leases ----------------------------------------------------------------------------------
+
     async def grant_lease(self, ttl_s: int) -> int:
-        try:
-            return (await self.client.lease(ttl_s)).id
-        except aetcd.exceptions.ClientError as error:
-            raise EtcdUnavailable(f"etcd lease grant failed: {error}") from error
+        request = rpc.LeaseGrantRequest(TTL=ttl_s)
+        reply = await self._call(
+            "a lease grant",
+            lambda stubs, metadata: stubs.lease.LeaseGrant(request, timeout=self._timeout_s, metadata=metadata),
+        )
+        return reply.ID
 
     async def keep_alive(self, lease_id: int) -> int:
         """Refresh a lease once; returns its TTL in seconds (0: it has expired)."""
-        try:
-            reply = await self.client.refresh_lease(lease_id)
-        except aetcd.exceptions.ClientError as error:
-            raise EtcdUnavailable(f"etcd lease keep-alive failed: {error}") from error
-        return reply.TTL if reply is not None else 0
+
+        async def refresh(stubs: _Stubs, metadata: Metadata) -> int:
+            replies = stubs.lease.LeaseKeepAlive(
+                iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self._timeout_s, metadata=metadata
+            )
+            async for reply in replies:
+                return reply.TTL
+            return 0
+
+        return await self._call("a lease keep-alive", refresh)
 
     async def revoke_lease(self, lease_id: int) -> None:
-        try:
-            await self.client.revoke_lease(lease_id)
-        except aetcd.exceptions.ClientError as error:
-            raise EtcdUnavailable(f"etcd lease revoke failed: {error}") from error
+        request = rpc.LeaseRevokeRequest(ID=lease_id)
+        await self._call(
+            "a lease revoke",
+            lambda stubs, metadata: stubs.lease.LeaseRevoke(request, timeout=self._timeout_s, metadata=metadata),
+        )
 
-    async def compact(self, revision: int) -> None:
-        await self.client.compact(revision, physical=True)
+    # -- watches ---------------------------------------------------------------------------------
 
     async def watch(self, name: str, start_revision: int, *, prefix: bool = True) -> AsyncIterator[WatchBatch]:
         """Changes to `name` (and, with `prefix`, every key under it) from `start_revision` on.
@@ -207,35 +464,155 @@ class Etcd:
             start_revision=start_revision,
             progress_notify=True,
         )
-        stop = asyncio.Event()
+        for renewed in (False, True):
+            token = self._token
+            stop = asyncio.Event()
 
-        async def requests() -> AsyncIterator[rpc.WatchRequest]:
-            yield rpc.WatchRequest(create_request=create)
-            await stop.wait()  # half-closing would end the watch
+            async def requests(stop: asyncio.Event = stop) -> AsyncIterator[rpc.WatchRequest]:
+                yield rpc.WatchRequest(create_request=create)
+                await stop.wait()  # half-closing would end the watch
 
-        stream = rpc.WatchStub(self.client.channel).Watch(requests())
+            stream = self._connected.watch.Watch(requests(), metadata=self._metadata())
+            try:
+                async for reply in stream:
+                    if reply.compact_revision:
+                        raise Compacted(reply.compact_revision)
+                    if reply.canceled and _WATCH_REFUSED in reply.cancel_reason:
+                        if self.credentials is None or renewed:
+                            raise EtcdAccessDenied(
+                                f"etcd refused a watch of {key.decode()!r}: {reply.cancel_reason} "
+                                "(docs/control-plane.md lists what each service's role may read)"
+                            )
+                        break  # the token went stale: authenticate again, then open the watch again
+                    if reply.canceled:
+                        raise EtcdUnavailable(f"etcd canceled the watch: {reply.cancel_reason}")
+                    if reply.created and not reply.events:
+                        continue
+                    yield self._batch(reply)
+                else:
+                    return  # etcd ended the stream
+            except grpc.aio.AioRpcError as error:
+                raise EtcdUnavailable(f"etcd watch stream broke: {error.code().name} {error.details()}") from error
+            finally:
+                stop.set()
+                stream.cancel()
+            await self._renew_token(token)
+
+    def _batch(self, reply: rpc.WatchResponse) -> WatchBatch:
+        changes = tuple(
+            Change(
+                self._name(event.kv.key),
+                None if event.type == rpc.Event.DELETE else event.kv.value,
+                event.kv.mod_revision,
+            )
+            for event in reply.events
+        )
+        # A progress notification's header says every change up to it was sent;
+        # an event batch vouches only for its own events' revisions.
+        revision = max(change.revision for change in changes) if changes else reply.header.revision
+        return WatchBatch(revision, changes)
+
+    # -- users and roles (etcd_access sets them up with the root user) ----------------------------
+
+    async def enable_auth(self) -> None:
+        await self._call(
+            "enabling authentication",
+            lambda stubs, metadata: stubs.auth.AuthEnable(
+                rpc.AuthEnableRequest(), timeout=self._timeout_s, metadata=metadata
+            ),
+        )
+
+    async def set_user(self, username: str, password: str, roles: Sequence[str]) -> None:
+        """Create the user, or set its password; afterwards it has exactly `roles`."""
+        have = await self._user_roles(username)
+        if have is None:
+            await self._auth_call(
+                f"adding user {username!r}",
+                "UserAdd",
+                rpc.AuthUserAddRequest(name=username, password=password),
+            )
+            have = []
+        elif not await self._password_is(username, password):  # setting it again would end its live tokens
+            await self._auth_call(
+                f"setting the password of {username!r}",
+                "UserChangePassword",
+                rpc.AuthUserChangePasswordRequest(name=username, password=password),
+            )
+        for role in set(roles) - set(have):
+            await self._auth_call(
+                f"granting role {role!r}", "UserGrantRole", rpc.AuthUserGrantRoleRequest(user=username, role=role)
+            )
+        for role in set(have) - set(roles):
+            await self._auth_call(
+                f"revoking role {role!r}", "UserRevokeRole", rpc.AuthUserRevokeRoleRequest(name=username, role=role)
+            )
+
+    async def set_role(self, role: str, permissions: Sequence[Permission]) -> None:
+        """Create the role if it is missing; afterwards it has exactly `permissions` (names under the prefix)."""
+        wanted = {self._permission_range(p): p.write for p in permissions}
         try:
-            async for reply in stream:
-                if reply.compact_revision:
-                    raise Compacted(reply.compact_revision)
-                if reply.canceled:
-                    raise EtcdUnavailable(f"etcd canceled the watch: {reply.cancel_reason}")
-                if reply.created and not reply.events:
-                    continue
-                changes = tuple(
-                    Change(
-                        self._name(event.kv.key),
-                        None if event.type == rpc.Event.DELETE else event.kv.value,
-                        event.kv.mod_revision,
-                    )
-                    for event in reply.events
+            reply = await self._auth_call(f"reading role {role!r}", "RoleGet", rpc.AuthRoleGetRequest(role=role))
+            have = {(perm.key, perm.range_end): perm.permType for perm in reply.perm}
+        except EtcdUnavailable as error:
+            if "role name not found" not in str(error):
+                raise
+            await self._auth_call(f"adding role {role!r}", "RoleAdd", rpc.AuthRoleAddRequest(name=role))
+            have = {}
+        for key, range_end in have.keys() - wanted.keys():
+            await self._auth_call(
+                f"revoking {role!r}'s permission on {key.decode()!r}",
+                "RoleRevokePermission",
+                rpc.AuthRoleRevokePermissionRequest(role=role, key=key, range_end=range_end),
+            )
+        for (key, range_end), write in wanted.items():
+            kind = rpc.Permission.READWRITE if write else rpc.Permission.READ
+            if have.get((key, range_end)) != kind:
+                await self._auth_call(
+                    f"granting {role!r} {'read-write' if write else 'read'} on {key.decode()!r}",
+                    "RoleGrantPermission",
+                    rpc.AuthRoleGrantPermissionRequest(
+                        name=role, perm=rpc.Permission(permType=kind, key=key, range_end=range_end)
+                    ),
                 )
-                # A progress notification's header says every change up to it was sent;
-                # an event batch vouches only for its own events' revisions.
-                revision = max(change.revision for change in changes) if changes else reply.header.revision
-                yield WatchBatch(revision, changes)
-        except rpc.AioRpcError as error:
-            raise EtcdUnavailable(f"etcd watch stream broke: {error.code().name} {error.details()}") from error
-        finally:
-            stop.set()
-            stream.cancel()
+
+    async def _password_is(self, username: str, password: str) -> bool:
+        """Whether etcd (with authentication on) accepts this password for the user."""
+        request = rpc.AuthenticateRequest(name=username, password=password)
+        try:
+            await self._connected.auth.Authenticate(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    async def _user_roles(self, username: str) -> list[str] | None:
+        """A user's roles; None when there is no such user."""
+        try:
+            reply = await self._auth_call(
+                f"reading user {username!r}", "UserGet", rpc.AuthUserGetRequest(name=username)
+            )
+        except EtcdUnavailable as error:
+            if "user name not found" in str(error):
+                return None
+            raise
+        return list(reply.roles)
+
+    def _permission_range(self, permission: Permission) -> tuple[bytes, bytes]:
+        key = self.key(permission.name)
+        return key, prefix_range_end(key) if permission.name.endswith("/") else b""
+
+    async def _auth_call(self, what: str, method: str, request: object) -> Any:
+        return await self._call(
+            what,
+            lambda stubs, metadata: getattr(stubs.auth, method)(request, timeout=self._timeout_s, metadata=metadata),
+        )
+
+
+def _request_op(op: object) -> rpc.RequestOp:
+    """A transaction operation built with `Etcd.ops` (put or delete) as etcd's message."""
+    if isinstance(op, aetcd.transactions.Put):
+        put = rpc.PutRequest(key=op.key, value=op.value, lease=lease_to_id(op.lease), prev_kv=op.prev_kv)
+        return rpc.RequestOp(request_put=put)
+    if isinstance(op, aetcd.transactions.Delete):
+        delete = rpc.DeleteRangeRequest(key=op.key, range_end=op.range_end or b"", prev_kv=op.prev_kv)
+        return rpc.RequestOp(request_delete_range=delete)
+    raise TypeError(f"not a put or delete: {op!r}")

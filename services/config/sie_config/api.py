@@ -11,12 +11,21 @@ import grpc
 from sie.v1 import config_pb2, config_pb2_grpc
 from sie_common.cluster.config_messages import bundle_to_message, config_from_message, config_to_message
 from sie_common.cluster.etcd import EtcdUnavailable
-from sie_common.cluster.model_config import ModelConfig, ModelConfigError
+from sie_common.cluster.model_config import ModelConfig, ModelConfigError, weight_packages
 from sie_common.edge.auth import Check, Metadata, token_check
-from sie_common.edge.errors import Internal, InvalidArgument, NotFound, PermissionDenied, SieError, Unavailable, abort
+from sie_common.edge.errors import (
+    Internal,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    SieError,
+    Unavailable,
+    abort,
+    clipped,
+)
 from sie_config.metrics import REQUESTS
 from sie_config.settings import ConfigSettings
-from sie_config.store import ConfigStore, request_fingerprint
+from sie_config.store import ConfigStore, check_config_size, request_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +69,24 @@ def _admin_disabled(what: str) -> Check:
 class ConfigService(config_pb2_grpc.ConfigServiceServicer):
     """The admin token is checked before these handlers run (`admin_checks`, in the server's Authorize interceptor)."""
 
-    def __init__(self, store: ConfigStore, *, allow_remote_code: bool) -> None:
+    def __init__(self, store: ConfigStore, settings: ConfigSettings) -> None:
         self._store = store
-        self._allow_remote_code = allow_remote_code
+        self._allow_remote_code = settings.allow_remote_code
+        self._max_config_bytes = settings.max_model_config_bytes
+        self._weight_packages = weight_packages(settings.weight_packages)
 
     async def AddModel(
         self, request: config_pb2.AddModelRequest, context: grpc.aio.ServicerContext
     ) -> config_pb2.AddModelResponse:
         async def add() -> config_pb2.AddModelResponse:
+            check_config_size(request.config.ByteSize(), self._max_config_bytes, "the config")
             try:
                 config = config_from_message(request.config, source="AddModel config")
             except ModelConfigError as error:
                 raise InvalidArgument(
                     str(error), reason="INVALID_MODEL_CONFIG", metadata={"field": error.field_path}
                 ) from None
+            self._check_weight_package(config)
             self._check_remote_code(config)
             key = dict(context.invocation_metadata() or ()).get(IDEMPOTENCY_KEY)  # str: not a -bin header
             return await self._store.add_model(config, str(key) if key else None, request_fingerprint(request))
@@ -145,14 +158,25 @@ class ConfigService(config_pb2_grpc.ConfigServiceServicer):
             bundle = snapshot.bundles.get(request.bundle_id)
             if bundle is None:
                 raise NotFound(
-                    f"no bundle {request.bundle_id!r}; bundles: "
+                    f"no bundle {clipped(request.bundle_id)!r}; bundles: "
                     f"{', '.join(sorted(snapshot.bundles)) or 'none published yet'}",
                     reason="BUNDLE_NOT_FOUND",
-                    metadata={"bundle": request.bundle_id},
+                    metadata={"bundle": clipped(request.bundle_id)},
                 )
             return config_pb2.GetBundleResponse(bundle=bundle_to_message(bundle, snapshot.bundle_hashes()[bundle.id]))
 
         return await _answer(context, "GetBundle", get_bundle)
+
+    def _check_weight_package(self, config: ModelConfig) -> None:
+        package = (config.bundled_weights or "").partition(":")[0]
+        if package and package not in self._weight_packages:
+            raise InvalidArgument(
+                f"model {config.id!r}: bundled_weights names package {package!r}, which is not a weight package of "
+                f"this engine ({', '.join(sorted(self._weight_packages))}); name one of those, or add it to "
+                "SIE_WEIGHT_PACKAGES on the config service and the workers",
+                reason="WEIGHT_PACKAGE_NOT_ALLOWED",
+                metadata={"model": config.id, "package": package},
+            )
 
     def _check_remote_code(self, config: ModelConfig) -> None:
         trusting = sorted(name for name, profile in config.profiles.items() if profile.trust_remote_code)

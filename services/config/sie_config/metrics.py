@@ -1,4 +1,7 @@
-"""The config service's Prometheus metrics, served on SIE_CONFIG_METRICS_PORT (docs/observability.md)."""
+"""The config service's Prometheus metrics, served on SIE_CONFIG_METRICS_PORT (docs/observability.md).
+
+Requests are labelled by RPC name (the ConfigService's methods); the `model`
+label is always empty."""
 
 from __future__ import annotations
 
@@ -8,10 +11,13 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sie.v1 import config_pb2
 from sie_common.edge.request_metrics import RequestMetrics
+from sie_common.runtime.metric_labels import ClosedSet
 from sie_config.leader import LeaderElection
 
-REQUESTS = RequestMetrics("config")
+RPCS = ClosedSet(config_pb2.DESCRIPTOR.services_by_name["ConfigService"].methods_by_name)
+REQUESTS = RequestMetrics("config", ClosedSet([""]), RPCS)
 
 
 class ElectionCollector(Collector):

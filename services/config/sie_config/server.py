@@ -37,7 +37,7 @@ async def serve(settings: ConfigSettings) -> None:
     bundles = load_bundles(directory)
     if not bundles:
         raise ValueError(f"no bundle YAML files in {directory} (SIE_BUNDLES_DIR)")
-    etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+    etcd = Etcd.from_settings(settings)
     await etcd.connect()
     address = advertised_address(settings.host, settings.port, settings.advertise_address)
     store: ConfigStore | None = None
@@ -47,13 +47,11 @@ async def serve(settings: ConfigSettings) -> None:
         await store.publish_bundles()
 
     election = LeaderElection(etcd, address, settings.leader_ttl_s, on_elected)
-    store = ConfigStore(etcd, election, bundles, settings.idempotency_ttl_s)
+    store = ConfigStore(etcd, election, bundles, settings.idempotency_ttl_s, settings.max_model_config_bytes)
 
     authorize = Authorize(admin_checks(settings))
     server = grpc.aio.server(interceptors=[authorize, RejectMalformedRequests()], options=transport.server_options())
-    config_pb2_grpc.add_ConfigServiceServicer_to_server(
-        ConfigService(store, allow_remote_code=settings.allow_remote_code), server
-    )
+    config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, settings), server)
     health = await add_health_and_reflection(server, [CONFIG_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     transport.listen(server, listen)

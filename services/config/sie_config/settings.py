@@ -5,7 +5,11 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from sie_common.cluster.model_config import weight_packages_setting
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
+
+# etcd refuses a request over 1.5 MiB by default: a stored config, with the write's other keys, stays well under it.
+MAX_MODEL_CONFIG_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,13 @@ class ConfigSettings(ServiceSettings):
         help="accept AddModel configs whose profiles set trust_remote_code; off: they are refused "
         "(REMOTE_CODE_DISABLED)",
     )
+    max_model_config_bytes: int = setting(
+        256 * 1024,
+        env="SIE_MAX_MODEL_CONFIG_BYTES",
+        help="largest model config AddModel accepts, and largest a model's stored config may grow to with added "
+        f"profiles (bytes; at most {MAX_MODEL_CONFIG_BYTES}); larger: INVALID_ARGUMENT CONFIG_TOO_LARGE",
+    )
+    weight_packages: tuple[str, ...] = weight_packages_setting()
     leader_ttl_s: int = setting(
         10,
         env="SIE_CONFIG_LEADER_TTL_S",
@@ -52,6 +63,11 @@ class ConfigSettings(ServiceSettings):
     metrics_port: int = metrics_port_setting(9097, env="SIE_CONFIG_METRICS_PORT")
 
     def __post_init__(self) -> None:
+        if not 1024 <= self.max_model_config_bytes <= MAX_MODEL_CONFIG_BYTES:
+            raise SettingsError(
+                f"SIE_MAX_MODEL_CONFIG_BYTES must be 1024 to {MAX_MODEL_CONFIG_BYTES} (etcd refuses larger writes), "
+                f"got {self.max_model_config_bytes}"
+            )
         if self.allow_unauthenticated_admin and not _is_loopback(self.host):
             raise SettingsError(
                 f"SIE_ALLOW_UNAUTHENTICATED_ADMIN=true opens model writes to anyone who reaches the port, so it "

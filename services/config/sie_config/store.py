@@ -22,7 +22,15 @@ from sie_common.cluster import config_store
 from sie_common.cluster.bundles import Bundle, bundle_config_hash, bundle_set_hash
 from sie_common.cluster.etcd import Etcd
 from sie_common.cluster.model_config import ModelConfig, parse_model_config
-from sie_common.edge.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from sie_common.edge.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SieError,
+    Unavailable,
+    clipped,
+)
 from sie_config.leader import LeaderElection
 
 log = logging.getLogger(__name__)
@@ -52,12 +60,18 @@ class Snapshot:
 
 class ConfigStore:
     def __init__(
-        self, etcd: Etcd, election: LeaderElection, bundles: Mapping[str, Bundle], idempotency_ttl_s: int
+        self,
+        etcd: Etcd,
+        election: LeaderElection,
+        bundles: Mapping[str, Bundle],
+        idempotency_ttl_s: int,
+        max_config_bytes: int,
     ) -> None:
         self._etcd = etcd
         self._election = election
         self._bundles = dict(bundles)
         self._idempotency_ttl_s = idempotency_ttl_s
+        self._max_config_bytes = max_config_bytes
 
     # -- reads (any replica) ------------------------------------------------
 
@@ -84,7 +98,11 @@ class ConfigStore:
     async def model(self, model_id: str) -> ModelConfig:
         entry = await self._etcd.get(config_store.model_name(model_id))
         if entry is None:
-            raise NotFound(f"no model config {model_id!r}", reason="MODEL_NOT_FOUND", metadata={"model": model_id})
+            raise NotFound(
+                f"no model config {clipped(model_id)!r}",
+                reason="MODEL_NOT_FOUND",
+                metadata={"model": clipped(model_id)},
+            )
         return config_store.decode_model(entry.value, source=f"etcd {config_store.model_name(model_id)}")
 
     # -- writes (the leader) ------------------------------------------------
@@ -117,12 +135,19 @@ class ConfigStore:
             current = await self._etcd.get(name)
             stored = config_store.decode_model(current.value, source=f"etcd {name}") if current else None
             merged, answer = _merge(stored, config)
+            encoded = config_store.encode_model(merged)
+            if stored is None:
+                check_config_size(len(encoded), self._max_config_bytes, "the config as stored")
+            else:
+                check_config_size(
+                    len(encoded), self._max_config_bytes, "the stored config with these profiles", FailedPrecondition
+                )
             ops, key = self._etcd.ops, self._etcd.key(name)
             compare = [self._election.guard(), ops.mod(key) == (current.mod_revision if current else 0)]
             writes = []
             if answer.added_profiles:
                 writes += [
-                    ops.put(key, config_store.encode_model(merged)),
+                    ops.put(key, encoded),
                     ops.put(self._etcd.key(config_store.EPOCH), config.id.encode()),
                 ]
             epoch_before = await self.epoch()
@@ -173,12 +198,13 @@ class ConfigStore:
         for name in sorted(config.profiles):
             adapter = config.profile(name).adapter
             if not any(bundle.can_serve(config) and adapter in bundle.adapters for bundle in self._bundles.values()):
+                shown = clipped(str(adapter))
                 offered = "; ".join(f"{b.id}: {', '.join(b.adapters)}" for b in self._bundles.values()) or "none"
                 raise FailedPrecondition(
-                    f"model {config.id!r} profile {name!r}: no bundle serves adapter {adapter!r} for this model "
+                    f"model {config.id!r} profile {name!r}: no bundle serves adapter {shown!r} for this model "
                     f"(bundles and their adapters: {offered})",
                     reason="NO_BUNDLE_FOR_PROFILE",
-                    metadata={"model": config.id, "profile": name, "adapter": str(adapter)},
+                    metadata={"model": config.id, "profile": name, "adapter": shown},
                 )
 
     async def _replay(self, idempotency_key: str, fingerprint: str) -> config_pb2.AddModelResponse | None:
@@ -195,6 +221,17 @@ class ConfigStore:
         # A write commits with its record, so the record's revision is the write's epoch.
         answer.epoch = entry.mod_revision if record["wrote"] else record["epoch"]
         return answer
+
+
+def check_config_size(size: int, limit: int, what: str, refusal: type[SieError] = InvalidArgument) -> None:
+    """CONFIG_TOO_LARGE over SIE_MAX_MODEL_CONFIG_BYTES: before etcd, which would refuse it as an outage."""
+    if size > limit:
+        raise refusal(
+            f"{what} is {size} bytes; a model config is at most {limit} bytes (SIE_MAX_MODEL_CONFIG_BYTES): shorten "
+            "its options, or split its profiles over several model ids",
+            reason="CONFIG_TOO_LARGE",
+            metadata={"size_bytes": str(size), "limit_bytes": str(limit)},
+        )
 
 
 def request_fingerprint(request: config_pb2.AddModelRequest) -> str:

@@ -20,7 +20,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from sie_common.edge import openai_embeddings
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_answer, check_encode_estimate
 from sie_common.edge.auth import bearer_token
-from sie_common.edge.encode_stream import serve_encode_stream
+from sie_common.edge.encode_stream import EncodeStreams
 from sie_common.edge.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -61,6 +61,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         demand: DemandRecorder,
     ) -> None:
         self._settings = settings
+        self._streams = EncodeStreams(settings)
         self._view = view
         self._dispatcher = dispatcher
         self._pools = pools
@@ -106,7 +107,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                     return work.error
                 return work.encode
 
-        async for response in serve_encode_stream(requests, encode, self._settings.encode_stream_window):
+        async for response in self._streams.serve(requests, encode, context):
             yield response
 
     async def ListModels(

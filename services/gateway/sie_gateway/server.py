@@ -32,7 +32,7 @@ DRAIN_GRACE_S = 30.0
 
 async def serve(settings: GatewaySettings) -> None:
     transport = ServerTransport.of(settings)
-    etcd = Etcd(settings.etcd_endpoints, settings.etcd_prefix)
+    etcd = Etcd.from_settings(settings)
     await etcd.connect()
     demand = DemandRecorder(etcd)
     dispatcher = Dispatcher(
@@ -50,7 +50,7 @@ async def serve(settings: GatewaySettings) -> None:
     health = await add_health_and_reflection(server, [INFERENCE_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     transport.listen(server, listen)
-    register_gateway(lambda: api.in_flight, demand, view)
+    register_gateway(lambda: api.in_flight, demand, view, settings.configured_gpus)
     metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
     await view.start()  # readiness: SERVING only once the mirror is synced

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sie_common.edge.auth import check_auth_mode
+from sie_common.edge.encode_stream import EncodeStreamSettings
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
 
 
 @dataclass(frozen=True)
-class GatewaySettings(RequestBoundSettings, ServiceSettings):
+class GatewaySettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings):
     port: int = port_setting(50051)
     configured_gpus: tuple[str, ...] = setting(
         (),
@@ -23,12 +24,6 @@ class GatewaySettings(RequestBoundSettings, ServiceSettings):
     )
     worker_window: int = setting(
         64, env="SIE_GATEWAY_WORKER_WINDOW", help="requests in flight on one worker's stream; more wait for a slot"
-    )
-    encode_stream_window: int = setting(
-        32,
-        env="SIE_ENCODE_STREAM_WINDOW",
-        help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, "
-        "no more of its requests are read (flow control holds the caller back)",
     )
     max_attempts: int = setting(
         3, env="SIE_GATEWAY_MAX_ATTEMPTS", help="workers one request may be tried on when workers vanish under it"
@@ -94,17 +89,42 @@ class GatewaySettings(RequestBoundSettings, ServiceSettings):
     worker_tls_key_file: str | None = setting(
         None, env="SIE_WORKER_TLS_KEY_FILE", help="PEM private key of SIE_WORKER_TLS_CERT_FILE"
     )
+    allow_unauthenticated_workers: bool = setting(
+        False,
+        env="SIE_ALLOW_UNAUTHENTICATED_WORKERS",
+        help="present SIE_WORKER_TOKEN although no worker is authenticated (no etcd credential, so anyone who reaches "
+        "etcd may register a worker, and no SIE_WORKER_TLS_CA_FILE): for tests on a trusted host only",
+    )
     metrics_port: int = metrics_port_setting(9096, env="SIE_GATEWAY_METRICS_PORT")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_auth_mode(self.auth_mode, self.auth_tokens)
+        self._check_worker_token_recipients()
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
-        for name in ("pool_default_ttl_s", "pool_max_workers", "pool_max_ttl_s", "encode_stream_window"):
+        for name in (
+            "pool_default_ttl_s",
+            "pool_max_workers",
+            "pool_max_ttl_s",
+            "encode_stream_window",
+            "max_encode_streams",
+        ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"SIE_{name.upper()} must be positive, got {getattr(self, name)}")
         if self.pool_default_ttl_s > self.pool_max_ttl_s:
             raise SettingsError("SIE_POOL_DEFAULT_TTL_S must not exceed SIE_POOL_MAX_TTL_S")
+
+    def _check_worker_token_recipients(self) -> None:
+        """The worker token goes only to workers the gateway can authenticate: registered by etcd's worker role
+        (the gateway's own etcd credential proves etcd has authentication on) or holding a certificate from
+        SIE_WORKER_TLS_CA_FILE."""
+        authenticated = bool(self.etcd_username) or bool(self.worker_tls_ca_file)
+        if self.worker_token and not authenticated and not self.allow_unauthenticated_workers:
+            raise SettingsError(
+                "SIE_WORKER_TOKEN is set, but nothing authenticates the workers it would be sent to: anyone who can "
+                "write to etcd could register one and receive it. Give the gateway its etcd credential "
+                "(SIE_ETCD_USERNAME, with etcd authentication on), or SIE_WORKER_TLS_CA_FILE (docs/security.md)"
+            )
 
     def token_pool_quotas(self) -> dict[str, int]:
         """Token -> the workers its pools may reserve, from SIE_POOL_TOKEN_QUOTAS (errors never show the token)."""

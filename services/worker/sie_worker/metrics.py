@@ -3,7 +3,9 @@
 Request metrics are recorded once per answered request (unary, EncodeStream or
 Work stream alike; sie_common.edge.request_metrics); batch metrics once per forward
 pass; requests in flight, loaded models and memory are read from the engine
-when Prometheus scrapes.
+when Prometheus scrapes. Labels come from closed sets: the models and profiles
+this worker serves (followed from its registry once `register_engine` runs),
+the three operations; any other value is "(unknown)".
 """
 
 from __future__ import annotations
@@ -12,38 +14,43 @@ from collections.abc import Callable, Iterator
 from typing import Protocol, TypeVar
 
 import torch
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sie_common.cluster.model_config import TASKS
 from sie_common.edge.request_metrics import RequestMetrics
+from sie_common.runtime.metric_labels import ClosedFamily, ClosedSet, histogram
 from sie_common.runtime.metrics_server import LATENCY_BUCKETS_S
 
 T = TypeVar("T")
 
-REQUESTS = RequestMetrics("worker")
-QUEUE_SECONDS = Histogram(
+# The models and profiles this worker serves (bound by register_engine), and its operations.
+MODELS = ClosedSet()
+PROFILES = ClosedSet()
+OPERATIONS = ClosedSet(TASKS)
+MODEL_PROFILE = {"model": MODELS, "profile": PROFILES}
+
+REQUESTS = RequestMetrics("worker", MODELS, OPERATIONS)
+QUEUE_SECONDS = histogram(
     "sie_worker_queue_duration_seconds",
     "Time a successful request's items waited in the BatchFormer for a forward pass (its longest-waiting item)",
-    ["model", "operation"],
-    buckets=LATENCY_BUCKETS_S,
+    {"model": MODELS, "operation": OPERATIONS},
+    LATENCY_BUCKETS_S,
 )
-INFERENCE_SECONDS = Histogram(
-    "sie_worker_inference_duration_seconds", "Duration of one forward pass", ["model"], buckets=LATENCY_BUCKETS_S
+INFERENCE_SECONDS = histogram(
+    "sie_worker_inference_duration_seconds", "Duration of one forward pass", {"model": MODELS}, LATENCY_BUCKETS_S
 )
 # Recorded for every forward pass; sie_worker.batching.stats adds the batcher's setting and, with SIE_INSTRUMENTATION,
 # padding and wait.
-BATCH_ITEMS = Histogram(
-    "sie_worker_batch_items",
-    "Items per forward pass.",
-    ["model", "profile"],
-    buckets=tuple(float(2**p) for p in range(10)),
+BATCH_ITEMS = histogram(
+    "sie_worker_batch_items", "Items per forward pass.", MODEL_PROFILE, tuple(float(2**p) for p in range(10))
 )
-BATCH_TOKENS = Histogram(
+BATCH_TOKENS = histogram(
     "sie_worker_batch_tokens",
     "Tokens per forward pass, before padding.",
-    ["model", "profile"],
-    buckets=tuple(float(2**p) for p in range(17)),
+    MODEL_PROFILE,
+    tuple(float(2**p) for p in range(17)),
 )
 QUEUE_DEPTH = Gauge("sie_worker_queue_depth", "Items waiting in the BatchFormer for a forward pass")
 # A gateway keeps one Work stream per worker: more than one per gateway means streams broke and were reopened.
@@ -62,12 +69,16 @@ class LoadedModels(Protocol):
     @property
     def loaded_model_ids(self) -> frozenset[str]: ...
 
+    def serves(self, model_id: str) -> bool: ...
+
+    def serves_profile(self, profile: str) -> bool: ...
+
     @property
     def loaded_bytes(self) -> int: ...
 
 
 class Served(Protocol):
-    """What the collector reads of the engine (sie_worker.engine.pipeline.Engine)."""
+    """What the collector reads of the engine (sie_worker.engine.engine.Engine)."""
 
     @property
     def in_flight(self) -> int: ...
@@ -91,10 +102,12 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily(
             "sie_worker_requests_in_flight", "Requests admitted and not yet answered", value=self._engine.in_flight
         )
-        loaded = GaugeMetricFamily("sie_worker_model_loaded", "1 for each model loaded on the device", labels=["model"])
+        loaded = ClosedFamily(
+            GaugeMetricFamily, "sie_worker_model_loaded", "1 for each model loaded on the device", {"model": MODELS}
+        )
         for model_id in model_ids:
-            loaded.add_metric([model_id], 1)
-        yield loaded
+            loaded.add([model_id], 1)
+        yield loaded.metric()
         yield GaugeMetricFamily(
             "sie_worker_model_memory_bytes",
             "Bytes of the loaded models' weights (parameters and buffers)",
@@ -103,14 +116,15 @@ class EngineCollector(Collector):
         device = self._engine.device
         if device.type == "cuda":
             free, total = torch.cuda.mem_get_info(device)
-            memory = GaugeMetricFamily(
+            memory = ClosedFamily(
+                GaugeMetricFamily,
                 "sie_worker_device_memory_bytes",
                 "CUDA device memory, used (all processes) and total",
-                labels=["device", "state"],
+                {"device": ClosedSet([str(device)]), "state": ClosedSet(["used", "total"])},
             )
-            memory.add_metric([str(device), "used"], total - free)
-            memory.add_metric([str(device), "total"], total)
-            yield memory
+            memory.add([str(device), "used"], total - free)
+            memory.add([str(device), "total"], total)
+            yield memory.metric()
 
 
 def _read_while_still(read: Callable[[], T]) -> T:
@@ -125,4 +139,7 @@ def _read_while_still(read: Callable[[], T]) -> T:
 
 
 def register_engine(engine: Served) -> None:
+    """Collect from `engine`, and label by the models and profiles its registry serves."""
+    MODELS.follow(engine.registry.serves)
+    PROFILES.follow(engine.registry.serves_profile)
     REGISTRY.register(EngineCollector(engine))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
+from sie_common.cluster.model_config import weight_packages_setting
 from sie_common.edge.auth import check_auth_mode
+from sie_common.edge.encode_stream import EncodeStreamSettings
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
 
@@ -14,7 +16,7 @@ CPU_PRECISIONS = ("auto", "float32", "bfloat16", "int8")
 
 
 @dataclass(frozen=True)
-class WorkerSettings(RequestBoundSettings, ServiceSettings):
+class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings):
     port: int = port_setting(50061)
     worker_id: str = setting("", env="SIE_WORKER_ID", help="stable id in logs and answers (default: <hostname>:<port>)")
     device: str = setting("auto", env="SIE_DEVICE", help="auto, cpu, cuda, cuda:N or mps")
@@ -87,7 +89,11 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
     drain_timeout_s: float = setting(
         30.0, env="SIE_DRAIN_TIMEOUT_S", help="on SIGTERM, how long in-flight requests get to finish"
     )
-    max_batch_requests: int = setting(64, env="SIE_MAX_BATCH_REQUESTS", help="most items in one forward pass")
+    max_batch_requests: int = setting(
+        64,
+        env="SIE_MAX_BATCH_REQUESTS",
+        help="most items in one forward pass, whichever requests they come from (the name is the reference system's)",
+    )
     max_batch_wait_ms: float = setting(
         10.0,
         env="SIE_MAX_BATCH_WAIT_MS",
@@ -127,12 +133,6 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
     )
     max_concurrent_requests: int = setting(
         512, env="SIE_MAX_CONCURRENT_REQUESTS", help="requests in flight before RESOURCE_EXHAUSTED"
-    )
-    encode_stream_window: int = setting(
-        32,
-        env="SIE_ENCODE_STREAM_WINDOW",
-        help="requests of one EncodeStream running or answered and not yet read by the caller; while that many are, "
-        "no more of its requests are read (flow control holds the caller back)",
     )
     preprocessor_workers: int = setting(
         4, env="SIE_PREPROCESSOR_WORKERS", help="threads for tokenization and postprocessing"
@@ -261,6 +261,7 @@ class WorkerSettings(RequestBoundSettings, ServiceSettings):
         env="SIE_WORKER_LEASE_TTL_S",
         help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it",
     )
+    weight_packages: tuple[str, ...] = weight_packages_setting()
     weight_roots: tuple[str, ...] = setting(
         (),
         env="SIE_WEIGHT_ROOTS",
@@ -343,4 +344,5 @@ _POSITIVE_BOUNDS = (
     "max_score_multivector_bytes",
     "max_request_timeout_s",
     "encode_stream_window",
+    "max_encode_streams",
 )

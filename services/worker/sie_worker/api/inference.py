@@ -12,8 +12,8 @@ import grpc
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.edge import openai_embeddings
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_answer
-from sie_common.edge.encode_stream import serve_encode_stream
-from sie_common.edge.errors import Internal, SieError, abort
+from sie_common.edge.encode_stream import EncodeStreams
+from sie_common.edge.errors import Internal, SieError, Unimplemented, abort
 from sie_worker.api.convert import (
     describe_model,
     encode_job,
@@ -24,7 +24,7 @@ from sie_worker.api.convert import (
     score_job,
     score_response,
 )
-from sie_worker.engine.pipeline import Engine
+from sie_worker.engine.engine import Engine
 from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._engine = engine
         self._limits = engine.limits
         self._max_answer_bytes = engine.settings.max_send_message_bytes
+        self._streams = EncodeStreams(engine.settings)
 
     # run_*: one request, raising SieError for anything the caller should be told
     # (shared by the unary RPCs, EncodeStream and the internal Work stream). An
@@ -111,9 +112,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
         """Run every request as it arrives; answer each as it completes, tagged by request_id."""
-        async for response in serve_encode_stream(
-            requests, self.run_encode, self._engine.settings.encode_stream_window
-        ):
+        async for response in self._streams.serve(requests, self.run_encode, context):
             yield response
 
     async def ListModels(
@@ -143,6 +142,19 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             return describe_model(self._engine.registry, request.model)
         except SieError as error:
             await abort(context, error)
+
+    async def _no_pools(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Resource pools reserve workers of a cluster, through its gateway: a standalone worker has none."""
+        await abort(
+            context,
+            Unimplemented(
+                "resource pools are served by a gateway, which reserves cluster workers for them; this is a "
+                "standalone worker: send pool requests to the gateway",
+                reason="POOLS_NOT_SERVED",
+            ),
+        )
+
+    CreatePool = GetPool = ListPools = RenewPool = DeletePool = _no_pools
 
 
 Outcome = TypeVar("Outcome")

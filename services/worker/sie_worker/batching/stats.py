@@ -11,32 +11,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Gauge, Histogram
-
+from sie_common.runtime.metric_labels import ClosedSet, counter, gauge, histogram
 from sie_worker.batching.adaptive import BatchPolicy
 from sie_worker.batching.former import Batch
+from sie_worker.metrics import MODEL_PROFILE
 
-_LABELS = ("model", "profile")
 _SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
-BATCHES = Counter(
-    "sie_worker_batches_total", "Forward passes, by what flushed the batch (full or wait).", (*_LABELS, "flush")
+BATCHES = counter(
+    "sie_worker_batches_total",
+    "Forward passes, by what flushed the batch (full or wait).",
+    {**MODEL_PROFILE, "flush": ClosedSet(["full", "wait"])},
 )
-PADDING = Histogram(
+PADDING = histogram(
     "sie_worker_batch_padding_fraction",
     "Share of a forward pass's tokens that are padding.",
-    _LABELS,
-    buckets=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8),
+    MODEL_PROFILE,
+    (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8),
 )
-WAIT = Histogram(
-    "sie_worker_batch_wait_seconds", "The oldest item's wait until its batch was formed.", _LABELS, buckets=_SECONDS
+WAIT = histogram(
+    "sie_worker_batch_wait_seconds", "The oldest item's wait until its batch was formed.", MODEL_PROFILE, _SECONDS
 )
-WAIT_SETTING = Gauge(
-    "sie_worker_batch_wait_setting_seconds", "The batch wait the model's batcher applies now.", _LABELS
+WAIT_SETTING = gauge(
+    "sie_worker_batch_wait_setting_seconds", "The batch wait the model's batcher applies now.", MODEL_PROFILE
 )
-BUDGET_SETTING = Gauge("sie_worker_batch_budget_tokens", "The token budget the model's batcher applies now.", _LABELS)
-TARGET = Gauge(
-    "sie_worker_batch_target_p50_seconds", "The adaptive controller's p50 target (0: fixed batching).", _LABELS
+BUDGET_SETTING = gauge(
+    "sie_worker_batch_budget_tokens", "The token budget the model's batcher applies now.", MODEL_PROFILE
+)
+TARGET = gauge(
+    "sie_worker_batch_target_p50_seconds", "The adaptive controller's p50 target (0: fixed batching).", MODEL_PROFILE
 )
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import snapshot_download
-from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
 
-from sie_common.cluster.model_config import ModelConfig
+from sie_common.cluster.model_config import ModelConfig, weight_packages
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.cache import ClusterCache, LocalCache, weights_key
 from sie_worker.weights.roots import WeightRoots, bundled_directory, default_roots
@@ -26,8 +26,9 @@ from sie_worker.weights.s3 import S3Location, S3Store
 log = logging.getLogger(__name__)
 
 # The Hub's answers that another attempt does not change: no such repository (or none this worker may read: gated,
-# private) or no such revision. Only a change to the config or the worker's token fixes them.
-_HUB_MISSES = (RepositoryNotFoundError, RevisionNotFoundError)
+# private), no such revision, or an id or revision the Hub refuses to look up. Only a change to the config or the
+# worker's token fixes them.
+_HUB_MISSES = (RepositoryNotFoundError, RevisionNotFoundError, HFValidationError)
 
 
 class WeightsNotFound(RuntimeError):
@@ -61,6 +62,7 @@ class WeightResolver:
             else None
         )
         self._hf_fallback = settings.hf_fallback
+        self._weight_packages = weight_packages(settings.weight_packages)
 
     def resolve(self, config: ModelConfig, *, keep: frozenset[str] = frozenset()) -> ResolvedWeights:
         """The directory holding `config`'s weights. `keep`: cache keys the disk LRU must not remove."""
@@ -108,7 +110,7 @@ class WeightResolver:
         raises WeightsNotFound, retryable unless the Hub said the repository or revision is not there (and no cache
         failed with an error, `retryable`)."""
         if config.bundled_weights:
-            bundled = bundled_directory(config.bundled_weights)
+            bundled = bundled_directory(config.bundled_weights, self._weight_packages, model=config.id)
             if bundled is not None:
                 return ResolvedWeights(bundled, "bundled package")
             tried.append(f"bundled_weights {config.bundled_weights}: package not installed")

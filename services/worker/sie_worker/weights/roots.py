@@ -4,8 +4,10 @@ A config's `path` and its local LoRA directories must lie inside one of
 SIE_WEIGHT_ROOTS (default: the local weight cache, SIE_MODELS_DIR and the
 built-in models' package directories), after resolving symlinks: a directory
 inside a root whose files link out of it is refused too. `bundled_weights`
-names a directory inside an installed package; the validator refuses a subdir
-with '..' or an absolute one.
+names a directory inside an installed package; the validator refuses a dotted
+package, a subdir with '..' or an absolute one, and only the weight packages
+(DEFAULT_WEIGHT_PACKAGES and SIE_WEIGHT_PACKAGES) are looked up at all: no
+other module is ever found, let alone imported, for a config.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from huggingface_hub import constants as hf_constants
 
-from sie_common.cluster.model_config import ModelConfig
+from sie_common.cluster.model_config import ModelConfig, weight_packages
 from sie_common.edge.errors import FailedPrecondition
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.s3 import is_s3_url
@@ -30,8 +32,11 @@ def default_roots(settings: WorkerSettings, builtin: Iterable[ModelConfig]) -> l
     roots = [Path(settings.local_cache) if settings.local_cache else Path(hf_constants.HF_HUB_CACHE)]
     if not is_s3_url(settings.models_dir):
         roots.append(Path(settings.models_dir))
+    allowed = weight_packages(settings.weight_packages)
     for config in builtin:
-        bundled = bundled_directory(config.bundled_weights) if config.bundled_weights else None
+        if config.bundled_weights is None:
+            continue
+        bundled = bundled_directory(config.bundled_weights, allowed, model=config.id)
         if bundled is not None:
             roots.append(bundled)
     return roots
@@ -42,9 +47,24 @@ def is_local_lora(location: str) -> bool:
     return Path(location).is_absolute() or Path(location).is_dir()
 
 
-def bundled_directory(spec: str) -> Path | None:
-    """The directory `package:subdir` names, when the package is installed."""
+class WeightPackageNotAllowed(FailedPrecondition):
+    """A config names a package that is not one of the weight packages: permanent, never looked up."""
+
+    def __init__(self, package: str, allowed: frozenset[str], *, model: str) -> None:
+        super().__init__(
+            f"bundled_weights of {model} names package {package!r}, which is not a weight package of this worker "
+            f"({', '.join(sorted(allowed))}); add it to SIE_WEIGHT_PACKAGES to allow it",
+            reason="WEIGHT_PACKAGE_NOT_ALLOWED",
+            metadata={"model": model, "package": package},
+        )
+
+
+def bundled_directory(spec: str, allowed: frozenset[str], *, model: str) -> Path | None:
+    """The directory `package:subdir` names, when the package is installed; WeightPackageNotAllowed unless the
+    package is in `allowed` (a top-level name: finding it imports nothing)."""
     package, _, subdir = spec.partition(":")
+    if package not in allowed or "." in package:
+        raise WeightPackageNotAllowed(package, allowed, model=model)
     found = importlib.util.find_spec(package)
     if found is None or found.origin is None:
         return None
