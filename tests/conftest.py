@@ -114,9 +114,21 @@ def _file_groups(items: list[pytest.Item]) -> dict[str, str]:
     """File -> the shared servers its tests use, for the files whose tests use any."""
     servers: dict[str, set[str]] = {}
     for item in items:
-        used = set(getattr(item, "fixturenames", ())) & SHARED_SERVERS
-        servers.setdefault(item.nodeid.split("::")[0], set()).update(used)
+        servers.setdefault(item.nodeid.split("::")[0], set()).update(_shared_servers(item))
     return {path: "+".join(sorted(used)) for path, used in servers.items() if used}
+
+
+def _shared_servers(item: pytest.Item) -> set[str]:
+    """The SHARED_SERVERS `item` uses: this file's fixtures, not a module's own fixture of the same name."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None:
+        return set()
+    here = Path(__file__).parent.relative_to(item.config.rootpath).as_posix()
+    return {
+        name
+        for name in SHARED_SERVERS & set(definitions.names_closure)
+        if definitions.name2fixturedefs[name][-1].baseid == here
+    }
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -27,6 +27,9 @@ from stack_process import stop_stack
 from test_stack_up import read_until
 from worker_process import free_port
 
+# Starts processes (a `sie up` and the reference suites) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".pytest_cache" / "reference-integrations"  # ignored by git, as reference_sdk.VENV
 SUITES = {"sie-langchain": "sie_langchain", "sie-llamaindex": "sie_llamaindex", "sie-chroma": "sie_chroma"}

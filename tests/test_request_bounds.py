@@ -29,6 +29,7 @@ BOUNDS = RequestBounds(
     options_bytes=200,
     options_depth=3,
     image_bytes=32,
+    metadata_bytes=64,
 )
 
 

@@ -13,7 +13,7 @@ from google.protobuf import duration_pb2, struct_pb2
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.edge.errors import InvalidArgument
 from sie_contract.tensors import from_tensor
-from sie_worker.adapters.base import Entity, Extraction, SparseWeights
+from sie_worker.adapters.items import Entity, Extraction, SparseWeights
 from sie_worker.api.convert import (
     encode_job,
     encode_response,
