@@ -15,6 +15,9 @@ PYTEST_ARGS ?= --durations=30
 # process); most of a file's time is waiting on the processes it starts, so more processes than cores pays.
 # TEST_PROCESSES=0 runs everything in this process.
 TEST_PROCESSES ?= 3
+# torch's threads wait for work passively in the tests' processes, pytest's own included (tests/conftest.py says why;
+# it sets the same for the processes it starts, for a plain pytest run). Not for make bench or make up.
+TEST_ENV := OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE}
 
 .PHONY: up serve test test-fast lint dists constraints protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
@@ -36,11 +39,11 @@ serve: $(INSTALLED)
 
 # Every test (CI runs this); the markers only order the files: slow ones, then clusters, then other processes.
 test: $(INSTALLED)
-	$(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The in-process tier: every test that starts no process (a worker, etcd, Envoy or any other), but the slow ones.
 test-fast: $(INSTALLED)
-	$(PYTHON) -m pytest -m "not process and not slow" $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTHON) -m pytest -m "not process and not slow" $(PYTEST_ARGS)
 
 # Lint, format check and types of the shipped code (the generated stubs excluded; pyproject.toml's [tool.ruff]
 # and [tool.mypy] hold the rules and the paths).

@@ -53,6 +53,10 @@ from reliability.report import ReliabilityReport
 # engine it starts computes in float32 whatever the CPU (on an AMX machine, `auto` would pick bfloat16).
 # tests/test_cpu_precision.py asks for the other precisions explicitly.
 os.environ.setdefault("SIE_CPU_COMPUTE_PRECISION", "float32")
+# torch's OpenMP threads spin while they wait for work by default: with the suite's many processes on two cores the
+# spinning takes the cores from the processes with work to do (a loop of tiny matmuls on a busy machine: 10 s of CPU
+# spinning against 1 s passive). Every process the suite starts inherits this; pytest-xdist's processes too.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Every service the suite starts (sie_stack's launchers included) takes its ports from this process's own block, so
 # parallel test processes (pytest-xdist) never pick the same port (tools/worker_process.py).
 sie_stack.processes.free_port = free_port
