@@ -253,7 +253,8 @@ def run(settings: StackSettings) -> int:
     stack = Stack(settings)
     stopping = threading.Event()
     for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda signum, frame: stopping.set())
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # one the caller ignores stays ignored (nohup: SIGHUP)
+            signal.signal(signum, lambda signum, frame: stopping.set())
     failures: list[BaseException] = []
     over = threading.Event()  # the start-up is over: done or failed
 
