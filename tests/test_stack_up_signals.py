@@ -7,6 +7,7 @@ whole process group as a terminal's Ctrl-C does (the children get it too).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,14 +30,16 @@ STOP_BOUND_S = 10.0
 class RunningStack:
     """A `sie up` process in a session of its own (its process group's id is its pid), its output read as it comes."""
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], read_output: bool = True) -> None:
+        """`read_output`: read what it prints on a thread (else the test reads `process.stdout` itself)."""
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=read_output, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.process.stdout.readline, "")), daemon=True)
-        self._reader.start()
+        if read_output:
+            self._reader.start()
 
     @property
     def output(self) -> str:
@@ -52,11 +55,12 @@ class RunningStack:
             self.process.wait()
             pytest.fail(f"`sie up` still running {bound_s} s after the signal:\n{self.output}")
         seconds = time.monotonic() - signalled
-        self._reader.join(10)
+        if self._reader.is_alive():
+            self._reader.join(10)
         return code, seconds
 
 
-def start_sie_up(state: Path, workers: int = 1) -> RunningStack:
+def start_sie_up(state: Path, workers: int = 1, read_output: bool = True) -> RunningStack:
     ports = {name: free_port() for name in ("etcd", "config", "gateway", "http", "admin")}
     command = [
         sys.executable, "-m", "sie_stack", "up",
@@ -65,7 +69,7 @@ def start_sie_up(state: Path, workers: int = 1) -> RunningStack:
         "--worker-port", str(_two_free_ports()), "--gateway-port", str(ports["gateway"]),
         "--http-port", str(ports["http"]), "--envoy-admin-port", str(ports["admin"]),
     ]
-    return RunningStack(command)
+    return RunningStack(command, read_output)
 
 
 def left_in_group(group: int) -> list[str]:
@@ -130,3 +134,20 @@ def test_sigterm_once_up_stops_every_process_in_seconds(tmp_path, stacks) -> Non
     assert seconds < STOP_BOUND_S, f"{seconds:.1f} s to stop:\n{output}"
     assert "stopped every process in" in output
     wait_until(lambda: not left_in_group(stack.process.pid), timeout_s=10, what="every child gone")
+
+
+def test_a_stop_after_its_output_went_away_still_stops_every_process(tmp_path, stacks) -> None:
+    """A closed terminal or pipe: printing "stopping..." failed, and `sie up` exited leaving every process running."""
+    stack = start_sie_up(tmp_path / "state", read_output=False)
+    stacks.append(stack)
+    fd, seen, deadline = stack.process.stdout.fileno(), b"", time.monotonic() + 300
+    while b"Ctrl-C stops everything." not in seen:
+        assert time.monotonic() < deadline, f"no banner within 300 s:\n{seen.decode(errors='replace')}"
+        if select.select([fd], [], [], 1.0)[0]:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"`sie up` exited:\n{seen.decode(errors='replace')}"
+            seen += chunk
+    stack.process.stdout.close()  # nobody reads what it prints from now on
+    stack.process.send_signal(signal.SIGTERM)
+    stack.stopped_within(60)  # its exit code is Python's for an unflushable stdout (120), not ours
+    wait_until(lambda: not left_in_group(stack.process.pid), timeout_s=STOP_BOUND_S, what="every child gone")

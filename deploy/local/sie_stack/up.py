@@ -11,6 +11,7 @@ thread that started it ends (the kernel's parent-death signal is per thread).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import json
 import logging
@@ -276,19 +277,25 @@ def run(settings: StackSettings) -> int:
             return 0
         if failures:
             return _start_up_failed(failures[0])
-        print(stack.banner(), flush=True)
+        _say(stack.banner())
         supervisor = Supervisor(list(stack.started))
         while not stopping.wait(0.2):
             supervisor.check()
         return 0
     finally:
         stopping.set()
-        print("stopping...", flush=True)
+        _say("stopping...")
         began = time.monotonic()
         stack.down()
         starting.join(START_UP_EXIT_S)  # refused further processes, it ends once what it waits for is gone
         stack.down()  # whatever it started meanwhile
         log.info("stopped every process in %.1f s", time.monotonic() - began)
+
+
+def _say(text: str) -> None:
+    """Print `text`; a terminal or pipe that went away does not keep the stack from stopping."""
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
 
 
 def _start_up_failed(error: BaseException) -> int:
