@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from sie_common.edge.errors import status_reason
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.routing import choose_worker
 from sie_gateway.worker_link import Connect, WorkerLink, WorkerLost
+
+log = logging.getLogger(__name__)
 
 # A worker's refusal that means "not accepted here, send it elsewhere".
 SHUTTING_DOWN = "SHUTTING_DOWN"
@@ -128,6 +131,7 @@ class Dispatcher:
         """Take a worker whose stream broke out of routing until its health check answers SERVING."""
         link = self._links.get(worker_id)
         if link is not None and worker_id not in self._lost:
+            log.warning("worker %s is out of routing: its Work stream broke", worker_id)
             self._lost[worker_id] = asyncio.create_task(self._until_serving(worker_id, link))
 
     async def _until_serving(self, worker_id: str, link: WorkerLink) -> None:
@@ -136,6 +140,7 @@ class Dispatcher:
             await asyncio.sleep(delay)
             delay = min(2 * delay, PROBE_MAX_DELAY_S)
         del self._lost[worker_id]
+        log.info("worker %s is back in routing: its health check says SERVING", worker_id)
 
     async def _forget(self, worker_id: str) -> None:
         probe = self._lost.pop(worker_id, None)
