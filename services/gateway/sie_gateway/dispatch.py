@@ -135,12 +135,16 @@ class Dispatcher:
             self._lost[worker_id] = asyncio.create_task(self._until_serving(worker_id, link))
 
     async def _until_serving(self, worker_id: str, link: WorkerLink) -> None:
-        delay = PROBE_FIRST_DELAY_S
-        while not await link.serving(PROBE_TIMEOUT_S):
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, PROBE_MAX_DELAY_S)
-        del self._lost[worker_id]
-        log.info("worker %s is back in routing: its health check says SERVING", worker_id)
+        """Check the worker's health until it serves; then (or if the check itself fails) it is back in routing."""
+        try:
+            delay = PROBE_FIRST_DELAY_S
+            while not await link.serving(PROBE_TIMEOUT_S):
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, PROBE_MAX_DELAY_S)
+            log.info("worker %s is back in routing: its health check says SERVING", worker_id)
+        finally:
+            if self._lost.get(worker_id) is asyncio.current_task():  # not forgotten (and cancelled) meanwhile
+                del self._lost[worker_id]
 
     async def _forget(self, worker_id: str) -> None:
         probe = self._lost.pop(worker_id, None)
