@@ -32,6 +32,7 @@ from sie_client.types import (
     Relation,
     ScoreEntry,
     ScoreResult,
+    ScoreUsage,
     SparseResult,
     TimingInfo,
 )
@@ -191,8 +192,17 @@ def score_result(response: inference_pb2.ScoreResponse, query_id: str | None) ->
             ScoreEntry(item_id=item_id(s.item_id, s.index), score=s.score, rank=s.rank, index=s.index)
             for s in response.scores
         ],
+        usage=score_usage(response),
         timing=timing(response.timing),
     )
+
+
+def score_usage(response: inference_pb2.ScoreResponse) -> ScoreUsage:
+    """The reference's `usage` block: the tokens the model read, and the images when there were any."""
+    usage = ScoreUsage(input_tokens=response.tokens)
+    if response.images:
+        usage["images"] = response.images
+    return usage
 
 
 def extract_results(response: inference_pb2.ExtractResponse, first_index: int = 0) -> list[ExtractResult]:
