@@ -52,6 +52,7 @@ def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client:
 class SIEClient:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Same arguments as AsyncSIEClient (its signature is this one's: see the end of this module)."""
+        self._arguments = (args, kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sie-client", daemon=True)
         self._thread.start()
@@ -63,6 +64,13 @@ class SIEClient:
         # Framework integrations hold a client and have no close() in their protocols: one dropped without close()
         # must not keep its thread, event loop and channel (and renew its pools) for the life of the process.
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self._client)
+
+    def __reduce__(self) -> tuple[Callable[[], SIEClient], tuple[()]]:
+        """A pickled client unpickles as a new client with the same arguments, which connects in its own process: what
+        a framework's process pool (LlamaIndex's IngestionPipeline with num_workers, ...) needs of the objects that
+        hold one. Its connection and its pools' leases stay with the original."""
+        args, kwargs = self._arguments
+        return functools.partial(SIEClient, *args, **kwargs), ()
 
     @staticmethod
     async def _create(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncSIEClient:
@@ -79,6 +87,13 @@ class SIEClient:
 
     def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def run_async(self, call: Callable[[AsyncSIEClient], Coroutine[Any, Any, R]]) -> R:
+        """Await `call(client)`, a coroutine of the AsyncSIEClient inside, from any event loop: it runs on this
+        client's own loop and channel while the caller's loop carries on. So one SIEClient serves blocking and async
+        callers over one connection whatever loop they run on (a grpc.aio channel belongs to the loop that made it):
+        `await client.run_async(lambda c: c.encode(model, texts))`."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(self._client), self._loop))
 
     def __enter__(self) -> SIEClient:
         return self

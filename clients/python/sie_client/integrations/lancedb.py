@@ -1,4 +1,5 @@
-"""A LanceDB embedding function backed by the engine (`pip install sie[lancedb]`).
+"""A LanceDB embedding function backed by the engine (the `lancedb` extra of sie-client:
+`pip install ./contract/python './clients/python[lancedb]'`).
 
 Registered as "sie" in LanceDB's embedding-function registry:
 
