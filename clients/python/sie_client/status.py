@@ -64,8 +64,8 @@ def explained(status: CallStatus, site: CallSite) -> CallStatus:
         return CallStatus(
             status.code,
             f"{site.target} does not serve {site.rpc} (it answered UNIMPLEMENTED: {status.message!r}): this does not "
-            "look like an SIE server. Point the client's base_url at a worker, a gateway or the HTTP port of `sie up` "
-            "(Envoy), whose services are sie.v1.Inference",
+            "look like an SIE server, or it is one older than this client. Point the client's base_url at a worker, "
+            "a gateway or the HTTP port of `sie up` (Envoy), which serve sie.v1.Inference",
         )
     return status
 

@@ -7,6 +7,7 @@ share one implementation: same methods, same arguments, same results.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import threading
@@ -86,14 +87,21 @@ class SIEClient:
         return self._client.target
 
     def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        return self._submit(coroutine).result()
+
+    def _submit(self, coroutine: Coroutine[Any, Any, R]) -> concurrent.futures.Future[R]:
+        """`coroutine` scheduled on the client's loop; a RuntimeError that says so once the client is closed."""
+        if self._loop.is_closed():
+            coroutine.close()  # never run: no "never awaited" warning on top of the error
+            raise RuntimeError("this SIEClient is closed; make a new one")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     async def run_async(self, call: Callable[[AsyncSIEClient], Coroutine[Any, Any, R]]) -> R:
         """Await `call(client)`, a coroutine of the AsyncSIEClient inside, from any event loop: it runs on this
         client's own loop and channel while the caller's loop carries on. So one SIEClient serves blocking and async
         callers over one connection whatever loop they run on (a grpc.aio channel belongs to the loop that made it):
         `await client.run_async(lambda c: c.encode(model, texts))`."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call(self._client), self._loop))
+        return await asyncio.wrap_future(self._submit(call(self._client)))
 
     def __enter__(self) -> SIEClient:
         return self
