@@ -14,6 +14,7 @@ from sie_common.runtime.settings import (
     add_flags,
     load_settings,
 )
+from sie_stack.envoy_config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAP_BYTES
 from sie_stack.settings import StackSettings
 
 
@@ -41,6 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_MAX_SEND_MESSAGE_BYTES,
         help="largest gRPC answer transcoded to JSON; the gateway's SIE_MAX_SEND_MESSAGE_BYTES",
     )
+    envoy.add_argument(
+        "--max-heap-bytes",
+        type=int,
+        default=DEFAULT_MAX_HEAP_BYTES,
+        help="heap the overload manager holds Envoy under (about 3/4 of its memory limit); half of it for JSON bodies",
+    )
+    envoy.add_argument(
+        "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="downstream connections at once"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "envoy-config":
@@ -58,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             host=args.listen_host,
             max_request_bytes=args.max_request_bytes,
             max_response_bytes=args.max_response_bytes,
+            max_heap_bytes=args.max_heap_bytes,
+            max_connections=args.max_connections,
         )
         print(json.dumps(rendered, indent=2))
         return 0

@@ -6,16 +6,26 @@ ConfigService calls go to the config service, every other gRPC call to the
 gateway. gRPC errors come back as HTTP statuses with a JSON body; field names
 are the protos' own. What the transcoder did not turn into a gRPC call gets
 the same kind of JSON body from Envoy itself: 405 on a contract path with a
-method it does not take (with an `allow` header), 404 anywhere else. A JSON
-body with a field its message lacks is refused with 400 naming it, by a Lua
-filter in front of the transcoder (sie_stack.unknown_fields), since the
-transcoder would drop it. `/health` and `/healthz` answer 200 while Envoy runs
-(liveness); `/readyz` answers 200 only while the gateway's grpc.health.v1 says
-SERVING (readiness, from Envoy's active health check of the gateway).
+method it does not take (with an `allow` header), 404 anywhere else; and so
+do Envoy's own local replies (no healthy upstream, a reset, a timeout,
+overload, a body over the limit), through the local-reply mappers.
+
+Paths are normalised before anything reads them (dot segments removed,
+duplicate slashes merged, `%2F` unescaped; sie_stack.request_check drops a
+trailing slash). A Lua filter in front of the transcoder refuses what the
+contract refuses and the transcoder would take (sie_stack.request_check: an
+unknown field, a wrong JSON type, non-strict JSON, a query string), and one
+behind it lets a request reach a service only for the RPC the check chose.
+`/health` and `/healthz` answer 200 while Envoy runs (liveness); `/readyz`
+answers 200 only while the gateway's grpc.health.v1 says SERVING (readiness,
+from Envoy's active health check of the gateway).
 
 The transcoder buffers a whole message each way; its limits match the gRPC
 message limits of the services behind it (lib/sie_common/runtime/transport.py), so an
-answer the gateway may send is one Envoy can transcode.
+answer the gateway may send is one Envoy can transcode. Envoy's memory is
+bounded by an overload manager (`max_heap_bytes`, sized to the Kubernetes
+container limit), a connection limit, HTTP/2 stream limits, and request
+timeouts a slow sender cannot renew (docs/security.md, "Envoy").
 """
 
 from __future__ import annotations
@@ -33,7 +43,14 @@ from google.protobuf import descriptor_pb2
 
 from sie_common.edge.errors import ERROR_DOMAIN
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
-from sie_stack.unknown_fields import lua_filter, template_fields, template_parts
+from sie_stack.request_check import (
+    METADATA_NAMESPACE,
+    BodyAdmission,
+    CheckedRoute,
+    lua_filters,
+    template_fields,
+    template_parts,
+)
 
 SERVICES = ("sie.v1.Inference", "sie.v1.ConfigService")
 LIVENESS_PATHS = ("/health", "/healthz")
@@ -46,6 +63,34 @@ _HTTP_CONNECTION_MANAGER = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 )
 _GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
+_FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+_MAX_CONNECTIONS = "envoy.resource_monitors.global_downstream_max_connections"
+# google.rpc.Code of the other JSON bodies Envoy answers with itself.
+_INVALID_ARGUMENT = 3
+_DEADLINE_EXCEEDED = 4
+_UNAVAILABLE = 14
+_INTERNAL = 13
+
+# Envoy's memory (docs/security.md, "Envoy"). The heap limit fits the Kubernetes base's 512 MiB container limit
+# with room for what tcmalloc does not count (the Lua states' own allocator, thread stacks, the binary).
+DEFAULT_MAX_HEAP_BYTES = 384 * 2**20
+DEFAULT_MAX_CONNECTIONS = 1024
+# Envoy's worker threads (its --concurrency; `sie up` and the Kubernetes base pass it): the request check's body
+# budget is per thread, half the heap limit over them all.
+WORKER_THREADS = 2
+# Requests (streams) at once on one HTTP/2 connection: each may buffer a whole body.
+MAX_CONCURRENT_STREAMS = 100
+# A request's headers, and the whole request, must arrive within these (from its first byte; neither is renewed by
+# more bytes). A native gRPC stream is exempt from the second once its first answer is on its way.
+REQUEST_HEADERS_TIMEOUT = "10s"
+REQUEST_TIMEOUT = "60s"
+# A request's headers (the path with them), in KiB: what Envoy passes on becomes gRPC metadata (the path as
+# x-envoy-original-path, which tells the gateway the caller reads JSON), and grpc refuses metadata past 8 KiB at
+# random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
+MAX_REQUEST_HEADERS_KIB = 7
+# A stream, and a connection without streams, with no bytes either way for this long are closed.
+STREAM_IDLE_TIMEOUT = "300s"
+CONNECTION_IDLE_TIMEOUT = "300s"
 
 
 def descriptor_path() -> Path:
@@ -64,13 +109,18 @@ def render(
     inline_descriptor: bool = False,
     max_request_bytes: int = DEFAULT_MAX_RECEIVE_MESSAGE_BYTES,
     max_response_bytes: int = DEFAULT_MAX_SEND_MESSAGE_BYTES,
+    max_heap_bytes: int = DEFAULT_MAX_HEAP_BYTES,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    worker_threads: int = WORKER_THREADS,
 ) -> dict[str, Any]:
     """The Envoy bootstrap as plain data (dump it as YAML or JSON). With `inline_descriptor` the
     descriptor set travels inside the config (base64) instead of as a path Envoy reads.
 
     `max_request_bytes` / `max_response_bytes`: the largest HTTP body the transcoder takes (larger: 413)
     and the largest gRPC answer it turns into JSON; keep them at the services' SIE_MAX_RECEIVE_MESSAGE_BYTES
-    and SIE_MAX_SEND_MESSAGE_BYTES."""
+    and SIE_MAX_SEND_MESSAGE_BYTES. `max_heap_bytes`: the heap the overload manager keeps Envoy under (about
+    three quarters of its container's memory limit); `max_connections`: downstream connections at once;
+    `worker_threads`: the --concurrency Envoy runs with."""
     descriptor = descriptor or descriptor_path()
     descriptor_bytes = descriptor.read_bytes()
     source = (
@@ -79,6 +129,11 @@ def render(
         else {"proto_descriptor": str(descriptor)}
     )
     files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_bytes).file
+    admission = BodyAdmission(
+        limit=max_request_bytes,
+        budget=max_heap_bytes // 2 // worker_threads,
+        lease_s=_seconds(REQUEST_TIMEOUT) + 5,
+    )
     transcoder = {
         **source,
         "services": list(SERVICES),
@@ -91,6 +146,7 @@ def render(
     }
     return {
         "admin": {"address": _address(host, admin_port)},
+        "overload_manager": _overload_manager(max_heap_bytes, max_connections),
         "static_resources": {
             "listeners": [
                 {
@@ -98,10 +154,11 @@ def render(
                     "address": _address(host, listen_port),
                     # A second Envoy (another stack, an orphan) must fail to bind, not share the port.
                     "enable_reuse_port": False,
-                    # The unknown-field check reads a whole JSON body before the transcoder does: the
-                    # same limit as the transcoder's (the default, 1 MiB, would refuse larger bodies).
+                    # The request check reads a whole JSON body before the transcoder does: the same limit
+                    # as the transcoder's (the default, 1 MiB, would refuse larger bodies). The overload
+                    # manager bounds what all of them hold together.
                     "per_connection_buffer_limit_bytes": max_request_bytes,
-                    "filter_chains": [{"filters": [_http_connection_manager(transcoder, files)]}],
+                    "filter_chains": [{"filters": [_http_connection_manager(transcoder, files, admission)]}],
                 }
             ],
             "clusters": [_cluster("gateway", gateway, health_checked=True), _cluster("config", config)],
@@ -110,15 +167,33 @@ def render(
 
 
 def _http_connection_manager(
-    transcoder: dict[str, Any], files: Sequence[descriptor_pb2.FileDescriptorProto]
+    transcoder: dict[str, Any], files: Sequence[descriptor_pb2.FileDescriptorProto], admission: BodyAdmission
 ) -> dict[str, Any]:
     bindings = _http_bindings(files)
+    not_found = _refusal(
+        {"prefix": "/"}, 404, _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"
+    )
+    check, guard = lua_filters(
+        files, _checked_routes(files), not_found["direct_response"]["body"]["inline_string"], admission
+    )
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
             "@type": _HTTP_CONNECTION_MANAGER,
             "stat_prefix": "sie",
             "codec_type": "AUTO",
+            # One spelling of each path for every filter and the route table: dot segments removed, `//` merged,
+            # %2F and %5C unescaped (a model id's slash may come as encodeURIComponent writes it).
+            "normalize_path": True,
+            "merge_slashes": True,
+            "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
+            "max_request_headers_kb": MAX_REQUEST_HEADERS_KIB,
+            "request_headers_timeout": REQUEST_HEADERS_TIMEOUT,
+            "request_timeout": REQUEST_TIMEOUT,
+            "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
+            "common_http_protocol_options": {"idle_timeout": CONNECTION_IDLE_TIMEOUT},
+            "http2_protocol_options": {"max_concurrent_streams": MAX_CONCURRENT_STREAMS},
+            "local_reply_config": _local_replies(),
             "route_config": {
                 "virtual_hosts": [
                     {
@@ -133,20 +208,14 @@ def _http_connection_manager(
                             {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
                             *(_alive(path) for path in LIVENESS_PATHS),
                             *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
-                            _refusal(
-                                {"prefix": "/"},
-                                404,
-                                _NOT_FOUND,
-                                "ROUTE_NOT_FOUND",
-                                "no HTTP route here: the paths are in docs/http.md",
-                            ),
+                            not_found,
                         ],
                     }
                 ],
             },
             "http_filters": [
                 _readiness(),
-                lua_filter(files, _checked_routes(files)),
+                check,
                 {
                     "name": "envoy.filters.http.grpc_json_transcoder",
                     "typed_config": {
@@ -154,6 +223,7 @@ def _http_connection_manager(
                         **transcoder,
                     },
                 },
+                guard,
                 {
                     "name": "envoy.filters.http.router",
                     "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
@@ -161,6 +231,177 @@ def _http_connection_manager(
             ],
         },
     }
+
+
+def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, Any]:
+    """Past 85% of `max_heap_bytes` the streams holding the most buffered bytes are reset, more of them the
+    closer to 95%, and idle timeouts shrink; at 90% keep-alive stops and the heap is returned to the system; at
+    95% new requests are refused (503 OVERLOADED). Connections past `max_connections` are closed on accept."""
+
+    def at(threshold: float) -> list[dict[str, Any]]:
+        return [{"name": _FIXED_HEAP, "threshold": {"value": threshold}}]
+
+    scaled = [{"name": _FIXED_HEAP, "scaled": {"scaling_threshold": 0.85, "saturation_threshold": 0.95}}]
+    return {
+        "refresh_interval": "0.25s",
+        "resource_monitors": [
+            {
+                "name": _FIXED_HEAP,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "max_heap_size_bytes": max_heap_bytes,
+                },
+            },
+            {
+                "name": _MAX_CONNECTIONS,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3"
+                    ".DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": max_connections,
+                },
+            },
+        ],
+        "actions": [
+            {"name": "envoy.overload_actions.reset_high_memory_stream", "triggers": scaled},
+            {
+                "name": "envoy.overload_actions.reduce_timeouts",
+                "triggers": scaled,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.config.overload.v3.ScaleTimersOverloadActionConfig",
+                    "timer_scale_factors": [
+                        {"timer": timer, "min_timeout": "2s"}
+                        for timer in ("HTTP_DOWNSTREAM_CONNECTION_IDLE", "HTTP_DOWNSTREAM_STREAM_IDLE")
+                    ],
+                },
+            },
+            {"name": "envoy.overload_actions.shrink_heap", "triggers": at(0.90)},
+            {"name": "envoy.overload_actions.disable_http_keepalive", "triggers": at(0.90)},
+            {"name": "envoy.overload_actions.stop_accepting_requests", "triggers": at(0.95)},
+        ],
+        # Streams that buffer 1 MiB or more are tracked, so reset_high_memory_stream can find the largest.
+        "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},
+    }
+
+
+def _local_replies() -> dict[str, Any]:
+    """Envoy's own answers to HTTP callers (an unreachable gateway, a reset, a timeout, overload, a body over the
+    limit, a body the transcoder cannot read) get the JSON error body, the first mapper that matches deciding its
+    code and reason. Native gRPC callers keep Envoy's grpc-status; the request check's refusals and the routes' own
+    404 and 405 keep the JSON bodies they have."""
+    retry = [_header("retry-after", "1")]
+    return {
+        "mappers": [
+            _local_reply(
+                {"header_filter": {"header": {"name": ":path", "string_match": {"exact": READINESS_PATH}}}},
+                _UNAVAILABLE,
+                "NOT_READY",
+                "the gateway is not serving (starting, draining or unreachable: Envoy's gRPC health check)",
+                retry,
+            ),
+            _local_reply(
+                _flags("OM"),
+                _UNAVAILABLE,
+                "OVERLOADED",
+                "Envoy is near its memory limit and takes no new requests for now; retry",
+                retry,
+            ),
+            _local_reply(
+                _flags("UH", "UF", "UO", "URX", "UC", "UR", "LR", "NC"),
+                _UNAVAILABLE,
+                "UPSTREAM_UNAVAILABLE",
+                "the gateway (or the config service) cannot be reached just now; retry",
+                retry,
+            ),
+            _local_reply(_flags("UT"), _DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT", "the service did not answer in time"),
+            _local_reply(
+                _flags("SI"),
+                _DEADLINE_EXCEEDED,
+                "STREAM_IDLE_TIMEOUT",
+                f"nothing was sent or received for {STREAM_IDLE_TIMEOUT}",
+            ),
+            _local_reply(
+                _status(408),
+                _DEADLINE_EXCEEDED,
+                "REQUEST_TIMEOUT",
+                f"the request's headers must arrive within {REQUEST_HEADERS_TIMEOUT} and all of it within "
+                f"{REQUEST_TIMEOUT} of its first byte",
+            ),
+            _local_reply(
+                _status(413),
+                _INVALID_ARGUMENT,
+                "BODY_TOO_LARGE",
+                "the body is larger than the edge takes (sie envoy-config --max-request-bytes, the services' "
+                "SIE_MAX_RECEIVE_MESSAGE_BYTES): send fewer or smaller items per request",
+            ),
+            _local_reply(
+                _status(431),
+                _INVALID_ARGUMENT,
+                "HEADERS_TOO_LARGE",
+                f"the request's headers, its path with them, exceed {MAX_REQUEST_HEADERS_KIB} KiB (they travel on as "
+                "gRPC metadata): send fewer or shorter headers",
+            ),
+            # The transcoder's refusals (a value that does not fit its field: "dims": "many") and the HTTP codec's.
+            _local_reply(
+                {
+                    "or_filter": {
+                        "filters": [_status_between(400, 403), _status_between(406, 499)],
+                    }
+                },
+                _INVALID_ARGUMENT,
+                "INVALID_REQUEST",
+                "the request cannot be read: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)",
+            ),
+            _local_reply(
+                _status_between(500, 599),
+                _INTERNAL,
+                "EDGE_ERROR",
+                "Envoy could not serve the request: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)",
+            ),
+        ],
+    }
+
+
+def _local_reply(
+    condition: dict[str, Any], code: int, reason: str, message: str, headers: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A local-reply mapper: for a reply to an HTTP caller that Envoy made itself and `condition` matches, the JSON
+    error body (Envoy's own reason for it, its response code details, in the ErrorInfo metadata)."""
+    # A key the request check sets (to true) is absent: the reply is neither the check's own nor to native gRPC.
+    not_own = [
+        {
+            "metadata_filter": {
+                "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": key}], "value": {"bool_match": False}},
+                "match_if_key_not_found": True,
+            }
+        }
+        for key in ("answered", "native")
+    ]
+    info = {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": reason,
+        "domain": ERROR_DOMAIN,
+        "metadata": {"envoy": "%RESPONSE_CODE_DETAILS%"},
+    }
+    mapper: dict[str, Any] = {
+        "filter": {"and_filter": {"filters": [condition, *not_own]}},
+        "body_format_override": {"json_format": {"code": code, "message": message, "details": [info]}},
+    }
+    if headers:
+        mapper["headers_to_add"] = headers
+    return mapper
+
+
+def _flags(*flags: str) -> dict[str, Any]:
+    return {"response_flag_filter": {"flags": list(flags)}}
+
+
+def _status(status: int, op: str = "EQ") -> dict[str, Any]:
+    value = {"default_value": status, "runtime_key": "sie.local_reply.status"}
+    return {"status_code_filter": {"comparison": {"op": op, "value": value}}}
+
+
+def _status_between(low: int, high: int) -> dict[str, Any]:
+    return {"and_filter": {"filters": [_status(low, "GE"), _status(high, "LE")]}}
 
 
 def _method_not_allowed(path_regex: str, methods: list[str]) -> dict[str, Any]:
@@ -226,41 +467,42 @@ def _header(key: str, value: str) -> dict[str, Any]:
 def _http_bindings(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> dict[str, list[str]]:
     """Path regex -> the HTTP methods the transcoder maps on it, from the services' google.api.http rules."""
     bindings: dict[str, list[str]] = {}
-    for _, verb, template, _ in _http_rules(files):
+    for _, _, verb, template, _ in _http_rules(files):
         methods = bindings.setdefault(_path_regex(template), [])
         if verb not in methods:
             methods.append(verb)
     return bindings
 
 
-def _checked_routes(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> list[tuple[str, str, str, list[str]]]:
-    """(HTTP method, path template, the body's message or "" for none, the fields of it the path binds) of each rule."""
+def _checked_routes(files: Sequence[descriptor_pb2.FileDescriptorProto]) -> list[CheckedRoute]:
+    """Each rule as the request check reads it: method, template, the body's message and what its path binds."""
     messages = {f"{file.package}.{message.name}": message for file in files for message in file.message_type}
-    routes: list[tuple[str, str, str, list[str]]] = []
-    for method, verb, template, body in _http_rules(files):
+    routes: list[CheckedRoute] = []
+    for rpc, method, verb, template, body in _http_rules(files):
         if not body:
-            routes.append((verb, template, "", []))
+            routes.append(CheckedRoute(verb, template, "", [], rpc))
             continue
         message = method.input_type.lstrip(".")
         in_path = template_fields(template)
         if body != "*":
             message = next(f for f in messages[message].field if f.name == body).type_name.lstrip(".")
             in_path = []
-        routes.append((verb, template, message, in_path))
+        routes.append(CheckedRoute(verb, template, message, in_path, rpc))
     return routes
 
 
 def _http_rules(
     files: Sequence[descriptor_pb2.FileDescriptorProto],
-) -> Iterator[tuple[descriptor_pb2.MethodDescriptorProto, str, str, str]]:
-    """(RPC, HTTP method, path template, body) of every google.api.http rule of the transcoded services."""
+) -> Iterator[tuple[str, descriptor_pb2.MethodDescriptorProto, str, str, str]]:
+    """(gRPC path, RPC, HTTP method, path template, body) of every google.api.http rule of the transcoded services."""
     for file in files:
         for service in file.service:
-            if f"{file.package}.{service.name}" not in SERVICES:
+            full_name = f"{file.package}.{service.name}"
+            if full_name not in SERVICES:
                 continue
             for method in service.method:
                 for verb, template, body in _rules(method.options.Extensions[annotations_pb2.http]):
-                    yield method, verb, template, body
+                    yield f"/{full_name}/{method.name}", method, verb, template, body
 
 
 def _rules(rule: Any) -> Iterator[tuple[str, str, str]]:
@@ -300,6 +542,11 @@ def _cluster(name: str, address: str, health_checked: bool = False) -> dict[str,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, int(port))}}]}],
         },
     }
+
+
+def _seconds(duration: str) -> int:
+    """Whole seconds of a protobuf JSON duration ("60s")."""
+    return int(duration.removesuffix("s"))
 
 
 def _address(host: str, port: int) -> dict[str, Any]:

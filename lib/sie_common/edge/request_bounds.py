@@ -57,6 +57,11 @@ class RequestBoundSettings:
     max_image_bytes: int = setting(
         10 * 2**20, env="SIE_MAX_IMAGE_BYTES", help="largest encoded image accepted, in bytes"
     )
+    max_metadata_bytes: int = setting(
+        16384,
+        env="SIE_MAX_METADATA_BYTES",
+        help="largest item metadata struct accepted, in serialized protobuf bytes (at most SIE_MAX_OPTIONS_DEPTH deep)",
+    )
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(RequestBoundSettings):
@@ -77,6 +82,7 @@ class RequestBounds:
     options_bytes: int
     options_depth: int
     image_bytes: int
+    metadata_bytes: int
 
     @staticmethod
     def fields_from(settings: RequestBoundSettings) -> dict[str, Any]:
@@ -90,7 +96,14 @@ class RequestBounds:
             "options_bytes": settings.max_options_bytes,
             "options_depth": settings.max_options_depth,
             "image_bytes": settings.max_image_bytes,
+            "metadata_bytes": settings.max_metadata_bytes,
         }
+
+
+# Fixed bounds of short strings that name a thing (docs/security.md, "Bounds"): an image's format hint ("jpeg",
+# "image/webp") and the OpenAI embeddings `user` (an end-user id).
+MAX_IMAGE_FORMAT_BYTES = 32
+MAX_USER_BYTES = 256
 
 
 def over_limit(
@@ -150,16 +163,22 @@ def check_instruction(instruction: str, bounds: RequestBounds) -> None:
         )
 
 
-def check_name(field: str, value: str, bounds: RequestBounds) -> None:
-    """A model id, profile name, LoRA name or extract label: at most SIE_MAX_NAME_BYTES."""
+def check_name(
+    field: str,
+    value: str,
+    bounds: RequestBounds,
+    reason: str = "NAME_TOO_LONG",
+    metadata: Mapping[str, str] | None = None,
+) -> None:
+    """A model id, profile name, LoRA name, extract label or a struct's key: at most SIE_MAX_NAME_BYTES."""
     size = _utf8_bytes(value, bounds.name_bytes)
     if size > bounds.name_bytes:
         raise over_limit(
             f"{field}: {size} bytes",
-            reason="NAME_TOO_LONG",
+            reason=reason,
             limit=bounds.name_bytes,
             setting="SIE_MAX_NAME_BYTES",
-            metadata={"field": field},
+            metadata={**(metadata or {}), "field": field},
         )
 
 
@@ -180,27 +199,73 @@ def check_threshold(threshold: float) -> None:
 
 def check_options(options: struct_pb2.Struct, bounds: RequestBounds) -> None:
     """The options struct: at most SIE_MAX_OPTIONS_BYTES serialized, objects and lists at most SIE_MAX_OPTIONS_DEPTH
-    deep.
+    deep, each key (at any depth) at most SIE_MAX_NAME_BYTES: an option's name is a name.
 
     Walked without recursion, before anything converts it."""
-    size = options.ByteSize()
-    if size > bounds.options_bytes:
-        raise over_limit(
-            f"options: {size} bytes",
-            reason="OPTIONS_TOO_LARGE",
-            limit=bounds.options_bytes,
-            setting="SIE_MAX_OPTIONS_BYTES",
+    _check_struct(options, "options", "OPTIONS_TOO_LARGE", bounds.options_bytes, "SIE_MAX_OPTIONS_BYTES", {}, bounds)
+
+
+def check_item_fields(item: Any, where: str, metadata: Mapping[str, str], bounds: RequestBounds) -> None:
+    """An item's `metadata` (at most SIE_MAX_METADATA_BYTES serialized, SIE_MAX_OPTIONS_DEPTH deep, keys at most
+    SIE_MAX_NAME_BYTES) and its images' format hints (at most MAX_IMAGE_FORMAT_BYTES). Text and image sizes are
+    checked where they are read (check_text, check_image_bytes)."""
+    if item.HasField("metadata"):
+        _check_struct(
+            item.metadata,
+            f"{where}: metadata",
+            "METADATA_TOO_LARGE",
+            bounds.metadata_bytes,
+            "SIE_MAX_METADATA_BYTES",
+            metadata,
+            bounds,
         )
-    pending: list[tuple[struct_pb2.Struct | struct_pb2.ListValue, int]] = [(options, 1)]
+    for image in item.images:
+        size = _utf8_bytes(image.format, MAX_IMAGE_FORMAT_BYTES)
+        if size > MAX_IMAGE_FORMAT_BYTES:
+            raise over_limit(
+                f"{where}: an image format hint of {size} bytes (it names a format: jpeg, png, webp)",
+                reason="IMAGE_FORMAT_TOO_LONG",
+                limit=MAX_IMAGE_FORMAT_BYTES,
+                setting="fixed",
+                metadata=metadata,
+            )
+
+
+def check_user(user: str) -> None:
+    """The OpenAI embeddings `user` (an end-user id): at most MAX_USER_BYTES."""
+    size = _utf8_bytes(user, MAX_USER_BYTES)
+    if size > MAX_USER_BYTES:
+        raise over_limit(f"user: {size} bytes", reason="USER_TOO_LONG", limit=MAX_USER_BYTES, setting="fixed")
+
+
+def _check_struct(
+    struct: struct_pb2.Struct,
+    where: str,
+    reason: str,
+    limit: int,
+    setting: str,
+    metadata: Mapping[str, str],
+    bounds: RequestBounds,
+) -> None:
+    """A free-form struct: at most `limit` serialized bytes (`setting`), SIE_MAX_OPTIONS_DEPTH deep, its keys at most
+    SIE_MAX_NAME_BYTES. Walked without recursion."""
+    size = struct.ByteSize()
+    if size > limit:
+        raise over_limit(f"{where}: {size} bytes", reason=reason, limit=limit, setting=setting, metadata=metadata)
+    pending: list[tuple[struct_pb2.Struct | struct_pb2.ListValue, int]] = [(struct, 1)]
     while pending:
         container, depth = pending.pop()
         if depth > bounds.options_depth:
             raise over_limit(
-                f"options: nested {depth} levels deep",
-                reason="OPTIONS_TOO_LARGE",
+                f"{where}: nested {depth} levels deep",
+                reason=reason,
                 limit=bounds.options_depth,
                 setting="SIE_MAX_OPTIONS_DEPTH",
+                metadata=metadata,
             )
+        if isinstance(container, struct_pb2.Struct):
+            for key in container.fields:
+                check_name(f"{where} key", key, bounds, "KEY_TOO_LONG", metadata)
         values = container.fields.values() if isinstance(container, struct_pb2.Struct) else container.values
         for value in values:
             kind = value.WhichOneof("kind")
@@ -240,6 +305,7 @@ def check_request(request: Any, bounds: RequestBounds) -> None:
             check_text(item.text, where, metadata, bounds)
         for image in item.images:
             check_image_bytes(len(image.data), where, metadata, bounds)
+        check_item_fields(item, where, metadata, bounds)
     if "instruction" in fields and request.HasField("instruction"):
         check_instruction(request.instruction, bounds)
     if "labels" in fields:

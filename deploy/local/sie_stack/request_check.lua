@@ -1,0 +1,594 @@
+-- The request check: runs before Envoy's gRPC-JSON transcoder and refuses what the contract refuses
+-- but the transcoder would take (docs/http.md, "What the edge refuses").
+--
+-- * The path: one trailing slash is dropped (Envoy has already merged duplicate slashes, unescaped
+--   %2F and removed dot segments), so the check and the transcoder read the same path; a path over
+--   MAX_PATH bytes is refused (414 PATH_TOO_LONG).
+-- * A query string on a contract route: 400 QUERY_NOT_ALLOWED (the transcoder would read fields
+--   from it, over the path's model or pool name).
+-- * The JSON body: it must be one strict JSON object (RFC 8259; the transcoder's parser also takes
+--   trailing commas, single quotes, unquoted keys), nest at most MAX_DEPTH levels, name only fields
+--   its message defines (UNKNOWN_FIELD), none twice (DUPLICATE_FIELD), none its path gives
+--   (FIELD_IN_PATH), and give each field the JSON type the proto3 JSON mapping gives it
+--   (WRONG_JSON_TYPE: a list is an array, a message an object, a bool true or false; no null inside
+--   a list): the transcoder reads a lone object as a one-item list, drops a null item and takes
+--   "true" for a boolean.
+--
+-- The body is read in one pass, left to right, each byte looked at a bounded number of times: no
+-- pattern here can backtrack (every pattern is one character class, anchored, with at most one
+-- repetition at its end), so the time is linear in the body. A field's path is spelled out only
+-- for a refusal.
+--
+-- sie_stack.request_check prepends the contract's tables:
+-- MESSAGES[name] = {fields = {[JSON name] = spec}, known = its fields' proto names, space-separated,
+--                   proto = {[JSON name] = proto name} where they differ (a field given under both
+--                   counts twice), in_path = the keys the route's path binds (a body's root only)}
+--   spec: "string" | "bytes" | "bool" | "number" | "enum" | "value" (any JSON) | "struct" (any
+--         object) | "list_value" (any array) | {message = name} | {list = spec} | {map = spec}
+-- ROUTES = {{method, Lua pattern of the path, message of the body or "" for none, gRPC path}, ...}
+-- BODY_LIMIT, BODY_BUDGET, LEASE_S: the body admission (sie_stack.request_check.BodyAdmission).
+-- NAMESPACE: the dynamic-metadata namespace. The check writes `rpc` there (the gRPC path it
+-- checked the request for, which route_guard.lua compares with the transcoder's), `native` for a
+-- native gRPC call and `answered` when it refuses (the local-reply mappers leave both alone).
+
+local MAX_DEPTH = 64
+-- The most JSON values (objects, arrays, strings, numbers, literals) in one body, and the longest number
+-- (or number given as a string): the transcoder's time grows with the first and with the square of the
+-- second, while the contract's own bounds (SIE_MAX_ITEMS_PER_REQUEST items, SIE_MAX_OPTIONS_BYTES of
+-- options) stay far below both.
+local MAX_VALUES = 65536
+local MAX_NUMBER = 64
+-- the longest key a refusal quotes (the whole path is cut at 200 too)
+local MAX_KEY = 200
+-- values the body being checked may still hold (check_body sets it; a check never yields)
+local values_left = 0
+
+local byte, find, sub, concat = string.byte, string.find, string.sub, table.concat
+
+local function skip_space(s, i)
+  local c = byte(s, i)
+  if c == 32 or c == 10 or c == 13 or c == 9 then
+    local _, e = find(s, "^[ \t\r\n]*", i)
+    return e + 1
+  end
+  return i
+end
+
+-- JSON's one-character escapes.
+local ESCAPES = {[34] = '"', [92] = "\\", [47] = "/", [98] = "\b", [102] = "\f", [110] = "\n", [114] = "\r",
+  [116] = "\t"}
+
+-- The string starting at s[i] == '"': the index after it, or nil and the index where it stops being a
+-- JSON string (a raw control character, a bad escape, no closing quote); with `decode` also its text
+-- (a \u escape beyond ASCII stays as written: no field name has one). A plain byte loop: LuaJIT
+-- compiles it, where a pattern search per escape would run interpreted.
+local function read_string(s, i, decode)
+  local n = #s
+  local j = i + 1 -- the start of the current run of plain characters
+  local k = j
+  local parts = decode and {} or nil
+  while k <= n do
+    local c = byte(s, k)
+    if c == 34 then -- '"'
+      if parts then
+        parts[#parts + 1] = sub(s, j, k - 1)
+        return k + 1, concat(parts)
+      end
+      return k + 1
+    elseif c == 92 then -- '\\'
+      local e = byte(s, k + 1)
+      local escaped
+      if e == 117 then -- 'u'
+        local _, last = find(s, "^%x%x%x%x", k + 2)
+        if not last then
+          return nil, k
+        end
+        if parts then
+          local code = tonumber(sub(s, k + 2, last), 16)
+          escaped = code < 128 and string.char(code) or sub(s, k, last)
+        end
+        e = last
+      elseif ESCAPES[e] then
+        escaped = ESCAPES[e]
+        e = k + 1
+      else
+        return nil, k
+      end
+      if parts then
+        parts[#parts + 1] = sub(s, j, k - 1)
+        parts[#parts + 1] = escaped
+      end
+      k = e + 1
+      j = k
+    elseif c < 32 then -- a raw control character
+      return nil, k
+    else
+      k = k + 1
+    end
+  end
+  return nil, n + 1
+end
+
+-- The number starting at s[i]: the index after it, or nil and where it stops being a JSON number.
+local function read_number(s, i)
+  local j = i
+  if byte(s, j) == 45 then -- '-'
+    j = j + 1
+  end
+  local c = byte(s, j)
+  if c == 48 then -- a leading 0 stands alone
+    j = j + 1
+  elseif c and c >= 49 and c <= 57 then
+    local _, e = find(s, "^%d*", j + 1)
+    j = e + 1
+  else
+    return nil, j
+  end
+  if byte(s, j) == 46 then -- '.'
+    local _, e = find(s, "^%d+", j + 1)
+    if not e then
+      return nil, j + 1
+    end
+    j = e + 1
+  end
+  c = byte(s, j)
+  if c == 101 or c == 69 then -- 'e', 'E'
+    j = j + 1
+    c = byte(s, j)
+    if c == 43 or c == 45 then
+      j = j + 1
+    end
+    local _, e = find(s, "^%d+", j)
+    if not e then
+      return nil, j
+    end
+    j = e + 1
+  end
+  return j
+end
+
+-- JSON types as the first byte of a value shows them.
+local OBJECT, ARRAY, STRING, NUMBER, BOOL, NULL = "an object", "an array", "a string", "a number", "a boolean", "null"
+local FIRST = {[123] = OBJECT, [91] = ARRAY, [34] = STRING, [116] = BOOL, [102] = BOOL, [110] = NULL, [45] = NUMBER}
+for digit = 48, 57 do
+  FIRST[digit] = NUMBER
+end
+
+-- What each kind takes (null is the field's default in the proto3 JSON mapping, except inside a list or
+-- a map, where only a free-form value may be null).
+local TAKES = {
+  string = {[STRING] = true},
+  bytes = {[STRING] = true},
+  bool = {[BOOL] = true},
+  number = {[NUMBER] = true, [STRING] = true},
+  enum = {[STRING] = true, [NUMBER] = true},
+  struct = {[OBJECT] = true},
+  list_value = {[ARRAY] = true},
+}
+local EXPECTED = {
+  string = "a string", bytes = "a string (base64)", bool = "true or false", number = "a number",
+  enum = "a string or a number", struct = "an object", list_value = "an array",
+}
+
+-- A failure: {at = byte index} where the body stops being strict JSON, {deep = index} (too deep),
+-- {many = index} (too many values), {long = index} (a number too long), or a field's fault:
+-- {segments = its path, innermost first, kind = "unknown" | "duplicate" | "in_path" | "type", ...}.
+local function key_segment(key)
+  if #key > MAX_KEY then
+    key = sub(key, 1, MAX_KEY) .. "..."
+  end
+  return "." .. key
+end
+
+local walk
+
+-- After an object's member or an array's element: the index of the next one and false, the index after
+-- the container and true when `close` ends it, or nil and a failure.
+local function next_entry(s, i, close)
+  i = skip_space(s, i)
+  local c = byte(s, i)
+  if c == 44 then -- ','
+    return skip_space(s, i + 1), false
+  elseif c == close then
+    return i + 1, true
+  end
+  return nil, {at = i}
+end
+
+-- An object at s[i] == '{'. `schema`: a message's entry (its keys are checked), or nil with `values` the
+-- spec of every value (a map, a Struct).
+local function walk_object(s, i, schema, values, depth)
+  i = skip_space(s, i + 1)
+  if byte(s, i) == 125 then -- '}'
+    return i + 1
+  end
+  local seen = schema and {} or nil -- proto names given so far
+  while true do
+    if byte(s, i) ~= 34 then
+      return nil, {at = i}
+    end
+    local start = i
+    local key
+    i, key = read_string(s, i, schema ~= nil)
+    if not i then
+      return nil, {at = key}
+    end
+    local child = values
+    if schema then
+      child = schema.fields[key]
+      if child == nil then
+        local kind = schema.in_path ~= nil and schema.in_path[key] and "in_path" or "unknown"
+        return nil, {segments = {key_segment(key)}, known = schema.known, kind = kind}
+      end
+      local name = schema.proto[key] or key
+      if seen[name] then
+        return nil, {segments = {key_segment(key)}, known = schema.known, kind = "duplicate"}
+      end
+      seen[name] = true
+    end
+    i = skip_space(s, i)
+    if byte(s, i) ~= 58 then -- ':'
+      return nil, {at = i}
+    end
+    local failure
+    i, failure = walk(s, skip_space(s, i + 1), child, depth + 1, values ~= nil and values ~= "value")
+    if not i then
+      if failure.segments then
+        local _, text = read_string(s, start, true)
+        failure.segments[#failure.segments + 1] = key_segment(text)
+      end
+      return nil, failure
+    end
+    local ended
+    i, ended = next_entry(s, i, 125) -- '}'
+    if i == nil or ended then
+      return i, ended
+    end
+  end
+end
+
+-- An array at s[i] == '['; every element is of `spec` (and none is null unless `spec` is "value").
+local function walk_array(s, i, spec, depth)
+  i = skip_space(s, i + 1)
+  if byte(s, i) == 93 then -- ']'
+    return i + 1
+  end
+  local index = 0
+  local no_null = spec ~= "value"
+  while true do
+    local failure
+    i, failure = walk(s, i, spec, depth + 1, no_null)
+    if not i then
+      if failure.segments then
+        failure.segments[#failure.segments + 1] = "[" .. index .. "]"
+      end
+      return nil, failure
+    end
+    local ended
+    i, ended = next_entry(s, i, 93) -- ']'
+    if i == nil or ended then
+      return i, ended
+    end
+    index = index + 1
+  end
+end
+
+local function wrong_type(expected, got)
+  return nil, {segments = {}, kind = "type", expected = expected, got = got}
+end
+
+-- The value at s[i] (spaces skipped) of `spec`; `no_null`: an element of a list or a map (null is not one).
+walk = function(s, i, spec, depth, no_null)
+  if depth > MAX_DEPTH then
+    return nil, {deep = i}
+  end
+  values_left = values_left - 1
+  if values_left < 0 then
+    return nil, {many = i}
+  end
+  local c = byte(s, i)
+  local got = FIRST[c]
+  if got == nil then
+    return nil, {at = i}
+  end
+  if got == NULL and no_null then
+    return wrong_type("a value (a list or a map holds no null)", NULL)
+  end
+  -- the type check: what the spec takes, and what to walk an object's or an array's insides with
+  local schema, values, elements = nil, "value", "value"
+  if type(spec) == "table" then
+    if spec.message then
+      if got ~= OBJECT and got ~= NULL then
+        return wrong_type("an object", got)
+      end
+      schema = MESSAGES[spec.message]
+    elseif spec.list then
+      if got ~= ARRAY and got ~= NULL then
+        return wrong_type("an array", got)
+      end
+      elements = spec.list
+    elseif got ~= OBJECT and got ~= NULL then -- a map
+      return wrong_type("an object", got)
+    else
+      values = spec.map
+    end
+  elseif spec ~= "value" and got ~= NULL and not TAKES[spec][got] then
+    return wrong_type(EXPECTED[spec], got)
+  end
+  if got == OBJECT then
+    return walk_object(s, i, schema, schema == nil and values or nil, depth)
+  elseif got == ARRAY then
+    return walk_array(s, i, elements, depth)
+  elseif got == STRING then
+    local j, stop = read_string(s, i, false)
+    if not j then
+      return nil, {at = stop}
+    end
+    if spec == "number" and j - i - 2 > MAX_NUMBER then
+      return nil, {long = i}
+    end
+    return j
+  elseif got == NUMBER then
+    local j, stop = read_number(s, i)
+    if not j then
+      return nil, {at = stop}
+    end
+    if j - i > MAX_NUMBER then
+      return nil, {long = i}
+    end
+    return j
+  end
+  local word = c == 116 and "true" or c == 102 and "false" or "null"
+  if sub(s, i, i + #word - 1) == word then
+    return i + #word
+  end
+  return nil, {at = i}
+end
+
+-- `text` as a JSON string (control characters, quotes and backslashes escaped).
+local function json_string(text)
+  return '"' .. (text:gsub('[%c"\\]', function(ch) return string.format("\\u%04x", ch:byte()) end)) .. '"'
+end
+
+-- Up to 20 bytes of `text` from byte `i`, quoted, as a hint of where it went wrong.
+local function json_excerpt(text, i)
+  local excerpt = sub(text, i, i + 19):gsub("[^ -~]", "?")
+  if excerpt == "" then
+    return "the body ends early"
+  end
+  return "'" .. excerpt .. "'"
+end
+
+-- The JSON error body the transcoder gives gRPC errors: INVALID_ARGUMENT with an ErrorInfo.
+local function error_body(message, reason, metadata)
+  local entries = {}
+  for _, entry in ipairs(metadata) do
+    entries[#entries + 1] = json_string(entry[1]) .. ": " .. json_string(entry[2])
+  end
+  return '{"code": 3, "message": ' .. json_string(message)
+    .. ', "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "' .. reason
+    .. '", "domain": "sie", "metadata": {' .. concat(entries, ", ") .. '}}]}'
+end
+
+local function field_refusal(failure)
+  local outward = {}
+  for k = #failure.segments, 1, -1 do
+    outward[#outward + 1] = failure.segments[k]
+  end
+  local path = concat(outward):gsub("^%.", "")
+  if #path > 200 then
+    path = sub(path, 1, 200) .. "..."
+  end
+  local field = {{"field", path}}
+  if failure.kind == "type" then
+    local where = path == "" and "the body" or "field '" .. path .. "'"
+    return error_body(where .. " must be " .. failure.expected .. ", not " .. failure.got
+      .. " (the proto3 JSON mapping; docs/http.md lists the body shapes)", "WRONG_JSON_TYPE",
+      {{"field", path}, {"expected", failure.expected}})
+  end
+  local fields = failure.known == "" and "no fields" or failure.known:gsub(" ", ", ")
+  local takes = fields .. " (docs/http.md lists the body shapes)"
+  if failure.kind == "duplicate" then
+    return error_body("field '" .. path .. "' is given twice (under its proto or its JSON name); give it once",
+      "DUPLICATE_FIELD", field)
+  end
+  if failure.kind == "in_path" then
+    return error_body("field '" .. path .. "' is given by the path; leave it out of the body, which takes "
+      .. takes, "FIELD_IN_PATH", field)
+  end
+  return error_body("unknown field '" .. path .. "': the request has no such field; there it takes " .. takes,
+    "UNKNOWN_FIELD", field)
+end
+
+local function refusal(text, failure)
+  if failure.segments then
+    return field_refusal(failure)
+  end
+  local offset, message
+  if failure.many then
+    return error_body("the body holds more than " .. MAX_VALUES .. " JSON values (a request holds at most "
+      .. "SIE_MAX_ITEMS_PER_REQUEST items; docs/http.md)", "TOO_MANY_VALUES", {{"limit", tostring(MAX_VALUES)}})
+  elseif failure.long then
+    offset = failure.long - 1
+    return error_body("the number at byte " .. offset .. " is longer than " .. MAX_NUMBER .. " characters "
+      .. "(docs/http.md)", "NUMBER_TOO_LONG", {{"offset", tostring(offset)}, {"limit", tostring(MAX_NUMBER)}})
+  elseif failure.deep then
+    offset = failure.deep - 1
+    message = "the body nests deeper than " .. MAX_DEPTH .. " levels at byte " .. offset
+  else
+    offset = failure.at - 1
+    message = "the body is not strict JSON (RFC 8259) at byte " .. offset .. ": " .. json_excerpt(text, failure.at)
+  end
+  return error_body(message .. " (docs/http.md)", "INVALID_JSON", {{"offset", tostring(offset)}})
+end
+
+-- The refusal of a body of route message `message` (nil when it passes).
+local function check_body(text, message)
+  local start = skip_space(text, 1)
+  if byte(text, start) ~= 123 then -- the body is one object
+    return refusal(text, {at = start})
+  end
+  values_left = MAX_VALUES
+  local ended, failure = walk(text, start, {message = message}, 0, false)
+  if ended == nil then
+    return refusal(text, failure)
+  end
+  ended = skip_space(text, ended)
+  if ended <= #text then
+    return refusal(text, {at = ended})
+  end
+  return nil
+end
+
+-- Body admission. The check buffers each body whole, and Envoy's overload manager cannot reset an
+-- HTTP/1 stream whose half-sent body sits in a filter's buffer: so each body's announced size (its
+-- content-length, BODY_LIMIT when it has none) is leased from this worker thread's BODY_BUDGET from its
+-- headers until the check has it all; past the budget a request is refused at once (503 OVERLOADED)
+-- instead of buffered. Bodies of LARGE bytes or more may hold at most three quarters of the budget, so
+-- a few slow senders of big bodies leave room for everyone's small ones. A lease is keyed by its
+-- request's coroutine, weakly: when a request ends without a word (reset, timed out) Envoy drops its
+-- coroutine and the next purge (a full collection, at most once a second, only when a lease does not
+-- fit) returns its bytes; LEASE_S bounds a lease in any case.
+local LARGE = 65536
+local leases = setmetatable({}, {__mode = "k"}) -- coroutine -> {bytes, expiry}
+local reserved, reserved_large, last_purge = 0, 0, 0
+
+local function fits(bytes)
+  return reserved + bytes <= BODY_BUDGET and (bytes < LARGE or reserved_large + bytes <= BODY_BUDGET * 3 / 4)
+end
+
+local function purge(now)
+  collectgarbage()
+  reserved, reserved_large = 0, 0
+  for owner, lease in pairs(leases) do
+    if lease[2] <= now then
+      leases[owner] = nil
+    else
+      reserved = reserved + lease[1]
+      if lease[1] >= LARGE then
+        reserved_large = reserved_large + lease[1]
+      end
+    end
+  end
+end
+
+-- A lease of `bytes` for the running request (true), or nil when they do not fit.
+local function admit(bytes)
+  local now = os.time()
+  if not fits(bytes) and now > last_purge then
+    last_purge = now
+    purge(now)
+  end
+  if not fits(bytes) then
+    return nil
+  end
+  leases[coroutine.running()] = {bytes, now + LEASE_S}
+  reserved = reserved + bytes
+  if bytes >= LARGE then
+    reserved_large = reserved_large + bytes
+  end
+  return true
+end
+
+local function release()
+  local owner = coroutine.running()
+  local lease = leases[owner]
+  if lease then
+    leases[owner] = nil
+    reserved = reserved - lease[1]
+    if lease[1] >= LARGE then
+      reserved_large = reserved_large - lease[1]
+    end
+  end
+end
+
+local function respond(handle, status, body)
+  handle:streamInfo():dynamicMetadata():set(NAMESPACE, "answered", true)
+  handle:respond({[":status"] = status, ["content-type"] = "application/json"}, body)
+end
+
+-- Whether Envoy takes the request as native gRPC (the transcoder leaves it alone): application/grpc or
+-- application/grpc+...; "application/grpc; charset=utf-8" is transcoded as JSON.
+local function is_grpc(content_type)
+  return content_type == "application/grpc" or find(content_type, "^application/grpc%+") ~= nil
+end
+
+function envoy_on_request(handle)
+  local headers = handle:headers()
+  local raw = headers:get(":path") or ""
+  if is_grpc(headers:get("content-type") or "") then
+    local mark = handle:streamInfo():dynamicMetadata()
+    mark:set(NAMESPACE, "rpc", raw)
+    mark:set(NAMESPACE, "native", true)
+    return
+  end
+  local q = find(raw, "?", 1, true)
+  local path = q and sub(raw, 1, q - 1) or raw
+  if #path > MAX_PATH then
+    respond(handle, "414", error_body("the path has " .. #path .. " bytes; the limit is " .. MAX_PATH
+      .. " (a model id is at most SIE_MAX_NAME_BYTES; docs/http.md)", "PATH_TOO_LONG", {{"limit", tostring(MAX_PATH)}}))
+    return
+  end
+  if #path > 1 and byte(path, #path) == 47 then -- '/': the path without its trailing slash, for the transcoder too
+    path = sub(path, 1, #path - 1)
+    headers:replace(":path", q and path .. sub(raw, q) or path)
+    handle:clearRouteCache()
+  end
+  local method = headers:get(":method")
+  local route = nil
+  for _, candidate in ipairs(ROUTES) do
+    if candidate[1] == method and find(path, candidate[2]) then
+      route = candidate
+      break
+    end
+  end
+  if route == nil then
+    return
+  end
+  if q then
+    -- The transcoder would set fields from it too, over the path's model or under the body's value.
+    local name = sub(raw, q + 1):match("^[^&=]*"):sub(1, 200)
+    respond(handle, "400", error_body("query parameter '" .. name
+      .. "': no route takes one; fields travel in the path or the JSON body (docs/http.md)",
+      "QUERY_NOT_ALLOWED", {{"parameter", name}}))
+    return
+  end
+  if route[3] ~= "" then
+    local length = headers:get("content-length")
+    local announced = length and tonumber(length) or BODY_LIMIT
+    if announced > BODY_LIMIT then
+      respond(handle, "413", error_body("the body has " .. announced .. " bytes; the limit is " .. BODY_LIMIT
+        .. " (the services' SIE_MAX_RECEIVE_MESSAGE_BYTES): send fewer or smaller items per request",
+        "BODY_TOO_LARGE", {{"limit", tostring(BODY_LIMIT)}}))
+      return
+    end
+    local lease = announced > 0 and admit(announced)
+    if lease == nil then
+      handle:streamInfo():dynamicMetadata():set(NAMESPACE, "answered", true)
+      handle:respond({[":status"] = "503", ["content-type"] = "application/json", ["retry-after"] = "1"},
+        '{"code": 14, "message": "Envoy holds as many request bodies as it may just now; retry", "details": '
+        .. '[{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "OVERLOADED", "domain": "sie", '
+        .. '"metadata": {}}]}')
+      return
+    end
+    local body = handle:body()
+    if lease then
+      release()
+    end
+    if body ~= nil and body:length() > 0 then
+      local text = body:getBytes(0, body:length())
+      local ok, refused = pcall(check_body, text, route[3])
+      if not ok then -- a fault of this script: nothing unchecked goes on (route_guard.lua would refuse it too)
+        respond(handle, "500", error_body("the request check failed: " .. tostring(refused):sub(1, 200),
+          "EDGE_ERROR", {}))
+        return
+      end
+      if refused ~= nil then
+        respond(handle, "400", refused)
+        return
+      end
+    end
+  end
+  -- (wrappers such as the metadata's are fetched again after body(): they do not outlive a yield)
+  handle:streamInfo():dynamicMetadata():set(NAMESPACE, "rpc", route[4])
+end
