@@ -10,7 +10,6 @@ import pytest
 
 from client_observation import requests_answered
 from sie_client import SIEClient
-from sie_client.progress import PROGRESS_EXTRA_HINT
 
 MODEL = "test/tiny-mean"
 RERANKER = "test/tiny-reranker"
@@ -67,7 +66,10 @@ def test_without_tqdm_the_error_names_the_extra_and_nothing_is_sent(worker, clie
         before = requests_answered(worker, model, verb)
         with pytest.raises(ModuleNotFoundError) as raised:
             call()
-        assert str(raised.value) == PROGRESS_EXTRA_HINT
-        assert "pip install 'sie-client[progress]'" in str(raised.value) and raised.value.name == "tqdm"
+        assert str(raised.value) == (
+            "progress=True needs tqdm, which the client's `progress` extra installs: "
+            "pip install './clients/python[progress]' (from a checkout of SIE)"
+        )
+        assert raised.value.name == "tqdm"
         assert requests_answered(worker, model, verb) == before
     assert len(client.encode(MODEL, TEXTS)) == len(TEXTS)  # without progress nothing needs tqdm

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# How to install what `progress=True` needs: the extra of the sie-client distribution (clients/python).
-PROGRESS_EXTRA_HINT = (
-    "progress=True needs tqdm, which the client's `progress` extra installs: "
-    "pip install 'sie-client[progress]' (from a checkout: pip install './clients/python[progress]')"
-)
+from sie_client.extras import needs_extra
 
 
 class Progress:
@@ -19,12 +15,8 @@ class Progress:
     def __init__(self, enabled: bool, total: int, verb: str) -> None:
         self._bar: Any = None
         if enabled:
-            try:
+            with needs_extra("progress=True", "progress", "tqdm"):
                 from tqdm.auto import tqdm
-            except ModuleNotFoundError as missing:
-                if (missing.name or "").partition(".")[0] != "tqdm":
-                    raise
-                raise ModuleNotFoundError(PROGRESS_EXTRA_HINT, name="tqdm") from None
             self._bar = tqdm(total=total, unit="item", desc=verb)
 
     def advance(self, items: int) -> None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
-from chromadb.utils.embedding_functions import register_embedding_function
 
+from sie_client.extras import needs_extra
 from sie_client.integrations._common import DENSE, client_for
+
+with needs_extra("sie_client.integrations.chroma", "chroma", "chromadb"):
+    from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
+    from chromadb.utils.embedding_functions import register_embedding_function
 
 
 @register_embedding_function

@@ -18,12 +18,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from haystack import Document, component, default_from_dict, default_to_dict
-from haystack.utils import Secret, deserialize_secrets_inplace
-
+from sie_client.extras import needs_extra
 from sie_client.integrations._common import DENSE, arerank, rerank
 from sie_client.sync_client import SIEClient
 from sie_client.types import EncodeResult
+
+with needs_extra("sie_client.integrations.haystack", "haystack", "haystack"):
+    from haystack import Document, component, default_from_dict, default_to_dict
+    from haystack.utils import Secret, deserialize_secrets_inplace
 
 
 def _default_api_key() -> Secret:

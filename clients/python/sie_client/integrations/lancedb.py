@@ -15,11 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from lancedb.embeddings import TextEmbeddingFunction, register
-from pydantic import PrivateAttr
 
+from sie_client.extras import needs_extra
 from sie_client.integrations._common import DENSE
 from sie_client.sync_client import SIEClient
+
+with needs_extra("sie_client.integrations.lancedb", "lancedb", "lancedb"):
+    from lancedb.embeddings import TextEmbeddingFunction, register
+    from pydantic import PrivateAttr
 
 
 @register("sie")

@@ -16,15 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from langchain_core.callbacks import Callbacks
-from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
-from langchain_core.embeddings import Embeddings
-from pydantic import ConfigDict, PrivateAttr
-
+from sie_client.extras import needs_extra
 from sie_client.integrations._common import DENSE, arerank, client_for, required_model, rerank
 from sie_client.sync_client import SIEClient
 from sie_client.types import EncodeResult, ExtractResult
 from sie_client.verbs import EncodeOptions, ExtractOptions
+
+with needs_extra("sie_client.integrations.langchain", "langchain", "langchain_core"):
+    from langchain_core.callbacks import Callbacks
+    from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
+    from langchain_core.embeddings import Embeddings
+    from pydantic import ConfigDict, PrivateAttr
 
 
 class SIEEmbeddings(Embeddings):

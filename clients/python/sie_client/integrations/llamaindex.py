@@ -17,15 +17,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.extractors import BaseExtractor
-from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
-from pydantic import BaseModel, PrivateAttr
-
+from sie_client.extras import needs_extra
 from sie_client.integrations._common import DENSE, arerank, client_for, required_model, rerank
 from sie_client.sync_client import SIEClient
 from sie_client.types import ExtractResult
+
+with needs_extra("sie_client.integrations.llamaindex", "llamaindex", "llama_index"):
+    from llama_index.core.base.embeddings.base import BaseEmbedding
+    from llama_index.core.extractors import BaseExtractor
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+    from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+    from pydantic import BaseModel, PrivateAttr
 
 
 def _split(base: type[BaseModel], options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

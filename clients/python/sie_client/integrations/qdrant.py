@@ -19,11 +19,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from qdrant_client import models
-
 from sie_client.async_client import AsyncSIEClient
+from sie_client.extras import needs_extra
 from sie_client.integrations._common import DENSE, client_for
 from sie_client.types import EncodeResult
+
+with needs_extra("sie_client.integrations.qdrant", "qdrant", "qdrant_client"):
+    from qdrant_client import models
 
 # What collection_config encodes to learn the dense model's width.
 PROBE = "dimension probe"
