@@ -8,12 +8,13 @@ marked as not runnable, with why, so an example that breaks fails the suite.
   `--fail-with-body`, so an answer with HTTP status >= 400 fails the block, as does any command that fails.
 - The endpoints `sie up` prints (localhost or 127.0.0.1 on 8080 Envoy, 50051 gateway, 50061 first worker, 50071
   config service) are rewritten to this test's stack, which runs on free ports.
-- The models the docs name are served: the demo model, and offline stand-ins under the other names (MODELS).
+- The models the docs name are served: the demo model, and under the other names offline stand-ins, the tiny
+  random replicas of tools/corpus_models.py (STANDINS); the reader's environment is an activated `.venv` with
+  SIE_ADMIN_TOKEN exported, as docs/control-plane.md has the reader do.
 - `<!-- docs-test: not run: <why> -->` on the line before a block keeps it from running; the reason is required and
-  test_blocks_not_run_say_why lists them. Blocks in other languages (json, yaml, text, ...) are requests, configs or
-  output, not programs, and are not run; a block that names no language is an error.
-
-More files are added to DOCS as their examples are made to run (docs/*.md are next).
+  test_blocks_not_run_say_why lists them (with -s). A block in a language that is not a program (NOT_PROGRAMS: json,
+  yaml, text, proto) is a request, a config, output or a diagram, and is not run, for the reason NOT_PROGRAMS gives;
+  a block in another language, or in none, is an error.
 """
 
 from __future__ import annotations
@@ -29,15 +30,22 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
-from local_cluster import model_config, wait_until
-from reference_integration_models import standin_configs
+import corpus_models
+from local_cluster import wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
 from sie_up_process import SieUp
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "clients/python/README.md", "docs/client.md", "docs/migration.md")
+DOCS = ("README.md", "clients/python/README.md", *sorted(f"docs/{doc.name}" for doc in (ROOT / "docs").glob("*.md")))
 RUN = {"python": "python", "sh": "sh", "bash": "sh", "shell": "sh"}
+NOT_PROGRAMS = {
+    "json": "a request or answer body",
+    "yaml": "a model or bundle config file",
+    "text": "output, a log line or a diagram",
+    "proto": "a message definition",
+}
 NOT_RUN = re.compile(r"<!--\s*docs-test:\s*not run:\s*(.*?)\s*-->")
 # The ports `sie up` prints, by what listens there.
 DOC_PORTS = {8080: "http", 50051: "gateway", 50061: "worker", 50071: "config"}
@@ -84,7 +92,9 @@ RUNNABLE = [block for block in ALL_BLOCKS if block.language in RUN and block.not
 
 def test_every_block_names_its_language_and_every_marker_says_why() -> None:
     assert ALL_BLOCKS, "no code blocks found"
-    assert not [block.name for block in ALL_BLOCKS if not block.language], "a block without a language"
+    known = {*RUN, *NOT_PROGRAMS}
+    unknown = [f"{block.name} ({block.language!r})" for block in ALL_BLOCKS if block.language not in known]
+    assert not unknown, f"blocks in no language, or one neither run nor listed in NOT_PROGRAMS: {unknown}"
     for doc in DOCS:
         text = (ROOT / doc).read_text()
         for marker in re.finditer(r"<!--\s*docs-test:.*?-->", text):
@@ -97,27 +107,48 @@ def test_every_block_names_its_language_and_every_marker_says_why() -> None:
 
 
 def test_blocks_not_run_say_why() -> None:
-    """The blocks kept from running, each with its reason (printed with -s)."""
+    """The blocks that do not run, each with its reason (printed with -s)."""
     for block in ALL_BLOCKS:
         if block.not_run is not None:
             assert len(block.not_run) > 10, block.name
             print(f"{block.name} ({block.language}): not run: {block.not_run}")
+        elif block.language in NOT_PROGRAMS:
+            print(f"{block.name} ({block.language}): not a program: {NOT_PROGRAMS[block.language]}")
 
 
 # --- the stack ------------------------------------------------------------------------------------------------------
 
-# Model id the docs name -> (tiny replica of tests/conftest.py, adapter, config fields); the demo model is real and
-# BAAI/bge-m3 and urchade/gliner_multi-v2.1 are the reference integrations' stand-ins.
-MODELS = {
-    "BAAI/bge-reranker-v2-m3": ("test/tiny-reranker", "cross_encoder", {"tasks": ["score"]}),
-    "naver/splade-v3": ("test/tiny-splade", "splade", {"tasks": ["encode"], "output_types": ["sparse"]}),
-    "openai/clip-vit-base-patch32": (
-        "test/tiny-clip",
-        "clip",
-        {"tasks": ["encode", "score"], "inputs": ["text", "image"]},
-    ),
+# Model id the docs name -> the tiny replica of tools/corpus_models.py that stands in for it (the demo model,
+# sentence-transformers/all-MiniLM-L6-v2, is the real one `sie up` serves).
+STANDINS = {
+    "BAAI/bge-m3": "c/bge-m3",
+    "BAAI/bge-reranker-v2-m3": "c/reranker",
+    "my-org/reranker": "c/reranker",
+    "naver/splade-v3": "c/splade",
+    "openai/clip-vit-base-patch32": "c/clip",
+    "urchade/gliner_multi-v2.1": "c/gliner",
+    "facebook/bart-large-mnli": "c/nli",
+    "knowledgator/gliclass-small-v1.0": "c/gliclass",
+    "jackboyla/glirel-large-v0": "c/glirel",
+    "IDEA-Research/grounding-dino-tiny": "c/grounding-dino",
+    "google/owlv2-base-patch16-ensemble": "c/owlv2",
+    "vidore/colqwen2-v1.0-hf": "c/colqwen2",
+    "florence-community/Florence-2-base": "c/florence2",
 }
-STANDINS = ("BAAI/bge-m3", "urchade/gliner_multi-v2.1")
+
+
+def standin_configs(root: Path) -> list[dict]:
+    """AddModel configs of the stand-ins, their weights built under `root` (each replica once)."""
+    weights: dict[str, Path] = {}
+    configs = []
+    for model_id, replica in STANDINS.items():
+        model = corpus_models.MODELS[replica]
+        directory = root / replica.replace("/", "--")
+        if replica not in weights:
+            weights[replica] = model.build(directory)
+        config = yaml.safe_load(f"path: {weights[replica]}\n" + model.config.replace("{dir}", str(directory)))
+        configs.append({"id": model_id, **config})
+    return configs
 
 
 def _image(format: str) -> bytes:
@@ -128,8 +159,40 @@ def _image(format: str) -> bytes:
     return buffer.getvalue()
 
 
+def warm(address: str, configs: list[dict]) -> None:
+    """Each model loaded, by one request that the client retries until the model has loaded (a `curl` or `grpcurl`
+    in the docs sent to a model still loading is answered 503 MODEL_LOADING, "retry shortly"). What the model then
+    answers does not matter here: a request a model refuses (no labels, say) has still loaded it."""
+    from sie_client import Item, SIEClient
+    from sie_client.errors import RequestError
+
+    image = Item(images=[_image("PNG")])
+    with SIEClient(address, read_timeout_s=120) as client:
+        for config in configs:
+            tasks, item = (
+                config.get("tasks", ["encode"]),
+                image if "text" not in config.get("inputs", ["text"]) else "warm",
+            )
+            try:
+                if "encode" in tasks:
+                    client.encode(config["id"], item)
+                elif "score" in tasks:
+                    client.score(config["id"], "warm", [item])
+                else:
+                    client.extract(config["id"], item, labels=["warm"])
+            except RequestError:
+                pass
+
+
 # Files the docs name as the reader's own.
-SAMPLE_FILES = {"cat.jpg": lambda: _image("JPEG"), "a.png": lambda: _image("PNG")}
+SAMPLE_FILES = {
+    "cat.jpg": lambda: _image("JPEG"),
+    "cats.jpg": lambda: _image("JPEG"),
+    "a.png": lambda: _image("PNG"),
+    "page1.png": lambda: _image("PNG"),
+    "page2.png": lambda: _image("PNG"),
+    "invoice.png": lambda: _image("PNG"),
+}
 
 
 @dataclass(frozen=True)
@@ -143,13 +206,10 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`sie up` (one worker) on free ports, serving the models the docs name."""
     tmp = tmp_path_factory.mktemp("docs-examples")
-    configs = [config for config in standin_configs(tmp / "models") if config["id"] in STANDINS]
-    configs += [
-        model_config(name, tiny_models[tiny], adapter, **fields) for name, (tiny, adapter, fields) in MODELS.items()
-    ]
+    configs = standin_configs(tmp / "models")
     up = SieUp.start(tmp, workers=1, env={"SIE_ADMIN_TOKEN": ADMIN_TOKEN})
     try:
         up.wait_up()
@@ -163,6 +223,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
             wanted = {config["id"] for config in configs}
             known = lambda: {m.id for m in gateway.ListModels(inference_pb2.ListModelsRequest(), timeout=5).models}  # noqa: E731
             wait_until(lambda: wanted <= known(), timeout_s=60, what="the gateway knows the docs' models")
+        warm(up.gateway, configs)
         workdir = tmp / "reader"
         (workdir / ".sie").mkdir(parents=True)
         (workdir / ".sie" / "admin-token").write_text(ADMIN_TOKEN + "\n")
@@ -186,6 +247,8 @@ def test_the_example_runs(block: Block, stack: Stack) -> None:
         "HAYSTACK_TELEMETRY_ENABLED": "False",
         "ANONYMIZED_TELEMETRY": "False",
         "PYTHONUNBUFFERED": "1",
+        "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "SIE_ADMIN_TOKEN": ADMIN_TOKEN,
     }
     env.pop("SIE_BASE_URL", None)
     env.pop("SIE_API_KEY", None)
@@ -196,6 +259,5 @@ def test_the_example_runs(block: Block, stack: Stack) -> None:
     ran = subprocess.run(
         command, cwd=stack.workdir, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, check=False
     )
-    assert ran.returncode == 0, (
-        f"{block.name} failed ({ran.returncode}):\n{code}\n--- stdout\n{ran.stdout[-3000:]}\n--- stderr\n{ran.stderr[-6000:]}"
-    )
+    output = f"--- stdout\n{ran.stdout[-3000:]}\n--- stderr\n{ran.stderr[-6000:]}"
+    assert ran.returncode == 0, f"{block.name} failed ({ran.returncode}):\n{code}\n{output}"
