@@ -25,7 +25,7 @@ class _Waiting(inference_pb2_grpc.InferenceServicer):
         self.started = threading.Event()
         self.caller_gone = threading.Event()
 
-    def Encode(self, request, context):  # noqa: N802 (the RPC's name)
+    def Encode(self, request, context):
         self.started.set()
         while context.is_active():
             threading.Event().wait(0.05)
@@ -74,3 +74,39 @@ def test_a_closed_client_says_so(worker) -> None:
 
     with pytest.raises(RuntimeError, match=r"^this SIEClient is closed; make a new one$"):
         asyncio.run(awaited())
+
+
+def test_closing_the_client_mid_call_answers_its_blocking_caller(waiting) -> None:
+    """close() from another thread while a call waits on the server: the caller gets an error that says so (not a
+    call left on a stopped loop, which would never answer), and the server sees the call go."""
+    address, servicer = waiting
+    client = SIEClient(address, read_timeout_s=60)
+    raised: list[Exception] = []
+
+    def call() -> None:
+        try:
+            client.encode(MODEL, "hello")
+        except Exception as error:  # noqa: BLE001 (whatever it is, the assertion below names it)
+            raised.append(error)
+
+    caller = threading.Thread(target=call, daemon=True)  # a daemon: a caller that hangs fails the test, not the run
+    caller.start()
+    assert servicer.started.wait(30)
+    client.close()
+    caller.join(10)
+    assert not caller.is_alive(), "the blocking caller still waits after close()"
+    assert [(type(error), str(error)) for error in raised] == [
+        (RuntimeError, "this SIEClient was closed while the call was in flight")
+    ]
+    assert servicer.caller_gone.wait(10)
+
+
+async def test_closing_the_client_mid_call_answers_its_async_caller(waiting) -> None:
+    address, servicer = waiting
+    client = SIEClient(address, read_timeout_s=60)
+    task = asyncio.create_task(client.run_async(lambda engine: engine.encode(MODEL, "hello")))
+    assert await asyncio.to_thread(servicer.started.wait, 30)
+    await asyncio.to_thread(client.close)
+    with pytest.raises(RuntimeError, match=r"^this SIEClient was closed while the call was in flight$"):
+        await asyncio.wait_for(task, 10)
+    assert await asyncio.to_thread(servicer.caller_gone.wait, 10)

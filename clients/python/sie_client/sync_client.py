@@ -21,6 +21,7 @@ from sie_client.messages import ItemLike
 from sie_client.types import EncodeResult, ExtractResult
 from sie_client.verbs import EncodeOptions, ExtractOptions
 
+CLOSED_IN_FLIGHT = "this SIEClient was closed while the call was in flight"
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -46,8 +47,18 @@ def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client:
     if threading.current_thread() is thread:  # dropped on its own loop: it cannot wait for itself
         loop.call_soon(loop.stop)
         return
-    asyncio.run_coroutine_threadsafe(client.close(), loop).result()
+    asyncio.run_coroutine_threadsafe(_close(client), loop).result()
     _stop(loop, thread)
+
+
+async def _close(client: AsyncSIEClient) -> None:
+    """On the client's loop: cancel the calls still running there, then close the channel. A call left running on a
+    loop that stops would never answer, and its caller (blocking, or awaiting run_async) would wait forever."""
+    running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    await client.close()
 
 
 class SIEClient:
@@ -87,7 +98,10 @@ class SIEClient:
         return self._client.target
 
     def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
-        return self._submit(coroutine).result()
+        try:
+            return self._submit(coroutine).result()
+        except concurrent.futures.CancelledError:  # only close() cancels a blocking caller's call
+            raise RuntimeError(CLOSED_IN_FLIGHT) from None
 
     def _submit(self, coroutine: Coroutine[Any, Any, R]) -> concurrent.futures.Future[R]:
         """`coroutine` scheduled on the client's loop; a RuntimeError that says so once the client is closed."""
@@ -101,7 +115,13 @@ class SIEClient:
         client's own loop and channel while the caller's loop carries on. So one SIEClient serves blocking and async
         callers over one connection whatever loop they run on (a grpc.aio channel belongs to the loop that made it):
         `await client.run_async(lambda c: c.encode(model, texts))`."""
-        return await asyncio.wrap_future(self._submit(call(self._client)))
+        try:
+            return await asyncio.wrap_future(self._submit(call(self._client)))
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if caller is not None and caller.cancelling():  # the caller's own cancellation goes on as one
+                raise
+            raise RuntimeError(CLOSED_IN_FLIGHT) from None
 
     def __enter__(self) -> SIEClient:
         return self
