@@ -59,13 +59,14 @@ def as_batch(items: ItemLike | Sequence[ItemLike]) -> Sequence[ItemLike]:
     return [items] if isinstance(items, (str, Mapping)) else items
 
 
-def item_message(item: ItemLike) -> types_pb2.Item:
+def item_message(item: ItemLike, role: str = "an item") -> types_pb2.Item:
     """An item as the contract's Item; ItemError for a key it does not know or cannot send, or a value of the wrong
-    type (before anything is sent)."""
+    type (before anything is sent). `role` is what the caller gave it as, for the TypeError of a non-item ("score's
+    query")."""
     if isinstance(item, str):
         return types_pb2.Item(text=item)
     if not isinstance(item, Mapping):
-        raise TypeError(f"an item is a dict (Item(...)) or a str, not {type(item).__name__}")
+        raise TypeError(f"{role} is an Item, a str or a dict, not {type(item).__name__}")
     fields = cast(Mapping[str, Any], item)  # its keys are checked here, at run time
     for field in fields:
         if field in UNSUPPORTED_ITEM_FIELDS and fields[field] is not None:

@@ -204,6 +204,8 @@ class Stack:
 
     def banner(self) -> str:
         s = self.settings
+        # With inference tokens, the curl lines send the first of SIE_AUTH_TOKENS (read from the shell, not printed).
+        token = ' -H "authorization: Bearer ${SIE_AUTH_TOKENS%%,*}"' if s.auth_mode == "static" else ""
         workers = ", ".join(f"127.0.0.1:{s.worker_port + i}" for i in range(s.workers))
         return (
             "SIE is up.\n"
@@ -217,10 +219,10 @@ class Stack:
             f"  state and logs      {self.state}\n"
             f"{self._token_lines()}"
             "Try:\n"
-            f'  curl -s http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d \'{{"items": [{{"text": '
+            f'  curl -s{token} http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d \'{{"items": [{{"text": '
             f'"hello"}}]}}\'\n'
-            f'  curl -s http://127.0.0.1:{s.http_port}/v1/embeddings -d \'{{"model": "{DEMO_MODEL}", "input": '
-            f'"hello"}}\'\n'
+            f'  curl -s{token} http://127.0.0.1:{s.http_port}/v1/embeddings -d \'{{"model": "{DEMO_MODEL}", '
+            f'"input": "hello"}}\'\n'
             "Ctrl-C stops everything."
         )
 
