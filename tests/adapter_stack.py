@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from local_cluster import model_config, wait_until
-from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
+from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2
 from sie_up_process import SieUp
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -49,10 +50,39 @@ def adapter_stack(directory: Path, tiny_models: dict[str, Path], **env: str) -> 
         with grpc.insecure_channel(stack.gateway) as channel:
             gateway = inference_pb2_grpc.InferenceStub(channel)
             ids = {config["id"] for config in wanted}
-            listed = lambda: {
-                m.id for m in gateway.ListModels(inference_pb2.ListModelsRequest(), timeout=5, metadata=metadata).models
-            }
-            wait_until(lambda: ids <= listed(), timeout_s=60, what="the gateway knows the test models")
+
+            def knows_them() -> bool:
+                listed = gateway.ListModels(inference_pb2.ListModelsRequest(), timeout=5, metadata=metadata).models
+                return ids <= {model.id for model in listed}
+
+            wait_until(knows_them, timeout_s=60, what="the gateway knows the test models")
+            for request, call in warm_ups(gateway):
+                wait_until(
+                    lambda call=call, request=request: _answers(call, request, metadata),
+                    timeout_s=180,
+                    what="the test models loaded",
+                )
         yield stack
     finally:
         stack.stop()
+
+
+def warm_ups(gateway: inference_pb2_grpc.InferenceStub) -> list[tuple[object, object]]:
+    """A request per test model, which loads it (a first request answers UNAVAILABLE/MODEL_LOADING meanwhile)."""
+    item = types_pb2.Item(text="warm up")
+    return [
+        (inference_pb2.EncodeRequest(model=SPLADE, items=[item], output_types=["sparse"]), gateway.Encode),
+        (inference_pb2.EncodeRequest(model=COLBERT, items=[item], output_types=["multivector"]), gateway.Encode),
+        (inference_pb2.ScoreRequest(model=RERANKER, query=item, items=[item]), gateway.Score),
+        (inference_pb2.ExtractRequest(model=NER, items=[item]), gateway.Extract),
+    ]
+
+
+def _answers(call: Any, request: object, metadata: tuple[tuple[str, str], ...]) -> bool:
+    try:
+        call(request, timeout=30, metadata=metadata)
+    except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            return False
+        raise
+    return True

@@ -5,6 +5,8 @@ the official openai package's models.list(). Every score and vector equal to our
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import httpx
 import numpy as np
@@ -129,14 +131,21 @@ def test_huggingface_hub_feature_extraction_on_a_tei_url(stack) -> None:
 
 
 def test_langchain_huggingface_endpoint_embeddings(stack) -> None:
+    from huggingface_hub import AsyncInferenceClient, InferenceClient
     from langchain_huggingface import HuggingFaceEndpointEmbeddings
 
-    embeddings = HuggingFaceEndpointEmbeddings(model=f"{stack.http}/tei/{MINILM}")
+    # langchain-huggingface 1.2 refuses a URL as `model` (its validator wants a Hub repo id), so it reaches a TEI
+    # server, ours or Hugging Face's, only through the huggingface_hub clients it holds: given here, the rest of it
+    # (embed_documents, embed_query) as it is.
+    embeddings = HuggingFaceEndpointEmbeddings(model=MINILM, huggingfacehub_api_token="unused")
+    embeddings.client = InferenceClient(model=f"{stack.http}/tei/{MINILM}")
+    embeddings.async_client = AsyncInferenceClient(model=f"{stack.http}/tei/{MINILM}")
     documents = embeddings.embed_documents(DOCUMENTS)
     query = embeddings.embed_query(QUERY)
     for got, ours in zip(documents, our_vectors(stack, MINILM, DOCUMENTS), strict=True):
         np.testing.assert_allclose(got, normalized(ours), atol=1e-5)
     np.testing.assert_allclose(query, normalized(our_vectors(stack, MINILM, [QUERY])[0]), atol=1e-5)
+    np.testing.assert_allclose(asyncio.run(embeddings.aembed_documents(DOCUMENTS)), documents, atol=1e-6)
 
 
 def test_llamaindex_text_embeddings_inference(stack) -> None:
@@ -148,17 +157,22 @@ def test_llamaindex_text_embeddings_inference(stack) -> None:
         np.testing.assert_allclose(got, normalized(ours), atol=1e-5)
 
 
-def test_haystack_tei_text_embedder(stack) -> None:
-    from haystack.components.embedders import HuggingFaceAPITextEmbedder
+def test_haystack_tei_embedders(stack) -> None:
+    from haystack import Document
     from haystack.utils import Secret
-
-    embedder = HuggingFaceAPITextEmbedder(
-        api_type="text_embeddings_inference",
-        api_params={"url": f"{stack.http}/tei/{MINILM}"},
-        token=Secret.from_token("unused"),
+    from haystack_integrations.components.embedders.huggingface_api import (
+        HuggingFaceAPIDocumentEmbedder,
+        HuggingFaceAPITextEmbedder,
     )
-    embedding = embedder.run(text=QUERY)["embedding"]
+
+    tei = {"api_type": "text_embeddings_inference", "api_params": {"url": f"{stack.http}/tei/{MINILM}"}}
+    text_embedder = HuggingFaceAPITextEmbedder(**tei, token=Secret.from_token("unused"))
+    embedding = text_embedder.run(text=QUERY)["embedding"]
     np.testing.assert_allclose(embedding, normalized(our_vectors(stack, MINILM, [QUERY])[0]), atol=1e-5)
+    document_embedder = HuggingFaceAPIDocumentEmbedder(**tei, token=Secret.from_token("unused"), batch_size=2)
+    documents = document_embedder.run(documents=[Document(content=text) for text in DOCUMENTS])["documents"]
+    for document, ours in zip(documents, our_vectors(stack, MINILM, DOCUMENTS), strict=True):
+        np.testing.assert_allclose(document.embedding, normalized(ours), atol=1e-5)
 
 
 def test_tei_routes_by_hand(stack) -> None:
