@@ -121,3 +121,8 @@ def test_json_bodies_are_strict_and_bounded() -> None:
     assert refused(json_body, many).reason == "TOO_MANY_VALUES"
     wide = json.dumps({str(i): i for i in range(20000)}).encode()
     assert refused(json_body, wide).reason == "CONTAINER_TOO_LONG"
+    assert refused(json_body, b'{"top_n": ' + b"9" * 5000 + b"}").reason == "INVALID_JSON"  # past int's digit limit
+    assert refused(json_body, b'{"query": "\\ud800"}').reason == "INVALID_JSON"  # a lone surrogate
+    assert refused(json_body, b'{"\\udc00": 1}').reason == "INVALID_JSON"
+    assert refused(json_body, b'{"q": ["x", "\\udfff"]}').reason == "INVALID_JSON"
+    assert json_body(b'{"q": "\\ud83d\\ude00 \\u00e9"}', LIMITS) == {"q": "\U0001f600 \u00e9"}  # a pair is text

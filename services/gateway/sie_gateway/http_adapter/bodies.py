@@ -27,6 +27,8 @@ NUMERIC_DTYPES = frozenset(
 ) | {"|b1", "|i1", "|u1"}
 # The most dimensions such an array may have (the reference SDK's own limit).
 MAX_ARRAY_DIMS = 8
+JSON_TYPE = "application/json"
+MSGPACK_TYPE = "application/msgpack"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,16 @@ async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
         return await request.read()  # the application's client_max_size is limits.max_bytes
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(None, limits) from None
+
+
+def require_content_type(request: web.Request, expected: str) -> None:
+    """415 unless the body is sent as `expected` (its parameters, e.g. charset, aside)."""
+    if request.content_type != expected:
+        raise AdapterError(
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            f"the body must be sent as {expected} (Content-Type: {expected}), not {request.content_type[:64]}",
+        )
 
 
 def _too_large(size: int | None, limits: BodyLimits) -> AdapterError:
@@ -230,17 +242,27 @@ def json_body(data: bytes, limits: BodyLimits) -> Any:
         raise invalid(f"the body nests deeper than {limits.max_depth} levels", reason="TOO_DEEP") from None
     except json.JSONDecodeError as error:
         raise invalid(f"the body is not JSON at byte {error.pos}: {error.msg}", reason="INVALID_JSON") from None
+    except ValueError as error:  # a number of more digits than Python converts (sys.get_int_max_str_digits)
+        raise invalid(f"the body has a number too long to read: {str(error)[:120]}", reason="INVALID_JSON") from None
     _check_depth(value, limits.max_depth, counter, limits)
     return value
 
 
 def _check_depth(value: Any, limit: int, counter: _Counter | None = None, limits: BodyLimits | None = None) -> None:
-    """Refuse nesting deeper than `limit`; with `counter`, count the values of arrays (JSON has no hook for them) and
-    refuse arrays longer than the container limit."""
+    """Refuse nesting deeper than `limit`; with `counter` (JSON), count the values of arrays (JSON has no hook for
+    them), refuse arrays longer than the container limit and strings that are not Unicode text (a lone surrogate,
+    which JSON's \\u escapes can write and no protobuf string may hold)."""
     pending = [(value, 1)]
     while pending:
         node, depth = pending.pop()
+        if isinstance(node, str):
+            if counter is not None:
+                _check_text(node)
+            continue
         if isinstance(node, dict):
+            if counter is not None:
+                for key in node:
+                    _check_text(key)
             children: Any = node.values()
         elif isinstance(node, list):
             children = node
@@ -253,6 +275,18 @@ def _check_depth(value: Any, limit: int, counter: _Counter | None = None, limits
         if depth > limit:
             raise invalid(f"the body nests deeper than {limit} levels (SIE_GATEWAY_HTTP_MAX_DEPTH)", reason="TOO_DEEP")
         pending.extend((child, depth + 1) for child in children)
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise invalid(
+                f"a string of the body holds a lone surrogate (\\u{ord(text[error.start]):04x}): JSON strings must be "
+                "Unicode text",
+                reason="INVALID_JSON",
+            ) from None
 
 
 def _container(limits: BodyLimits) -> AdapterError:
