@@ -24,13 +24,13 @@ from google.protobuf import json_format
 
 from sie.v1 import inference_pb2
 from sie_contract.tensors import from_tensor
+from sie_gateway.http_adapter.bodies import JSON_TYPE, MSGPACK_TYPE
 from sie_gateway.http_adapter.errors import AdapterError, invalid
 from sie_gateway.http_adapter.fields import Fields, struct
 from sie_gateway.http_adapter.translate import item_message, items_of, model_and_profile, result_id, timing
 from sie_gateway.http_adapter.wire import Adapter
 
 SDK_VERSION_HEADER = "x-sie-sdk-version"
-MSGPACK = "application/msgpack"
 ERROR_CODE_HEADER = "X-SIE-Error-Code"
 # Pools the reference SDK creates have no lease of their own: it renews every 60 s, so three renewals' worth.
 REFERENCE_POOL_TTL_S = 180
@@ -69,8 +69,8 @@ def is_reference(request: web.Request) -> bool:
     """The reference SDK's request: its version header, or msgpack sent or accepted."""
     return (
         SDK_VERSION_HEADER in request.headers
-        or request.content_type == MSGPACK
-        or MSGPACK in request.headers.get("accept", "")
+        or request.content_type == MSGPACK_TYPE
+        or MSGPACK_TYPE in request.headers.get("accept", "")
     )
 
 
@@ -132,7 +132,7 @@ class ReferenceWire:
 
 async def _body(request: web.Request, adapter: Adapter) -> dict[str, Any]:
     """A msgpack body, or JSON when it says so."""
-    if request.content_type == "application/json":
+    if request.content_type == JSON_TYPE:
         body = await adapter.json(request)
         if not isinstance(body, dict):
             raise invalid("the body must be a JSON object")
@@ -142,10 +142,10 @@ async def _body(request: web.Request, adapter: Adapter) -> dict[str, Any]:
 
 def _answer(request: web.Request, body: dict[str, Any]) -> web.Response:
     """msgpack (numpy arrays in msgpack-numpy's encoding) when the caller accepts it, else JSON (arrays as lists)."""
-    if MSGPACK in request.headers.get("accept", "") or (
-        request.content_type == MSGPACK and "application/json" not in request.headers.get("accept", "")
+    if MSGPACK_TYPE in request.headers.get("accept", "") or (
+        request.content_type == MSGPACK_TYPE and JSON_TYPE not in request.headers.get("accept", "")
     ):
-        return web.Response(body=msgpack.packb(body, default=_numpy_map, use_bin_type=True), content_type=MSGPACK)
+        return web.Response(body=msgpack.packb(body, default=_numpy_map, use_bin_type=True), content_type=MSGPACK_TYPE)
     return web.json_response(body, dumps=lambda value: json.dumps(value, default=_plain))
 
 

@@ -71,8 +71,10 @@ async def start_http_adapter(settings: GatewaySettings, socket: InternalSocket) 
         settings.max_items_per_request,
     )
     app = web.Application(client_max_size=limits.max_bytes)
-    app.router.add_route("*", "/{path:.*}", _dispatch([ReferenceWire(), Rerank(), Tei(), OpenAIModels()], adapter))
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    app.router.add_route("*", "/{path:.*}", _dispatch([Rerank(), Tei(), ReferenceWire(), OpenAIModels()], adapter))
+    # A caller gone (Envoy resets its connection here) cancels its handler, and so its call into the gateway and its
+    # lease of the body budget, rather than leaving them to run to the gateway's deadline.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     await web.TCPSite(runner, settings.http_host, settings.http_port, reuse_port=False).start()
     log.info("HTTP adapter serving on %s:%d", settings.http_host, settings.http_port)

@@ -7,7 +7,16 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from sie_gateway.http_adapter.bodies import BodyBudget, BodyLimits, json_body, msgpack_body, read_body
+from sie_gateway.http_adapter.bodies import (
+    JSON_TYPE,
+    MSGPACK_TYPE,
+    BodyBudget,
+    BodyLimits,
+    json_body,
+    msgpack_body,
+    read_body,
+    require_content_type,
+)
 from sie_gateway.http_adapter.errors import AdapterError
 from sie_gateway.http_adapter.gateway_calls import GatewayCalls
 
@@ -36,7 +45,11 @@ class Adapter:
     max_items: int
 
     async def json(self, request: web.Request) -> Any:
+        """The JSON body (415 unless sent as application/json)."""
+        require_content_type(request, JSON_TYPE)
         return json_body(await read_body(request, self.limits), self.limits)
 
     async def msgpack(self, request: web.Request) -> dict[str, Any]:
+        """The msgpack body (415 unless sent as application/msgpack)."""
+        require_content_type(request, MSGPACK_TYPE)
         return msgpack_body(await read_body(request, self.limits), self.limits)
