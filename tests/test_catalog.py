@@ -18,8 +18,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.cluster.bundles import load_bundles
 from sie_common.cluster.model_config import ModelConfig, load_model_config
 from sie_worker.adapters import ADAPTERS
-from sie_worker.adapters.base import LoadContext
-from sie_worker.models.serves import check_adapter_serves
+from sie_worker.adapters.contract import LoadContext
 from tiny_models import build_tiny_gliner, build_tiny_head_model, build_tiny_model
 from worker_process import WorkerProcess
 
@@ -102,7 +101,9 @@ def test_its_adapter_takes_every_option_of_a_catalog_profile(path: Path, replica
             cpu_onednn=False,
             cpu_unpadded=False,
         )
-        check_adapter_serves(config, profile.adapter, ADAPTERS[profile.adapter](context))
+        adapter = ADAPTERS[profile.adapter]
+        adapter.spec.check_config(config)
+        adapter(context)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from grpc_helpers import call_until_loaded, error_info, forward_passes
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.cluster.model_config import load_model_config
 from sie_contract.tensors import from_tensor
-from sie_worker.adapters.base import LoadContext
-from sie_worker.adapters.colpali import PageRetriever
+from sie_worker.adapters.contract import Input, LoadContext, Query
+from sie_worker.adapters.families.colpali import PageRetriever
 from sie_worker.engine.postprocess import MuveraParams, muvera
 from tiny_colpali import EMBEDDING_DIM, build_tiny_colpali, build_tiny_colqwen2
 from tiny_models import write_config
@@ -232,4 +232,5 @@ def test_resized_pixels_and_rows_are_the_processors(directories, tmp_path, model
         else:
             made = inputs["pixel_values"].shape[-1] * inputs["pixel_values"].shape[-2]
         assert adapter.resized_pixels(*size) == made
-        assert adapter.image_rows(adapter.prepare_image(image)) == inputs["input_ids"].shape[1]
+        (prepared,) = adapter.prepare([Input(image=image)], Query("encode", "image", ("multivector",)))
+        assert prepared.rows == prepared.cost == inputs["input_ids"].shape[1]

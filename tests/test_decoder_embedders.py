@@ -27,7 +27,7 @@ from transformers import AutoModel, AutoTokenizer
 from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_contract.tensors import from_tensor
-from sie_worker.adapters.bidirectional import use_bidirectional
+from sie_worker.kernels.bidirectional import use_bidirectional
 from tiny_decoders import DECODER_MAX_LENGTH, build_decoder_embedder, decoder_config, train_tokenizer
 from tiny_models import build_tiny_model, write_config
 from worker_process import inference_stub, serving_worker
@@ -229,7 +229,7 @@ def test_instruction_template_per_request(stub, models: dict[str, Path], profile
 
 def test_left_and_right_padding_give_the_same_vectors(stub) -> None:
     """Last-token pooling on the Qwen3 replica (its tokenizer pads left) and mean pooling on a BERT served on real
-    tokens only (sie_worker.adapters.unpadded), each batch mixing lengths."""
+    tokens only (sie_worker.kernels.unpadded), each batch mixing lengths."""
     for model_id, other in ((QWEN3, "right"), (BERT, "left"), (GTE_QWEN2, "left")):
         first = encode(stub, model_id)
         second = encode(stub, model_id, profile=other)

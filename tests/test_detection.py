@@ -264,7 +264,7 @@ def test_an_owlv2_label_past_its_positions_is_refused(stub) -> None:
         (GROUNDING_DINO, LABELS, {"text_threshold": 1.5}, "INVALID_OPTIONS", "text_threshold: must be a number from 0 to 1, got 1.5"),
         (GROUNDING_DINO, LABELS, {"max_objects": 0}, "INVALID_OPTIONS", "max_objects: must be a whole number from 1 to 1000"),
         (OWLV2, LABELS, {"max_objects": 2.5}, "INVALID_OPTIONS", "max_objects: must be a whole number from 1 to 1000, got 2.5"),
-        (OWLV2, LABELS, {"text_threshold": 0.3}, "INVALID_OPTIONS", "owlv2 reads no option 'text_threshold'; it reads: max_objects"),
+        (OWLV2, LABELS, {"text_threshold": 0.3}, "UNKNOWN_OPTION", "owlv2 reads no option 'text_threshold'; it reads: max_objects"),
     ],
     ids=["dot-in-label", "text-threshold", "max-objects-zero", "max-objects-fraction", "owlv2-text-threshold"],
 )
@@ -301,7 +301,7 @@ def test_an_image_too_large_is_refused_before_decoding(stub, model_id, size, mes
 
 
 def test_resized_pixels_is_what_the_processor_makes(directories) -> None:
-    from sie_worker.adapters.detector import processed_pixels
+    from sie_worker.adapters.families.detector import processed_pixels
 
     for model_id, directory in directories.items():
         processor = AutoProcessor.from_pretrained(directory, backend="pil").image_processor

@@ -146,7 +146,6 @@ def test_donut_answers_generated_tokens_as_token2json(
         ({"max_new_tokens": 0}, "options: max_new_tokens: must be a whole number from 1 to 1024"),
         ({"max_new_tokens": 1025}, "options: max_new_tokens: must be a whole number from 1 to 1024"),
         ({"task": "<NOT_A_TASK>"}, "options: task: '<NOT_A_TASK>' is not a task of this model"),
-        ({"temperature": 0.7}, "options: temperature not read by a document reader"),
     ],
 )
 def test_options_out_of_bounds_are_invalid_options(stub, options: dict[str, Any], message: str) -> None:
@@ -155,6 +154,17 @@ def test_options_out_of_bounds_are_invalid_options(stub, options: dict[str, Any]
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "INVALID_OPTIONS"
     assert message in raised.value.details()
+
+
+def test_an_option_it_does_not_read_and_labels_are_refused(stub) -> None:
+    with pytest.raises(grpc.RpcError) as raised:
+        extract(stub, FLORENCE, image_items(), temperature=0.7)
+    assert error_info(raised.value).reason == "UNKNOWN_OPTION"
+    assert "reads no option 'temperature' for extract; it reads: task, max_new_tokens" in raised.value.details()
+    request = inference_pb2.ExtractRequest(model=FLORENCE, items=image_items(), labels=["total"])
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Extract(request, timeout=60)
+    assert error_info(raised.value).reason == "LABELS_NOT_READ"
 
 
 def test_a_text_only_item_is_invalid_argument_naming_it(stub) -> None:

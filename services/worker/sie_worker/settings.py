@@ -89,7 +89,11 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
     drain_timeout_s: float = setting(
         30.0, env="SIE_DRAIN_TIMEOUT_S", help="on SIGTERM, how long in-flight requests get to finish"
     )
-    max_batch_requests: int = setting(64, env="SIE_MAX_BATCH_REQUESTS", help="most items in one forward pass")
+    max_batch_requests: int = setting(
+        64,
+        env="SIE_MAX_BATCH_REQUESTS",
+        help="most items in one forward pass, whichever requests they come from (the name is the reference system's)",
+    )
     max_batch_wait_ms: float = setting(
         10.0,
         env="SIE_MAX_BATCH_WAIT_MS",

@@ -1,40 +1,8 @@
-"""Model adapters by the name model profiles use in `adapter:`."""
+"""Model adapters: the one contract the engine runs every model by (contract.py), what a family serves (spec.py),
+the families (families/, one module each), the Hugging Face set-up they share (hf.py) and their helpers (layers/).
 
-from __future__ import annotations
+ADAPTERS: each family's adapter class by the name model profiles give in `adapter:`."""
 
-from collections.abc import Callable
+from sie_worker.adapters.families import FAMILIES as ADAPTERS
 
-from sie_worker.adapters.base import LoadContext, ModelAdapter
-from sie_worker.adapters.bge_m3 import BgeM3Encoder
-from sie_worker.adapters.clip import DualEncoder
-from sie_worker.adapters.colbert import ColbertEncoder
-from sie_worker.adapters.colpali import PageRetriever
-from sie_worker.adapters.cross_encoder import CrossEncoderScorer
-from sie_worker.adapters.detector import ZeroShotDetector
-from sie_worker.adapters.document_reader import DocumentReader
-from sie_worker.adapters.gliclass import GliclassClassifier
-from sie_worker.adapters.gliner import GlinerExtractor
-from sie_worker.adapters.glirel import GlirelExtractor
-from sie_worker.adapters.llm_reranker import LlmReranker
-from sie_worker.adapters.nli import NliZeroShotClassifier
-from sie_worker.adapters.sentence_transformer import SentenceTransformerEncoder
-from sie_worker.adapters.splade import SpladeEncoder
-from sie_worker.adapters.token_classifier import TokenClassificationExtractor
-
-ADAPTERS: dict[str, Callable[[LoadContext], ModelAdapter]] = {
-    "sentence_transformer": SentenceTransformerEncoder,
-    "splade": SpladeEncoder,
-    "colbert": ColbertEncoder,
-    "cross_encoder": CrossEncoderScorer,
-    "llm_reranker": LlmReranker,
-    "token_classifier": TokenClassificationExtractor,
-    "gliner": GlinerExtractor,
-    "glirel": GlirelExtractor,
-    "clip": DualEncoder,
-    "colpali": PageRetriever,
-    "bge_m3": BgeM3Encoder,
-    "zero_shot_detector": ZeroShotDetector,
-    "nli_zero_shot": NliZeroShotClassifier,
-    "gliclass": GliclassClassifier,
-    "document_reader": DocumentReader,
-}
+__all__ = ["ADAPTERS"]

@@ -5,27 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.cluster.model_config import OUTPUT_TYPES
 from sie_common.edge.errors import InvalidArgument, clipped
-from sie_common.edge.request_bounds import (
-    check_instruction,
-    check_item_count,
-    check_item_fields,
-    check_labels,
-    check_name,
-    check_options,
-    check_text,
-    check_threshold,
-)
+from sie_common.edge.request_bounds import check_name, check_request
 from sie_common.edge.request_params import merged_request
 from sie_contract.tensors import to_tensor
-from sie_worker.adapters.base import Entity, Extraction
+from sie_worker.adapters.items import Entity, Extraction
 from sie_worker.batching.stats import BatchStats
+from sie_worker.engine.describe import describe
 from sie_worker.engine.jobs import (
     EncodedOutput,
     EncodeJob,
@@ -39,7 +31,6 @@ from sie_worker.engine.jobs import (
     Timing,
 )
 from sie_worker.engine.limits import Limits
-from sie_worker.engine.plan import dense_dims
 from sie_worker.engine.postprocess import OUTPUT_DTYPES, Quantized
 from sie_worker.models.registry import ModelRegistry, ModelState
 
@@ -52,44 +43,40 @@ _MODEL_STATES = {
 
 def describe_model(registry: ModelRegistry, model_id: str) -> inference_pb2.Model:
     """A served model as ListModels and DescribeModel answer it (NOT_FOUND if it is not served)."""
-    config = registry.config(model_id)
-    loaded = registry.loaded(model_id)
-    state = registry.state(model_id)
-    stats = registry.stats(model_id)
-    encoder = loaded[0].encoder if loaded else None
+    model = describe(registry, model_id)
+    config = model.config
     described = inference_pb2.Model(
         id=config.id,
         tasks=config.tasks,
         output_types=config.output_types,
-        dims=config.dims or (dense_dims(loaded[0], {}) if loaded else 0),
-        # Loaded, what the model really reads (a config's value is capped at its position table).
-        max_sequence_length=encoder.max_sequence_length if encoder else config.max_sequence_length or 0,
+        dims=model.dims,
+        max_sequence_length=model.max_sequence_length,
         profiles=sorted(config.profiles),
-        state=_MODEL_STATES[state],
-        stats=inference_pb2.ModelStats(requests=stats.requests, items=stats.items, forward_passes=stats.forward_passes),
+        state=_MODEL_STATES[model.state],
+        stats=inference_pb2.ModelStats(
+            requests=model.stats.requests, items=model.stats.items, forward_passes=model.stats.forward_passes
+        ),
         inputs=config.inputs,
-        memory_bytes=sum(model.memory_bytes for model in loaded),
+        memory_bytes=model.memory_bytes,
         loras=sorted(config.loras),
-        loaded_loras=loaded[0].loras.loaded if loaded else [],
+        loaded_loras=model.loaded_loras,
     )
-    failure = registry.failure(model_id)
-    if state is ModelState.FAILED and failure is not None:
+    if model.failure is not None:
         described.failure.CopyFrom(
             inference_pb2.ModelLoadFailure(
-                error=failure.error,
-                attempts=failure.attempts,
-                permanent=failure.permanent,
-                retry_in_s=failure.retry_in_s(),
+                error=model.failure.error,
+                attempts=model.failure.attempts,
+                permanent=model.failure.permanent,
+                retry_in_s=model.failure.retry_in_s(),
             )
         )
     return described
 
 
 def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJob:
-    """Validate an EncodeRequest's own fields, within `limits` (the model checks its part later)."""
-    request = merged_request(request, limits)
-    require_model(request.model, limits)
-    items = _items(request.items, limits)
+    """An EncodeRequest's own fields, checked within `limits` (the model checks its part later), as a job."""
+    request = _checked(request, limits)
+    items = _items(request.items)
     output_types = tuple(dict.fromkeys(request.output_types))  # none: the model's default (engine)
     for output in output_types:
         if output not in OUTPUT_TYPES:
@@ -107,9 +94,6 @@ def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJo
         )
     if request.HasField("dims") and request.dims <= 0:
         raise InvalidArgument(f"dims must be positive, got {request.dims}", reason="INVALID_DIMS")
-    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
-    if request.HasField("instruction"):
-        check_instruction(request.instruction, limits)
     return EncodeJob(
         model=request.model,
         items=items,
@@ -119,72 +103,76 @@ def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJo
         is_query=request.is_query,
         dims=request.dims if request.HasField("dims") else None,
         profile=request.profile,
-        lora=lora,
-        options=options,
+        lora=request.lora,
+        options=_options(request.options),
         debug=request.debug,
     )
 
 
 def score_job(request: inference_pb2.ScoreRequest, limits: Limits) -> ScoreJob:
-    request = merged_request(request, limits)
-    require_model(request.model, limits)
+    request = _checked(request, limits)
     if not request.query.HasField("text") and not request.query.images:
         raise InvalidArgument(
             "query: a query with text (or, for image models, an image) is required", reason="MISSING_QUERY"
         )
     if request.HasField("top_k") and request.top_k < 0:
         raise InvalidArgument(f"top_k must be 0 (all) or positive, got {request.top_k}", reason="INVALID_TOP_K")
-    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
-    if request.HasField("instruction"):
-        check_instruction(request.instruction, limits)
     return ScoreJob(
         model=request.model,
-        query=_item(request.query, None, limits),
-        items=_items(request.items, limits),
+        query=_item(request.query, None),
+        items=_items(request.items),
         top_k=request.top_k or None,
         instruction=request.instruction if request.HasField("instruction") else None,
         profile=request.profile,
-        lora=lora,
-        options=options,
+        lora=request.lora,
+        options=_options(request.options),
         debug=request.debug,
     )
 
 
 def extract_job(request: inference_pb2.ExtractRequest, limits: Limits) -> ExtractJob:
-    request = merged_request(request, limits)
-    require_model(request.model, limits)
-    lora, options = _lora_and_options(request.lora, request.options, request.profile, limits)
-    labels = tuple(dict.fromkeys(request.labels))
-    check_labels(labels, limits)
-    if request.HasField("threshold"):
-        check_threshold(request.threshold)
+    request = _checked(request, limits)
+    options = _options(request.options)
     return ExtractJob(
         model=request.model,
-        items=_items(request.items, limits),
-        labels=labels,
+        items=_items(request.items),
+        labels=tuple(dict.fromkeys(request.labels)),
         threshold=request.threshold if request.HasField("threshold") else None,
         profile=request.profile,
-        lora=lora,
+        lora=request.lora,
         options=options,
         debug=request.debug,
     )
 
 
+Request = TypeVar("Request", inference_pb2.EncodeRequest, inference_pb2.ScoreRequest, inference_pb2.ExtractRequest)
+
+
+def _checked(request: Request, limits: Limits) -> Request:
+    """The request with `params` and field-like options folded into its fields, its bounded fields checked once
+    (sie_common.edge.request_bounds.check_request, as the gateway checks them), and a model named."""
+    request = merged_request(request, limits)
+    check_request(request, limits)
+    if not request.model:
+        raise InvalidArgument("model is required", reason="MISSING_MODEL")
+    return request
+
+
 def require_model(model: str, limits: Limits) -> None:
+    """A model id named, within SIE_MAX_NAME_BYTES (DescribeModel, GetModel)."""
     if not model:
         raise InvalidArgument("model is required", reason="MISSING_MODEL")
     check_name("model", model, limits)
 
 
-def _items(items: Sequence[types_pb2.Item], limits: Limits) -> list[ItemInput]:
+def _items(items: Sequence[types_pb2.Item]) -> list[ItemInput]:
     """The request's items; whether the model takes their inputs (text, images) is checked against its config later."""
     if not items:
         raise InvalidArgument("items: at least one item is required", reason="NO_ITEMS")
-    check_item_count(len(items), limits)
-    return [_item(item, index, limits) for index, item in enumerate(items)]
+    return [_item(item, index) for index, item in enumerate(items)]
 
 
-def _item(message: types_pb2.Item, index: int | None, limits: Limits) -> ItemInput:
+def _item(message: types_pb2.Item, index: int | None) -> ItemInput:
     text = message.text if message.HasField("text") else None
     images = tuple(ImageInput(image.data, image.format) for image in message.images) if message.images else ()
     item = ItemInput(text, images, message.id, index)  # positional: this runs for every item of every request
@@ -192,20 +180,12 @@ def _item(message: types_pb2.Item, index: int | None, limits: Limits) -> ItemInp
         raise InvalidArgument(
             f"{item.label}: has no text (and no images)", reason="ITEM_WITHOUT_TEXT", metadata=item.metadata
         )
-    if text is not None:
-        check_text(text, item.label, item.metadata, limits)
-    check_item_fields(message, item.label, item.metadata, limits)
     return item
 
 
-def _lora_and_options(
-    lora: str, options: struct_pb2.Struct, profile: str, limits: Limits
-) -> tuple[str, dict[str, Any]]:
-    """The request's LoRA and run-time options, within `limits` (with the profile name, the other short
-    name every request has). `options.lora` was folded into `lora` before (sie_common.edge.request_params)."""
-    check_name("profile", profile, limits)
-    check_name("lora", lora, limits)
-    check_options(options, limits)
+def _options(options: struct_pb2.Struct) -> dict[str, Any]:
+    """The request's run-time options as plain values (`options.lora` and the other field-like keys were folded
+    into their fields before: sie_common.edge.request_params)."""
     try:
         values = json_format.MessageToDict(options)
     except (
@@ -213,7 +193,7 @@ def _lora_and_options(
         ValueError,
     ) as error:  # NaN or Infinity in a number value (a bare Struct raises ValueError)
         raise InvalidArgument(f"options must be plain JSON values: {error}", reason="INVALID_OPTIONS") from None
-    return lora, values
+    return values
 
 
 def encode_response(request: inference_pb2.EncodeRequest, outcome: EncodeOutcome) -> inference_pb2.EncodeResponse:

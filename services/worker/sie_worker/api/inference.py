@@ -24,7 +24,7 @@ from sie_worker.api.convert import (
     score_job,
     score_response,
 )
-from sie_worker.engine.pipeline import Engine
+from sie_worker.engine.engine import Engine
 from sie_worker.metrics import QUEUE_SECONDS, REQUESTS
 
 log = logging.getLogger(__name__)

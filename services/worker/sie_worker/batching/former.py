@@ -39,7 +39,7 @@ import operator
 import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 @dataclass(frozen=True)
@@ -58,14 +58,18 @@ class LimitSource(Protocol):
         """The limits to apply now."""
 
 
+# What an item carries to the device (the engine's: what runs it, its prepared value).
+P = TypeVar("P")
+
+
 @dataclass(eq=False, slots=True)
-class PendingItem:
+class PendingItem(Generic[P]):
     """One item waiting for the device. `cost` is its token count; `tag` its virtual start and `enqueued_at` its
     arrival (both set by `add`)."""
 
     key: Hashable
     cost: int
-    payload: Any
+    payload: P
     future: asyncio.Future
     enqueued_at: float = 0.0
     tag: float = 0.0
@@ -80,11 +84,11 @@ _COST = operator.attrgetter("cost")
 _FLOW = operator.attrgetter("flow")
 
 
-class Batch(list[PendingItem]):
+class Batch(list[PendingItem[P]]):
     """The items of one forward pass, cheapest first, with how the former decided on them."""
 
     def __init__(
-        self, items: Iterable[PendingItem], *, limits: BatchLimits, full: bool, formed_at: float, flows: int = 0
+        self, items: Iterable[PendingItem[P]], *, limits: BatchLimits, full: bool, formed_at: float, flows: int = 0
     ) -> None:
         super().__init__(items)
         self.limits = limits  # the limits it was formed under
@@ -108,21 +112,21 @@ class Batch(list[PendingItem]):
 
 
 @dataclass
-class _Group:
+class _Group(Generic[P]):
     source: LimitSource
-    items: list[PendingItem] = field(default_factory=list)
+    items: list[PendingItem[P]] = field(default_factory=list)
     cost: int = 0
 
 
-class BatchFormer:
+class BatchFormer(Generic[P]):
     def __init__(self) -> None:
-        self._groups: dict[Hashable, _Group] = {}
+        self._groups: dict[Hashable, _Group[P]] = {}
         self._changed = asyncio.Event()
         # Virtual time: where the latest batch's lead item ends (its tag + cost); a new flow's tags start here.
         self._virtual = 0.0
         self._flows = 0
 
-    def add(self, items: Sequence[PendingItem], limits: LimitSource) -> None:
+    def add(self, items: Sequence[PendingItem[P]], limits: LimitSource) -> None:
         """Queue items that arrived together (one flow); all share `items[0].key` and the limits of that group."""
         now = time.monotonic()
         tag = self._virtual
@@ -141,7 +145,7 @@ class BatchFormer:
     def pending(self) -> int:
         return sum(len(group.items) for group in self._groups.values())
 
-    def discard(self, items: Sequence[PendingItem]) -> None:
+    def discard(self, items: Sequence[PendingItem[P]]) -> None:
         """Forget items whose caller went away (their futures are cancelled), so no batch carries them."""
         gone = set(map(id, items))
         for key in {item.key for item in items}:
@@ -153,7 +157,7 @@ class BatchFormer:
             if not group.items:
                 del self._groups[key]
 
-    async def next_batch(self, newer_than: int | None = None) -> Batch:
+    async def next_batch(self, newer_than: int | None = None) -> Batch[P]:
         """Wait until a group is ready and take one batch from it, sorted by cost.
 
         With `newer_than` (a batch's `flows`), only a batch led by an item of a flow added after that batch was
@@ -168,7 +172,7 @@ class BatchFormer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
-    def give_back(self, batch: Batch, limits: LimitSource) -> None:
+    def give_back(self, batch: Batch[P], limits: LimitSource) -> None:
         """Queue again, as they were, the items of a batch that did not run (another was run in its place), but for
         those whose caller went away while it waited (their futures are done: `discard` could not reach them)."""
         for item in batch:
@@ -180,7 +184,7 @@ class BatchFormer:
             group.cost += item.cost
         self._changed.set()
 
-    def may_displace(self, batch: Batch) -> bool:
+    def may_displace(self, batch: Batch[P]) -> bool:
         """Whether a newer request's batch may take `batch`'s place (see `give_back`): only while every request in it
         has items left to wait for here anyway (a bulk request draining), and only once for its items.
 
@@ -194,9 +198,9 @@ class BatchFormer:
 
     def _ready(
         self, now: float, newer_than: int | None
-    ) -> tuple[tuple[Hashable, PendingItem, BatchLimits, bool] | None, float | None]:
+    ) -> tuple[tuple[Hashable, PendingItem[P], BatchLimits, bool] | None, float | None]:
         """The ready group holding the lowest tag (key, its lead, limits, full), else when the next one will be."""
-        ready: tuple[tuple[float, int], Hashable, PendingItem, BatchLimits, bool] | None = None
+        ready: tuple[tuple[float, int], Hashable, PendingItem[P], BatchLimits, bool] | None = None
         wake_at: float | None = None
         for key, group in self._groups.items():
             # Items are kept in arrival order, so those of flows after `newer_than` are a tail.
@@ -219,7 +223,7 @@ class BatchFormer:
                 wake_at = deadline
         return (ready[1:] if ready else None), wake_at
 
-    def _take(self, key: Hashable, lead: PendingItem, limits: BatchLimits, full: bool, now: float) -> Batch:
+    def _take(self, key: Hashable, lead: PendingItem[P], limits: BatchLimits, full: bool, now: float) -> Batch[P]:
         group = self._groups[key]
         self._virtual = max(self._virtual, lead.tag + lead.cost)
         # The batch spans the virtual time of its lead's request: other requests' items share it only if they
@@ -246,6 +250,6 @@ class BatchFormer:
         return Batch(sorted(batch, key=_COST), limits=limits, full=full, formed_at=now, flows=self._flows)
 
 
-def _lead(items: list[PendingItem]) -> PendingItem:
+def _lead(items: list[PendingItem[P]]) -> PendingItem[P]:
     """The item with the lowest virtual start tag, the earliest arrival among equal tags."""
     return min(items, key=_START)

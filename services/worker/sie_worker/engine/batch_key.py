@@ -1,10 +1,13 @@
-"""What lets items of concurrent requests share a forward pass: their BatchKey, the BatchFormer's group key."""
+"""What lets items of concurrent requests share a forward pass: their BatchKey, the BatchFormer's group key, made in
+one place from a part's model, LoRA and query."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from typing import Any, NamedTuple
+
+from sie_worker.adapters.contract import Query
 
 
 class BatchKey(NamedTuple):
@@ -13,7 +16,7 @@ class BatchKey(NamedTuple):
 
     model: str
     profile: str
-    task: str  # "encode", "score" or "extract"
+    task: str  # "encode" (embeddings, a score's too), "score" (pairs) or "extract"
     lora: str
     options: str  # the run-time options as canonical JSON (`canonical_options`)
     # "image" for a dual encoder's image items, which go through the image tower in batches of their own.
@@ -23,6 +26,23 @@ class BatchKey(NamedTuple):
     is_query: bool = False
     labels: tuple[str, ...] = ()  # extract
     threshold: float | None = None  # extract
+
+
+def batch_key(model: str, profile: str, lora: str, query: Query) -> BatchKey:
+    """The key of the items of `model` (its `profile`) with `lora` that ask `query`."""
+    return BatchKey(
+        model,
+        profile,
+        query.task,
+        lora,
+        canonical_options(query.options),
+        query.modality,
+        query.outputs,
+        query.instruction,
+        query.is_query,
+        query.labels,
+        query.threshold,
+    )
 
 
 def canonical_options(options: Mapping[str, Any]) -> str:

@@ -3,10 +3,12 @@
 JPEG, PNG and WebP are accepted; the bytes decide the format. An item's
 `format`, when set, must name one of them (`jpeg`/`jpg`, `png`, `webp`, or
 their `image/...` MIME types); a supported hint that disagrees with the bytes
-is ignored. The file's size is checked against SIE_MAX_IMAGE_BYTES, then
-the header's width and height against SIE_MAX_IMAGE_PIXELS and
+is ignored. The file's size was checked with the request's own fields
+(SIE_MAX_IMAGE_BYTES, sie_common.edge.request_bounds); each header is read
+once: its width and height against SIE_MAX_IMAGE_PIXELS and
 SIE_MAX_IMAGE_ASPECT_RATIO, the size the model's processor would resize
-the image to against SIE_MAX_IMAGE_PIXELS, and a JPEG's scans against
+the image to against SIE_MAX_IMAGE_PIXELS, the request's images together
+against SIE_MAX_REQUEST_IMAGE_PIXELS; then a JPEG's scans against
 SIE_MAX_JPEG_SCANS, all before any pixel is decoded
 (sie_worker.engine.limits): a small file that claims a huge image (a decompression
 bomb), or a thin one that the processor would blow up (1 x 1,000,000 resized
@@ -21,11 +23,11 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from sie_common.edge.errors import InvalidArgument
-from sie_common.edge.request_bounds import check_image_bytes
 from sie_worker.engine.jobs import ImageInput, ItemInput
 from sie_worker.engine.limits import Limits, check_image_size, check_jpeg_scans, check_request_pixels
 
@@ -38,30 +40,80 @@ SUPPORTED = "JPEG, PNG or WebP"
 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
 
-def decode_image(
-    item: ItemInput, position: int, *, limits: Limits, resized_pixels: Callable[[int, int], int]
-) -> Image.Image:
-    """The decoded image `position` of `item`, in its own mode (the model's processor converts it), turned as its
-    EXIF orientation says.
+@dataclass(frozen=True)
+class ImageHeader:
+    """An item's image with its header read (nothing decoded yet): opened, or the refusal that names it; and the
+    pixels it counts against the request's bound (decoded plus as its processor resizes it; 0 where it is over a
+    bound of its own, or its header does not read)."""
+
+    item: ItemInput
+    opened: Image.Image | None
+    refusal: InvalidArgument | None
+    pixels: int
+
+
+def read_headers(
+    items: Sequence[ItemInput], *, limits: Limits, resized_pixels: Callable[[int, int], int]
+) -> list[ImageHeader]:
+    """The first image of each item read up to its header, each checked against the bounds of one image
+    (SIE_MAX_IMAGE_PIXELS, SIE_MAX_IMAGE_ASPECT_RATIO, the size the processor resizes it to), and together
+    against SIE_MAX_REQUEST_IMAGE_PIXELS: every image of a request is decoded and processed before its first
+    forward pass, and held until the request answers. The request's refusal comes before any image's.
 
     `resized_pixels(width, height)`: the pixels the model's processor resizes an image of that size to."""
-    image = item.images[position]
-    where = f"{item.label}: images[{position}]"
-    metadata = {**item.metadata, "image": str(position)}
-    _check_hint(image, where, metadata)
-    check_image_bytes(len(image.data), where, metadata, limits)
+    headers = [_header(item, limits, resized_pixels) for item in items]
+    counted = [header for header in headers if header.pixels]
+    check_request_pixels(sum(header.pixels for header in counted), len(counted), limits)
+    return headers
+
+
+def _header(item: ItemInput, limits: Limits, resized_pixels: Callable[[int, int], int]) -> ImageHeader:
+    image = item.images[0]
+    where = f"{item.label}: images[0]"
+    metadata = {**item.metadata, "image": "0"}
     try:
         opened = Image.open(io.BytesIO(image.data), formats=tuple(FORMATS))
     except Image.DecompressionBombError:  # Pillow's own guard: the header claims over twice Image.MAX_IMAGE_PIXELS
-        raise _too_large(
-            where, metadata, limits.image_pixels, f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels"
-        ) from None
+        detail = f"more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels"
+        return _refused(item, image, where, metadata, _too_large(where, metadata, limits.image_pixels, detail))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
-        raise _unreadable(image.data, where, metadata, error) from None
+        return _refused(item, image, where, metadata, _unreadable(image.data, where, metadata, error))
     width, height = opened.size
-    check_image_size(width, height, resized_pixels(width, height), where, metadata, limits)
+    resized = resized_pixels(width, height)
+    try:
+        check_image_size(width, height, resized, where, metadata, limits)
+    except InvalidArgument as refusal:
+        return _refused(item, image, where, metadata, refusal)
+    return _refused(item, image, where, metadata, None, opened, width * height + resized)
+
+
+def _refused(
+    item: ItemInput,
+    image: ImageInput,
+    where: str,
+    metadata: dict[str, str],
+    refusal: InvalidArgument | None,
+    opened: Image.Image | None = None,
+    pixels: int = 0,
+) -> ImageHeader:
+    """The header, its refusal the format hint's where that is not one the worker takes (the hint is read first)."""
+    try:
+        _check_hint(image, where, metadata)
+    except InvalidArgument as hinted:
+        refusal = hinted
+    return ImageHeader(item, None if refusal else opened, refusal, pixels)
+
+
+def decode(header: ImageHeader, *, limits: Limits) -> Image.Image:
+    """The image of a header that read, decoded in its own mode (the model's processor converts it) and turned as
+    its EXIF orientation says; a JPEG's scans are counted first (SIE_MAX_JPEG_SCANS)."""
+    if header.refusal is not None or header.opened is None:
+        raise header.refusal or ValueError("no image")
+    opened, item = header.opened, header.item
+    where = f"{item.label}: images[0]"
+    metadata = {**item.metadata, "image": "0"}
     if opened.format == "JPEG":
-        check_jpeg_scans(image.data, where, metadata, limits)
+        check_jpeg_scans(item.images[0].data, where, metadata, limits)
     try:
         opened.load()
         # Upright, as transformers' own image loading (and every viewer) turns it: a phone photo is stored sideways.
@@ -73,31 +125,6 @@ def decode_image(
             metadata=metadata,
         ) from None
     return opened
-
-
-def check_images_pixels(
-    items: Sequence[ItemInput], *, limits: Limits, resized_pixels: Callable[[int, int], int]
-) -> None:
-    """The first image of each item, counted from its header (decoded plus resized pixels) against
-    SIE_MAX_REQUEST_IMAGE_PIXELS. An image whose header does not read, or that is over a bound of its own (size,
-    aspect ratio), counts nothing here: decode_image refuses it, naming its item."""
-    total = images = 0
-    for item in items:
-        if not item.images:
-            continue
-        try:
-            with Image.open(io.BytesIO(item.images[0].data), formats=tuple(FORMATS)) as opened:
-                width, height = opened.size
-        except Exception:  # noqa: BLE001 - decode_image says what is wrong with it
-            continue
-        resized = resized_pixels(width, height)
-        try:
-            check_image_size(width, height, resized, item.label, item.metadata, limits)
-        except InvalidArgument:
-            continue
-        total += width * height + resized
-        images += 1
-    check_request_pixels(total, images, limits)
 
 
 def _check_hint(image: ImageInput, where: str, metadata: dict[str, str]) -> None:

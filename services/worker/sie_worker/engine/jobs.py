@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sie_worker.adapters.base import Extraction, SparseWeights
+from sie_worker.adapters.items import Extraction, SparseWeights
 from sie_worker.batching.stats import BatchStats
 from sie_worker.engine.postprocess import Quantized
 

@@ -1,49 +1,67 @@
-"""A request's plan: the model that serves it and what it computes, looked up and checked once per request.
+"""A request's plan: the model that serves it, what it computes, and its items in parts, looked up and checked once.
 
 `plan` is where a job meets its model: every per-model check (task, inputs, LoRA, output types, dims, MUVERA,
-score options, labels) answers here, with the INVALID_ARGUMENT (or NOT_FOUND, UNAVAILABLE) its caller is told.
-The pipeline runs the plan and asks the model nothing more.
+options, labels) answers here, with the INVALID_ARGUMENT (or NOT_FOUND, UNAVAILABLE) its caller is told. The plan
+carries everything the later stages read: each part's items, the `Query` its adapter runs them with and the batch
+key they share forward passes by; then what the answer takes (outputs, MUVERA, dims, dtype, similarity, top_k).
+Encode, score and extract differ here and in the answer (sie_worker.engine.answer) only.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from sie_common.cluster.model_config import ModelConfig
 from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
-from sie_common.edge.errors import InvalidArgument
-from sie_worker.adapters.base import (
-    EncodedItem,
-    ExtractQuery,
-    ImageEncoder,
-    ItemExtractor,
-    OptionScorer,
-    PairScorer,
-)
+from sie_common.edge.errors import InvalidArgument, clipped
+from sie_worker.adapters.contract import AdapterError, Query, Similarity
+from sie_worker.engine.batch_key import BatchKey, batch_key
 from sie_worker.engine.jobs import EncodeJob, ExtractJob, ItemInput, ScoreJob
 from sie_worker.engine.limits import Limits, check_muvera
+from sie_worker.engine.outputs import dense_dims, device_outputs, muvera_params
 from sie_worker.engine.postprocess import MuveraParams, cosine, maxsim
-from sie_worker.models.registry import LoadedModel, ModelRegistry
+from sie_worker.models.build import LoadedModel
+from sie_worker.models.registry import ModelRegistry
 
-Similarity = Callable[[EncodedItem, EncodedItem], float]
 Job = EncodeJob | ScoreJob | ExtractJob
 
 
 @dataclass(frozen=True)
+class Part:
+    """Items of a request that ask the same `query` of the model: prepared together, batched by `key`."""
+
+    # Positions of its items among the plan's items.
+    rows: tuple[int, ...]
+    query: Query
+    key: BatchKey
+    # Whether their multivectors count against the request's bounds (an encode's; a score's items, not its query).
+    counted: bool = True
+    # A pair scorer's: the text each item is scored against (the score's query).
+    pair: str | None = None
+
+
+@dataclass(frozen=True)
 class RequestPlan:
-    """What one request runs, on which model."""
+    """What one request runs, on which model, and what its answer takes."""
 
     model: LoadedModel
     task: str  # "encode", "score" or "extract"
+    lora: str
+    # Every item the request computes: a score's query first, then its items.
+    items: tuple[ItemInput, ...]
+    parts: tuple[Part, ...]
     # Encode: the outputs the answer carries (the model's default when the job names none).
     outputs: tuple[str, ...] = ()
     # What the forward pass computes: for encode, `outputs` with dense from multivectors where MUVERA makes it;
     # for a score by embeddings, the outputs its similarity compares.
     device_outputs: tuple[str, ...] = ()
+    # Encode: whether the items are queries (MUVERA encodes queries and documents differently).
+    is_query: bool = False
     # Encode: MUVERA's parameters when dense comes from multivectors.
     muvera: MuveraParams | None = None
     # Encode: the width dense vectors are cut to (None: the model's), and the dtype the answer's vectors take.
@@ -51,6 +69,7 @@ class RequestPlan:
     output_dtype: str = "float32"
     # Score: how a query's and an item's embeddings compare; None where the model scores pairs itself.
     similarity: Similarity | None = None
+    top_k: int | None = None
 
     @property
     def profile(self) -> str:
@@ -79,10 +98,11 @@ class Planner:
         config = self.registry.config(job.model)
         outputs = job.output_types or config.default_output_types
         _check_outputs(config, outputs)
-        self._check_answer_estimate(job, outputs, config.dims)  # before loading: with the dims the config states
+        # With the dims the config states, an answer too large is refused before the model loads.
+        self._check_answer_estimate(job, outputs, config.dims or 0)
         model = self._model(holds, config, job.profile, "encode", job.lora, job.items)
-        needed = _device_outputs(model, outputs)
-        muvera = _muvera_params(model, job.options) if "dense" in outputs and _uses_muvera(model) else None
+        needed = device_outputs(model, outputs)
+        muvera = muvera_params(model, job.options) if "dense" in outputs and model.adapter.spec.uses_muvera else None
         if muvera is not None:
             check_muvera(muvera, self.limits)
         if job.dims is not None and "dense" in outputs and job.dims > dense_dims(model, job.options):
@@ -91,57 +111,76 @@ class Planner:
                 reason="DIMS_TOO_LARGE",
                 metadata={"dims": str(job.dims)},
             )
-        self._check_answer_estimate(job, outputs, dense_dims(model, job.options))
+        if dense_dims(model, job.options) != config.dims:
+            self._check_answer_estimate(job, outputs, dense_dims(model, job.options))
         _check_one_input_per_item(model, job.items)
-        return RequestPlan(model, "encode", outputs, needed, muvera, job.dims, job.output_dtype)
+        query = Query("encode", outputs=needed, is_query=job.is_query, instruction=job.instruction, options=job.options)
+        _check_query(model, "encode", query)
+        return RequestPlan(
+            model,
+            "encode",
+            job.lora,
+            tuple(job.items),
+            _parts(model, job.lora, job.items, query),
+            outputs,
+            needed,
+            job.is_query,
+            muvera,
+            job.dims,
+            job.output_dtype,
+        )
 
-    def _check_answer_estimate(self, job: EncodeJob, outputs: tuple[str, ...], model_dims: int | None) -> None:
-        """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent."""
-        if "dense" in outputs:
-            # a lower bound: job.dims alone says nothing where the model's own dims are not known yet
-            # (dims 2**31-1 read as an 8 GB answer, RESOURCE_EXHAUSTED, where DIMS_TOO_LARGE is the answer)
-            dims = min(job.dims or model_dims, model_dims) if model_dims else 0
+    def _check_answer_estimate(self, job: EncodeJob, outputs: tuple[str, ...], model_dims: int) -> None:
+        """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent (0 dims: not known
+        yet, nothing to refuse)."""
+        if "dense" in outputs and model_dims:
+            dims = min(job.dims or model_dims, model_dims)
             check_dense_estimate(len(job.items), dims, job.output_dtype, self.max_send_bytes, MAX_SEND_SETTING)
 
     def _score(self, job: ScoreJob, holds: contextlib.ExitStack) -> RequestPlan:
         config = self.registry.config(job.model)
         model = self._model(holds, config, job.profile, "score", job.lora, [job.query, *job.items])
-        encoder = model.encoder
-        if isinstance(encoder, PairScorer):
-            return RequestPlan(model, "score")
-        outputs: tuple[str, ...]
-        similarity: Similarity
-        if isinstance(encoder, ImageEncoder) and "dense" in encoder.output_types:  # a dual encoder (CLIP)
-            outputs, similarity = ("dense",), lambda query, item: cosine(query.vector("dense"), item.vector("dense"))
-        elif isinstance(encoder, OptionScorer):
-            try:
-                outputs, similarity = encoder.scoring(job.options)
-            except ValueError as error:
-                raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
-        else:
-            outputs, similarity = (
-                ("multivector",),
-                lambda query, item: maxsim(query.vector("multivector"), item.vector("multivector")),
-            )
+        adapter = model.adapter
+        items = (job.query, *job.items)
+        _check_query(model, "score", Query("score", instruction=job.instruction, options=job.options))
+        if adapter.spec.pairs:
+            query = Query("score", instruction=job.instruction, options=job.options)
+            pairs = _parts(model, job.lora, job.items, query, first_row=1, pair=job.query.text or "")
+            return RequestPlan(model, "score", job.lora, items, pairs, top_k=job.top_k)
+        outputs, similarity = _similarity(model, job)
         _check_one_input_per_item(model, [job.query])
         _check_one_input_per_item(model, job.items)
-        return RequestPlan(model, "score", device_outputs=outputs, similarity=similarity)
+        # An instruction is the query's (retrieval models encode documents with their document prompt), except on a
+        # dual encoder, where it is the prompt of every text (`a photo of `), the items' too.
+        item_instruction = job.instruction if "image" in adapter.spec.inputs else None
+        query = Query("encode", outputs=outputs, is_query=True, instruction=job.instruction, options=job.options)
+        document = Query("encode", outputs=outputs, instruction=item_instruction, options=job.options)
+        parts = (
+            *_parts(model, job.lora, [job.query], query, counted=False),
+            *_parts(model, job.lora, job.items, document, first_row=1),
+        )
+        return RequestPlan(
+            model, "score", job.lora, items, parts, device_outputs=outputs, similarity=similarity, top_k=job.top_k
+        )
 
     def _extract(self, job: ExtractJob, holds: contextlib.ExitStack) -> RequestPlan:
         config = self.registry.config(job.model)
         model = self._model(holds, config, job.profile, "extract", job.lora, job.items)
-        extractor = model.encoder
-        assert isinstance(extractor, ItemExtractor)  # check_adapter_serves: an extract model's adapter is one
-        if extractor.zero_shot and not job.labels:
+        if model.adapter.spec.labels and not job.labels:
             raise InvalidArgument(
                 f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS"
             )
-        try:
-            extractor.check_query(ExtractQuery(job.labels, job.threshold, job.options))
-        except ValueError as error:
-            raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
+        if job.labels and not model.adapter.spec.labels:
+            raise InvalidArgument(
+                f"labels: model {job.model} (adapter {model.adapter.spec.name}) finds labels of its own and reads none "
+                "from the request; send no labels",
+                reason="LABELS_NOT_READ",
+                metadata={"model": job.model},
+            )
+        query = Query("extract", labels=job.labels, threshold=job.threshold, options=job.options)
+        _check_query(model, "extract", query)
         _check_one_input_per_item(model, job.items, allow_text_with_image=True)
-        return RequestPlan(model, "extract")
+        return RequestPlan(model, "extract", job.lora, tuple(job.items), _parts(model, job.lora, job.items, query))
 
     def _model(
         self,
@@ -160,6 +199,88 @@ class Planner:
         model = holds.enter_context(self.registry.use(config.id, profile))
         model.loras.require(lora, self.device_thread)
         return model
+
+
+def _parts(
+    model: LoadedModel,
+    lora: str,
+    items: Sequence[ItemInput],
+    query: Query,
+    *,
+    first_row: int = 0,
+    counted: bool = True,
+    pair: str | None = None,
+) -> tuple[Part, ...]:
+    """`items` (rows from `first_row` on) in parts by what reads them: texts, and images (a model's image tower or
+    image path), each part batched apart."""
+    by_modality: dict[str, list[int]] = {}
+    for row, item in enumerate(items, start=first_row):
+        by_modality.setdefault(item.modality, []).append(row)
+    parts = []
+    for modality in ("text", "image"):
+        if modality not in by_modality:
+            continue
+        asked = query if modality == "text" else _image_query(query)
+        key = batch_key(model.config.id, model.profile, lora, asked)
+        parts.append(Part(tuple(by_modality[modality]), asked, key, counted, pair))
+    return tuple(parts)
+
+
+def _image_query(query: Query) -> Query:
+    """The query of image items: an encoder's image path reads no prompt (instruction, query or document)."""
+    if query.task != "encode":
+        return dataclasses.replace(query, modality="image")
+    return Query("encode", "image", query.outputs, options=query.options)
+
+
+def _similarity(model: LoadedModel, job: ScoreJob) -> tuple[tuple[str, ...], Similarity]:
+    """What a score by embeddings compares: what the model's options pick (BGE-M3), else cosine of dense embeddings
+    (dual encoders, text or image), else MaxSim of multivectors (late interaction)."""
+    adapter = model.adapter
+    try:
+        picked = adapter.scoring(job.options)
+    except ValueError as error:
+        raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
+    if picked is not None:
+        return picked
+    if "image" in adapter.spec.inputs and "dense" in adapter.spec.outputs:
+        return ("dense",), _cosine
+    return ("multivector",), _maxsim
+
+
+def _cosine(query: Any, item: Any) -> float:
+    return cosine(query.vector("dense"), item.vector("dense"))
+
+
+def _maxsim(query: Any, item: Any) -> float:
+    return maxsim(query.vector("multivector"), item.vector("multivector"))
+
+
+def _check_query(model: LoadedModel, task: str, query: Query) -> None:
+    """Only options the model reads for `task` (its adapter's, and MUVERA's for an encode of a multivector model):
+    UNKNOWN_OPTION naming the option and those it reads; each within the bounds the adapter declares for it, then
+    what only the model can check (its `check`): INVALID_OPTIONS, or the reason the adapter gives."""
+    spec = model.adapter.spec
+    accepted = (*spec.option_names(task), *(("muvera",) if task == "encode" and spec.uses_muvera else ()))
+    unknown = sorted(set(query.options) - set(accepted))
+    if unknown:
+        name = clipped(unknown[0])
+        raise InvalidArgument(
+            f"options.{name}: model {model.config.id} (adapter {spec.name}) reads no option {name!r} for {task}; "
+            f"it reads: {', '.join(accepted) or 'none'}",
+            reason="UNKNOWN_OPTION",
+            metadata={"option": name, "accepted": ",".join(accepted)},
+        )
+    try:
+        for option in model.adapter.spec.options:
+            read = not option.tasks or query.task in option.tasks
+            if read and option.check is not None and option.name in query.options:
+                option.check(query.options[option.name])
+        model.adapter.check(query)
+    except AdapterError as error:
+        raise InvalidArgument(error.message, reason=error.reason, metadata=error.metadata) from None
+    except ValueError as error:
+        raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
 
 
 def _check_task(config: ModelConfig, task: str) -> None:
@@ -222,45 +343,3 @@ def _check_outputs(config: ModelConfig, output_types: tuple[str, ...]) -> None:
                 reason="OUTPUT_NOT_SUPPORTED",
                 metadata={"output_type": output},
             )
-
-
-def _device_outputs(model: LoadedModel, output_types: tuple[str, ...]) -> tuple[str, ...]:
-    """What the forward pass must produce: dense of a multivector-only model comes from MUVERA."""
-    native = model.encoder.output_types
-    needed = []
-    for output in output_types:
-        source = "multivector" if output == "dense" and "dense" not in native and "multivector" in native else output
-        if source not in native:
-            raise InvalidArgument(
-                f"model {model.config.id} (adapter {model.config.profile(model.profile).adapter}) cannot produce "
-                f"{output!r}; it produces: {', '.join(native)}",
-                reason="OUTPUT_NOT_SUPPORTED",
-                metadata={"output_type": output},
-            )
-        needed.append(source)
-    return tuple(dict.fromkeys(needed))
-
-
-def _uses_muvera(model: LoadedModel) -> bool:
-    """Whether the model's dense output is the MUVERA encoding of its multivectors."""
-    native = model.encoder.output_types
-    return "dense" not in native and "multivector" in native
-
-
-def _muvera_params(model: LoadedModel, options: Mapping[str, Any]) -> MuveraParams:
-    """MUVERA parameters: the profile's run_options `muvera`, overridden key by key by the request's."""
-    configured = model.config.profile(model.profile).run_options.get("muvera") or {}
-    requested = options.get("muvera") or {}
-    if not isinstance(requested, Mapping):
-        raise InvalidArgument("options.muvera must be a mapping of MUVERA parameters", reason="INVALID_OPTIONS")
-    try:
-        return MuveraParams.from_options({**configured, **requested})
-    except ValueError as error:
-        raise InvalidArgument(f"options: {error}", reason="INVALID_OPTIONS") from None
-
-
-def dense_dims(model: LoadedModel, options: Mapping[str, Any]) -> int:
-    """Width of the model's dense output (its MUVERA encoding for a multivector model)."""
-    if _uses_muvera(model):
-        return _muvera_params(model, options).dims
-    return model.encoder.dims

@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from sie_worker.adapters.base import ImageEncoder, ModelAdapter, PairScorer, TextEncoder
+from sie_worker.adapters.contract import Adapter, Input, Query
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class CpuBuild:
     """A CPU model built by `load_on_cpu`: its adapter, the precision it computes in and the probe's agreement
     with float32 (None where no probe ran)."""
 
-    adapter: ModelAdapter
+    adapter: Adapter
     precision: str
     agreement: float | None
 
@@ -108,7 +108,7 @@ class CpuBuild:
 class Build(Protocol):
     """Builds the model's adapter with its weights in `dtype`, its float32 Linear layers packed for oneDNN or not."""
 
-    def __call__(self, dtype: torch.dtype, *, cpu_onednn: bool) -> ModelAdapter: ...
+    def __call__(self, dtype: torch.dtype, *, cpu_onednn: bool) -> Adapter: ...
 
 
 def load_on_cpu(
@@ -127,7 +127,7 @@ def load_on_cpu(
     if why:
         log.info("%s: %s; it computes in float32", name, why)
 
-    def at(chosen: str) -> ModelAdapter:
+    def at(chosen: str) -> Adapter:
         if chosen == "bfloat16":
             return build(torch.bfloat16, cpu_onednn=False)
         if chosen == "int8":
@@ -140,7 +140,7 @@ def load_on_cpu(
 
 
 def _checked(
-    name: str, precision: str, build: Callable[[str], ModelAdapter], min_agreement: float, *, has_loras: bool
+    name: str, precision: str, build: Callable[[str], Adapter], min_agreement: float, *, has_loras: bool
 ) -> CpuBuild:
     """`build(precision)`, checked against `build("float32")` on the probe; float32 where the check fails or cannot
     run."""
@@ -171,8 +171,9 @@ def _checked(
     return CpuBuild(adapter, precision, agreement)
 
 
-def _unsupported(adapter: ModelAdapter, precision: str, has_loras: bool) -> str | None:
-    if isinstance(adapter, ImageEncoder) or not isinstance(adapter, TextEncoder | PairScorer):
+def _unsupported(adapter: Adapter, precision: str, has_loras: bool) -> str | None:
+    spec = adapter.spec
+    if "image" in spec.inputs or not (spec.outputs or spec.pairs):
         return f"{precision} is checked on text encoders and cross-encoders only, and this model is neither"
     if precision == "int8" and has_loras:
         return "int8 layers take no LoRA adapters"
@@ -182,21 +183,22 @@ def _unsupported(adapter: ModelAdapter, precision: str, has_loras: bool) -> str 
 Probe = list[np.ndarray]
 
 
-def probe(adapter: ModelAdapter) -> Probe:
+def probe(adapter: Adapter) -> Probe:
     """The adapter's outputs on the probe texts, as float64 vectors to compare: one per dense embedding, per
     multivector row and per sparse embedding (densified); a cross-encoder's scores as one vector, centred on their
     mean, so that its cosine is their correlation: a shared offset does not hide a change in their order."""
-    if isinstance(adapter, PairScorer):
-        with torch.inference_mode():
-            scores = np.asarray(adapter.score(adapter.tokenize_pairs(PROBE_QUERY, PROBE_TEXTS)), dtype=np.float64)
-        return [scores - scores.mean()]
-    if not isinstance(adapter, TextEncoder):
+    spec = adapter.spec
+    if not (spec.outputs or spec.pairs):
         raise TypeError(f"no probe for {type(adapter).__name__}")
-    batch = adapter.tokenize(PROBE_TEXTS, adapter.prompt(is_query=False, instruction=None))
+    query = Query("score") if spec.pairs else Query("encode", outputs=spec.outputs)
+    items = [Input(text, pair=PROBE_QUERY if spec.pairs else None) for text in PROBE_TEXTS]
     with torch.inference_mode():
-        items = adapter.encode(batch, adapter.output_types)
+        outputs = adapter.run([prepared.value for prepared in adapter.prepare(items, query)], query)
+    if spec.pairs:
+        scores = np.asarray(outputs, dtype=np.float64)
+        return [scores - scores.mean()]
     vectors: Probe = []
-    for item in items:
+    for item in outputs:
         if item.dense is not None:
             vectors.append(np.asarray(item.dense, dtype=np.float64))
         if item.multivector is not None:

@@ -24,7 +24,7 @@ from huggingface_hub import snapshot_download
 from peft import PeftModel
 
 from sie_common.edge.errors import FailedPrecondition, Unavailable
-from sie_worker.adapters.hf_text import LOAD_LOCK
+from sie_worker.models.load_lock import LOAD_LOCK
 from sie_worker.weights.roots import WeightRoots, is_local_lora
 
 log = logging.getLogger(__name__)

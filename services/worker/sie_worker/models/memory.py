@@ -1,5 +1,4 @@
-"""How much memory models take, when the worker is under memory pressure, and
-how a batch that fails (out of device memory, or on one item) is retried in halves.
+"""How much memory models take, when the worker is under memory pressure, and which loaded models it evicts then.
 
 On CUDA pressure is the device's used share (all processes, from
 `torch.cuda.mem_get_info`) against SIE_MEMORY_PRESSURE_THRESHOLD_PERCENT. On
@@ -14,20 +13,22 @@ is never under pressure.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import torch
 
-from sie_common.edge.errors import InvalidArgument, ResourceExhausted, SieError
 from sie_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+Key = tuple[str, str]  # (model id, profile)
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _MEMINFO = Path("/proc/meminfo")
@@ -108,69 +109,94 @@ def cpu_budget_bytes(settings: WorkerSettings) -> int:
     return int(settings.cpu_memory_fraction * machine_memory_bytes())
 
 
-def run_isolating_failures(
-    run: Callable[[Sequence[T]], Any],
-    items: Sequence[T],
-    *,
-    is_oom: Callable[[BaseException], bool],
-    recover: Callable[[], None] = lambda: None,
-) -> list[Any]:
-    """`run(items)`, one output per item; when it raises, each half runs separately (recursively), so that a
-    failure ends with the items that cause it and the others still get their outputs.
+class Resident(Protocol):
+    """What eviction reads of a loaded model."""
 
-    Out of memory, `recover` runs before the halves do, and a single item that still does not fit fails with
-    RESOURCE_EXHAUSTED. An item that fails on its own while others of the batch succeed has the cause in its
-    input: INVALID_ARGUMENT (ITEM_FAILED). The failed items' errors stand in their outputs' places; when every
-    item fails, the first error is raised for the whole batch, and so is a SieError `run` raises (not split)."""
-    outcomes = _run_halving(run, items, is_oom, recover)
-    failed = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-    if not failed:
-        return outcomes
-    if len(failed) == len(outcomes):
-        raise failed[0]
-    return [blame_item(outcome) if isinstance(outcome, BaseException) else outcome for outcome in outcomes]
+    memory_bytes: int
+    last_used: float  # time.monotonic()
+    active: int  # requests holding it: a model in use is never evicted
 
 
-def _run_halving(
-    run: Callable[[Sequence[T]], Any],
-    items: Sequence[T],
-    is_oom: Callable[[BaseException], bool],
-    recover: Callable[[], None],
-) -> list[Any]:
-    """One outcome per item: its output, or the exception it failed with alone."""
-    try:
-        return list(run(items))
-    except SieError:  # a deliberate answer for the whole batch (a LoRA that cannot load, ...), not an item's fault
-        raise
-    except Exception as error:  # noqa: BLE001 - whatever else failed the pass, the halves tell which items cause it
-        oom = is_oom(error)
-        if oom:
-            recover()
-        if len(items) == 1:
-            if oom:
-                return [
-                    ResourceExhausted(
-                        f"out of device memory on a single item ({error}); send shorter inputs or free the device",
-                        reason="DEVICE_OUT_OF_MEMORY",
-                    )
-                ]
-            return [error]
-        log.warning(
-            "%s on a batch of %d items; retrying in halves", "out of memory" if oom else f"error ({error})", len(items)
-        )
-        middle = len(items) // 2
-        return _run_halving(run, items[:middle], is_oom, recover) + _run_halving(run, items[middle:], is_oom, recover)
+M = TypeVar("M", bound=Resident)
 
 
-def blame_item(error: BaseException, *, because: str = "the other items of its batch succeeded") -> SieError:
-    """An item's own failure (`because` says why the model is not to blame): INVALID_ARGUMENT unless it already is
-    a SieError."""
-    if isinstance(error, SieError):
-        return error
-    return InvalidArgument(
-        f"the model failed on this item ({type(error).__name__}: {error}) while {because}; check the item's input",
-        reason="ITEM_FAILED",
-    )
+class ResidentModels(Generic[M]):
+    """The loaded models by (model id, profile), and their eviction: least recently used idle models while memory is
+    over the threshold (before a load, and from a background monitor), and models nobody used for
+    SIE_IDLE_EVICT_S."""
+
+    def __init__(self, pressure: MemoryPressure, settings: WorkerSettings) -> None:
+        self.pressure = pressure
+        self._settings = settings
+        self.loaded: dict[Key, M] = {}
+        # Models being unloaded: done once their memory is reclaimed.
+        self.unloading: dict[Key, asyncio.Future[None]] = {}
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(model.memory_bytes for model in self.loaded.values())
+
+    async def make_room(self, incoming_bytes: int, *, spare_newest: bool = False) -> None:
+        """Evict least recently used idle models while `incoming_bytes` more would be over the threshold.
+
+        `spare_newest` keeps the most recently used model, so memory held by
+        something else (another process on the GPU) cannot make the monitor
+        unload every model in turn."""
+        while self.pressure.over(self.loaded_bytes, incoming_bytes):
+            idle = sorted((model.last_used, key) for key, model in self.loaded.items() if model.active == 0)
+            if spare_newest and idle and len(idle) == len(self.loaded):
+                idle.pop()
+            if not idle:
+                # The monitor meets this every check while something else holds the memory: keep it quiet.
+                log.log(
+                    logging.DEBUG if spare_newest else logging.WARNING,
+                    "memory over %s; no idle model left to evict",
+                    self.pressure.describe(),
+                )
+                return
+            _, key = idle[0]
+            await self.unload(key, f"memory over {self.pressure.describe()}")
+
+    async def unload(self, key: Key, why: str) -> None:
+        """Unload a model now (its memory is reclaimed off the event loop); a load of it waits until that is done."""
+        model = self.loaded.pop(key, None)
+        if model is None:
+            return
+        log.info("evicting %s (profile %s): %s", key[0], key[1], why)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.unloading[key] = done
+        del model  # the last reference: _free_memory can reclaim it
+        try:
+            await asyncio.to_thread(_free_memory)
+        finally:
+            self.unloading.pop(key, None)
+            done.set_result(None)
+
+    async def monitor(self) -> None:
+        """Background: evict idle models (SIE_IDLE_EVICT_S) and LRU models under memory pressure."""
+        while True:
+            await asyncio.sleep(self._settings.memory_check_interval_s)
+            try:
+                await self.check_memory()
+            except Exception:
+                log.exception("memory check failed")
+
+    async def check_memory(self) -> None:
+        """Evict the models idle past SIE_IDLE_EVICT_S, then LRU idle models while memory is over the threshold."""
+        idle_limit = self._settings.idle_evict_s
+        if idle_limit > 0:
+            now = time.monotonic()
+            idle = [
+                key for key, model in self.loaded.items() if model.active == 0 and now - model.last_used > idle_limit
+            ]
+            for key in idle:
+                await self.unload(key, f"idle for more than {idle_limit:.0f} s")
+        await self.make_room(0, spare_newest=True)
+
+
+def _free_memory() -> None:
+    gc.collect()
+    release_cuda_cache()
 
 
 def is_cuda_oom(error: BaseException) -> bool:

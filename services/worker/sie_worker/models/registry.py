@@ -16,46 +16,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import errno
-import gc
 import logging
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NoReturn
 
 import torch
-from huggingface_hub.errors import StrictDataclassError
-from safetensors import SafetensorError
 
 from sie_common.cluster.config_store import is_from_etcd
-from sie_common.cluster.model_config import DEFAULT_PROFILE, ModelConfig, ModelConfigError
+from sie_common.cluster.model_config import DEFAULT_PROFILE, ModelConfig
 from sie_common.edge.errors import FailedPrecondition, NotFound, Unavailable, clipped, some_of
 from sie_worker.adapters import ADAPTERS
-from sie_worker.adapters.base import LoadContext, ModelAdapter
-from sie_worker.adapters.hf_text import LOAD_LOCK
+from sie_worker.adapters.contract import Adapter
+from sie_worker.models.build import LoadedModel, ModelBuilder, ModelStats
 from sie_worker.models.catalog import Catalog
-from sie_worker.models.cpu_precision import cpu_flags, load_on_cpu
-from sie_worker.models.device import compute_dtype
-from sie_worker.models.lora import LoraAdapters
-from sie_worker.models.memory import MemoryPressure, module_bytes, release_cuda_cache, weight_file_bytes
+from sie_worker.models.load_errors import FAILURE_CHARS, MAX_COOLDOWN_S, LoadFailure, describe_failure, is_permanent
+from sie_worker.models.memory import Key, MemoryPressure, ResidentModels, weight_file_bytes
 from sie_worker.models.passing_thread import in_passing_thread
-from sie_worker.models.serves import check_adapter_serves
 from sie_worker.settings import WorkerSettings
-from sie_worker.weights.cache import weights_key
-from sie_worker.weights.resolver import ResolvedWeights, WeightResolver, WeightsNotFound
+from sie_worker.weights.resolver import ResolvedWeights, WeightResolver
 
 log = logging.getLogger(__name__)
 
 # Retry delay suggested to a caller while a model loads whose load time is not known yet.
 FIRST_LOAD_RETRY_S = 1.0
-# Cool-downs after retryable failures double up to this.
-MAX_COOLDOWN_S = 300.0
-# Characters of a load failure's cause that callers see (the log has it whole): errors travel in gRPC trailers,
-# which a caller refuses past 8 KiB, and a cause can be any size (a config value, every key of a checkpoint).
-FAILURE_CHARS = 1024
-
-Key = tuple[str, str]  # (model id, profile)
 
 
 class ModelState(enum.Enum):
@@ -66,130 +50,27 @@ class ModelState(enum.Enum):
     FAILED = enum.auto()
 
 
-@dataclass
-class ModelStats:
-    requests: int = 0
-    items: int = 0
-    forward_passes: int = 0
-
-
-@dataclass
-class LoadFailure:
-    error: str
-    attempts: int
-    permanent: bool
-    retry_at: float  # time.monotonic() after which a request may try again
-    # A precise refusal the load raised itself (e.g. the adapter lacks a configured output): answered as is.
-    refusal: FailedPrecondition | None = None
-
-    def retry_in_s(self) -> float:
-        return 0.0 if self.permanent else max(0.0, self.retry_at - time.monotonic())
-
-
-@dataclass(eq=False)
-class LoadedModel:
-    config: ModelConfig
-    profile: str
-    encoder: ModelAdapter  # the model's adapter, whatever its tasks
-    stats: ModelStats
-    loras: LoraAdapters
-    weights_key: str = ""
-    memory_bytes: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-    # Requests holding the model; a model in use is never evicted.
-    active: int = 0
-
-
-# Failures that another attempt can fix: memory that may be freed, a source that may come back.
-_RETRYABLE = (torch.OutOfMemoryError, MemoryError, ConnectionError, TimeoutError)
-# OS errors of a moment (a full disk, an I/O fault, too many open files) rather than of the model directory.
-_TRANSIENT_ERRNOS = frozenset(
-    {errno.ENOSPC, errno.EIO, errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ESTALE, errno.EINTR}
-)
-# Failures that only a change to the worker's packages, the model config or the model directory fixes:
-# a missing Python dependency, an unsupported architecture or layout (ValueError, KeyError,
-# NotImplementedError), a missing or unreadable file in the resolved (local) directory (OSError), a config
-# value the model cannot be built from (a wrong type that transformers' config validation or torch refuses,
-# a zero that it divides by).
-_PERMANENT = (
-    FailedPrecondition,
-    ModelConfigError,
-    ImportError,
-    ValueError,
-    KeyError,
-    NotImplementedError,
-    OSError,
-    SafetensorError,
-    StrictDataclassError,
-    TypeError,
-    ArithmeticError,
-)
-# RuntimeErrors torch raises when an allocation fails (the CPU allocator's, CUDA's own out-of-memory message).
-_OUT_OF_MEMORY_MESSAGES = ("out of memory", "can't allocate memory")
-# RuntimeErrors transformers and torch raise for weights that do not fit the architecture.
-_BAD_WEIGHTS_MESSAGES = ("ignore_mismatched_sizes", "Error(s) in loading state_dict", "size mismatch")
-
-
-def is_permanent(error: BaseException) -> bool:
-    """Whether a load failure stays until the worker's packages, the config or the model files change.
-
-    Permanent: missing weights (every source missed), a missing Python dependency anywhere in loading (an
-    ImportError in the error or its causes), an unsupported architecture or layout, a bad or missing file in
-    the model directory, a config value the model cannot be built from, weights that do not fit the
-    architecture, an adapter the worker lacks. Retryable:
-    out of memory, a cache or the Hub unreachable, transient OS errors, and anything not known to be permanent.
-    """
-    if isinstance(error, WeightsNotFound):
-        return not error.retryable
-    if isinstance(error, _RETRYABLE) or (isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS):
-        return False
-    # Before the ImportError chain: code that falls back when an optional import fails may run out of memory
-    # in its `except ImportError` block, and the ImportError is then the failure's context, not its cause.
-    if isinstance(error, RuntimeError) and any(message in str(error) for message in _OUT_OF_MEMORY_MESSAGES):
-        return False
-    if _import_error_in(error) is not None:
-        return True
-    if isinstance(error, RuntimeError):
-        return any(message in str(error) for message in _BAD_WEIGHTS_MESSAGES)
-    return isinstance(error, _PERMANENT)
-
-
-def _import_error_in(error: BaseException) -> ImportError | None:
-    """The ImportError in an error's chain of causes, if any."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, ImportError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
-def describe_failure(error: BaseException) -> str:
-    """The cause of a load failure for callers: our own errors as they are, others with their type (and a
-    missing dependency behind them)."""
-    if isinstance(error, (FailedPrecondition, ModelConfigError, WeightsNotFound)):
-        return str(error)
-    described = f"{type(error).__name__}: {error}"
-    missing = _import_error_in(error)
-    if missing is not None and missing is not error:
-        described += f" (caused by {type(missing).__name__}: {missing})"
-    return described
-
-
 class ModelRegistry:
-    def __init__(self, catalog: Catalog, settings: WorkerSettings, device: torch.device) -> None:
+    """The served models (the catalog's configs, and those the control plane adds) and the load state machine."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        settings: WorkerSettings,
+        device: torch.device,
+        adapters: Mapping[str, type[Adapter]] = ADAPTERS,
+    ) -> None:
+        """`adapters`: the adapter of each name a profile may give (every family of sie_worker.adapters by default)."""
         self._catalog = catalog
         self._configs = catalog.configs
         self._settings = settings
-        self._cpu_flags = cpu_flags(settings.cpu_flags)
         self._device = device
         self._weights = WeightResolver(settings, catalog.weight_roots)
-        self.pressure = MemoryPressure(device, settings)
-        self._loaded: dict[Key, LoadedModel] = {}
+        self._builder = ModelBuilder(settings, device, catalog.weight_roots, adapters)
+        self._resident: ResidentModels[LoadedModel] = ResidentModels(MemoryPressure(device, settings), settings)
+        self._loaded = self._resident.loaded
+        self._unloading = self._resident.unloading
         self._loading: dict[Key, asyncio.Task[LoadedModel]] = {}
-        self._unloading: dict[Key, asyncio.Future[None]] = {}
         self._failures: dict[Key, LoadFailure] = {}
         self._load_seconds: dict[str, float] = {}
         self._stats: dict[str, ModelStats] = {model: ModelStats() for model in self._configs}
@@ -215,6 +96,10 @@ class ModelRegistry:
     def serves_profile(self, profile: str) -> bool:
         """Whether a served model has a profile of this name (what a metric's `profile` label may say)."""
         return any(profile in config.profiles for config in list(self._configs.values()))
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     @property
     def catalog(self) -> Catalog:
@@ -314,8 +199,8 @@ class ModelRegistry:
             self._check_remote_code(config, profile)
             keep = frozenset(model.weights_key for model in self._loaded.values())
             weights = await asyncio.to_thread(self._weights.resolve, config, keep=keep)
-            await self._make_room(await asyncio.to_thread(weight_file_bytes, weights.path))
-            loaded = await in_passing_thread(self._build_serialized, config, profile, weights)
+            await self._resident.make_room(await asyncio.to_thread(weight_file_bytes, weights.path))
+            loaded = await in_passing_thread(self._build, config, profile, weights)
         except Exception as error:
             self._record_failure(key, error)
             raise
@@ -346,66 +231,8 @@ class ModelRegistry:
                 metadata={"model": config.id},
             )
 
-    def _build_serialized(self, config: ModelConfig, profile_name: str, weights: ResolvedWeights) -> LoadedModel:
-        with LOAD_LOCK:
-            return self._build(config, profile_name, weights)
-
-    def _build(self, config: ModelConfig, profile_name: str, weights: ResolvedWeights) -> LoadedModel:
-        profile = config.profile(profile_name)
-        factory = ADAPTERS.get(profile.adapter or "")
-        if factory is None:
-            raise ValueError(
-                f"adapter {profile.adapter!r} is not in this worker; available: {', '.join(sorted(ADAPTERS))}"
-            )
-
-        def build(dtype: torch.dtype, *, cpu_onednn: bool) -> ModelAdapter:
-            return factory(
-                LoadContext(
-                    config=config,
-                    profile=profile,
-                    weights=weights.path,
-                    device=self._device,
-                    dtype=dtype,
-                    attention_backend=self._settings.attention_backend,
-                    cpu_onednn=cpu_onednn,
-                    cpu_unpadded=self._settings.cpu_unpadded,
-                )
-            )
-
-        if self._device.type == "cpu":
-            adapter = load_on_cpu(
-                f"{config.id} (profile {profile_name})",
-                profile.compute_precision or self._settings.cpu_compute_precision,
-                self._cpu_flags,
-                build,
-                onednn=self._settings.cpu_onednn,
-                min_agreement=self._settings.precision_min_cosine,
-                has_loras=bool(config.loras),
-            ).adapter
-        else:
-            precision = profile.compute_precision or self._settings.default_compute_precision
-            if precision == "int8":  # dynamic int8 quantisation is a CPU path
-                precision = self._settings.default_compute_precision
-            adapter = build(compute_dtype(self._device, precision), cpu_onednn=self._settings.cpu_onednn)
-        check_adapter_serves(config, profile.adapter or "", adapter)
-        loras = LoraAdapters(
-            config.id,
-            adapter.model,
-            config.loras,
-            capacity=self._settings.max_loras_per_model,
-            local_cache=self._settings.local_cache,
-            hf_fallback=self._settings.hf_fallback,
-            roots=self._catalog.weight_roots,
-        )
-        return LoadedModel(
-            config,
-            profile_name,
-            adapter,
-            self._stats[config.id],
-            loras,
-            weights_key=weights_key(config),
-            memory_bytes=module_bytes(adapter),
-        )
+    def _build(self, config: ModelConfig, profile: str, weights: ResolvedWeights) -> LoadedModel:
+        return self._builder.build(config, profile, weights, self._stats[config.id])
 
     def _record_failure(self, key: Key, error: Exception) -> None:
         previous = self._failures.get(key)
@@ -427,63 +254,19 @@ class ModelRegistry:
         )
 
     @property
+    def pressure(self) -> MemoryPressure:
+        return self._resident.pressure
+
+    @property
     def loaded_bytes(self) -> int:
-        return sum(model.memory_bytes for model in self._loaded.values())
-
-    async def _make_room(self, incoming_bytes: int, *, spare_newest: bool = False) -> None:
-        """Evict least recently used idle models while `incoming_bytes` more would be over the threshold.
-
-        `spare_newest` keeps the most recently used model, so memory held by
-        something else (another process on the GPU) cannot make the monitor
-        unload every model in turn."""
-        while self.pressure.over(self.loaded_bytes, incoming_bytes):
-            idle = sorted((model.last_used, key) for key, model in self._loaded.items() if model.active == 0)
-            if spare_newest and idle and len(idle) == len(self._loaded):
-                idle.pop()
-            if not idle:
-                # The monitor meets this every check while something else holds the memory: keep it quiet.
-                log.log(
-                    logging.DEBUG if spare_newest else logging.WARNING,
-                    "memory over %s; no idle model left to evict",
-                    self.pressure.describe(),
-                )
-                return
-            _, key = idle[0]
-            await self.unload(key, f"memory over {self.pressure.describe()}")
-
-    async def unload(self, key: Key, why: str) -> None:
-        model = self._loaded.pop(key, None)
-        if model is None:
-            return
-        log.info("evicting %s (profile %s): %s", key[0], key[1], why)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._unloading[key] = done
-        del model  # the last reference: _free_memory can reclaim it
-        try:
-            await asyncio.to_thread(_free_memory)
-        finally:
-            self._unloading.pop(key, None)
-            done.set_result(None)
+        return self._resident.loaded_bytes
 
     async def monitor(self) -> None:
         """Background: evict idle models (SIE_IDLE_EVICT_S) and LRU models under memory pressure."""
-        while True:
-            await asyncio.sleep(self._settings.memory_check_interval_s)
-            try:
-                await self.check_memory()
-            except Exception:
-                log.exception("memory check failed")
+        await self._resident.monitor()
 
     async def check_memory(self) -> None:
-        idle_limit = self._settings.idle_evict_s
-        if idle_limit > 0:
-            now = time.monotonic()
-            idle = [
-                key for key, model in self._loaded.items() if model.active == 0 and now - model.last_used > idle_limit
-            ]
-            for key in idle:
-                await self.unload(key, f"idle for more than {idle_limit:.0f} s")
-        await self._make_room(0, spare_newest=True)
+        await self._resident.check_memory()
 
     def state(self, model_id: str) -> ModelState:
         keys = [key for key in (*self._loaded, *self._loading, *self._unloading, *self._failures) if key[0] == model_id]
@@ -507,8 +290,3 @@ class ModelRegistry:
     def failure(self, model_id: str) -> LoadFailure | None:
         """The last load failure of one of the model's profiles, if any."""
         return next((failure for (model_id_, _), failure in self._failures.items() if model_id_ == model_id), None)
-
-
-def _free_memory() -> None:
-    gc.collect()
-    release_cuda_cache()

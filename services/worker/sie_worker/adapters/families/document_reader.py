@@ -1,0 +1,282 @@
+"""Document readers: Florence-2 and Donut-style models that generate text or JSON from a page image.
+
+Decoding is greedy, with the logits processors `generate()` would apply under the model's generation config (forced
+end-of-text at the length limit, n-gram bans, ...), so the tokens are `generate(do_sample=False, num_beams=1)`'s.
+It runs in slices of `decode_steps` steps: after a slice, an item still going answers `Continued`, and the pipeline
+queues it again behind the batches that arrived meanwhile (docs/batching.md, "How generation shares the device");
+the encoder outputs, the KV cache and the ids so far stay in the slice's state. Items that end (end-of-text or
+`max_new_tokens`) leave the state at once.
+
+run_options: `task` (the default prompt: a Florence-2 task token such as "<OCR>", or Donut's task start token such
+as "<s_cord-v2>"), `max_new_tokens` (default for requests, 256), `decode_steps` (steps per slice, 32).
+Request options: `task` and `max_new_tokens` (1 to MAX_NEW_TOKENS).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import (
+    AutoConfig,
+    AutoProcessor,
+    Florence2ForConditionalGeneration,
+    VisionEncoderDecoderModel,
+)
+from transformers.modeling_outputs import BaseModelOutput
+
+from sie_worker.adapters.contract import Continued, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.hf import HfAdapter
+from sie_worker.adapters.items import Extraction
+from sie_worker.adapters.spec import AdapterSpec, Option, whole_number
+
+DEFAULT_MAX_NEW_TOKENS = 256
+# Upper bound of max_new_tokens, in run_options and requests.
+MAX_NEW_TOKENS = 1024
+DEFAULT_DECODE_STEPS = 32
+MAX_DECODE_STEPS = 1024
+# Upper bound of a prompt's tokens (the task and the item's text), checked before any work.
+MAX_PROMPT_TOKENS = 512
+MAX_TASK_CHARS = 128
+
+
+@dataclass(frozen=True)
+class _Page:
+    """One prepared item: its pixels, its encoder text ids (Florence-2) and its decoder prompt ids."""
+
+    pixels: torch.Tensor
+    encoder_ids: list[int]
+    prompt: list[int]
+    max_new_tokens: int
+    task: str
+    image_size: tuple[int, int]
+
+
+@dataclass
+class _Generation:
+    """The items of one batch that share a prompt length, generating together."""
+
+    rows: list[int]  # the live rows' ids (positions in the first batch)
+    encoded: torch.Tensor  # encoder last hidden state of the live rows
+    mask: torch.Tensor | None  # encoder attention mask (Florence-2)
+    ids: torch.Tensor  # decoder ids so far: prompt + generated
+    prompt_length: int
+    max_new_tokens: int
+    processors: Any
+    cache: Any = None
+    logits: torch.Tensor | None = None  # next-token logits of the live rows
+    done: dict[int, list[int]] = field(default_factory=dict)
+
+
+class DocumentReader(HfAdapter):
+    spec = AdapterSpec(
+        "document_reader",
+        tasks=("extract",),
+        inputs=("text", "image"),
+        options=(
+            Option("task", "the task token the prompt starts with (a Florence-2 task, a Donut task start token)"),
+            Option(
+                "max_new_tokens",
+                f"most tokens generated, 1 to {MAX_NEW_TOKENS}",
+                lambda value: whole_number(value, "max_new_tokens", 1, MAX_NEW_TOKENS),
+            ),
+        ),
+    )
+
+    def __init__(self, context: LoadContext) -> None:
+        super().__init__(context)
+        weights = str(context.weights)
+        config = AutoConfig.from_pretrained(weights, local_files_only=True)
+        self.florence = config.model_type == "florence2"
+        if not self.florence and config.model_type != "vision-encoder-decoder":
+            raise ValueError(
+                f"adapter document_reader reads Florence-2 (florence2) and Donut-style (vision-encoder-decoder) "
+                f"models, not {config.model_type!r}"
+            )
+        model_class: Any = Florence2ForConditionalGeneration if self.florence else VisionEncoderDecoderModel
+        # Typed loosely: the generation helpers below are GenerationMixin's, which the stubs do not give these classes.
+        self.generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=context.dtype)
+        self.generator.to(context.device).eval()
+        self.model = self.generator
+        self.processor = AutoProcessor.from_pretrained(weights, local_files_only=True)
+        self.tokenizer = self.processor.tokenizer
+        self.max_sequence_length = MAX_PROMPT_TOKENS
+        run = context.profile.run_options
+        self.task = run.get("task", "<OCR>" if self.florence else None)
+        if self.task is None:
+            raise ValueError("run_options.task: a Donut-style model needs its task start token, e.g. <s_cord-v2>")
+        self._check_task(self.task, "run_options.task")
+        self.max_new_tokens = whole_number(
+            run.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), "run_options.max_new_tokens", 1, MAX_NEW_TOKENS
+        )
+        self.decode_steps = whole_number(
+            run.get("decode_steps", DEFAULT_DECODE_STEPS), "run_options.decode_steps", 1, MAX_DECODE_STEPS
+        )
+        eos = self.generator.generation_config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos])
+        size = self.processor.image_processor.size
+        self._resized = int(size["height"]) * int(size["width"])
+
+    def _check_task(self, task: Any, where: str) -> None:
+        if not isinstance(task, str) or not task or len(task) > MAX_TASK_CHARS:
+            raise ValueError(f"{where}: must be a task token of 1 to {MAX_TASK_CHARS} characters, got {task!r}")
+        known = (
+            self.processor.tasks_answer_post_processing_type
+            if self.florence
+            else [token for token in self.tokenizer.get_added_vocab() if token.startswith("<s_")]
+        )
+        if task not in known:
+            raise ValueError(f"{where}: {task!r} is not a task of this model; it knows {', '.join(sorted(known))}")
+
+    def resized_pixels(self, width: int, height: int) -> int:
+        """The processor resizes every page to one size."""
+        return self._resized
+
+    def check(self, query: Query) -> None:
+        """A task the model knows."""
+        if "task" in query.options:
+            self._check_task(query.options["task"], "task")
+
+    def prepare_one(self, item: Input, query: Query) -> Prepared:
+        """The page's pixels and prompt, at the cost of the prompt's tokens and the tokens it may generate."""
+        if item.image is None:
+            raise ValueError("a document reader reads a page image; the item has none")
+        task: str = query.options.get("task", self.task)
+        max_new_tokens = int(query.options.get("max_new_tokens", self.max_new_tokens))
+        image = item.image.convert("RGB")
+        if self.florence:
+            inputs = self.processor(text=task + (item.text or ""), images=image, return_tensors="pt")
+            encoder_ids = inputs["input_ids"][0].tolist()
+            prompt = [int(self.generator.generation_config.decoder_start_token_id)]
+        else:
+            inputs = self.processor(images=image, return_tensors="pt")
+            text = task if item.text is None else f"{task}<s_question>{item.text}</s_question><s_answer>"
+            encoder_ids = []
+            prompt = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        # the bound is on the text: Florence-2's image placeholders (577 in real checkpoints) are the page's, not it
+        image_token = getattr(self.generator.config, "image_token_id", None)
+        if sum(token != image_token for token in encoder_ids) + len(prompt) > MAX_PROMPT_TOKENS:
+            raise ValueError(f"the prompt is over {MAX_PROMPT_TOKENS} tokens; send a shorter text")
+        page = _Page(inputs["pixel_values"][0], encoder_ids, prompt, max_new_tokens, task, image.size)
+        return Prepared(page, len(encoder_ids) + len(prompt) + max_new_tokens)
+
+    def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
+        """Per item, its generated ids once it ends, else `Continued` after one slice of decode steps."""
+        outputs: list[Any] = [None] * len(batch)
+        groups: dict[int, tuple[_Generation, list[int]]] = {}
+        if isinstance(batch[0], Continued):
+            for position, paused in enumerate(batch):
+                state: _Generation = paused.state
+                groups.setdefault(id(state), (state, []))[1].append(position)
+            for state, positions in groups.values():
+                _keep(state, [batch[position].row for position in positions])
+        else:
+            for length in sorted({len(page.prompt) for page in batch}):
+                positions = [position for position, page in enumerate(batch) if len(page.prompt) == length]
+                state = self._start([batch[position] for position in positions], positions)
+                groups[id(state)] = (state, positions)
+        for state, positions in groups.values():
+            self._slice(state)
+            for position in positions:
+                paused = batch[position]
+                row = paused.row if isinstance(paused, Continued) else position
+                outputs[position] = state.done.pop(row) if row in state.done else Continued(state, row)
+        return outputs
+
+    def _start(self, pages: Sequence[_Page], rows: list[int]) -> _Generation:
+        """Encode the pages and set up their decoding."""
+        pixels = torch.stack([page.pixels for page in pages]).to(self.device, self.generator.dtype)
+        mask = None
+        if self.florence:
+            width = max(len(page.encoder_ids) for page in pages)
+            pad = int(self.tokenizer.pad_token_id)
+            ids = torch.tensor([page.encoder_ids + [pad] * (width - len(page.encoder_ids)) for page in pages])
+            mask = torch.tensor([[1] * len(page.encoder_ids) + [0] * (width - len(page.encoder_ids)) for page in pages])
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            embeds = self.generator.get_input_embeddings()(ids)
+            features = self.generator.get_image_features(pixels).pooler_output.to(embeds.dtype)
+            embeds = embeds.masked_scatter((ids == self.generator.config.image_token_id).unsqueeze(-1), features)
+            encoded = self.generator.get_encoder()(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+        else:
+            encoded = self.generator.encoder(pixel_values=pixels).last_hidden_state
+        prompt = torch.tensor([page.prompt for page in pages], device=self.device)
+        max_new_tokens = pages[0].max_new_tokens  # one query per batch
+        config = copy.deepcopy(self.generator.generation_config)
+        config.update(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens)
+        config.max_length = prompt.shape[1] + max_new_tokens
+        # generate()'s own preparation of the special tokens and logits processors, so the tokens are its.
+        self.generator._prepare_special_tokens(config, kwargs_has_attention_mask=mask is not None, device=self.device)
+        processors = self.generator._get_logits_processor(
+            generation_config=config, input_ids_seq_length=prompt.shape[1], device=str(self.device)
+        )
+        return _Generation(list(rows), encoded, mask, prompt, prompt.shape[1], max_new_tokens, processors)
+
+    def _slice(self, state: _Generation) -> None:
+        """Up to `decode_steps` greedy steps; rows that end move to `state.done`."""
+        for _ in range(self.decode_steps):
+            if not state.rows:
+                return
+            step_ids = state.ids if state.cache is None else state.ids[:, -1:]
+            out = self.generator(
+                encoder_outputs=BaseModelOutput(last_hidden_state=state.encoded),
+                attention_mask=state.mask,
+                decoder_input_ids=step_ids,
+                past_key_values=state.cache,
+                use_cache=True,
+            )
+            state.cache = out.past_key_values
+            scores = state.processors(state.ids, out.logits[:, -1, :].float())
+            chosen = scores.argmax(dim=-1)
+            state.ids = torch.cat([state.ids, chosen[:, None]], dim=-1)
+            generated = state.ids.shape[1] - state.prompt_length
+            ended = [
+                position
+                for position, token in enumerate(chosen.tolist())
+                if token in self.eos or generated >= state.max_new_tokens
+            ]
+            if ended:
+                for position in ended:
+                    state.done[state.rows[position]] = state.ids[position].tolist()
+                _keep(state, [row for position, row in enumerate(state.rows) if position not in ended])
+
+    def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
+        page: _Page = prepared
+        if not self.florence:
+            text = self.tokenizer.decode(output[len(page.prompt) :], skip_special_tokens=False)
+            text = text.replace(str(self.tokenizer.eos_token), "").replace(str(self.tokenizer.pad_token), "")
+            return Extraction(data=_plain(self.processor.token2json(text)))
+        text = self.tokenizer.decode(output, skip_special_tokens=False)
+        parsed = self.processor.post_process_generation(text, task=page.task, image_size=page.image_size)[page.task]
+        return Extraction(data={"text": parsed} if isinstance(parsed, str) else _plain(parsed))
+
+
+def _keep(state: _Generation, rows: list[int]) -> None:
+    """Narrow the state to `rows` (in their order in the state), dropping the others."""
+    if rows == state.rows:
+        return
+    if not set(rows) <= set(state.rows):
+        # A failed slice is retried in halves (run_isolating_failures): the first half narrowed the shared state.
+        raise RuntimeError("this item's generation state was dropped after a failed slice of its batch")
+    index = torch.tensor([state.rows.index(row) for row in rows], device=state.ids.device, dtype=torch.long)
+    state.rows = list(rows)
+    state.ids = state.ids[index]
+    state.encoded = state.encoded[index]
+    if state.mask is not None:
+        state.mask = state.mask[index]
+    if state.cache is not None and rows:
+        state.cache.batch_select_indices(index)
+
+
+def _plain(value: Any) -> Any:
+    """A parsed result as JSON-ready values (a protobuf Struct): lists for tuples and arrays, floats for numbers."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray, torch.Tensor)):
+        return [_plain(item) for item in (value.tolist() if hasattr(value, "tolist") else value)]
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    return value
