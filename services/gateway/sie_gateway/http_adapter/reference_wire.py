@@ -12,7 +12,6 @@ recommend, the status WebSocket) answer 501 NOT_SUPPORTED, saying so."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from sie_contract.tensors import from_tensor
 from sie_gateway.http_adapter.bodies import JSON_TYPE, MSGPACK_TYPE
 from sie_gateway.http_adapter.errors import AdapterError, invalid
 from sie_gateway.http_adapter.fields import Fields, struct
+from sie_gateway.http_adapter.json_answer import dumps
 from sie_gateway.http_adapter.translate import item_message, items_of, model_and_profile, result_id, timing
 from sie_gateway.http_adapter.wire import Adapter
 
@@ -146,7 +146,7 @@ def _answer(request: web.Request, body: dict[str, Any]) -> web.Response:
         request.content_type == MSGPACK_TYPE and JSON_TYPE not in request.headers.get("accept", "")
     ):
         return web.Response(body=msgpack.packb(body, default=_numpy_map, use_bin_type=True), content_type=MSGPACK_TYPE)
-    return web.json_response(body, dumps=lambda value: json.dumps(value, default=_plain))
+    return web.Response(body=dumps(body), content_type=JSON_TYPE)
 
 
 def _numpy_map(value: Any) -> dict[bytes, Any]:
@@ -163,12 +163,6 @@ def _numpy_map(value: Any) -> dict[bytes, Any]:
     if isinstance(value, np.generic):
         return {b"nd": False, b"type": value.dtype.str, b"data": value.tobytes()}
     raise TypeError(f"cannot pack {type(value).__name__}")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
 def _params(fields: Fields, message: Any, profile: str, unsupported: dict[str, str] | None = None) -> None:

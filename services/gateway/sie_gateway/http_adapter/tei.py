@@ -21,6 +21,7 @@ past a size bound), "Overloaded" (429), "Unhealthy" (503), "Backend" (424 and ot
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -31,6 +32,7 @@ from sie.v1 import inference_pb2, types_pb2
 from sie_contract.tensors import from_tensor
 from sie_gateway.http_adapter.errors import AdapterError, invalid
 from sie_gateway.http_adapter.fields import Fields, wrong_type
+from sie_gateway.http_adapter.json_answer import json_array
 from sie_gateway.http_adapter.translate import model_and_profile
 from sie_gateway.http_adapter.wire import Adapter
 
@@ -73,7 +75,7 @@ class Tei:
         body = Fields(await adapter.json(request))
         if route == "rerank":
             return web.json_response(await _rerank(adapter, request, body, model, profile))
-        return web.json_response(await _embed(adapter, request, body, model, profile, route))
+        return await json_array(request, await _embed(adapter, request, body, model, profile, route))
 
     def error_response(self, error: AdapterError) -> web.Response:
         status = error.status
@@ -154,7 +156,8 @@ def _truncation(fields: Fields) -> None:
 
 async def _embed(
     adapter: Adapter, request: web.Request, fields: Fields, model: str, profile: str, route: str
-) -> list[Any]:
+) -> Iterator[Any]:
+    """Encode's answer, one element per input, made as the answer is written (json_array)."""
     texts = _inputs(fields, "inputs", adapter.max_items)
     normalize = fields.flag("normalize") if route == "embed" else None
     _truncation(fields)
@@ -178,15 +181,19 @@ async def _embed(
         profile=profile,
     )
     response = await adapter.calls.call("Encode", encode, request.headers)
+    return (_element(result, output, normalize is not False) for result in response.results)
+
+
+def _element(result: inference_pb2.EncodeResult, output: str, normalize: bool) -> Any:
     if output == "sparse":
         return [
-            [{"index": index, "value": value} for index, value in zip(r.sparse.indices, r.sparse.values, strict=True)]
-            for r in response.results
+            {"index": index, "value": value}
+            for index, value in zip(result.sparse.indices, result.sparse.values, strict=True)
         ]
-    arrays = [from_tensor(getattr(result, output)).astype(np.float32) for result in response.results]
-    if output == "dense" and normalize is not False:
-        arrays = [array / max(float(np.linalg.norm(array)), 1e-12) for array in arrays]
-    return [array.tolist() for array in arrays]
+    array = from_tensor(getattr(result, output)).astype(np.float32)
+    if output == "dense" and normalize:
+        array = array / np.float32(max(float(np.linalg.norm(array)), 1e-12))
+    return array
 
 
 async def _rerank(adapter: Adapter, request: web.Request, fields: Fields, model: str, profile: str) -> list[Any]:
