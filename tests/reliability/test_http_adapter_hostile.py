@@ -22,15 +22,13 @@ SDK = {"x-sie-sdk-version": "0.10.1", "content-type": "application/msgpack", "ac
 JSON = {"content-type": "application/json", **AUTH}
 
 
+STATIC_AUTH = {"SIE_AUTH_MODE": "static", "SIE_AUTH_TOKENS": TOKEN}
+
+
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory, etcd_server, tiny_models):
-    with running_edge(
-        tmp_path_factory.mktemp("adapter-hostile"),
-        etcd_server.endpoint,
-        tiny_models,
-        SIE_AUTH_MODE="static",
-        SIE_AUTH_TOKENS=TOKEN,
-    ) as running:
+    directory = tmp_path_factory.mktemp("adapter-hostile")
+    with running_edge(directory, etcd_server.endpoint, tiny_models, **STATIC_AUTH) as running:
         yield running
 
 
