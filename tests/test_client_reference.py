@@ -48,6 +48,7 @@ def edge(tmp_path_factory, etcd_server, tiny_models):
     """Config service, one worker (machine profile `default`), a gateway that may scale `l4` from zero and lets
     callers create pools, and Envoy in front."""
     env = {"SIE_POOLS_ENABLED": "true", "SIE_GATEWAY_PROVISIONING_RETRY_S": "0.2"}
+    env |= {"SIE_POOL_SHARED_WORKERS": "0", "SIE_POOL_MAX_SHARE": "1"}  # one worker: a pool may take it
     with running_edge(tmp_path_factory.mktemp("reference-edge"), etcd_server.endpoint, tiny_models, **env) as running:
         yield running
 

@@ -261,6 +261,8 @@ def test_results_carry_model_and_the_ids_score_gives(client) -> None:
     assert {r["model"] for r in encoded} == {MEAN}
     scored = client.score("test/tiny-reranker", "q", ["one", Item(id="b", text="two")])
     assert sorted(s["item_id"] for s in scored["scores"]) == ["b", "item-0"]
+    # The reference's usage block: the tokens the cross-encoder read ([CLS] q [SEP] word [SEP] per pair), no images.
+    assert scored["usage"] == {"input_tokens": 2 * 5}
     extracted = client.extract(NER, ["Ada Lovelace", "Alan Turing", "Grace Hopper"])
     assert [r["id"] for r in extracted] == ["item-0", "item-1", "item-2"] and extracted[0]["model"] == NER
 

@@ -103,6 +103,7 @@ async def test_concurrent_requests_share_a_batch_only_when_their_queries_agree(e
 async def test_a_pair_scorer_ranks_the_items_by_its_scores(engine: Engine) -> None:
     outcome = await engine.score(ScoreJob(FAKE_SCORER, ItemInput("abcd"), items("xyz", "abcd", "ab"), top_k=2))
     assert [(scored.index, scored.score) for scored in outcome.ranked] == [(1, 1.0), (2, 0.5)]
+    assert outcome.tokens == (3 + 1) + (4 + 1) + (2 + 1)  # every pair the scorer read, those cut by top_k too
 
 
 async def test_a_score_by_embeddings_compares_each_item_with_the_query(engine: Engine) -> None:
@@ -115,6 +116,7 @@ async def test_a_score_by_embeddings_compares_each_item_with_the_query(engine: E
     ]
     assert [scored.index for scored in outcome.ranked] == sorted(range(3), key=lambda index: -cosines[index])
     assert [scored.score for scored in outcome.ranked] == pytest.approx(sorted(cosines, reverse=True), abs=1e-6)
+    assert outcome.tokens == len("q: ab") + sum(map(len, texts))  # the query (with its prompt) once, each item
 
 
 async def test_extract_finds_the_labels_within_the_options_bounds(engine: Engine) -> None:

@@ -18,6 +18,8 @@ from sie_contract.tensors import from_tensor
 
 MEAN = "test/tiny-mean"
 CLS = "test/tiny-cls"
+# Pools may take a bundle's last worker (by default one stays shared: tests/reliability/test_pool_limits.py).
+POOLS_MAY_TAKE_EVERY_WORKER = {"SIE_POOL_SHARED_WORKERS": "0", "SIE_POOL_MAX_SHARE": "1"}
 
 
 def request(model: str, text: str) -> inference_pb2.EncodeRequest:
@@ -161,7 +163,7 @@ def test_pool_requests_reach_only_its_workers_and_an_unrenewed_pool_expires(clus
 
 def test_the_client_keeps_its_pool_alive_and_lets_it_expire_after_close(cluster) -> None:
     cluster.start_worker("c1")
-    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", **POOLS_MAY_TAKE_EVERY_WORKER)
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         workers_seen(stub, MEAN, 1)
@@ -237,7 +239,7 @@ def test_a_pool_for_a_bundle_reserves_only_that_bundles_workers(tmp_path, etcd_s
         # Named so that the first in order (what a pool of any bundle takes) is the default-bundle worker.
         cluster.start_worker("a-default", SIE_BUNDLES_DIR=str(bundles), SIE_PRELOAD_MODELS=MEAN)
         cluster.start_worker("b-other", SIE_BUNDLES_DIR=str(bundles), SIE_BUNDLE="other", SIE_PRELOAD_MODELS=MEAN)
-        gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+        gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", **POOLS_MAY_TAKE_EVERY_WORKER)
         with grpc.insecure_channel(gateway.address) as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
             workers_seen(stub, MEAN, 2, loaded_on=("a-default", "b-other"))

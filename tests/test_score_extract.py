@@ -39,6 +39,8 @@ def test_cross_encoder_scores_equal_transformers_sorted_with_ranks(stub, tiny_mo
         expected = torch.sigmoid(model(**batch).logits[:, 0]).numpy()
 
     response = score(stub, "test/tiny-reranker")
+    assert response.tokens == sum(len(tokenizer(QUERY, document)["input_ids"]) for document in DOCUMENTS)
+    assert response.images == 0
     assert [entry.rank for entry in response.scores] == list(range(len(DOCUMENTS)))
     assert [entry.index for entry in response.scores] == list(np.argsort(-expected))
     for entry in response.scores:

@@ -23,6 +23,8 @@ class LinkCutter:
         self._open: set[socket.socket] = set()
         self._cut = False
         self._closed = False
+        # Connections relayed so far (a client's channels that connected through it).
+        self.accepted = 0
         threading.Thread(target=self._accept, daemon=True, name="link-cutter").start()
 
     def cut(self) -> None:
@@ -60,6 +62,7 @@ class LinkCutter:
             server.settimeout(None)
             with self._lock:
                 self._open.update((client, server))
+                self.accepted += 1
             for source, sink in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
 

@@ -112,7 +112,10 @@ def test_requests_may_name_only_a_pool_their_token_created(cluster, reliability_
     and take the workers it reserved, though only the creator may renew or delete it."""
     tokens = {"SIE_AUTH_MODE": "static", "SIE_AUTH_TOKENS": "alice-token,mallory-token", "SIE_WORKER_TOKEN": "work"}
     cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN, **tokens)
-    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", SIE_ALLOW_UNAUTHENTICATED_WORKERS="true", **tokens)
+    # One worker: the pool may take it (by default one worker of each bundle stays shared).
+    gateway = cluster.start_gateway(
+        SIE_POOLS_ENABLED="true", SIE_ALLOW_UNAUTHENTICATED_WORKERS="true", SIE_POOL_SHARED_WORKERS="0", SIE_POOL_MAX_SHARE="1", **tokens
+    )
     alice, mallory = (("authorization", "Bearer alice-token"),), (("authorization", "Bearer mallory-token"),)
     with gateway.channel() as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)

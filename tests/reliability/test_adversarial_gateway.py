@@ -110,6 +110,8 @@ def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_repo
         SIE_POOL_MAX_TTL_S="120",
         SIE_POOL_QUOTA_WORKERS="3",
         SIE_POOL_TOKEN_QUOTAS="small-token=1",
+        SIE_POOL_SHARED_WORKERS="0",  # one worker: pools may take it (by default one of each bundle stays shared)
+        SIE_POOL_MAX_SHARE="1",
         SIE_AUTH_MODE="static",
         SIE_AUTH_TOKENS="small-token,big-token",
     )
@@ -181,7 +183,8 @@ def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_repo
 
 def test_renew_pool_succeeds_and_saves_a_newly_registered_worker(cluster, reliability_report) -> None:
     cluster.start_worker("r1", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+    # Pools may take every worker here (by default one of each bundle stays shared, and a pool holds half).
+    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", SIE_POOL_SHARED_WORKERS="0", SIE_POOL_MAX_SHARE="1")
     with gateway.channel() as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["r1"], what="r1 registered")

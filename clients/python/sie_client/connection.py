@@ -20,6 +20,7 @@ import grpc
 from sie.v1 import inference_pb2_grpc
 from sie_client.errors import NotSupportedError, SIEConnectionError
 from sie_client.retry import Metadata, Response, RetryPolicy, call_with_retries
+from sie_client.status import CallSite, rpc_name
 from sie_client.target import parse_target
 from sie_client.types import PoolSpec
 
@@ -191,8 +192,12 @@ class Connection:
                 request,
                 policy,
                 metadata=self._metadata if metadata is None else metadata,
-                timeout_s=self.timeout_s,
+                site=self._site(request),
             )
+
+    def _site(self, request: Any) -> CallSite:
+        """The RPC that takes `request`, on this client's target, with its deadline (for the errors' messages)."""
+        return CallSite(rpc_name(request), self.target, self.timeout_s)
 
     async def __aenter__(self) -> Self:
         return self

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Union, cast
 import numpy as np
 
 from sie.v1 import types_pb2
+from sie_client.extras import missing_extra
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -68,7 +69,7 @@ def _from_array(array: np.ndarray) -> Image.Image:
         )
     pil = _pil_image()
     if pil is None:
-        raise ImportError("a numpy image is sent as PNG, which needs pillow: pip install 'sie-client[images]'")
+        raise missing_extra("a numpy image (sent as PNG)", "images", "PIL")
     return pil.fromarray(array)
 
 

@@ -32,6 +32,7 @@ from sie_client.types import (
     Relation,
     ScoreEntry,
     ScoreResult,
+    ScoreUsage,
     SparseResult,
     TimingInfo,
 )
@@ -58,13 +59,14 @@ def as_batch(items: ItemLike | Sequence[ItemLike]) -> Sequence[ItemLike]:
     return [items] if isinstance(items, (str, Mapping)) else items
 
 
-def item_message(item: ItemLike) -> types_pb2.Item:
+def item_message(item: ItemLike, role: str = "an item") -> types_pb2.Item:
     """An item as the contract's Item; ItemError for a key it does not know or cannot send, or a value of the wrong
-    type (before anything is sent)."""
+    type (before anything is sent). `role` is what the caller gave it as, for the TypeError of a non-item ("score's
+    query")."""
     if isinstance(item, str):
         return types_pb2.Item(text=item)
     if not isinstance(item, Mapping):
-        raise TypeError(f"an item is a dict (Item(...)) or a str, not {type(item).__name__}")
+        raise TypeError(f"{role} is an Item, a str or a dict, not {type(item).__name__}")
     fields = cast(Mapping[str, Any], item)  # its keys are checked here, at run time
     for field in fields:
         if field in UNSUPPORTED_ITEM_FIELDS and fields[field] is not None:
@@ -191,8 +193,17 @@ def score_result(response: inference_pb2.ScoreResponse, query_id: str | None) ->
             ScoreEntry(item_id=item_id(s.item_id, s.index), score=s.score, rank=s.rank, index=s.index)
             for s in response.scores
         ],
+        usage=score_usage(response),
         timing=timing(response.timing),
     )
+
+
+def score_usage(response: inference_pb2.ScoreResponse) -> ScoreUsage:
+    """The reference's `usage` block: the tokens the model read, and the images when there were any."""
+    usage = ScoreUsage(input_tokens=response.tokens)
+    if response.images:
+        usage["images"] = response.images
+    return usage
 
 
 def extract_results(response: inference_pb2.ExtractResponse, first_index: int = 0) -> list[ExtractResult]:

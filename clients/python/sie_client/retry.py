@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import grpc
 
 from sie_client.errors import ProvisioningTimeoutError
-from sie_client.status import CallStatus, call_status
+from sie_client.status import CallSite, CallStatus, call_status, explained
 
 Response = TypeVar("Response")
 # gRPC call metadata: (key, value) pairs.
@@ -89,23 +89,24 @@ async def call_with_retries(
     policy: RetryPolicy,
     *,
     metadata: Metadata,
-    timeout_s: float,
+    site: CallSite,
 ) -> Response:
-    """One unary call, tried again as `policy` says; the last failure raised as its SIEError."""
+    """One unary call with the deadline `site.timeout_s`, tried again as `policy` says; the last failure raised as its
+    SIEError."""
     started = time.monotonic()
     attempt = 0
     while True:
         attempt += 1
         try:
-            return await method(request, metadata=metadata, timeout=timeout_s)
+            return await method(request, metadata=metadata, timeout=site.timeout_s)
         except grpc.aio.AioRpcError as error:
             status = call_status(error)
-        await asyncio.sleep(delay_or_raise(status, policy, attempt, started))
+        await asyncio.sleep(delay_or_raise(status, policy, attempt, started, site))
 
 
-def delay_or_raise(status: CallStatus, policy: RetryPolicy, attempt: int, started: float) -> float:
+def delay_or_raise(status: CallStatus, policy: RetryPolicy, attempt: int, started: float, site: CallSite) -> float:
     """Seconds to wait before trying the failed call again, or the error that ends it (ProvisioningTimeoutError once
-    a capacity wait has run out)."""
+    a capacity wait has run out; grpc's own statuses explained for `site`)."""
     waited = time.monotonic() - started
     delay = policy.delay(status, attempt, waited)
     if delay is not None:
@@ -118,4 +119,4 @@ def delay_or_raise(status: CallStatus, policy: RetryPolicy, attempt: int, starte
             metadata=status.metadata,
             retry_after=status.retry_after_s,
         )
-    raise status.error()
+    raise explained(status, site).error()

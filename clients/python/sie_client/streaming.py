@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc
-from sie_client.errors import ServerError
+from sie_client.progress import Progress
 from sie_client.retry import Metadata, RetryPolicy, delay_or_raise
-from sie_client.status import call_status, status_from_proto
+from sie_client.status import CallSite, call_status, explained, status_from_proto
 
 T = TypeVar("T")
 
@@ -24,21 +24,21 @@ async def encode_streamed(
     policy: RetryPolicy,
     *,
     window: int,
-    timeout_s: float,
-    progress: bool,
+    site: CallSite,
+    progress: Progress,
     metadata: Metadata,
 ) -> list[inference_pb2.EncodeResponse]:
     """Send the requests over one EncodeStream, `window` in flight, and return the answers in order.
 
-    The stream has no deadline (a long list takes as long as it takes), but each answer does: `timeout_s` after the
-    previous one, or after the last retry is due; a server that stops answering is not waited on for ever."""
+    The stream has no deadline (a long list takes as long as it takes), but each answer does: `site.timeout_s` (the
+    client's read_timeout_s) after the previous one, or after the last retry is due; a server that stops answering is
+    not waited on for ever."""
     outgoing: asyncio.Queue[inference_pb2.EncodeRequest | None] = asyncio.Queue()
     slots = asyncio.Semaphore(window)
     answers: list[inference_pb2.EncodeResponse | None] = [None] * len(requests)
     attempts = [0] * len(requests)
     loop = asyncio.get_running_loop()
     started = time.monotonic()  # as delay_or_raise measures
-    bar = _progress_bar(sum(len(r.items) for r in requests)) if progress else None
 
     async def stream_requests() -> AsyncIterator[inference_pb2.EncodeStreamRequest]:
         while (request := await outgoing.get()) is not None:
@@ -56,38 +56,31 @@ async def encode_streamed(
     retries_due = loop.time()
     try:
         while True:
-            wait_s = timeout_s + max(0.0, retries_due - loop.time())
+            wait_s = site.timeout_s + max(0.0, retries_due - loop.time())
             try:
                 answer = await asyncio.wait_for(call.read(), wait_s)
             except TimeoutError:
-                raise ServerError.from_status(
-                    f"EncodeStream: no answer in {wait_s:.1f} s (timeout_s={timeout_s}) with {remaining} "
-                    f"requests outstanding",
-                    grpc_code=grpc.StatusCode.DEADLINE_EXCEEDED,
-                ) from None
+                raise site.timed_out(f"in {wait_s:.1f} s with {remaining} requests outstanding").error() from None
             if answer is grpc.aio.EOF:
                 break
             index = int(answer.request_id)
             if answer.WhichOneof("outcome") == "error":
                 attempts[index] += 1
-                delay = delay_or_raise(status_from_proto(answer.error), policy, attempts[index], started)
+                delay = delay_or_raise(status_from_proto(answer.error), policy, attempts[index], started, site)
                 loop.call_later(delay, outgoing.put_nowait, requests[index])
                 retries_due = max(retries_due, loop.time() + delay)
                 continue
             answers[index] = answer.response
             slots.release()
             remaining -= 1
-            if bar is not None:
-                bar.update(len(answer.response.results))
+            progress.advance(len(answer.response.results))
             if remaining == 0:
                 outgoing.put_nowait(None)
     except grpc.aio.AioRpcError as error:
-        raise call_status(error).error() from None
+        raise explained(call_status(error), site).error() from None
     finally:
         feeder.cancel()
         call.cancel()
-        if bar is not None:
-            bar.close()
     return [answer for answer in answers if answer is not None]
 
 
@@ -107,9 +100,3 @@ async def in_windows(calls: Sequence[Awaitable[T]], window: int) -> list[T]:
         for task in tasks:
             task.cancel()
         raise
-
-
-def _progress_bar(total: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="item", desc="encode")

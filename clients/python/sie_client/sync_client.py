@@ -7,6 +7,7 @@ share one implementation: same methods, same arguments, same results.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import threading
@@ -20,6 +21,7 @@ from sie_client.messages import ItemLike
 from sie_client.types import EncodeResult, ExtractResult
 from sie_client.verbs import EncodeOptions, ExtractOptions
 
+CLOSED_IN_FLIGHT = "this SIEClient was closed while the call was in flight"
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -45,13 +47,24 @@ def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client:
     if threading.current_thread() is thread:  # dropped on its own loop: it cannot wait for itself
         loop.call_soon(loop.stop)
         return
-    asyncio.run_coroutine_threadsafe(client.close(), loop).result()
+    asyncio.run_coroutine_threadsafe(_close(client), loop).result()
     _stop(loop, thread)
+
+
+async def _close(client: AsyncSIEClient) -> None:
+    """On the client's loop: cancel the calls still running there, then close the channel. A call left running on a
+    loop that stops would never answer, and its caller (blocking, or awaiting run_async) would wait forever."""
+    running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    await client.close()
 
 
 class SIEClient:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Same arguments as AsyncSIEClient (its signature is this one's: see the end of this module)."""
+        self._arguments = (args, kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sie-client", daemon=True)
         self._thread.start()
@@ -63,6 +76,13 @@ class SIEClient:
         # Framework integrations hold a client and have no close() in their protocols: one dropped without close()
         # must not keep its thread, event loop and channel (and renew its pools) for the life of the process.
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self._client)
+
+    def __reduce__(self) -> tuple[Callable[[], SIEClient], tuple[()]]:
+        """A pickled client unpickles as a new client with the same arguments, which connects in its own process: what
+        a framework's process pool (LlamaIndex's IngestionPipeline with num_workers, ...) needs of the objects that
+        hold one. Its connection and its pools' leases stay with the original."""
+        args, kwargs = self._arguments
+        return functools.partial(SIEClient, *args, **kwargs), ()
 
     @staticmethod
     async def _create(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncSIEClient:
@@ -78,7 +98,30 @@ class SIEClient:
         return self._client.target
 
     def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        try:
+            return self._submit(coroutine).result()
+        except concurrent.futures.CancelledError:  # only close() cancels a blocking caller's call
+            raise RuntimeError(CLOSED_IN_FLIGHT) from None
+
+    def _submit(self, coroutine: Coroutine[Any, Any, R]) -> concurrent.futures.Future[R]:
+        """`coroutine` scheduled on the client's loop; a RuntimeError that says so once the client is closed."""
+        if self._loop.is_closed():
+            coroutine.close()  # never run: no "never awaited" warning on top of the error
+            raise RuntimeError("this SIEClient is closed; make a new one")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    async def run_async(self, call: Callable[[AsyncSIEClient], Coroutine[Any, Any, R]]) -> R:
+        """Await `call(client)`, a coroutine of the AsyncSIEClient inside, from any event loop: it runs on this
+        client's own loop and channel while the caller's loop carries on. So one SIEClient serves blocking and async
+        callers over one connection whatever loop they run on (a grpc.aio channel belongs to the loop that made it):
+        `await client.run_async(lambda c: c.encode(model, texts))`."""
+        try:
+            return await asyncio.wrap_future(self._submit(call(self._client)))
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if caller is not None and caller.cancelling():  # the caller's own cancellation goes on as one
+                raise
+            raise RuntimeError(CLOSED_IN_FLIGHT) from None
 
     def __enter__(self) -> SIEClient:
         return self

@@ -11,6 +11,7 @@ from sie_client import messages
 from sie_client.errors import IncompleteBatchError, NotSupportedError
 from sie_client.messages import ItemLike, as_batch, is_single
 from sie_client.pools import PoolMethods
+from sie_client.progress import Progress
 from sie_client.retry import Metadata, RetryPolicy
 from sie_client.streaming import encode_streamed, in_windows
 from sie_client.types import EncodeResult, ExtractResult, ScoreResult
@@ -46,6 +47,7 @@ class ExtractOptions(_CallOptions, total=False):
     output_schema: Mapping[str, Any] | None
     instruction: str | None
     threshold: float | None
+    progress: bool
 
 
 # How long a call waits for capacity (scale from zero, a model loading) without provision_timeout_s: the reference's.
@@ -137,6 +139,7 @@ class VerbMethods(PoolMethods):
         `multivector` (2-D numpy), `timing`. Long lists are pipelined over EncodeStream.
         `debug` adds the statistics of the request's batches as `timing["batches"]`.
         `gpu` / `pool` route this call (machine profile, resource pool) instead of the client's.
+        `progress` shows a tqdm bar of the items answered (the client's `progress` extra).
         """
         single, batch = is_single(items), as_batch(items)
         call = await self._settings(
@@ -144,6 +147,7 @@ class VerbMethods(PoolMethods):
         )
         if not batch:
             return []  # a list in, a list out: no request (the server refuses one without items)
+        bar = Progress(progress, len(batch), "encode")
         chunks = [
             messages.encode_request(
                 call.model,
@@ -160,20 +164,24 @@ class VerbMethods(PoolMethods):
             )
             for start in range(0, len(batch), self._stream_batch_size)
         ]
-        if len(chunks) == 1:
-            responses = [await self._call(self._stub.Encode, chunks[0], call.policy, call.metadata)]
-        else:
-            async with self._in_flight():
-                await self._connected()
-                responses = await encode_streamed(
-                    self._stub,
-                    chunks,
-                    call.policy,
-                    window=self._stream_window,
-                    timeout_s=self.timeout_s,
-                    progress=progress,
-                    metadata=call.metadata,
-                )
+        try:
+            if len(chunks) == 1:
+                responses = [await self._call(self._stub.Encode, chunks[0], call.policy, call.metadata)]
+                bar.advance(len(batch))
+            else:
+                async with self._in_flight():
+                    await self._connected()
+                    responses = await encode_streamed(
+                        self._stub,
+                        chunks,
+                        call.policy,
+                        window=self._stream_window,
+                        site=self._site(inference_pb2.EncodeStreamRequest()),
+                        progress=bar,
+                        metadata=call.metadata,
+                    )
+        finally:
+            bar.close()
         size = self._stream_batch_size
         results = [
             result
@@ -199,18 +207,21 @@ class VerbMethods(PoolMethods):
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = 3,
+        progress: bool = False,
         debug: bool = False,
     ) -> ScoreResult:
         """Relevance of each item to `query`, best first: {model, query_id, scores: [{item_id, index, score, rank}],
-        timing}."""
+        timing}. The items go in one request; `progress` shows a bar that completes with its answer."""
         call = await self._settings(
             model, profile, options, gpu, pool, wait_for_capacity, provision_timeout_s, max_oom_retries
         )
-        query_message = messages.item_message(query)
+        query_message = messages.item_message(query, "score's query")
+        if messages.is_single(items):
+            raise TypeError(f"score's items are a list of items, not one {type(items).__name__}: wrap it in [...]")
         request = inference_pb2.ScoreRequest(
             model=call.model,
             query=query_message,
-            items=[messages.item_message(item) for item in items],
+            items=[messages.item_message(item, f"score's items[{index}]") for index, item in enumerate(items)],
             profile=call.profile,
             lora=lora or "",
             debug=debug,
@@ -221,7 +232,12 @@ class VerbMethods(PoolMethods):
             request.instruction = instruction
         if (struct := messages.options_struct(call.options)) is not None:
             request.options.CopyFrom(struct)
-        response = await self._call(self._stub.Score, request, call.policy, call.metadata)
+        bar = Progress(progress, len(request.items), "score")
+        try:
+            response = await self._call(self._stub.Score, request, call.policy, call.metadata)
+            bar.advance(len(request.items))
+        finally:
+            bar.close()
         return messages.score_result(response, query_message.id or None)
 
     @overload  # a str is also a Sequence: one str is one item, as the first overload says
@@ -248,6 +264,7 @@ class VerbMethods(PoolMethods):
         wait_for_capacity: bool = True,
         provision_timeout_s: float | None = None,
         max_oom_retries: int = 3,
+        progress: bool = False,
         debug: bool = False,
     ) -> ExtractResult | list[ExtractResult]:
         """Per item: {model, id, entities: [{text, label, score, start, end}], classifications: [{label, score}],
@@ -255,8 +272,8 @@ class VerbMethods(PoolMethods):
         objects: [{label, score, bbox}] (bbox [x, y, width, height] in pixels of the original image; box the exact
         corners), data (what a document model generated: {"text": ...} or a JSON object; {} for other models),
         timing}. Each model fills the kinds it produces; the others are empty. Items may be texts or images, as the
-        model's inputs say. The reference's `output_schema` and `instruction` (schema-driven extraction) are a
-        NotSupportedError: this engine's extractors take labels."""
+        model's inputs say. `progress` shows a bar of the items answered. The reference's `output_schema` and
+        `instruction` (schema-driven extraction) are a NotSupportedError: this engine's extractors take labels."""
         for name, value in (("output_schema", output_schema), ("instruction", instruction)):
             if value is not None:
                 raise NotSupportedError(f"extract({name}=...): this engine's extractors take labels= and threshold=")
@@ -279,13 +296,18 @@ class VerbMethods(PoolMethods):
             request.CopyFrom(shared)
             request.items.extend(chunk)
             response = await self._call(self._stub.Extract, request, call.policy, call.metadata)
+            bar.advance(len(chunk))
             return messages.extract_results(response, first_index=start)
 
         # Lists longer than stream_batch_size go as several requests (as encode's do), stream_window at a time.
         items_sent = [messages.item_message(item) for item in batch]  # every item checked before any is sent
         size = self._stream_batch_size
+        bar = Progress(progress, len(items_sent), "extract")
         chunks = [extract_chunk(start, items_sent[start : start + size]) for start in range(0, len(items_sent), size)]
-        parts = await in_windows(chunks, self._stream_window)
+        try:
+            parts = await in_windows(chunks, self._stream_window)
+        finally:
+            bar.close()
         results = [result for part in parts for result in part]
         _check_count(results, len(batch), call.model, "extract")
         return results[0] if single else results

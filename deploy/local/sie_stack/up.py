@@ -1,18 +1,27 @@
-"""`sie up`: the whole stack on loopback, until Ctrl-C or SIGTERM.
+"""`sie up`: the whole stack on loopback, until Ctrl-C, SIGTERM or SIGHUP.
 
 etcd -> config service (default bundle, the demo model added) -> workers ->
-gateway -> Envoy. Every process logs to <state dir>/logs; on the way out each
-is stopped in reverse order, so none is left running.
+gateway -> Envoy. Every process logs to <state dir>/logs. The start-up runs on
+a thread of its own, so a signal stops the stack at any point, start-up
+included: every process started so far is stopped (all together, etcd last),
+a start-up still running is refused further processes, and none is left
+running. That thread lasts as long as the stack: Envoy gets SIGTERM when the
+thread that started it ends (the kernel's parent-death signal is per thread).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.resources
 import json
 import logging
 import os
 import secrets
 import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -41,6 +50,41 @@ from sie_stack.supervisor import Supervisor
 log = logging.getLogger("sie_stack")
 
 DEMO_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# How long a stop waits for a start-up still running to notice that its processes are gone.
+START_UP_EXIT_S = 10.0
+
+
+class StackStopping(Exception):
+    """The stack is coming down: no process may be started."""
+
+
+class StartedProcesses:
+    """The processes a stack started, in start order. Once closed (the stack is coming down), a process added is
+    stopped at once and StackStopping raised, so a start-up running on another thread leaves none behind."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._processes: list[ChildProcess] = []
+        self._closed = False
+
+    def append(self, process: ChildProcess) -> None:
+        with self._lock:
+            if not self._closed:
+                self._processes.append(process)
+                return
+        process.stop()
+        raise StackStopping(f"not starting {process.log_path.stem}: the stack is stopping")
+
+    def close(self) -> list[ChildProcess]:
+        """Refuse processes from now on; those started so far."""
+        with self._lock:
+            self._closed = True
+            return list(self._processes)
+
+    def __iter__(self) -> Iterator[ChildProcess]:
+        with self._lock:
+            return iter(list(self._processes))
 
 
 class Stack:
@@ -48,7 +92,7 @@ class Stack:
         self.settings = settings
         self.state = Path(settings.state_dir).resolve()
         self.logs = self.state / "logs"
-        self.started: list[ChildProcess] = []
+        self.started = StartedProcesses()
         self.services: list[ServiceProcess] = []
         # Admin writes always need a token: the operator's, or one made for this session (kept in this file).
         self.admin_token = settings.admin_token or secrets.token_urlsafe(24)
@@ -157,16 +201,23 @@ class Stack:
         return process
 
     def down(self) -> None:
-        for process in reversed(self.started):
-            process.stop()
+        """Stop every process started so far, and refuse new ones: etcd last, all the others together (each
+        drains while the others do; the services deregister through etcd on their way out)."""
+        processes = self.started.close()
+        etcd = [process for process in processes if isinstance(process, EtcdProcess)]
+        others: list[Callable[[], object]] = [process.stop for process in processes if process not in etcd]
         if self.standby is not None:
-            self.standby.stop()
-            self.standby = None
-        self.started.clear()
-        self.services.clear()
+            others.append(self.standby.stop)
+        if others:
+            with ThreadPoolExecutor(max_workers=len(others)) as pool:
+                list(pool.map(lambda stop: stop(), others))
+        for process in etcd:
+            process.stop()
 
     def banner(self) -> str:
         s = self.settings
+        # With inference tokens, the curl lines send the first of SIE_AUTH_TOKENS (read from the shell, not printed).
+        token = ' -H "authorization: Bearer ${SIE_AUTH_TOKENS%%,*}"' if s.auth_mode == "static" else ""
         workers = ", ".join(f"127.0.0.1:{s.worker_port + i}" for i in range(s.workers))
         return (
             "SIE is up.\n"
@@ -180,10 +231,10 @@ class Stack:
             f"  state and logs      {self.state}\n"
             f"{self._token_lines()}"
             "Try:\n"
-            f'  curl -s http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d \'{{"items": [{{"text": '
+            f'  curl -s{token} http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d \'{{"items": [{{"text": '
             f'"hello"}}]}}\'\n'
-            f'  curl -s http://127.0.0.1:{s.http_port}/v1/embeddings -d \'{{"model": "{DEMO_MODEL}", "input": '
-            f'"hello"}}\'\n'
+            f'  curl -s{token} http://127.0.0.1:{s.http_port}/v1/embeddings -d \'{{"model": "{DEMO_MODEL}", '
+            f'"input": "hello"}}\'\n'
             "Ctrl-C stops everything."
         )
 
@@ -212,37 +263,71 @@ class Stack:
 
 def run(settings: StackSettings) -> int:
     """Bring the stack up, print where it is, restart what exits (supervisor.py), and bring it down on
-    Ctrl-C / SIGTERM."""
+    Ctrl-C / SIGTERM / SIGHUP, during start-up too (then quietly: what the start-up was waiting for failed
+    because the stack is stopping, not because of an error)."""
     stack = Stack(settings)
-    stopping = False
+    stopping = threading.Event()
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # one the caller ignores stays ignored (nohup: SIGHUP)
+            signal.signal(signum, lambda signum, frame: stopping.set())
+    failures: list[BaseException] = []
+    over = threading.Event()  # the start-up is over: done or failed
 
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+    def start_up() -> None:
+        try:
+            stack.up()
+        except BaseException as error:  # noqa: BLE001 -- reported by the main thread, unless the stack is stopping
+            failures.append(error)
+        finally:
+            over.set()
+        stopping.wait()  # Envoy ends with the thread that started it
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    starting = threading.Thread(target=start_up, name="sie-up-start", daemon=True)
+    starting.start()
     try:
-        stack.up()
-        print(stack.banner(), flush=True)
-        supervisor = Supervisor(stack.started)
-        while not stopping:
+        while not over.wait(0.2) and not stopping.is_set():
+            pass
+        if stopping.is_set():
+            return 0
+        if failures:
+            return _start_up_failed(failures[0])
+        _say(stack.banner())
+        supervisor = Supervisor(list(stack.started))
+        while not stopping.wait(0.2):
             supervisor.check()
-            time.sleep(0.2)
         return 0
-    except (RuntimeError, TimeoutError, OSError, grpc.RpcError) as error:
-        log.error("the stack did not come up: %s", error)
-        return 1
     finally:
-        print("stopping...", flush=True)
+        stopping.set()
+        _say("stopping...")
+        began = time.monotonic()
         stack.down()
+        starting.join(START_UP_EXIT_S)  # refused further processes, it ends once what it waits for is gone
+        stack.down()  # whatever it started meanwhile
+        log.info("stopped every process in %.1f s", time.monotonic() - began)
+
+
+def _say(text: str) -> None:
+    """Print `text`; a terminal or pipe that went away does not keep the stack from stopping."""
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
+
+
+def _start_up_failed(error: BaseException) -> int:
+    """Log why the stack did not come up (a gRPC error by its code and message, not its debug dump); 1."""
+    if isinstance(error, grpc.RpcError) and isinstance(error, grpc.Call):
+        log.error("the stack did not come up: %s: %s", error.code().name, error.details())
+    elif isinstance(error, (RuntimeError, TimeoutError, OSError, grpc.RpcError)):
+        log.error("the stack did not come up: %s", error)
+    else:
+        raise error
+    return 1
 
 
 def demo_model_config() -> ModelConfig:
-    """The worker's built-in demo config (weights from the bundled package when offline)."""
-    from sie_worker.models.catalog import BUILTIN_MODELS_DIR
-
-    path = BUILTIN_MODELS_DIR / "all-MiniLM-L6-v2.yaml"
+    """The worker's built-in demo config (weights from the bundled package when offline): read as package data,
+    not through the worker's catalog, which imports torch (seconds to import, and seconds more for this process
+    to exit)."""
+    path = importlib.resources.files("sie_worker") / "builtin_models" / "all-MiniLM-L6-v2.yaml"
     return parse_model_config(yaml.safe_load(path.read_text()), source=str(path))
 
 

@@ -53,6 +53,8 @@ class PoolRecord:
     owner: str = ""
     # Only workers of this bundle are assigned ("" : any bundle).
     bundle: str = ""
+    # When it was created (Unix seconds): no renewal carries it past the gateway's SIE_POOL_MAX_LIFETIME_S from here.
+    created_at: float = 0.0
 
     def ready(self, profile_of: Mapping[str, str]) -> bool:
         """Every requested worker is assigned (profile_of: worker id -> machine profile)."""

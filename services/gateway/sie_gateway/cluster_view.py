@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Mapping
 
 from sie_common.cluster import cluster_store, config_store
 from sie_common.cluster.bundles import Bundle, BundleHashes
@@ -23,7 +23,8 @@ from sie_common.cluster.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-WorkersChanged = Callable[[Collection[str]], Awaitable[None]]
+# Called with every worker's record (worker id -> record) after any registration or pool changed.
+WorkersChanged = Callable[[Mapping[str, WorkerRecord]], Awaitable[None]]
 
 
 class ClusterView:
@@ -102,4 +103,4 @@ class ClusterView:
             for record in records.values()
         }
         if self._on_workers_changed is not None:
-            await self._on_workers_changed(self.workers.keys())
+            await self._on_workers_changed(self.workers)

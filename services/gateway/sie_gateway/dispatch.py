@@ -1,16 +1,28 @@
-"""Send a request to the best worker, and to another one if that worker is lost.
+"""Send a request to the best worker, and to another one if that worker is lost or cold.
 
 Inference is idempotent, so a request whose worker dies before answering, or
 refuses it because it is shutting down (it drains what it accepted, but the
 gateway may not have seen it deregister yet), is sent again to the next best
-eligible worker; the caller still gets exactly one answer.
+eligible worker; the caller still gets exactly one answer. So is a request
+refused with MODEL_LOADING (or MODEL_LOAD_BACKOFF) while another eligible
+worker has the model loaded: a worker's record can say a model is loaded that
+its process no longer has (a restarted process preloading, an eviction not yet
+published).
+
+A worker whose stream broke is out of routing at once, not when its lease
+runs out: it comes back when its health check answers SERVING again (a
+restarted process does once its preloads are done and it has registered), or
+when it registers another address. While every eligible worker is out, they
+are tried anyway.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from sie.v1 import worker_pb2
@@ -20,8 +32,16 @@ from sie_gateway.demand import DemandRecorder
 from sie_gateway.routing import choose_worker
 from sie_gateway.worker_link import Connect, WorkerLink, WorkerLost
 
+log = logging.getLogger(__name__)
+
 # A worker's refusal that means "not accepted here, send it elsewhere".
 SHUTTING_DOWN = "SHUTTING_DOWN"
+# Refusals that mean "the model is not loaded here": sent on when another eligible worker has it loaded.
+NOT_LOADED_HERE = frozenset({"MODEL_LOADING", "MODEL_LOAD_BACKOFF"})
+# A lost worker's health is checked after this delay, doubling up to the maximum.
+PROBE_FIRST_DELAY_S = 0.2
+PROBE_MAX_DELAY_S = 2.0
+PROBE_TIMEOUT_S = 1.0
 
 # Given the workers already tried, the workers still eligible for this request.
 Candidates = Callable[[Collection[str]], Sequence[WorkerRecord]]
@@ -49,22 +69,35 @@ class Dispatcher:
         self._max_attempts = max_attempts
         self._demand = demand
         self._links: dict[str, WorkerLink] = {}
+        # Workers whose stream broke -> the task that checks their health until they serve again.
+        self._lost: dict[str, asyncio.Task[None]] = {}
 
     def outstanding(self) -> dict[str, int]:
         return {worker_id: link.outstanding for worker_id, link in self._links.items()}
 
-    async def forget_others(self, live: Collection[str]) -> None:
-        """Close the links of workers that left the registry; their requests fail over."""
-        for worker_id in [worker_id for worker_id in self._links if worker_id not in live]:
-            await self._links.pop(worker_id).close()
+    @property
+    def lost(self) -> frozenset[str]:
+        """Workers out of routing because their stream broke."""
+        return frozenset(self._lost)
+
+    async def workers_changed(self, workers: Mapping[str, WorkerRecord]) -> None:
+        """Close the links of workers that left the registry or registered another address; their requests fail
+        over."""
+        for worker_id, link in list(self._links.items()):
+            record = workers.get(worker_id)
+            if record is None or record.address != link.address:
+                await self._forget(worker_id)
 
     async def dispatch(
         self, task: str, message: Any, *, model: str, candidates: Candidates, deadline: float | None
     ) -> worker_pb2.WorkResponse:
         """The answer of the first worker that does not vanish; `deadline` is a time.monotonic() value."""
         tried: set[str] = set()
+        cold_answer: worker_pb2.WorkResponse | None = None
         for _ in range(self._max_attempts):
-            worker = choose_worker(candidates(tried), model, self.outstanding())
+            eligible = candidates(tried)
+            reachable = [worker for worker in eligible if worker.worker_id not in self._lost]
+            worker = choose_worker(reachable or eligible, model, self.outstanding())
             if worker is None:
                 break
             timeout_s = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -76,12 +109,48 @@ class Dispatcher:
                     response = await self._link(worker).call(task, message, timeout_s=timeout_s)
             except WorkerLost:
                 tried.add(worker.worker_id)
+                self._lose(worker.worker_id)
                 continue
-            if response.WhichOneof("outcome") == "error" and status_reason(response.error) == SHUTTING_DOWN:
-                tried.add(worker.worker_id)
+            tried.add(worker.worker_id)
+            reason = status_reason(response.error) if response.WhichOneof("outcome") == "error" else ""
+            if reason == SHUTTING_DOWN:
+                continue
+            if reason in NOT_LOADED_HERE and self._warm(candidates(tried), model):
+                cold_answer = response
                 continue
             return response
+        if cold_answer is not None:  # the warm workers were lost under it: the cold worker's answer stands
+            return cold_answer
         raise NoWorker(tried)
+
+    def _warm(self, workers: Sequence[WorkerRecord], model: str) -> bool:
+        """Whether one of `workers`, not lost, has `model` loaded."""
+        return any(model in worker.loaded_models and worker.worker_id not in self._lost for worker in workers)
+
+    def _lose(self, worker_id: str) -> None:
+        """Take a worker whose stream broke out of routing until its health check answers SERVING."""
+        link = self._links.get(worker_id)
+        if link is not None and worker_id not in self._lost:
+            log.warning("worker %s is out of routing: its Work stream broke", worker_id)
+            self._lost[worker_id] = asyncio.create_task(self._until_serving(worker_id, link))
+
+    async def _until_serving(self, worker_id: str, link: WorkerLink) -> None:
+        """Check the worker's health until it serves; then (or if the check itself fails) it is back in routing."""
+        try:
+            delay = PROBE_FIRST_DELAY_S
+            while not await link.serving(PROBE_TIMEOUT_S):
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, PROBE_MAX_DELAY_S)
+            log.info("worker %s is back in routing: its health check says SERVING", worker_id)
+        finally:
+            if self._lost.get(worker_id) is asyncio.current_task():  # not forgotten (and cancelled) meanwhile
+                del self._lost[worker_id]
+
+    async def _forget(self, worker_id: str) -> None:
+        probe = self._lost.pop(worker_id, None)
+        if probe is not None:
+            probe.cancel()
+        await self._links.pop(worker_id).close()
 
     def _link(self, worker: WorkerRecord) -> WorkerLink:
         link = self._links.get(worker.worker_id)
@@ -92,4 +161,4 @@ class Dispatcher:
         return link
 
     async def close(self) -> None:
-        await self.forget_others(())
+        await self.workers_changed({})

@@ -140,15 +140,16 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
     async def GetPool(
         self, request: inference_pb2.GetPoolRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.GetPoolResponse:
-        return inference_pb2.GetPoolResponse(pool=await self._guarded(context, lambda: self._pools.get(request.name)))
+        token = bearer_token(context.invocation_metadata())
+        return inference_pb2.GetPoolResponse(
+            pool=await self._guarded(context, lambda: self._pools.get(request.name, token))
+        )
 
     async def ListPools(
         self, request: inference_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.ListPoolsResponse:
-        pools = await self._guarded(
-            context, lambda: [self._pools.message(r) for _, r in sorted(self._view.pools.items())]
-        )
-        return inference_pb2.ListPoolsResponse(pools=pools)
+        token = bearer_token(context.invocation_metadata())
+        return inference_pb2.ListPoolsResponse(pools=await self._guarded(context, lambda: self._pools.owned_by(token)))
 
     async def RenewPool(
         self, request: inference_pb2.RenewPoolRequest, context: grpc.aio.ServicerContext

@@ -8,21 +8,27 @@ renewal (a pool created before its workers exist fills up as they register).
 
 Pools reserve capacity, so creating one through the API is refused unless the
 operator turned it on (SIE_POOLS_ENABLED), and is bounded: workers per pool,
-lease length, and the workers all pools of one caller (bearer token) hold.
+lease length, lifetime (no renewal carries a pool past SIE_POOL_MAX_LIFETIME_S
+from its creation), the pools and the workers all pools of one caller (bearer
+token) hold, and the share of each bundle's workers one pool may take; a
+number of each bundle's workers always stays shared. A pool is seen, renewed,
+deleted and used only with its creator's token.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Collection, Mapping
 
 from google.protobuf import timestamp_pb2
 
 from sie.v1 import inference_pb2
-from sie_common.cluster.cluster_store import POOLS, PoolRecord, decode_all, decode_pool, encode_pool
+from sie_common.cluster.cluster_store import POOLS, PoolRecord, WorkerRecord, decode_all, decode_pool, encode_pool
 from sie_common.cluster.etcd import Etcd
 from sie_common.edge.errors import (
     Aborted,
@@ -123,10 +129,12 @@ class PoolManager:
         owner = pool_owner(token)
         key = self._etcd.key(POOLS + name)
         for _ in range(_WRITE_ATTEMPTS):
-            read_at = await self._check_quota(owner, requested)
+            pools, read_at = await self._read_pools()
+            self._check_quota(pools.values(), owner, requested)
             lease = await self._etcd.grant_lease(ttl_s)
-            workers = self._assign(name, gpus, (), bundle)
-            record = PoolRecord(name, dict(gpus), ttl_s, lease, workers, time.time() + ttl_s, owner, bundle)
+            workers = self._assign(name, gpus, (), bundle, pools.values())
+            now = time.time()
+            record = PoolRecord(name, dict(gpus), ttl_s, lease, workers, now + ttl_s, owner, bundle, created_at=now)
             # Written only if no pool changed since the quota was counted: concurrent creations cannot overshoot it.
             created, _ = await self._etcd.txn(
                 [self._etcd.ops.version(key) == 0, self._etcd.unchanged_since(POOLS, read_at)],
@@ -142,13 +150,25 @@ class PoolManager:
             reason="POOL_CONTENDED",
         )
 
-    async def _check_quota(self, owner: str, requested: int) -> int:
-        """RESOURCE_EXHAUSTED when the caller's pools would hold more workers than its quota; else the revision counted
-        at."""
-        quota = self._quotas.get(owner, self._settings.pool_quota_workers)
+    async def _read_pools(self) -> tuple[dict[str, PoolRecord], int]:
+        """Every pool as etcd has it now (the mirror may lag another gateway's write), and the revision read at."""
         entries, read_at = await self._etcd.read_prefix(POOLS)
-        pools = decode_all({entry.name: entry.value for entry in entries}, decode_pool).values()
-        held = sum(sum(pool.gpus.values()) for pool in pools if pool.owner == owner)
+        return decode_all({entry.name: entry.value for entry in entries}, decode_pool), read_at
+
+    def _check_quota(self, pools: Collection[PoolRecord], owner: str, requested: int) -> None:
+        """RESOURCE_EXHAUSTED when the caller holds as many pools as it may, or its pools would hold more workers than
+        its quota."""
+        owned = [pool for pool in pools if pool.owner == owner]
+        limit = self._settings.pool_quota_pools
+        if len(owned) >= limit:
+            raise ResourceExhausted(
+                f"pool quota: this caller holds {len(owned)} pools and may hold {limit} at once "
+                f"(SIE_POOL_QUOTA_POOLS); delete one or let it expire",
+                reason="POOL_COUNT_EXCEEDED",
+                metadata={"limit": str(limit), "held": str(len(owned))},
+            )
+        quota = self._quotas.get(owner, self._settings.pool_quota_workers)
+        held = sum(sum(pool.gpus.values()) for pool in owned)
         if held + requested > quota:
             raise ResourceExhausted(
                 f"pool quota: this caller's pools hold {held} workers and may hold {quota} in all "
@@ -156,10 +176,10 @@ class PoolManager:
                 reason="POOL_QUOTA_EXCEEDED",
                 metadata={"limit": str(quota), "held": str(held), "requested": str(requested)},
             )
-        return read_at
 
     async def renew(self, name: str, token: str | None = None) -> inference_pb2.Pool:
-        """Refresh the lease and top up missing workers (saved in etcd); only the pool's owner may."""
+        """Refresh the lease and top up missing workers (saved in etcd), within the pool's lifetime; only the pool's
+        owner may."""
         check_pool_name(name, self._bounds)
         key = self._etcd.key(POOLS + name)
         for _ in range(_WRITE_ATTEMPTS):
@@ -170,13 +190,15 @@ class PoolManager:
                 )
             record = decode_pool(entry.value)
             _check_owner(record, token, "renew")
+            self._check_lifetime(record)
             if await self._etcd.keep_alive(record.lease) <= 0:
                 raise NotFound(
                     f"pool {name!r} does not exist (or expired)", reason="POOL_NOT_FOUND", metadata={"pool": name}
                 )
+            pools, _ = await self._read_pools()
             renewed = dataclasses.replace(
                 record,
-                workers=self._assign(name, record.gpus, record.workers, record.bundle),
+                workers=self._assign(name, record.gpus, record.workers, record.bundle, pools.values()),
                 expires_at=time.time() + record.ttl_s,
             )
             saved, _ = await self._etcd.txn(
@@ -188,6 +210,20 @@ class PoolManager:
         raise Aborted(
             f"pool {name!r} changed under {_WRITE_ATTEMPTS} renewals in a row; retry", reason="POOL_CONTENDED"
         )
+
+    def _check_lifetime(self, record: PoolRecord) -> None:
+        """FAILED_PRECONDITION when refreshing the lease now would let the pool outlive SIE_POOL_MAX_LIFETIME_S."""
+        lifetime = self._settings.pool_max_lifetime_s
+        ends_at = record.created_at + lifetime
+        if time.time() + record.ttl_s > ends_at:
+            left = max(0, round(record.expires_at - time.time()))
+            raise FailedPrecondition(
+                f"pool {record.name!r} may live {lifetime} s from its creation (SIE_POOL_MAX_LIFETIME_S) and a "
+                f"renewal now would carry it past that: it ends at its current expiry (in about {left} s); create "
+                f"a new pool to go on",
+                reason="POOL_LIFETIME_REACHED",
+                metadata={"pool": record.name, "limit": str(lifetime), "expires_in_s": str(left)},
+            )
 
     async def delete(self, name: str, token: str | None = None) -> None:
         """Release the pool's workers; only its owner may."""
@@ -206,12 +242,19 @@ class PoolManager:
         if record is not None:
             _check_owner(record, token, "send requests to")
 
-    def get(self, name: str) -> inference_pb2.Pool:
+    def get(self, name: str, token: str | None) -> inference_pb2.Pool:
+        """The pool, to its owner only (another token's get PERMISSION_DENIED, as for renew, delete and use)."""
         check_pool_name(name, self._bounds)
         record = self._view.pools.get(name)
         if record is None:
             raise NotFound(f"pool {name!r} does not exist", reason="POOL_NOT_FOUND", metadata={"pool": name})
+        _check_owner(record, token, "see")
         return self.message(record)
+
+    def owned_by(self, token: str | None) -> list[inference_pb2.Pool]:
+        """The caller's own pools, by name."""
+        owner = pool_owner(token)
+        return [self.message(record) for _, record in sorted(self._view.pools.items()) if record.owner == owner]
 
     def message(self, record: PoolRecord) -> inference_pb2.Pool:
         profile_of = {worker.worker_id: worker.machine_profile for worker in self._view.workers.values()}
@@ -225,23 +268,70 @@ class PoolManager:
             bundle=record.bundle,
         )
 
-    def _assign(self, name: str, gpus: Mapping[str, int], current: tuple[str, ...], bundle: str) -> tuple[str, ...]:
-        """Keep the live workers already assigned, and add free shared ones (of `bundle`, when set) up to each
-        profile's count."""
+    def _assign(
+        self,
+        name: str,
+        gpus: Mapping[str, int],
+        current: tuple[str, ...],
+        bundle: str,
+        pools: Collection[PoolRecord],
+    ) -> tuple[str, ...]:
+        """Keep the live workers already assigned and add free shared ones (of `bundle`, when set) up to each
+        profile's count, within the operator's limits on each bundle (`_room`); a pool over them gives back its
+        last workers. `pools`: every pool as etcd has it."""
         workers = self._view.workers
-        taken = {worker for pool in self._view.pools.values() if pool.name != name for worker in pool.workers}
+        taken = {worker for pool in pools if pool.name != name for worker in pool.workers}
         kept = [worker_id for worker_id in current if worker_id in workers]
-        for profile, count in gpus.items():
-            have = sum(1 for worker_id in kept if workers[worker_id].machine_profile == profile)
-            free = sorted(
-                worker.worker_id
+        free = sorted(
+            (
+                worker
                 for worker in workers.values()
-                if worker.machine_profile == profile
-                and worker.ready
-                and (not bundle or worker.bundle == bundle)
+                if worker.ready
                 and worker.pool in ("", name)
                 and worker.worker_id not in taken
                 and worker.worker_id not in kept
-            )
-            kept += free[: max(0, count - have)]
-        return tuple(kept)
+            ),
+            key=lambda worker: worker.worker_id,
+        )
+        room = self._room(kept, taken, free)
+        held: Counter[str] = Counter()
+
+        def fits(worker: WorkerRecord) -> bool:
+            """Whether its bundle has room for one more of this pool's workers (counted when it has)."""
+            if held[worker.bundle] >= room[worker.bundle]:
+                return False
+            held[worker.bundle] += 1
+            return True
+
+        assigned = [worker_id for worker_id in kept if fits(workers[worker_id])]
+        of_bundle = [worker for worker in free if not bundle or worker.bundle == bundle]
+        for profile, count in gpus.items():
+            wanted = count - sum(1 for worker_id in assigned if workers[worker_id].machine_profile == profile)
+            for worker in of_bundle:
+                if wanted > 0 and worker.machine_profile == profile and fits(worker):
+                    assigned.append(worker.worker_id)
+                    wanted -= 1
+        return tuple(assigned)
+
+    def _room(self, kept: Collection[str], taken: Collection[str], free: Collection[WorkerRecord]) -> Counter[str]:
+        """Bundle -> the workers of it one pool may hold: SIE_POOL_MAX_SHARE of those pools may take (shared, or in
+        a pool created through the API; not an operator's SIE_POOL), and no more than leaves SIE_POOL_SHARED_WORKERS
+        of them shared. `kept`: this pool's workers; `taken`: other pools'; `free`: the shared ones."""
+        workers = self._view.workers
+        poolable = Counter(
+            worker.bundle
+            for worker in workers.values()
+            if worker.pool == "" or worker.worker_id in taken or worker.worker_id in kept
+        )
+        mine = Counter(workers[worker_id].bundle for worker_id in kept)
+        shared = Counter(worker.bundle for worker in free)
+        settings = self._settings
+        return Counter(
+            {
+                bundle: min(
+                    math.floor(settings.pool_max_share * count + 1e-9),
+                    max(0, mine[bundle] + shared[bundle] - settings.pool_shared_workers),
+                )
+                for bundle, count in poolable.items()
+            }
+        )

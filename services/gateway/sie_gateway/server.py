@@ -42,7 +42,7 @@ async def serve(settings: GatewaySettings) -> None:
         connect=worker_connector(settings),
         demand=demand,
     )
-    view = ClusterView(etcd, on_workers_changed=dispatcher.forget_others)
+    view = ClusterView(etcd, on_workers_changed=dispatcher.workers_changed)
     api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings), demand)
 
     authorize = Authorize(inference_checks(settings.auth_mode, settings.auth_tokens))

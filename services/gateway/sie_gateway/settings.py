@@ -51,6 +51,30 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
     pool_max_ttl_s: int = setting(
         3600, env="SIE_POOL_MAX_TTL_S", help="longest pool lease; longer: INVALID_ARGUMENT/POOL_TTL_TOO_LONG"
     )
+    pool_max_lifetime_s: int = setting(
+        86400,
+        env="SIE_POOL_MAX_LIFETIME_S",
+        help="longest a pool lives from its creation, renewals included: a renewal that would carry its lease past "
+        "that is FAILED_PRECONDITION/POOL_LIFETIME_REACHED and the pool ends at its current expiry",
+    )
+    pool_max_share: float = setting(
+        0.5,
+        env="SIE_POOL_MAX_SHARE",
+        help="fraction (0-1] of each bundle's workers that pools may take (shared ones and those already in pools "
+        "created through the API) one pool may hold, rounded down",
+    )
+    pool_shared_workers: int = setting(
+        1,
+        env="SIE_POOL_SHARED_WORKERS",
+        help="workers of each bundle that pools created through the API never take: they stay with requests "
+        "without x-sie-pool",
+    )
+    pool_quota_pools: int = setting(
+        2,
+        env="SIE_POOL_QUOTA_POOLS",
+        help="pools one caller (bearer token; all callers together without auth) may hold at once; more: "
+        "RESOURCE_EXHAUSTED/POOL_COUNT_EXCEEDED",
+    )
     pool_quota_workers: int = setting(
         4,
         env="SIE_POOL_QUOTA_WORKERS",
@@ -108,6 +132,7 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
             "pool_default_ttl_s",
             "pool_max_workers",
             "pool_max_ttl_s",
+            "pool_quota_pools",
             "encode_stream_window",
             "max_encode_streams",
         ):
@@ -115,6 +140,12 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
                 raise SettingsError(f"SIE_{name.upper()} must be positive, got {getattr(self, name)}")
         if self.pool_default_ttl_s > self.pool_max_ttl_s:
             raise SettingsError("SIE_POOL_DEFAULT_TTL_S must not exceed SIE_POOL_MAX_TTL_S")
+        if self.pool_max_ttl_s > self.pool_max_lifetime_s:
+            raise SettingsError("SIE_POOL_MAX_TTL_S must not exceed SIE_POOL_MAX_LIFETIME_S")
+        if not 0 < self.pool_max_share <= 1:
+            raise SettingsError(f"SIE_POOL_MAX_SHARE must be in (0, 1], got {self.pool_max_share}")
+        if self.pool_shared_workers < 0:
+            raise SettingsError(f"SIE_POOL_SHARED_WORKERS must not be negative, got {self.pool_shared_workers}")
 
     def _check_worker_token_recipients(self) -> None:
         """The worker token goes only to workers the gateway can authenticate: registered by etcd's worker role

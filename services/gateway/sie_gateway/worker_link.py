@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
 from sie.v1 import worker_pb2, worker_pb2_grpc
@@ -27,6 +28,8 @@ from sie_common.runtime.transport import RECONNECT_OPTIONS, channel_credentials
 from sie_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+
+WORKER_SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
 class WorkerLost(Exception):
@@ -143,6 +146,17 @@ class WorkerLink:
                     stream.outgoing.put_nowait(
                         worker_pb2.WorkRequest(request_id=request_id, cancel=worker_pb2.CancelWork())
                     )
+
+    async def serving(self, timeout_s: float) -> bool:
+        """Whether the worker's health check says sie.v1.Worker is SERVING (a restarted worker says so once its
+        preloads are done and it has registered)."""
+        try:
+            reply = await health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def _open_stream(self) -> _Stream:
         if self._stream is None or self._stream.broken:

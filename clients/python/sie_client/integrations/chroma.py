@@ -1,4 +1,5 @@
-"""A Chroma embedding function backed by the engine (`pip install sie[chroma]`).
+"""A Chroma embedding function backed by the engine (the `chroma` extra of sie-client:
+`pip install ./contract/python './clients/python[chroma]'`).
 
 Chroma calls `__call__` for the documents it stores and `embed_query` for `query_texts`,
 so documents are encoded as documents and queries with `is_query=True`. The function is
@@ -10,11 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
-from chromadb.utils.embedding_functions import register_embedding_function
 
-from sie_client.integrations._common import DENSE
-from sie_client.sync_client import SIEClient
+from sie_client.extras import needs_extra
+from sie_client.integrations._common import DENSE, client_for
+
+with needs_extra("sie_client.integrations.chroma", "chroma", "chromadb"):
+    from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
+    from chromadb.utils.embedding_functions import register_embedding_function
 
 
 @register_embedding_function
@@ -23,7 +26,7 @@ class SIEEmbeddingFunction(EmbeddingFunction[Documents]):
         self.target = target
         self.model = model
         self.dims = dims
-        self._client = SIEClient(target, **client_options)
+        self._client = client_for("SIEEmbeddingFunction", target, client_options)
 
     def __call__(self, input: Documents) -> Embeddings:
         return self._encode(input, is_query=False)

@@ -1,4 +1,5 @@
-"""A LanceDB embedding function backed by the engine (`pip install sie[lancedb]`).
+"""A LanceDB embedding function backed by the engine (the `lancedb` extra of sie-client:
+`pip install ./contract/python './clients/python[lancedb]'`).
 
 Registered as "sie" in LanceDB's embedding-function registry:
 
@@ -14,11 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from lancedb.embeddings import TextEmbeddingFunction, register
-from pydantic import PrivateAttr
 
+from sie_client.extras import needs_extra
 from sie_client.integrations._common import DENSE
 from sie_client.sync_client import SIEClient
+
+with needs_extra("sie_client.integrations.lancedb", "lancedb", "lancedb"):
+    from lancedb.embeddings import TextEmbeddingFunction, register
+    from pydantic import PrivateAttr
 
 
 @register("sie")

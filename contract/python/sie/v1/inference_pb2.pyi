@@ -162,16 +162,20 @@ class ScoreParams(_message.Message):
     def __init__(self, top_k: _Optional[int] = ..., instruction: _Optional[str] = ..., profile: _Optional[str] = ..., lora: _Optional[str] = ..., options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("request_id", "model", "scores", "timing")
+    __slots__ = ("request_id", "model", "scores", "timing", "tokens", "images")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     scores: _containers.RepeatedCompositeFieldContainer[ScoreEntry]
     timing: _types_pb2.Timing
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[ScoreEntry, _Mapping]]] = ..., timing: _Optional[_Union[_types_pb2.Timing, _Mapping]] = ...) -> None: ...
+    tokens: int
+    images: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[ScoreEntry, _Mapping]]] = ..., timing: _Optional[_Union[_types_pb2.Timing, _Mapping]] = ..., tokens: _Optional[int] = ..., images: _Optional[int] = ...) -> None: ...
 
 class ScoreEntry(_message.Message):
     __slots__ = ("item_id", "index", "score", "rank")

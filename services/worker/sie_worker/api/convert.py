@@ -236,6 +236,8 @@ def score_response(request: inference_pb2.ScoreRequest, outcome: ScoreOutcome) -
             for rank, entry in enumerate(outcome.ranked)
         ],
         timing=_timing(outcome.timing),
+        tokens=outcome.tokens,
+        images=len(request.query.images) + sum(len(item.images) for item in request.items),
     )
 
 

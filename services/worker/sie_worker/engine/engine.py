@@ -100,8 +100,8 @@ class Engine:
         return EncodeOutcome(job.model, outputs, timing, tokens=sum(result.tokens for result in results))
 
     async def score(self, job: ScoreJob) -> ScoreOutcome:
-        scored, _, timing = await self._serve(job, ranked)
-        return ScoreOutcome(job.model, scored, timing)
+        scored, results, timing = await self._serve(job, ranked)
+        return ScoreOutcome(job.model, scored, timing, tokens=sum(result.tokens for result in results))
 
     async def extract(self, job: ExtractJob) -> ExtractOutcome:
         extractions, _, timing = await self._serve(job, lambda plan, items: items)

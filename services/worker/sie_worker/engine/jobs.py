@@ -140,6 +140,8 @@ class ScoreOutcome:
     model: str
     ranked: list[ScoredItem]  # best first, cut to top_k
     timing: Timing
+    # Tokens the model read after truncation (every pair, or the query and every item), prompts included.
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
