@@ -31,7 +31,9 @@ def python() -> str:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_models):
-    with adapter_stack(tmp_path_factory.mktemp("reference-sdk"), tiny_models, SIE_POOLS_ENABLED="true") as running:
+    # One worker: the pool test's pool may take it (SIE_POOL_SHARED_WORKERS=0, SIE_POOL_MAX_SHARE=1).
+    pools = {"SIE_POOLS_ENABLED": "true", "SIE_POOL_SHARED_WORKERS": "0", "SIE_POOL_MAX_SHARE": "1"}
+    with adapter_stack(tmp_path_factory.mktemp("reference-sdk"), tiny_models, **pools) as running:
         yield running
 
 
@@ -100,6 +102,7 @@ def test_encode_score_extract_equal_sie_client(stack, python) -> None:
     scores = reference["score"]["scores"]
     assert [entry["rank"] for entry in scores] == [0, 1] and reference["score"]["query_id"] == "q"
     assert scores[0]["score"] >= scores[1]["score"]
+    assert reference["score"]["usage"] == ours["score"]["usage"] and reference["score"]["usage"]["input_tokens"] > 0
     assert set(reference["extract"][0]) >= {"entities", "relations", "classifications", "objects"}
     # a query encodes differently from a document only where the model has a query template; the answer is equal
     # to sie_client's either way (above)

@@ -255,6 +255,8 @@ async def _score(request: web.Request, adapter: Adapter, name: str) -> web.Strea
             for entry in response.scores
         ],
         "timing": timing(response.timing),
+        # The reference's usage block: the tokens the model read, and the images when there were any.
+        "usage": {"input_tokens": response.tokens, **({"images": response.images} if response.images else {})},
     }
     if isinstance(query, dict) and isinstance(query.get("id"), str) and query["id"]:
         body["query_id"] = query["id"]
