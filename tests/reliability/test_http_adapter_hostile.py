@@ -271,6 +271,10 @@ def test_sizes_and_queries(edge) -> None:
     huge = b'{"inputs": "' + b"x" * (17 * 2**20) + b'"}'
     for path, headers in ((f"/tei/{MEAN}/embed", JSON), ("/v1/rerank", JSON), (f"/v1/encode/{MEAN}", SDK)):
         assert post(edge, path, huge, headers).status_code == 413, path
+        # Without a content-length (chunked), Envoy cannot refuse it up front: the adapter stops reading at the limit.
+        chunks = (huge[start : start + 2**20] for start in range(0, len(huge), 2**20))
+        chunked = httpx.post(edge.base + path, content=chunks, headers=headers, timeout=30)
+        assert chunked.status_code == 413, (path, chunked.text)
     query = httpx.get(f"{edge.base}/v1/models?limit=5", headers=AUTH, timeout=30)
     assert query.status_code == 400 and query.json()["details"][0]["reason"] == "QUERY_NOT_ALLOWED"
     items = httpx.post(f"{edge.base}/v1/encode/{MEAN}", json={"items": "hello"}, headers=AUTH, timeout=30)
