@@ -69,14 +69,16 @@ def test_idle_connections_hold_a_bounded_number_of_threads_and_not_for_ever(port
         started = time.monotonic()
         dropped = sum(closed_by_server(sender, REQUEST_HEAD_S + 5 - (time.monotonic() - started)) for sender in idle)
         seconds = time.monotonic() - started
-    reliability_report.add("metrics port", "100 idle connections", threads=threads, dropped=dropped, seconds=round(seconds, 1))
+    reliability_report.add(
+        "metrics port", "100 idle connections", threads=threads, dropped=dropped, seconds=round(seconds, 1)
+    )
     assert threads <= MAX_CONNECTIONS + 1, f"{threads} threads for 100 idle connections"
     assert dropped == 100, f"only {dropped} of 100 idle connections were closed within {REQUEST_HEAD_S + 5} s"
     assert healthz(port) == 200
 
 
 def test_a_head_over_its_bound_is_refused_without_reading_it_all(port) -> None:
-    """99 headers of 60 KB (6 MB) used to be read and parsed whole: the connection is closed after REQUEST_HEAD_BYTES."""
+    """99 headers of 60 KB (6 MB) were read and parsed whole: now the connection closes past REQUEST_HEAD_BYTES."""
     header = b"x-big: " + b"v" * 60_000 + b"\r\n"
     with connections(port, 1, b"GET /metrics HTTP/1.1\r\n") as (sender,):
         with contextlib.suppress(OSError):  # the server closed the connection: that is what is asserted

@@ -82,7 +82,9 @@ class _BoundedServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            log.debug("metrics port: %d connections at once already; closing one from %s", MAX_CONNECTIONS, client_address)
+            log.debug(
+                "metrics port: %d connections at once already; closing one from %s", MAX_CONNECTIONS, client_address
+            )
             self.shutdown_request(request)
             return
         try:
