@@ -317,6 +317,10 @@ def _local_replies() -> dict[str, Any]:
                 retry,
             ),
             _local_reply(_flags("UT"), _DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT", "the service did not answer in time"),
+            # What no route takes at all (a CONNECT: the routes match paths, and it has none) would be an empty 404.
+            _local_reply(
+                _flags("NR"), _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"
+            ),
             _local_reply(
                 _flags("SI"),
                 _DEADLINE_EXCEEDED,
