@@ -12,13 +12,11 @@ one peer, may lease; until then this test is xfail."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import time
 
 import pytest
-from edge_load import MB, request, running_edge
+from edge_load import MB, held_connections, request, running_edge
 
 ANNOUNCERS = 30
 ANNOUNCED = 9 * MB  # 8 of them fill a thread's share for bodies of 64 KiB or more (72 MiB of 96)
@@ -30,22 +28,11 @@ def edge(tmp_path_factory):
         yield running
 
 
-@contextlib.contextmanager
-def announcers(port: int, count: int, size: int):
-    """Connections that send a JSON encode request's headers announcing `size` bytes of body, and no body."""
-    head = (
+def announcement(size: int) -> bytes:
+    """A JSON encode request's headers announcing `size` bytes of body."""
+    return (
         f"POST /v1/encode/m HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\ncontent-length: {size}\r\n\r\n"
     ).encode()
-    sockets = []
-    try:
-        for _ in range(count):
-            sender = socket.create_connection(("127.0.0.1", port), timeout=5)
-            sender.sendall(head)
-            sockets.append(sender)
-        yield sockets
-    finally:
-        for sender in sockets:
-            sender.close()
 
 
 def reason(port: int, body_bytes: int) -> str:
@@ -63,7 +50,7 @@ def reason(port: int, body_bytes: int) -> str:
 )
 def test_bodies_announced_and_never_sent_do_not_keep_honest_bodies_out(edge, reliability_report) -> None:
     assert reason(edge.port, 100_000) == "UPSTREAM_UNAVAILABLE"  # checked and passed on, with no announcers
-    with announcers(edge.port, ANNOUNCERS, ANNOUNCED):
+    with held_connections(edge.port, ANNOUNCERS, announcement(ANNOUNCED)):
         time.sleep(1)
         reasons = [reason(edge.port, 100_000) for _ in range(10)]
     reliability_report.add(

@@ -6,12 +6,11 @@ so the test stays small; a caller's /healthz (Envoy answers it itself) must get 
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import time
 
 import pytest
-from edge_load import request, running_edge
+from edge_load import held_connections, request, running_edge
 
 LIMIT = 64
 
@@ -20,14 +19,6 @@ LIMIT = 64
 def edge(tmp_path_factory):
     with running_edge(tmp_path_factory.mktemp("connections"), max_connections=LIMIT) as running:
         yield running
-
-
-def open_connections(port: int, count: int) -> list[socket.socket]:
-    sockets = []
-    for _ in range(count):
-        with contextlib.suppress(OSError):
-            sockets.append(socket.create_connection(("127.0.0.1", port), timeout=5))
-    return sockets
 
 
 def still_open(sockets: list[socket.socket]) -> int:
@@ -44,8 +35,7 @@ def still_open(sockets: list[socket.socket]) -> int:
 
 
 def test_idle_connections_at_the_limit_do_not_keep_callers_out(edge, reliability_report) -> None:
-    idle = open_connections(edge.port, LIMIT + 16)
-    try:
+    with held_connections(edge.port, LIMIT + 16) as idle:
         time.sleep(4)  # the overload manager sees the count every 0.25 s; idle timeouts are 2 s at 90%
         left = still_open(idle)
         answers = []
@@ -55,9 +45,6 @@ def test_idle_connections_at_the_limit_do_not_keep_callers_out(edge, reliability
             except OSError:
                 answers.append(0)
             time.sleep(0.2)
-    finally:
-        for sender in idle:
-            sender.close()
     reliability_report.add("edge", f"{LIMIT + 16} idle connections, limit {LIMIT}", still_open=left, healthz=answers)
     assert left < LIMIT // 2, f"{left} idle connections still open after 4 s"
     assert answers.count(200) >= 4, answers
