@@ -58,10 +58,11 @@ def running_edge(tmp: Path, etcd_endpoint: str, tiny_models: dict[str, Path], **
     envoy = None
     try:
         cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP, SPLADE]))
-        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4", **gateway_env)
+        adapter_port = free_port()  # the gateway's HTTP adapter (the foreign wires), behind Envoy
+        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4", SIE_GATEWAY_HTTP_PORT=str(adapter_port), **gateway_env)
         port, admin_port = free_port(), free_port()
         config_path = tmp / "envoy.json"
-        config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=gateway.address, config=cluster.config.address)))
+        config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=gateway.address, config=cluster.config.address, adapter=f"127.0.0.1:{adapter_port}")))
         envoy = EnvoyProcess(config_path, tmp / "envoy.log", admin_port)
         envoy.wait_ready()
         token = gateway_env.get("SIE_AUTH_TOKENS", "").split(",")[0]

@@ -34,6 +34,8 @@ KUBERNETES_VERSION = "1.32.0"
 # In-cluster names the Envoy config points at (Services in base/).
 ENVOY_GATEWAY = "sie-gateway-pods:50051"
 ENVOY_CONFIG_SERVICE = "sie-config-pods:50071"
+# The gateways' HTTP adapter (SIE_GATEWAY_HTTP_PORT in base/gateway.yaml).
+ENVOY_ADAPTER = "sie-gateway-pods:8090"
 ENVOY_LISTEN_PORT = 8080
 ENVOY_ADMIN_PORT = 9901
 
@@ -53,6 +55,7 @@ def envoy_config() -> dict[str, Any]:
         admin_port=ENVOY_ADMIN_PORT,
         gateway=ENVOY_GATEWAY,
         config=ENVOY_CONFIG_SERVICE,
+        adapter=ENVOY_ADAPTER,
         host="0.0.0.0",
         inline_descriptor=True,
     )

@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     envoy = commands.add_parser("envoy-config", help="print Envoy's config (JSON) for the HTTP/JSON edge")
     envoy.add_argument("--gateway", required=True, help="gateway host:port")
     envoy.add_argument("--config", required=True, help="config service host:port")
+    envoy.add_argument(
+        "--adapter", help="the gateway's HTTP adapter host:port (SIE_GATEWAY_HTTP_PORT): serves the foreign wires"
+    )
     envoy.add_argument("--listen-port", type=int, default=8080)
     envoy.add_argument("--admin-port", type=int, default=9901)
     envoy.add_argument("--listen-host", default="0.0.0.0")
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             admin_port=args.admin_port,
             gateway=args.gateway,
             config=args.config,
+            adapter=args.adapter,
             descriptor=descriptor,
             host=args.listen_host,
             max_request_bytes=args.max_request_bytes,

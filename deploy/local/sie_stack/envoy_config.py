@@ -20,6 +20,13 @@ behind it lets a request reach a service only for the RPC the check chose.
 answers 200 only while the gateway's grpc.health.v1 says SERVING (readiness,
 from Envoy's active health check of the gateway).
 
+With `adapter` set, other clients' protocols go to the gateway's HTTP adapter
+(sie_gateway.http_adapter) untranscoded (ADAPTER_ROUTES): the reference SDK's
+wire (its `X-SIE-SDK-Version` header, or msgpack sent or accepted on /v1/),
+Cohere/Jina rerank, TEI under /tei/, and GET /v1/models for everyone (our
+listing with OpenAI's keys added). The request check keeps its path, size and
+time bounds for them and leaves their bodies to the adapter's own bounds.
+
 The transcoder buffers a whole message each way; its limits match the gRPC
 message limits of the services behind it (lib/sie_common/runtime/transport.py), so an
 answer the gateway may send is one Envoy can transcode. Envoy's memory is
@@ -44,6 +51,7 @@ from google.protobuf import descriptor_pb2
 from sie_common.edge.errors import ERROR_DOMAIN
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 from sie_stack.request_check import (
+    LUA_FILTER_NAME,
     METADATA_NAMESPACE,
     BodyAdmission,
     CheckedRoute,
@@ -104,6 +112,7 @@ def render(
     admin_port: int,
     gateway: str,
     config: str,
+    adapter: str | None = None,
     descriptor: Path | None = None,
     host: str = "127.0.0.1",
     inline_descriptor: bool = False,
@@ -120,7 +129,8 @@ def render(
     and the largest gRPC answer it turns into JSON; keep them at the services' SIE_MAX_RECEIVE_MESSAGE_BYTES
     and SIE_MAX_SEND_MESSAGE_BYTES. `max_heap_bytes`: the heap the overload manager keeps Envoy under (about
     three quarters of its container's memory limit); `max_connections`: downstream connections at once;
-    `worker_threads`: the --concurrency Envoy runs with."""
+    `worker_threads`: the --concurrency Envoy runs with. `adapter`: the gateway's HTTP adapter (host:port), which
+    serves the foreign wires (ADAPTER_ROUTES); without it those paths are 404 as any other."""
     descriptor = descriptor or descriptor_path()
     descriptor_bytes = descriptor.read_bytes()
     source = (
@@ -158,16 +168,25 @@ def render(
                     # as the transcoder's (the default, 1 MiB, would refuse larger bodies). The overload
                     # manager bounds what all of them hold together.
                     "per_connection_buffer_limit_bytes": max_request_bytes,
-                    "filter_chains": [{"filters": [_http_connection_manager(transcoder, files, admission)]}],
+                    "filter_chains": [
+                        {"filters": [_http_connection_manager(transcoder, files, admission, adapter is not None)]}
+                    ],
                 }
             ],
-            "clusters": [_cluster("gateway", gateway, health_checked=True), _cluster("config", config)],
+            "clusters": [
+                _cluster("gateway", gateway, health_checked=True),
+                _cluster("config", config),
+                *([_cluster("adapter", adapter, http2=False)] if adapter else []),
+            ],
         },
     }
 
 
 def _http_connection_manager(
-    transcoder: dict[str, Any], files: Sequence[descriptor_pb2.FileDescriptorProto], admission: BodyAdmission
+    transcoder: dict[str, Any],
+    files: Sequence[descriptor_pb2.FileDescriptorProto],
+    admission: BodyAdmission,
+    adapter: bool,
 ) -> dict[str, Any]:
     bindings = _http_bindings(files)
     not_found = _refusal(
@@ -206,6 +225,7 @@ def _http_connection_manager(
                                 "route": {"cluster": "config", "timeout": "0s"},
                             },
                             {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
+                            *(_adapter_routes() if adapter else []),
                             *(_alive(path) for path in LIVENESS_PATHS),
                             *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
                             not_found,
@@ -233,15 +253,56 @@ def _http_connection_manager(
     }
 
 
+# What Envoy sends to the HTTP adapter, in order (docs/http.md, "Other clients' protocols"): the reference SDK's
+# requests (its header on any path; msgpack sent or accepted on /v1/), Cohere/Jina rerank, TEI's routes per model,
+# and GET /v1/models[/{model}] (our listing with OpenAI's keys). Matched before the liveness paths: the reference
+# SDK's GET /health asks for capacity.
+REFERENCE_SDK_HEADER = "x-sie-sdk-version"
+MSGPACK = "application/msgpack"
+ADAPTER_ROUTES: tuple[dict[str, Any], ...] = (
+    {"prefix": "/", "headers": [{"name": REFERENCE_SDK_HEADER, "present_match": True}]},
+    {"prefix": "/v1/", "headers": [{"name": "content-type", "string_match": {"prefix": MSGPACK}}]},
+    {"prefix": "/v1/", "headers": [{"name": "accept", "string_match": {"contains": MSGPACK}}]},
+    {"path": "/v1/rerank"},
+    {"path": "/v2/rerank"},
+    {"prefix": "/tei/"},
+    {"path": "/v1/models", "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+    {"prefix": "/v1/models/", "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+)
+
+
+def _adapter_routes() -> list[dict[str, Any]]:
+    """ADAPTER_ROUTES to the adapter cluster, untranscoded (the transcoder is off on them)."""
+    return [
+        {
+            "match": match,
+            "route": {"cluster": "adapter", "timeout": "0s"},
+            # request_check.lua reads it to leave the body to the adapter's own bounds.
+            "metadata": {"filter_metadata": {LUA_FILTER_NAME: {"adapter": True}}},
+            "typed_per_filter_config": {
+                "envoy.filters.http.grpc_json_transcoder": {
+                    "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                    "disabled": True,
+                }
+            },
+        }
+        for match in ADAPTER_ROUTES
+    ]
+
+
 def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, Any]:
     """Past 85% of `max_heap_bytes` the streams holding the most buffered bytes are reset, more of them the
     closer to 95%, and idle timeouts shrink; at 90% keep-alive stops and the heap is returned to the system; at
-    95% new requests are refused (503 OVERLOADED). Connections past `max_connections` are closed on accept."""
+    95% new requests are refused (503 OVERLOADED). Past half of `max_connections` idle timeouts shrink too (to 2 s
+    at 90%); connections past it are closed on accept."""
 
     def at(threshold: float) -> list[dict[str, Any]]:
         return [{"name": _FIXED_HEAP, "threshold": {"value": threshold}}]
 
     scaled = [{"name": _FIXED_HEAP, "scaled": {"scaling_threshold": 0.85, "saturation_threshold": 0.95}}]
+    # Idle connections hold no heap but do hold places: 1024 that never sent a byte kept every new caller out for the
+    # 300 s idle timeout. From half the connection limit idle timeouts shrink, to their 2 s minimum at 90%.
+    crowded = [{"name": _MAX_CONNECTIONS, "scaled": {"scaling_threshold": 0.5, "saturation_threshold": 0.9}}]
     return {
         "refresh_interval": "0.25s",
         "resource_monitors": [
@@ -265,7 +326,7 @@ def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, An
             {"name": "envoy.overload_actions.reset_high_memory_stream", "triggers": scaled},
             {
                 "name": "envoy.overload_actions.reduce_timeouts",
-                "triggers": scaled,
+                "triggers": scaled + crowded,
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.config.overload.v3.ScaleTimersOverloadActionConfig",
                     "timer_scale_factors": [
@@ -313,6 +374,10 @@ def _local_replies() -> dict[str, Any]:
                 retry,
             ),
             _local_reply(_flags("UT"), _DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT", "the service did not answer in time"),
+            # What no route takes at all (a CONNECT: the routes match paths, and it has none) would be an empty 404.
+            _local_reply(
+                _flags("NR"), _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"
+            ),
             _local_reply(
                 _flags("SI"),
                 _DEADLINE_EXCEEDED,
@@ -522,7 +587,7 @@ def _path_regex(template: str) -> str:
     )
 
 
-def _cluster(name: str, address: str, health_checked: bool = False) -> dict[str, Any]:
+def _cluster(name: str, address: str, health_checked: bool = False, http2: bool = True) -> dict[str, Any]:
     host, _, port = address.rpartition(":")
     checks = [
         {"timeout": "1s", "interval": "2s", "unhealthy_threshold": 1, "healthy_threshold": 1, "grpc_health_check": {}}
@@ -534,7 +599,7 @@ def _cluster(name: str, address: str, health_checked: bool = False) -> dict[str,
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
+                "explicit_http_config": {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}},
             },
         },
         "load_assignment": {

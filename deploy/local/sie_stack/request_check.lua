@@ -27,6 +27,8 @@
 --         object) | "list_value" (any array) | {message = name} | {list = spec} | {map = spec}
 -- ROUTES = {{method, Lua pattern of the path, message of the body or "" for none, gRPC path}, ...}
 -- BODY_LIMIT, BODY_BUDGET, LEASE_S: the body admission (sie_stack.request_check.BodyAdmission).
+-- A route whose metadata (under this filter's name) says `adapter` goes to the gateway's HTTP adapter: its
+-- body is another protocol's (msgpack, Cohere, TEI), bounded here by size only.
 -- NAMESPACE: the dynamic-metadata namespace. The check writes `rpc` there (the gRPC path it
 -- checked the request for, which route_guard.lua compares with the transcoder's), `native` for a
 -- native gRPC call and `answered` when it refuses (the local-reply mappers leave both alone).
@@ -533,6 +535,16 @@ function envoy_on_request(handle)
     path = sub(path, 1, #path - 1)
     headers:replace(":path", q and path .. sub(raw, q) or path)
     handle:clearRouteCache()
+  end
+  if handle:metadata():get("adapter") then
+    -- A route to the HTTP adapter (another client's protocol: msgpack, rerank, TEI): not a body of the contract;
+    -- the adapter reads it within its own bounds. Its size is still bounded here, from its content-length.
+    local length = tonumber(headers:get("content-length") or "0") or 0
+    if length > BODY_LIMIT then
+      respond(handle, "413", error_body("the body has " .. length .. " bytes; the limit is " .. BODY_LIMIT
+        .. ": send fewer or smaller items per request", "BODY_TOO_LARGE", {{"limit", tostring(BODY_LIMIT)}}))
+    end
+    return
   end
   local method = headers:get(":method")
   local route = nil

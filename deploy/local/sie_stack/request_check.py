@@ -29,6 +29,8 @@ METADATA_NAMESPACE = "sie.edge"
 # SIE_MAX_NAME_BYTES (256) bytes, so every contract path is far shorter.
 MAX_PATH_BYTES = 2048
 _LUA_FILTER = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+# Both filters' name: the namespace of the route metadata they read (`adapter`: a route to the HTTP adapter).
+LUA_FILTER_NAME = "envoy.filters.http.lua"
 
 _FieldType = descriptor_pb2.FieldDescriptorProto
 # How the proto3 JSON mapping writes each scalar (numbers may also come as strings; the transcoder reads those).
@@ -129,7 +131,7 @@ def _source(name: str) -> str:
 
 def _lua(source: str) -> dict[str, Any]:
     return {
-        "name": "envoy.filters.http.lua",
+        "name": LUA_FILTER_NAME,
         "typed_config": {"@type": _LUA_FILTER, "default_source_code": {"inline_string": source}},
     }
 

@@ -26,6 +26,11 @@ class StackSettings:
     gateway_port: int = setting(50051, env="SIE_STACK_GATEWAY_PORT", help="gateway gRPC port")
     http_port: int = setting(8080, env="SIE_STACK_HTTP_PORT", help="Envoy port: HTTP/JSON and native gRPC")
     envoy_admin_port: int = setting(9901, env="SIE_STACK_ENVOY_ADMIN_PORT", help="Envoy admin port (readiness, stats)")
+    http_adapter_port: int = setting(
+        0,
+        env="SIE_STACK_HTTP_ADAPTER_PORT",
+        help="the gateway's HTTP adapter port, behind Envoy (the reference SDK's wire, rerank, TEI); 0: a free one",
+    )
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = setting(
         None,
@@ -59,4 +64,9 @@ class StackSettings:
             self.gateway_port: f"gateway [{moves['gateway_port']}]",
             self.http_port: f"Envoy [{moves['http_port']}]",
             self.envoy_admin_port: f"Envoy admin [{moves['envoy_admin_port']}]",
+            **(
+                {self.http_adapter_port: f"HTTP adapter [{moves['http_adapter_port']}]"}
+                if self.http_adapter_port
+                else {}
+            ),
         }

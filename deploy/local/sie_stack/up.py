@@ -35,7 +35,15 @@ from sie_common.edge.auth import bearer_metadata
 from sie_stack.envoy_config import render
 from sie_stack.etcd_credentials import StackEtcdCredentials, worker_user
 from sie_stack.etcd_tls import StackEtcdTls
-from sie_stack.processes import ChildProcess, EnvoyProcess, EtcdProcess, ServiceProcess, Standby, port_in_use
+from sie_stack.processes import (
+    ChildProcess,
+    EnvoyProcess,
+    EtcdProcess,
+    ServiceProcess,
+    Standby,
+    free_port,
+    port_in_use,
+)
 from sie_stack.settings import StackSettings
 from sie_stack.supervisor import Supervisor
 
@@ -157,8 +165,11 @@ class Stack:
             )
             for index, worker_id in enumerate(self.worker_ids)
         ]
+        adapter_port = s.http_adapter_port or free_port()  # the gateway's HTTP adapter, behind Envoy
         gateway = self._service(
-            "sie_gateway", s.gateway_port, {**env, **self.etcd_credentials.env(GATEWAY_USER), **inference}
+            "sie_gateway",
+            s.gateway_port,
+            {**env, **self.etcd_credentials.env(GATEWAY_USER), **inference, "SIE_GATEWAY_HTTP_PORT": str(adapter_port)},
         )
         envoy_config = self.state / "envoy.json"
         envoy_config.write_text(
@@ -168,6 +179,7 @@ class Stack:
                     admin_port=s.envoy_admin_port,
                     gateway=gateway.address,
                     config=config.address,
+                    adapter=f"127.0.0.1:{adapter_port}",
                 ),
                 indent=2,
             )

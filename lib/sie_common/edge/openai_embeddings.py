@@ -30,9 +30,16 @@ def encode_request(request: inference_pb2.CreateEmbeddingsRequest) -> inference_
             f"encoding_format {request.encoding_format!r} is not one of {', '.join(ENCODING_FORMATS)}",
             reason="INVALID_ENCODING_FORMAT",
         )
+    texts = _texts(request.input)
+    if not texts:  # said here, in OpenAI's words: the contract's own refusal would speak of `items`
+        raise InvalidArgument(
+            "input is empty: give a string or a non-empty list of strings",
+            reason="NO_ITEMS",
+            metadata={"field": "input"},
+        )
     # Dense, whatever the model's own default output is: OpenAI embeddings are vectors.
     encode = inference_pb2.EncodeRequest(
-        model=request.model, items=[types_pb2.Item(text=text) for text in _texts(request.input)], output_types=["dense"]
+        model=request.model, items=[types_pb2.Item(text=text) for text in texts], output_types=["dense"]
     )
     if request.HasField("dimensions"):
         encode.dims = request.dimensions

@@ -18,6 +18,7 @@ from sie_common.runtime.transport import ServerTransport
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher
+from sie_gateway.http_adapter.server import InternalSocket, start_http_adapter
 from sie_gateway.inference_api import GatewayInference
 from sie_gateway.metrics import register_gateway
 from sie_gateway.pools import PoolManager
@@ -50,10 +51,17 @@ async def serve(settings: GatewaySettings) -> None:
     health = await add_health_and_reflection(server, [INFERENCE_SERVICE])
     listen = f"{settings.host}:{settings.port}"
     transport.listen(server, listen)
+    # The HTTP adapter (docs/http.md) calls this server on a Unix socket of its own.
+    internal = InternalSocket() if settings.http_port else None
+    if internal is not None:
+        server.add_insecure_port(internal.target)
     register_gateway(lambda: api.in_flight, demand, view, settings.configured_gpus)
     metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
     await view.start()  # readiness: SERVING only once the mirror is synced
+    adapter = None
+    if internal is not None:
+        adapter = await start_http_adapter(settings, internal)
     await set_serving(health, [INFERENCE_SERVICE], True)
     log.info(
         "sie-gateway serving sie.v1.Inference on %s (etcd %s; %d models, %d workers)",
@@ -69,7 +77,11 @@ async def serve(settings: GatewaySettings) -> None:
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     await set_serving(health, [INFERENCE_SERVICE], False)
+    if adapter is not None:
+        await adapter.stop()
     await server.stop(DRAIN_GRACE_S)
+    if internal is not None:
+        internal.remove()
     await view.stop()
     await dispatcher.close()
     await etcd.close()

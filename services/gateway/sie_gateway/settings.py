@@ -8,10 +8,11 @@ from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.encode_stream import EncodeStreamSettings
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
+from sie_gateway.http_adapter.settings import HttpAdapterSettings
 
 
 @dataclass(frozen=True)
-class GatewaySettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings):
+class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSettings, ServiceSettings):
     port: int = port_setting(50051)
     configured_gpus: tuple[str, ...] = setting(
         (),
@@ -123,6 +124,7 @@ class GatewaySettings(RequestBoundSettings, EncodeStreamSettings, ServiceSetting
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.check_http_adapter()
         check_auth_mode(self.auth_mode, self.auth_tokens)
         self._check_worker_token_recipients()
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up

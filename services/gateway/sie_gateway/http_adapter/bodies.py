@@ -1,0 +1,311 @@
+"""Request bodies read within the bounds of docs/security.md, before any work: the size (from content-length, before
+a byte is read), then msgpack or JSON with their nesting, container lengths, string and bin lengths and count of
+values bounded; the reference SDK's numpy arrays numeric, flat and consistent; duplicate JSON keys refused.
+
+A refusal is an AdapterError (400, or 413 for the size) naming what to change."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import msgpack
+import numpy as np
+from aiohttp import web
+
+from sie_gateway.http_adapter.errors import AdapterError, invalid
+
+# The numpy dtypes an array of the reference's msgpack-numpy encoding may have (its `type`, numpy's dtype.str):
+# numbers and booleans, little- or big-endian. Objects (kind "O": pickle) and structured dtypes (kind "V") never.
+NUMERIC_DTYPES = frozenset(
+    f"{order}{kind}{size}" for order in "<>" for kind in "fiu" for size in (2, 4, 8) if not (kind == "f" and size == 1)
+) | {"|b1", "|i1", "|u1"}
+# The most dimensions such an array may have (the reference SDK's own limit).
+MAX_ARRAY_DIMS = 8
+JSON_TYPE = "application/json"
+MSGPACK_TYPE = "application/msgpack"
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """The adapter's body bounds (HttpAdapterSettings)."""
+
+    max_bytes: int
+    max_depth: int
+    max_container_len: int
+    max_values: int
+
+
+class BodyBudget:
+    """The body bytes all requests in flight may hold at once: each leases its announced size (its content-length,
+    the body limit without one) until it is answered; one that does not fit is refused at once, before reading."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    @contextlib.contextmanager
+    def lease(self, size: int) -> Iterator[None]:
+        if self.held + size > self.limit:
+            raise AdapterError(
+                503,
+                "OVERLOADED",
+                f"the adapter holds as many request bodies as it may ({self.limit} bytes, "
+                "SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES); retry",
+                retry_after_s=1.0,
+                code=grpc.StatusCode.UNAVAILABLE,
+            )
+        self.held += size
+        try:
+            yield
+        finally:
+            self.held -= size
+
+
+async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
+    """The whole body: 413 from its content-length before reading, or once more than the limit has come."""
+    announced = request.content_length
+    if announced is not None and announced > limits.max_bytes:
+        raise _too_large(announced, limits)
+    try:
+        return await request.read()  # the application's client_max_size is limits.max_bytes
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(None, limits) from None
+
+
+def require_content_type(request: web.Request, expected: str) -> None:
+    """415 unless the body is sent as `expected` (its parameters, e.g. charset, aside)."""
+    if request.content_type != expected:
+        raise AdapterError(
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            f"the body must be sent as {expected} (Content-Type: {expected}), not {request.content_type[:64]}",
+        )
+
+
+def _too_large(size: int | None, limits: BodyLimits) -> AdapterError:
+    has = f"has {size} bytes" if size is not None else "is larger than that"
+    return AdapterError(
+        413,
+        "BODY_TOO_LARGE",
+        f"the body {has}; the limit is {limits.max_bytes} bytes (SIE_GATEWAY_HTTP_MAX_BODY_BYTES): send fewer or "
+        "smaller items per request",
+    )
+
+
+class _Counter:
+    """Counts the values of a body as its containers close, and refuses past the limit (so a body of many small
+    values is refused before it has all been built)."""
+
+    def __init__(self, limits: BodyLimits) -> None:
+        self.left = limits.max_values
+        self.limits = limits
+
+    def take(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise invalid(
+                f"the body holds more than {self.limits.max_values} values (SIE_GATEWAY_HTTP_MAX_VALUES)",
+                reason="TOO_MANY_VALUES",
+            )
+
+
+def msgpack_body(data: bytes, limits: BodyLimits) -> dict[str, Any]:
+    """A msgpack map, with each msgpack-numpy array (the reference SDK's encoding) as a numpy array."""
+    counter = _Counter(limits)
+
+    def pairs(entries: list[tuple[Any, Any]]) -> Any:
+        counter.take(2 * len(entries) + 1)
+        if not all(isinstance(key, str | bytes) for key, _ in entries):
+            raise invalid("a map key of the body is not a string", reason="INVALID_MSGPACK")
+        mapping = dict(entries)
+        if len(mapping) != len(entries):
+            raise invalid("a map of the body gives a key twice; give each once", reason="DUPLICATE_FIELD")
+        return _numpy_array(mapping) if b"nd" in mapping else mapping
+
+    def array(values: list[Any]) -> list[Any]:
+        counter.take(len(values) + 1)
+        return values
+
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=False,  # bytes keys: the msgpack-numpy encoding's
+        object_pairs_hook=pairs,
+        list_hook=array,
+        max_buffer_size=len(data) + 1,
+        max_str_len=limits.max_bytes,
+        max_bin_len=limits.max_bytes,
+        max_array_len=limits.max_container_len,
+        max_map_len=limits.max_container_len,
+        max_ext_len=0,
+    )
+    unpacker.feed(data)
+    try:
+        body = _one_value(unpacker)
+    except (ValueError, RecursionError) as error:  # msgpack's FormatError and StackError are ValueErrors
+        raise invalid(
+            f"the body is not one msgpack map within the limits: {type(error).__name__}: {str(error)[:200]}",
+            reason="INVALID_MSGPACK",
+        ) from None
+    if not isinstance(body, dict):
+        raise invalid(f"the body must be a msgpack map, not {kind_of(body)}", reason="INVALID_MSGPACK")
+    _check_depth(body, limits.max_depth)
+    return body
+
+
+def _one_value(unpacker: msgpack.Unpacker) -> Any:
+    try:
+        value = unpacker.unpack()
+    except msgpack.OutOfData:
+        raise invalid("the body ends inside a msgpack value", reason="INVALID_MSGPACK") from None
+    try:
+        unpacker.unpack()
+    except msgpack.OutOfData:
+        return value
+    raise invalid("the body holds more than one msgpack value", reason="INVALID_MSGPACK")
+
+
+def _numpy_array(value: dict[Any, Any]) -> np.ndarray | np.generic:
+    """A msgpack-numpy array or scalar ({nd, type, kind, shape, data}, bytes or str keys): numeric, flat, its shape
+    matching its data; anything else is refused (kind "O" would unpickle, kind "V" is a structured dtype)."""
+    fields = {key.decode() if isinstance(key, bytes) else key: item for key, item in value.items()}
+    if set(fields) - {"nd", "type", "kind", "shape", "data"}:
+        raise invalid("a numpy array has fields other than nd, type, kind, shape, data", reason="INVALID_ARRAY")
+    is_array, dtype_name, kind = fields.get("nd"), fields.get("type"), fields.get("kind", b"")
+    if not isinstance(is_array, bool):
+        raise invalid("a numpy array's `nd` must be true or false", reason="INVALID_ARRAY")
+    if kind not in (b"", ""):
+        raise invalid(
+            "object and structured numpy arrays are refused: only numeric dtypes travel", reason="ARRAY_DTYPE_REFUSED"
+        )
+    if isinstance(dtype_name, bytes):
+        dtype_name = dtype_name.decode("ascii", "replace")
+    if not isinstance(dtype_name, str) or dtype_name not in NUMERIC_DTYPES:
+        raise invalid(
+            f"numpy dtype {str(dtype_name)[:32]!r} is refused: only numeric dtypes travel "
+            f"({', '.join(sorted(NUMERIC_DTYPES))})",
+            reason="ARRAY_DTYPE_REFUSED",
+        )
+    dtype = np.dtype(dtype_name)
+    data = fields.get("data")
+    if not isinstance(data, bytes):
+        raise invalid("a numpy array's `data` must be bytes", reason="INVALID_ARRAY")
+    if not is_array:
+        if len(data) != dtype.itemsize:
+            raise invalid("a numpy scalar's data does not match its dtype's size", reason="ARRAY_SHAPE_MISMATCH")
+        return np.frombuffer(data, dtype=dtype, count=1)[0]
+    shape = fields.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_ARRAY_DIMS:
+        raise invalid(f"a numpy array's shape must be a list of at most {MAX_ARRAY_DIMS} sizes", reason="INVALID_ARRAY")
+    if not all(isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in shape):
+        raise invalid("a numpy array's sizes must be whole numbers >= 0", reason="INVALID_ARRAY")
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise invalid(
+            f"a numpy array of shape {shape} and dtype {dtype_name} takes {math.prod(shape) * dtype.itemsize} bytes, "
+            f"its data has {len(data)}",
+            reason="ARRAY_SHAPE_MISMATCH",
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def json_body(data: bytes, limits: BodyLimits) -> Any:
+    """One strict JSON value (RFC 8259: no NaN or Infinity, no duplicate keys), within the limits."""
+    counter = _Counter(limits)
+
+    def pairs(entries: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len(entries) > limits.max_container_len:
+            raise _container(limits)
+        counter.take(2 * len(entries) + 1)
+        mapping = dict(entries)
+        if len(mapping) != len(entries):
+            seen: set[str] = set()
+            twice = next(key for key, _ in entries if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+            raise invalid(
+                f"key {twice[:64]!r} is given twice; give it once", reason="DUPLICATE_FIELD", field=twice[:64]
+            )
+        return mapping
+
+    def constant(name: str) -> Any:
+        raise invalid(f"{name} is not JSON (RFC 8259)", reason="INVALID_JSON")
+
+    try:
+        text = data.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except UnicodeDecodeError as error:
+        raise invalid(f"the body is not UTF-8 at byte {error.start}", reason="INVALID_JSON") from None
+    except RecursionError:
+        raise invalid(f"the body nests deeper than {limits.max_depth} levels", reason="TOO_DEEP") from None
+    except json.JSONDecodeError as error:
+        raise invalid(f"the body is not JSON at byte {error.pos}: {error.msg}", reason="INVALID_JSON") from None
+    except ValueError as error:  # a number of more digits than Python converts (sys.get_int_max_str_digits)
+        raise invalid(f"the body has a number too long to read: {str(error)[:120]}", reason="INVALID_JSON") from None
+    _check_depth(value, limits.max_depth, counter, limits)
+    return value
+
+
+def _check_depth(value: Any, limit: int, counter: _Counter | None = None, limits: BodyLimits | None = None) -> None:
+    """Refuse nesting deeper than `limit`; with `counter` (JSON), count the values of arrays (JSON has no hook for
+    them), refuse arrays longer than the container limit and strings that are not Unicode text (a lone surrogate,
+    which JSON's \\u escapes can write and no protobuf string may hold)."""
+    pending = [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, str):
+            if counter is not None:
+                _check_text(node)
+            continue
+        if isinstance(node, dict):
+            if counter is not None:
+                for key in node:
+                    _check_text(key)
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+            if counter is not None and limits is not None:
+                if len(node) > limits.max_container_len:
+                    raise _container(limits)
+                counter.take(len(node) + 1)
+        else:
+            continue
+        if depth > limit:
+            raise invalid(f"the body nests deeper than {limit} levels (SIE_GATEWAY_HTTP_MAX_DEPTH)", reason="TOO_DEEP")
+        pending.extend((child, depth + 1) for child in children)
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise invalid(
+                f"a string of the body holds a lone surrogate (\\u{ord(text[error.start]):04x}): JSON strings must be "
+                "Unicode text",
+                reason="INVALID_JSON",
+            ) from None
+
+
+def _container(limits: BodyLimits) -> AdapterError:
+    return invalid(
+        f"a map or array of the body has more than {limits.max_container_len} entries "
+        "(SIE_GATEWAY_HTTP_MAX_CONTAINER_LEN)",
+        reason="CONTAINER_TOO_LONG",
+    )
+
+
+def kind_of(value: Any) -> str:
+    """A value's JSON / msgpack type, for messages."""
+    return {
+        dict: "a map",
+        list: "an array",
+        str: "a string",
+        bytes: "bytes",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
