@@ -1,7 +1,7 @@
 # Quick start:  make up      (the whole stack on loopback: etcd, config service,
 #                             workers, gateway, Envoy on :8080, with the demo model)
 #               make test    (the whole suite, its files in parallel processes)
-#               make test-fast (the in-process tier: the tests that start no process, in about 3 minutes)
+#               make test-fast (the in-process tier: the tests that start no process, in about a minute)
 # One worker alone: make serve
 # Both create .venv and install what they need on first use.
 VENV ?= .venv
