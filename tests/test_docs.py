@@ -57,7 +57,9 @@ def test_every_source_path_the_docs_name_exists(doc: str) -> None:
     root = DOCS.parent
     text = (root / doc).read_text()
     paths = set(re.findall(r"`((?:[\w.-]+/)+[\w.-]*)`", text))
-    top_level = {entry.name for entry in root.iterdir() if not entry.name.startswith(".")}
+    # build/ holds what tools and tests write (the protos' staged dependencies, the reliability report): whether a
+    # path under it exists yet depends on what ran before, not on the sources.
+    top_level = {entry.name for entry in root.iterdir() if not entry.name.startswith(".")} - {"build"}
     missing = []
     for path in sorted(paths):
         first = path.split("/")[0]

@@ -12,6 +12,9 @@ import time
 import pytest
 from edge_load import held_connections, request, running_edge
 
+# Starts processes (its Envoy) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 LIMIT = 64
 
 
