@@ -23,7 +23,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_model
 from worker_process import Services, WorkerProcess, inference_stub
 
-from reliability.test_adversarial_attack import peak_rss
+from reliability.test_inputs_read_as_far_as_used import peak_rss
 
 MODEL = "test/adversarial-bge-m3"
 HIDDEN = 32

@@ -3,10 +3,12 @@ bounded per process, on the worker and on the gateway.
 
 Before: an explicit request_id "1" and a later request without one (tagged by its position, "1") gave two answers
 tagged "1"; callers that never read were bounded per stream (162 MB for one) but nothing bounded how many such
-streams one process served."""
+streams one process served. And callers that write requests as fast as they can and never read (HTTP/2 flow
+control holds them back)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import urllib.request
@@ -52,6 +54,12 @@ def test_an_explicit_id_and_a_position_never_tag_two_answers_alike(stub) -> None
     (refusal,) = [answer.error for answer in answers if answer.request_id == ""]
     assert status_reason(refusal) == "MIXED_REQUEST_IDS" and "request_id '0' (position 1)" in refusal.message
     assert all(answer.WhichOneof("outcome") == "response" for answer in answers if answer.request_id)
+
+
+def known(stub: inference_pb2_grpc.InferenceStub) -> int:
+    """A known request's answer: its item count."""
+    request = inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text="a known request")])
+    return len(stub.Encode(request, timeout=30).results)
 
 
 def _encoded_ok(metrics_url: str, model: str) -> float:
@@ -136,3 +144,73 @@ def test_the_gateway_bounds_its_streams_too(cluster) -> None:
         release.set()
         held[1].cancel()
     assert with_limit == (grpc.StatusCode.RESOURCE_EXHAUSTED, "TOO_MANY_STREAMS")
+
+
+# --- EncodeStream callers that never read, straight to a worker ----------------------------------------------
+
+HOG_STREAMS = 40
+HOG_SECONDS = 20
+HOG_TEXT = "word " * 6500  # ~32 KB: the tokenizer reads a prefix, the transport carries it all
+# Growth of the worker's resident memory allowed while the callers write: with grpc's BDP probe on (before the
+# fix), HTTP/2 receive windows widened until 0.7-2.6 GB of unread requests sat in the worker.
+HOG_RSS_BOUND_MB = 300
+
+
+def test_encode_stream_callers_that_never_read_do_not_grow_the_worker(start_worker, reliability_report) -> None:
+    """40 EncodeStream callers each write 32 KB requests as fast as the transport takes them and read nothing
+    back: HTTP/2 flow control (fixed windows, no BDP probe) holds the writers back, so the worker's memory stays
+    bounded and it keeps answering others."""
+    worker = start_worker(SIE_PRELOAD_MODELS=MEAN)
+    with grpc.insecure_channel(worker.address) as channel:
+        assert known(inference_pb2_grpc.InferenceStub(channel)) == 1
+    baseline = rss_mb(worker.pid)
+    request = inference_pb2.EncodeStreamRequest(request=inference_pb2.EncodeRequest(model=MEAN, items=[types_pb2.Item(text=HOG_TEXT)]))
+    sent = 0
+
+    async def hog() -> float:
+        nonlocal sent
+        peak = baseline
+        async with grpc.aio.insecure_channel(worker.address) as aio_channel:
+            stub = inference_pb2_grpc.InferenceStub(aio_channel)
+            calls = [stub.EncodeStream() for _ in range(HOG_STREAMS)]
+
+            async def write(call) -> None:  # type: ignore[no-untyped-def]
+                nonlocal sent
+                while True:
+                    await call.write(request)
+                    sent += 1
+
+            writers = [asyncio.create_task(write(call)) for call in calls]
+            deadline = time.monotonic() + HOG_SECONDS
+            while time.monotonic() < deadline:
+                peak = max(peak, rss_mb(worker.pid))
+                await asyncio.sleep(0.25)
+            for writer in writers:
+                writer.cancel()
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*writers, return_exceptions=True)
+        return peak
+
+    peak = asyncio.run(hog())
+    # The cancelled streams' requests (up to 40 x SIE_ENCODE_STREAM_WINDOW) may still fill the worker's admission
+    # for a moment: it answers QUEUE_FULL until they finish, then serves again.
+    with grpc.insecure_channel(worker.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert known(stub) == 1
+                break
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, error
+                time.sleep(0.5)
+    reliability_report.add(
+        "adversarial attack",
+        f"{HOG_STREAMS} EncodeStream callers writing 32 KB requests for {HOG_SECONDS} s, never reading",
+        requests_written=sent,
+        rss_growth_mb=round(peak - baseline),
+        bound_mb=HOG_RSS_BOUND_MB,
+    )
+    assert sent > HOG_STREAMS  # the callers did get requests through
+    assert peak - baseline < HOG_RSS_BOUND_MB

@@ -136,3 +136,36 @@ def test_no_renewal_carries_a_pool_past_its_maximum_lifetime(cluster) -> None:
 def test_pool_limits_out_of_range_stop_the_gateway_at_start(field: str, value: float) -> None:
     with pytest.raises(SettingsError, match=f"SIE_{field.upper()}"):
         GatewaySettings(**{field: value})
+
+
+# --- pools: another token's pool -------------------------------------------------------------------------------
+
+
+def test_only_the_token_that_created_a_pool_may_renew_or_delete_it(cluster, reliability_report) -> None:
+    """On main any caller could delete another token's pool (revoking its lease and its workers), or renew it
+    forever past the owner's TTL, though the record names its owner."""
+
+    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MODEL, SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="alice-token,mallory-token", SIE_WORKER_TOKEN="work")
+    gateway = cluster.start_gateway(
+        SIE_POOLS_ENABLED="true", SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="alice-token,mallory-token", SIE_WORKER_TOKEN="work",
+        SIE_ALLOW_UNAUTHENTICATED_WORKERS="true",  # the test's etcd has no authentication
+    )
+    alice, mallory = (("authorization", "Bearer alice-token"),), (("authorization", "Bearer mallory-token"),)
+    with gateway.channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        wait_until(lambda: gateway_model(stub, MODEL, alice).loaded_on == ["w1"], what="worker registered")
+        stub.CreatePool(inference_pb2.CreatePoolRequest(name="alices", gpus={"default": 1}, ttl_s=60), metadata=alice, timeout=30)
+        for name, call in {
+            "DeletePool": lambda: stub.DeletePool(inference_pb2.DeletePoolRequest(name="alices"), metadata=mallory, timeout=30),
+            "RenewPool": lambda: stub.RenewPool(inference_pb2.RenewPoolRequest(name="alices"), metadata=mallory, timeout=30),
+        }.items():
+            with pytest.raises(grpc.RpcError) as raised:
+                call()
+            error = raised.value
+            reliability_report.add("adversarial attack", f"{name} of another token's pool", expected="PERMISSION_DENIED POOL_NOT_OWNED", actual=f"{error.code().name} {error_reason(error)}")
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error.details()
+            assert error_info(error).reason == "POOL_NOT_OWNED"
+        assert stub.RenewPool(inference_pb2.RenewPoolRequest(name="alices"), metadata=alice, timeout=30).pool.name == "alices"
+        stub.DeletePool(inference_pb2.DeletePoolRequest(name="alices"), metadata=alice, timeout=30)
+        answer = stub.Encode(inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text="still served")]), metadata=mallory, timeout=60)
+        assert len(answer.results) == 1

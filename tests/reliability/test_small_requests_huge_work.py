@@ -1,5 +1,6 @@
-"""Adversarial pass over the whole issue-21 change (final round): small requests asking for huge work, served by
-one real worker. Each case is a request a network caller can send within every documented bound."""
+"""Small requests asking for huge work, served by one real worker: GLiNER at threshold 0 with many labels, and
+encodes whose multivectors would be held past the score bound. Each case is a request a network caller can send
+within every documented bound (found attacking issue 21's change)."""
 
 from __future__ import annotations
 

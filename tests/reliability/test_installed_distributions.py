@@ -1,5 +1,6 @@
-"""Adversarial pass over the issue-23 restructure (folders, request plans, batch keys, settings, distributions): real
-worker processes, each case something the restructure could have changed for a caller or an operator."""
+"""What an operator or a user of the installed distributions meets, in real processes: a worker installed without the
+repository's bundles names the bundle it lacks, and the blocking client documents encode and extract as the async
+client does (found attacking issue 23's restructure)."""
 
 from __future__ import annotations
 

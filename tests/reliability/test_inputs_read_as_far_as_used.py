@@ -1,12 +1,11 @@
-"""Adversarial inputs the rest of the suite does not contain, found by attacking the issue-20 hardening
-(issue 20): each case was a defect on main; it asserts the exact status and reason, and that the worker
-still serves afterwards."""
+"""Inputs read only as far as the model uses them, on one real worker: a JPEG of many scans is refused from its
+markers before decoding, and long texts, long score items and an instruction times many items are tokenized only
+as far as the model reads (each was a defect found attacking issue 20's hardening). Each case asserts the status
+and reason or the memory bound, and that the worker still serves afterwards."""
 
 from __future__ import annotations
 
-import asyncio
 import io
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -160,112 +159,3 @@ def test_an_instruction_at_its_bound_times_many_items_is_tokenized_only_as_far_a
     assert len(answer.results) == 512
     assert grown < RSS_BOUND_BYTES
     assert known(attacked_stub) == 1
-
-
-# --- pools: another token's pool -------------------------------------------------------------------------------
-
-
-def test_only_the_token_that_created_a_pool_may_renew_or_delete_it(cluster, reliability_report) -> None:
-    """On main any caller could delete another token's pool (revoking its lease and its workers), or renew it
-    forever past the owner's TTL, though the record names its owner."""
-    from local_cluster import gateway_model, wait_until
-
-    cluster.start_worker("w1", SIE_PRELOAD_MODELS=KNOWN_MODEL, SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="alice-token,mallory-token", SIE_WORKER_TOKEN="work")
-    gateway = cluster.start_gateway(
-        SIE_POOLS_ENABLED="true", SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="alice-token,mallory-token", SIE_WORKER_TOKEN="work",
-        SIE_ALLOW_UNAUTHENTICATED_WORKERS="true",  # the test's etcd has no authentication
-    )
-    alice, mallory = (("authorization", "Bearer alice-token"),), (("authorization", "Bearer mallory-token"),)
-    with gateway.channel() as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        wait_until(lambda: gateway_model(stub, KNOWN_MODEL, alice).loaded_on == ["w1"], what="worker registered")
-        stub.CreatePool(inference_pb2.CreatePoolRequest(name="alices", gpus={"default": 1}, ttl_s=60), metadata=alice, timeout=30)
-        for name, call in {
-            "DeletePool": lambda: stub.DeletePool(inference_pb2.DeletePoolRequest(name="alices"), metadata=mallory, timeout=30),
-            "RenewPool": lambda: stub.RenewPool(inference_pb2.RenewPoolRequest(name="alices"), metadata=mallory, timeout=30),
-        }.items():
-            with pytest.raises(grpc.RpcError) as raised:
-                call()
-            error = raised.value
-            reliability_report.add("adversarial attack", f"{name} of another token's pool", expected="PERMISSION_DENIED POOL_NOT_OWNED", actual=outcome(error))
-            assert error.code() == grpc.StatusCode.PERMISSION_DENIED, error.details()
-            assert error_info(error).reason == "POOL_NOT_OWNED"
-        assert stub.RenewPool(inference_pb2.RenewPoolRequest(name="alices"), metadata=alice, timeout=30).pool.name == "alices"
-        stub.DeletePool(inference_pb2.DeletePoolRequest(name="alices"), metadata=alice, timeout=30)
-        answer = stub.Encode(inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text="still served")]), metadata=mallory, timeout=60)
-        assert len(answer.results) == 1
-
-
-# --- EncodeStream callers that never read, straight to a worker ----------------------------------------------
-
-HOG_STREAMS = 40
-HOG_SECONDS = 20
-HOG_TEXT = "word " * 6500  # ~32 KB: the tokenizer reads a prefix, the transport carries it all
-# Growth of the worker's resident memory allowed while the callers write: with grpc's BDP probe on (before the
-# fix), HTTP/2 receive windows widened until 0.7-2.6 GB of unread requests sat in the worker.
-HOG_RSS_BOUND_MB = 300
-
-
-def vm_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
-
-
-def test_encode_stream_callers_that_never_read_do_not_grow_the_worker(start_worker, reliability_report) -> None:
-    """40 EncodeStream callers each write 32 KB requests as fast as the transport takes them and read nothing
-    back: HTTP/2 flow control (fixed windows, no BDP probe) holds the writers back, so the worker's memory stays
-    bounded and it keeps answering others."""
-    worker = start_worker(SIE_PRELOAD_MODELS=KNOWN_MODEL)
-    with grpc.insecure_channel(worker.address) as channel:
-        assert known(inference_pb2_grpc.InferenceStub(channel)) == 1
-    baseline = vm_rss_mb(worker.pid)
-    request = inference_pb2.EncodeStreamRequest(request=inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text=HOG_TEXT)]))
-    sent = 0
-
-    async def hog() -> float:
-        nonlocal sent
-        peak = baseline
-        async with grpc.aio.insecure_channel(worker.address) as aio_channel:
-            stub = inference_pb2_grpc.InferenceStub(aio_channel)
-            calls = [stub.EncodeStream() for _ in range(HOG_STREAMS)]
-
-            async def write(call) -> None:  # type: ignore[no-untyped-def]
-                nonlocal sent
-                while True:
-                    await call.write(request)
-                    sent += 1
-
-            writers = [asyncio.create_task(write(call)) for call in calls]
-            deadline = time.monotonic() + HOG_SECONDS
-            while time.monotonic() < deadline:
-                peak = max(peak, vm_rss_mb(worker.pid))
-                await asyncio.sleep(0.25)
-            for writer in writers:
-                writer.cancel()
-            for call in calls:
-                call.cancel()
-            await asyncio.gather(*writers, return_exceptions=True)
-        return peak
-
-    peak = asyncio.run(hog())
-    # The cancelled streams' requests (up to 40 x SIE_ENCODE_STREAM_WINDOW) may still fill the worker's admission
-    # for a moment: it answers QUEUE_FULL until they finish, then serves again.
-    with grpc.insecure_channel(worker.address) as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert known(stub) == 1
-                break
-            except grpc.RpcError as error:
-                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, error
-                time.sleep(0.5)
-    reliability_report.add(
-        "adversarial attack",
-        f"{HOG_STREAMS} EncodeStream callers writing 32 KB requests for {HOG_SECONDS} s, never reading",
-        requests_written=sent,
-        rss_growth_mb=round(peak - baseline),
-        bound_mb=HOG_RSS_BOUND_MB,
-    )
-    assert sent > HOG_STREAMS  # the callers did get requests through
-    assert peak - baseline < HOG_RSS_BOUND_MB
