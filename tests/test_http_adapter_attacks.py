@@ -10,92 +10,27 @@ numbers the reasons quote."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import json
 import socket
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
-import grpc
 import numpy as np
 import pytest
 
-from sie.v1 import inference_pb2, inference_pb2_grpc
+from http_adapter_in_process import JSON, REFERENCE, RERANK, Gateway, MiB, running_adapter
+from sie.v1 import inference_pb2
 from sie_common.edge.auth import Authorize, inference_checks
-from sie_common.runtime.settings import load_settings
 from sie_contract.tensors import to_tensor
 from sie_gateway.http_adapter.bodies import BodyLimits, json_body
 from sie_gateway.http_adapter.errors import AdapterError
-from sie_gateway.http_adapter.server import InternalSocket, start_http_adapter
-from sie_gateway.settings import GatewaySettings
-from sie_stack.processes import free_port
 
-REFERENCE = {"x-sie-sdk-version": "0.10.1", "content-type": "application/json"}
-JSON = {"content-type": "application/json"}
-MiB = 2**20
-
-
-class Gateway(inference_pb2_grpc.InferenceServicer):
-    """Score answers every item 0.5 (after `release` when `hold`); Encode answers `encode_answer`."""
-
-    def __init__(self) -> None:
-        self.scores: list[inference_pb2.ScoreRequest] = []
-        self.hold = False
-        self.release = asyncio.Event()
-        self.encode_answer = inference_pb2.EncodeResponse()
-
-    async def Score(
-        self, request: inference_pb2.ScoreRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.ScoreResponse:
-        self.scores.append(request)
-        if self.hold:
-            await self.release.wait()
-        return inference_pb2.ScoreResponse(
-            model=request.model,
-            scores=[inference_pb2.ScoreEntry(index=i, score=0.5, rank=i) for i in range(len(request.items))],
-        )
-
-    async def Encode(
-        self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.EncodeResponse:
-        return self.encode_answer
-
-
-@contextlib.asynccontextmanager
-async def running_adapter(
-    gateway: Gateway, env: dict[str, str] | None = None, interceptors: tuple = ()
-) -> AsyncIterator[str]:
-    """The adapter's base URL, in front of `gateway` (with `interceptors`), with `env` as its settings."""
-    port = free_port()
-    settings = load_settings(GatewaySettings, environ={"SIE_GATEWAY_HTTP_PORT": str(port), **(env or {})})
-    internal = InternalSocket()
-    server = grpc.aio.server(interceptors=list(interceptors))
-    inference_pb2_grpc.add_InferenceServicer_to_server(gateway, server)
-    server.add_insecure_port(internal.target)
-    await server.start()
-    adapter = await start_http_adapter(settings, internal)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        gateway.release.set()
-        await adapter.stop()
-        await server.stop(0)
-        internal.remove()
-
-
-RERANK = {"model": "m/reranker", "query": "q", "documents": ["a", "b"]}
 HUGE_INT = "1" + "0" * 400  # a JSON integer Python reads (under its 4,300 digits) and no float holds
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a JSON integer past a float's range (here 401 digits) in the reference wire's params.threshold, "
-    "params.options, an item's metadata or score's options raises OverflowError in float() / Struct.update(): "
-    "500 INTERNAL instead of 400 naming the field",
-)
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -129,13 +64,6 @@ def _stalled(port: int, count: int, chunked: bool) -> list[socket.socket]:
     return stalled
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each request leases its announced content-length (the whole body limit when chunked) from the body "
-    "budget before a byte is read, and keeps it while its body trickles: 16 connections that send headers and 5 "
-    "bytes hold all 256 MiB, and every other caller's POST is 503 OVERLOADED until Envoy's 60 s request timeout "
-    "(live through Envoy, SIE_AUTH_MODE=static: 16 such connections without a token locked out a caller with one)",
-)
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_stalled_bodies_do_not_lock_other_callers_out(chunked: bool) -> None:
     async with running_adapter(Gateway()) as url:
@@ -153,13 +81,6 @@ async def test_stalled_bodies_do_not_lock_other_callers_out(chunked: bool) -> No
                 connection.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aiohttp inflates a Content-Encoding: gzip body, while the body budget leases its compressed "
-    "content-length: 4 bodies of 3 KiB that expand to 3 MiB each are all held at once under a budget of 8 MiB "
-    "(live: 30 gzip bodies of 16 KiB each took the gateway's RSS from 78 MB to 3.7 GB, still 3.6 GB 5 s later); "
-    "Envoy's own routes never inflate a body",
-)
 async def test_a_compressed_body_does_not_bypass_the_body_budget() -> None:
     gateway = Gateway()
     gateway.hold = True
@@ -184,16 +105,9 @@ async def test_a_compressed_body_does_not_bypass_the_body_budget() -> None:
 
 
 # The adapter's default body bounds (HttpAdapterSettings).
-LIMITS = BodyLimits(max_bytes=16 * MiB, max_depth=32, max_container_len=16384, max_values=262144)
+LIMITS = BodyLimits(max_bytes=16 * MiB, max_depth=32, max_container_len=16384, max_values=262144, read_timeout_s=30)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="JSON arrays are counted only after json.loads has built the whole body (msgpack counts them as they "
-    "close): 15 MiB of `[],` builds 5 million lists (337 MiB traced) and 16 MiB of `0.5,` 4 million floats "
-    "(145 MiB) before CONTAINER_TOO_LONG, holding the gateway's event loop 1.5-3 s per body (live: 4 such bodies, "
-    "sent without a token, stalled a native gRPC ListModels on the gateway for 2.5 s)",
-)
 @pytest.mark.parametrize(
     "body",
     [
@@ -234,13 +148,6 @@ async def _longest_stall(during: Callable[[], Awaitable[None]]) -> float:
     return longest
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the adapter writes its JSON answers (TEI's embed_all, the reference wire's JSON, ...) with tolist() "
-    "and json.dumps on the gateway's event loop: 2,000 multivectors of 128 x 16 stall every other caller for "
-    "seconds (live: TEI embed_all of 4,000 texts on test/tiny-colbert, a 167 MiB answer, stalled a native gRPC "
-    "ListModels 8.5 s; the same encode transcoded by Envoy stalled it 0.7 s)",
-)
 async def test_a_large_json_answer_does_not_stall_the_event_loop() -> None:
     gateway = Gateway()
     count = 2000
@@ -250,25 +157,22 @@ async def test_a_large_json_answer_does_not_stall_the_event_loop() -> None:
         results=[inference_pb2.EncodeResult(multivector=to_tensor(vectors, "float32")) for _ in range(count)],
     )
     async with running_adapter(gateway) as url, aiohttp.ClientSession() as session:
-        answer: list = []
+        raw = bytearray()
 
         async def embed_all() -> None:
             body = {"inputs": ["some text"] * count}
             async with session.post(url + "/tei/m/colbert/embed_all", json=body) as response:
                 assert response.status == 200, await response.text()
-                answer.extend(await response.json())
+                raw.extend(await response.read())
 
         stall = await _longest_stall(embed_all)
+    # Parsed after the timed call: this test's client shares the adapter's event loop, and json.loads of 43 MiB
+    # would stall it for seconds itself.
+    answer = json.loads(raw)
     assert len(answer) == count and len(answer[0]) == 128
     assert stall < 1.0, f"the event loop stalled {stall:.1f} s"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with SIE_AUTH_MODE=static, TEI's /predict, /tokenize, /decode (424) and the reference's unsupported "
-    "routes (/v1/generate ..., 501) answer a caller without a token, where docs/http.md says no adapter route "
-    "answers without one (401 in its wire's shape)",
-)
 @pytest.mark.parametrize(
     ("path", "headers"),
     [
@@ -281,8 +185,9 @@ async def test_a_large_json_answer_does_not_stall_the_event_loop() -> None:
 )
 async def test_every_adapter_route_needs_a_token(path: str, headers: dict[str, str]) -> None:
     checks = Authorize(inference_checks("static", ("the-token",)))
+    auth = {"SIE_AUTH_MODE": "static", "SIE_AUTH_TOKENS": "the-token"}  # the gateway's settings, as its interceptor's
     async with (
-        running_adapter(Gateway(), interceptors=(checks,)) as url,
+        running_adapter(Gateway(), auth, interceptors=(checks,)) as url,
         aiohttp.ClientSession() as session,
         session.post(url + path, data=b'{"inputs": "x"}', headers=headers) as response,
     ):
