@@ -1,11 +1,9 @@
-"""Defects the adversarial pass over the HTTP adapter (issues 34 and 35) found, each reproduced here and marked
-xfail(strict=True) until the adapter is fixed: unmark a test once its fix lands.
+"""Defects the adversarial pass over the HTTP adapter (issues 34 and 35) found, each reproduced here; all are fixed
+(they were marked xfail(strict=True) until their fixes landed).
 
-In process, as test_http_adapter_cancellation.py runs it: the adapter as the gateway starts it (start_http_adapter,
-its own aiohttp port), calling a real grpc.aio server on its Unix socket. That server's Score and Encode answer
-from the request (or wait, where a test needs requests in flight); where a test is about tokens it runs the
-gateway's own Authorize interceptor. The same inputs were first tried on a live `sie up` through Envoy, whose
-numbers the reasons quote."""
+In process (http_adapter_in_process.py): the adapter as the gateway starts it, calling a real grpc.aio server on its
+Unix socket; where a test is about tokens that server runs the gateway's own Authorize interceptor and the adapter
+the gateway's settings. The same inputs were first tried on a live `sie up` through Envoy."""
 
 from __future__ import annotations
 
