@@ -1,15 +1,25 @@
 # Quick start:  make up      (the whole stack on loopback: etcd, config service,
 #                             workers, gateway, Envoy on :8080, with the demo model)
-#               make test    (the whole suite)
+#               make test    (the whole suite, its files in parallel processes)
+#               make test-fast (the in-process tier: the tests that start no process, in about a minute)
 # One worker alone: make serve
 # Both create .venv and install what they need on first use.
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
-# The slowest tests are listed after every run: the whole suite has a 20-minute budget on 2 cores.
+# The slowest tests are listed after every run: the whole suite has a 12-minute budget on 2 cores, the in-process
+# tier 3 minutes.
 PYTEST_ARGS ?= --durations=30
+# make test runs the suite's files on this many pytest-xdist processes (--dist loadfile: each file whole, and the
+# files sharing an HTTP edge together, tests/parallel_files.py, so module and session fixtures start once per
+# process); most of a file's time is waiting on the processes it starts, so more processes than cores pays.
+# TEST_PROCESSES=0 runs everything in this process.
+TEST_PROCESSES ?= 3
+# torch's threads wait for work passively in the tests' processes, pytest's own included (tests/conftest.py says why;
+# it sets the same for the processes it starts, for a plain pytest run). Not for make bench or make up.
+TEST_ENV := OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE}
 
-.PHONY: up serve test lint dists constraints protos proto-check proto-lint proto-breaking bench manifests manifests-check
+.PHONY: up serve test test-fast lint dists constraints protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
 # Every distribution's pyproject.toml: a dependency added to any of them reinstalls.
 PYPROJECTS := pyproject.toml contract/python/pyproject.toml lib/pyproject.toml clients/python/pyproject.toml \
@@ -27,8 +37,13 @@ up: $(INSTALLED)
 serve: $(INSTALLED)
 	$(VENV)/bin/sie-worker serve --preload-models sentence-transformers/all-MiniLM-L6-v2 $(ARGS)
 
+# Every test (CI runs this); the markers only order the files: slow ones, then clusters, then other processes.
 test: $(INSTALLED)
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The in-process tier: every test that starts no process (a worker, etcd, Envoy or any other), but the slow ones.
+test-fast: $(INSTALLED)
+	$(TEST_ENV) $(PYTHON) -m pytest -m "not process and not slow" $(PYTEST_ARGS)
 
 # Lint, format check and types of the shipped code (the generated stubs excluded; pyproject.toml's [tool.ruff]
 # and [tool.mypy] hold the rules and the paths).

@@ -104,6 +104,24 @@ def check_times(port: int, size: int) -> dict[str, tuple[int, float]]:
 
 
 @contextlib.contextmanager
+def held_connections(port: int, count: int, first_bytes: bytes = b"") -> Iterator[list[socket.socket]]:
+    """`count` connections to `port` that each send `first_bytes` (or nothing) and then hold still until the block
+    ends; one the server refuses or closes at once is left out."""
+    sockets = []
+    try:
+        for _ in range(count):
+            with contextlib.suppress(OSError):
+                sender = socket.create_connection(("127.0.0.1", port), timeout=5)
+                sockets.append(sender)
+                if first_bytes:
+                    sender.sendall(first_bytes)
+        yield sockets
+    finally:
+        for sender in sockets:
+            sender.close()
+
+
+@contextlib.contextmanager
 def slow_senders(
     port: int, count: int, body_bytes: int, sent_bytes: int, chunk: int = MB
 ) -> Iterator[list[socket.socket]]:

@@ -1,8 +1,24 @@
+"""What the whole suite shares: the tiers (markers applied from the fixtures a test uses), the processes tests start
+(the shared tiny worker, etcd, an S3 server, the HTTP edges, clusters), the tiny models and the launch count.
+
+Tiers (registered in pyproject.toml, `--strict-markers`):
+- `process`: the test starts processes (a worker, gateway, config service, etcd, Envoy, any subprocess). Applied to
+  every test whose fixtures include one of PROCESS_FIXTURES; a test that starts a process some other way carries the
+  mark itself. A test without it that starts a subprocess fails (`make test-fast` runs the tests without it).
+- `cluster`: the test needs etcd (applied from `etcd_server`), and with it usually a config service and a gateway.
+- `reliability`: the test adds rows to the reliability summary (its fixtures include `reliability_report`), or lives
+  under tests/reliability/.
+- `slow`: marked by hand on the slowest tests; `make test-fast` (-m "not process and not slow") leaves them out.
+In-process tests of the worker's engine (an Engine built around a fake adapter and a registry passed in) need no
+marker: they are the in-process tier's, as the batch former's, the planner's and the request checks' are.
+"""
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -11,9 +27,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+import sie_stack.processes
 from sie.v1 import inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
-from sie_stack.processes import EtcdProcess
+from sie_stack.processes import ChildProcess, EtcdProcess
 from tiny_models import (
     VARIANTS,
     build_tiny_clip,
@@ -25,12 +42,24 @@ from tiny_models import (
     write_config,
     write_model_yaml,
 )
-from worker_process import WorkerProcess, free_port, stop_all
+from worker_process import Services, WorkerProcess, free_port, stop_all
+
+from edge_helpers import AUTH_TOKEN, Edge, running_edge
+from launches import LaunchCount
+from parallel_files import GROUPS_FILE, FileGroupScheduling, write_groups
+from reliability.report import ReliabilityReport
 
 # The suite compares what workers serve with the reference libraries at float32 tolerances, so every worker and
 # engine it starts computes in float32 whatever the CPU (on an AMX machine, `auto` would pick bfloat16).
 # tests/test_cpu_precision.py asks for the other precisions explicitly.
 os.environ.setdefault("SIE_CPU_COMPUTE_PRECISION", "float32")
+# torch's OpenMP threads spin while they wait for work by default: with the suite's many processes on two cores the
+# spinning takes the cores from the processes with work to do (a loop of tiny matmuls on a busy machine: 10 s of CPU
+# spinning against 1 s passive). Every process the suite starts inherits this; pytest-xdist's processes too.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Every service the suite starts (sie_stack's launchers included) takes its ports from this process's own block, so
+# parallel test processes (pytest-xdist) never pick the same port (tools/worker_process.py).
+sie_stack.processes.free_port = free_port
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 LORA_MODEL = "test/tiny-mean-lora"
@@ -54,6 +83,165 @@ OPERATION_MODELS = {
 }
 # Served but never preloaded: its config asks its adapter for a task it lacks.
 MISCONFIGURED_MODEL = "test/splade-as-reranker"
+EVERY_TINY_MODEL = ",".join([MINILM, *(f"test/{name}" for name in VARIANTS), *OPERATION_MODELS, LORA_MODEL])
+
+# A test whose fixtures include one of these starts processes (it is marked `process`): module fixtures that start
+# their own services use `services`, session-wide ones `session_services`.
+PROCESS_FIXTURES = frozenset({"session_services", "services", "start_worker", "start_module_worker", "start_config"})
+CLUSTER_FIXTURES = frozenset({"etcd_server"})
+# Session fixtures that start several processes: under pytest-xdist the files that use one run in the same worker
+# process, so it starts once (tests/parallel_files.py).
+SHARED_SERVERS = frozenset({"edge", "auth_edge"})
+RELIABILITY_DIR = Path(__file__).parent / "reliability"
+
+
+# --- tiers -------------------------------------------------------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "reliability_report" in fixtures or RELIABILITY_DIR in item.path.parents:
+            item.add_marker("reliability")
+        if fixtures & CLUSTER_FIXTURES:
+            item.add_marker("cluster")
+        if fixtures & PROCESS_FIXTURES or item.get_closest_marker("cluster"):
+            item.add_marker("process")
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        _longest_files_first(items)
+        if GROUPS_FILE in workerinput:
+            write_groups(Path(workerinput[GROUPS_FILE]), _file_groups(items))
+
+
+def _file_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """File -> the shared servers its tests use, for the files whose tests use any."""
+    servers: dict[str, set[str]] = {}
+    for item in items:
+        servers.setdefault(item.nodeid.split("::")[0], set()).update(_shared_servers(item))
+    return {path: "+".join(sorted(used)) for path, used in servers.items() if used}
+
+
+def _shared_servers(item: pytest.Item) -> set[str]:
+    """The SHARED_SERVERS `item` uses: this file's fixtures, not a module's own fixture of the same name."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None:
+        return set()
+    here = Path(__file__).parent.relative_to(item.config.rootpath).as_posix()
+    return {
+        name
+        for name in SHARED_SERVERS & set(definitions.names_closure)
+        if definitions.name2fixturedefs[name][-1].baseid == here
+    }
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
+    """Tell each pytest-xdist worker where to write the files' groups."""
+    node.workerinput[GROUPS_FILE] = str(_groups_file(node.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    if config.getvalue("dist") == "loadfile":
+        return FileGroupScheduling(config, log, _groups_file(config))
+    return None
+
+
+def _groups_file(config: pytest.Config) -> Path:
+    return Path(tempfile.gettempdir()) / f"sie-test-file-groups-{os.getpid()}.json"
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (files are handed out in collection order, --no-loadscope-reorder): files with slow tests
+    first, then those that start clusters, then other processes, in-process files last, each file's own order kept,
+    so the longest files do not start last."""
+
+    def weight(item: pytest.Item) -> int:
+        return next(
+            (rank for rank, mark in enumerate(("slow", "cluster", "process")) if item.get_closest_marker(mark)), 3
+        )
+
+    by_file: dict[Path, int] = {}
+    for item in items:
+        by_file[item.path] = min(by_file.get(item.path, 3), weight(item))
+    order = {path: index for index, path in enumerate(by_file)}
+    items.sort(key=lambda item: (by_file[item.path], order[item.path]))
+
+
+class ProcessInAnInProcessTest(AssertionError):
+    pass
+
+
+_RUNNING: dict[str, pytest.Item | None] = {"item": None}
+_LAUNCHES = LaunchCount()
+_spawn = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+
+def _guarded_spawn(self: subprocess.Popen, args, *rest, **options):  # type: ignore[no-untyped-def]
+    """Count each process the tests start; refuse one started by a test not marked `process`."""
+    item = _RUNNING["item"]
+    argv = [os.fspath(arg) for arg in args] if isinstance(args, (list, tuple)) else [os.fspath(args)]
+    if item is not None and item.get_closest_marker("process") is None:
+        raise ProcessInAnInProcessTest(
+            f"{item.nodeid} started {argv[:4]} but is not marked `process`: use a process fixture "
+            f"({', '.join(sorted(PROCESS_FIXTURES))}) or mark it @pytest.mark.process"
+        )
+    if item is not None:
+        _LAUNCHES.add(argv, item.nodeid)
+    return _spawn(self, args, *rest, **options)
+
+
+subprocess.Popen._execute_child = _guarded_spawn  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    _RUNNING["item"] = item
+    try:
+        return (yield)
+    finally:
+        _RUNNING["item"] = None
+
+
+# --- what the run reports: the reliability summary and the launch count, merged across pytest-xdist workers ------
+
+_REPORT = ReliabilityReport()
+
+
+@pytest.fixture(scope="session")
+def reliability_report() -> ReliabilityReport:
+    return _REPORT
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _REPORT.source = item.nodeid
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its rows and launches go to the controller
+        workeroutput["reliability_rows"] = _REPORT.dumps()
+        workeroutput["launches"] = _LAUNCHES.dumps()
+    else:
+        _groups_file(session.config).unlink(missing_ok=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # type: ignore[no-untyped-def]
+    output = getattr(node, "workeroutput", {})
+    _REPORT.merge(output.get("reliability_rows", "[]"))
+    _LAUNCHES.merge(output.get("launches", "{}"))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    _REPORT.summarize(terminalreporter)
+    _LAUNCHES.summarize(terminalreporter)
+
+
+# --- processes ---------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -66,6 +254,22 @@ def weight_roots(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("SIE_WEIGHT_ROOTS", None)
     else:
         os.environ["SIE_WEIGHT_ROOTS"] = previous
+
+
+@pytest.fixture(scope="session")
+def session_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """Processes that serve the whole session (the tiny worker, etcd, the S3 server, the edges); stopped at its end."""
+    started = Services(tmp_path_factory.mktemp("session-logs"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    """Processes one test module starts (`services.worker(env)`, ...); stopped when the module ends."""
+    started = Services(tmp_path_factory.mktemp("module-logs"))
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="session")
@@ -109,46 +313,53 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, 
     return directory
 
 
-@pytest.fixture(scope="session")
-def start_worker(tmp_path_factory: pytest.TempPathFactory, models_dir: Path) -> Iterator:
-    """Start workers with extra env; all are stopped at the end of the session."""
-    started: list[WorkerProcess] = []
-
-    every_model = ",".join([MINILM, *(f"test/{name}" for name in VARIANTS), *OPERATION_MODELS, LORA_MODEL])
-
-    def start(**env: str) -> WorkerProcess:
-        """A worker with every test model preloaded unless `SIE_PRELOAD_MODELS` says otherwise."""
-        log = tmp_path_factory.mktemp("worker-logs") / "worker.log"
-        worker = WorkerProcess({"SIE_MODELS_DIR": str(models_dir), "SIE_PRELOAD_MODELS": every_model, **env}, log)
-        started.append(worker)
-        worker.wait_serving()
-        return worker
-
-    yield start
-    stop_all(started)
+def _tiny_worker(started: Services, models_dir: Path, env: dict[str, str]) -> WorkerProcess:
+    """A worker serving the tiny models, every one preloaded unless `SIE_PRELOAD_MODELS` says otherwise."""
+    return started.worker({"SIE_MODELS_DIR": str(models_dir), "SIE_PRELOAD_MODELS": EVERY_TINY_MODEL, **env})
 
 
-@pytest.fixture(scope="session")
-def worker(start_worker) -> WorkerProcess:
-    """One shared worker with default settings."""
-    return start_worker()
+@pytest.fixture
+def start_worker(tmp_path: Path, models_dir: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start tiny-model workers with extra env; they stop when the test ends."""
+    started = Services(tmp_path / "worker-logs")
+    yield lambda **env: _tiny_worker(started, models_dir, env)
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def start_module_worker(services: Services, models_dir: Path) -> Callable[..., WorkerProcess]:
+    """Start tiny-model workers with extra env for a module's fixtures; they stop when the module ends."""
+    return lambda **env: _tiny_worker(services, models_dir, env)
 
 
 @pytest.fixture(scope="session")
-def batching_stub(start_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    """A worker that keeps at most 2 LoRA adapters and waits 300 ms for batches, so concurrent requests meet."""
-    worker = start_worker(
-        SIE_MAX_LORAS_PER_MODEL="2",
-        SIE_ADAPTIVE_BATCHING="false",
-        SIE_MAX_BATCH_WAIT_MS="300",
-        SIE_PRELOAD_MODELS=f"{LORA_MODEL},test/tiny-colbert",
-    )
-    with grpc.insecure_channel(worker.address) as channel:
-        yield inference_pb2_grpc.InferenceStub(channel)
+def worker(session_services: Services, models_dir: Path) -> WorkerProcess:
+    """The tiny worker: default settings, every tiny model (and MiniLM) preloaded, shared by the whole session.
+
+    Tests may load models and LoRA adapters on it, never change or stop it."""
+    return _tiny_worker(session_services, models_dir, {})
 
 
 @pytest.fixture
 def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    """An Inference client of the tiny worker (`worker`)."""
+    with grpc.insecure_channel(worker.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def batching_stub(session_services: Services, models_dir: Path) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    """A worker that keeps at most 2 LoRA adapters and waits 300 ms for batches, so concurrent requests meet."""
+    worker = _tiny_worker(
+        session_services,
+        models_dir,
+        {
+            "SIE_MAX_LORAS_PER_MODEL": "2",
+            "SIE_ADAPTIVE_BATCHING": "false",
+            "SIE_MAX_BATCH_WAIT_MS": "300",
+            "SIE_PRELOAD_MODELS": f"{LORA_MODEL},test/tiny-colbert",
+        },
+    )
     with grpc.insecure_channel(worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
@@ -163,43 +374,44 @@ class S3Server:
         return boto3.client("s3", endpoint_url=self.endpoint_url)
 
 
+class MotoProcess(ChildProcess):
+    """moto in server mode: an S3-compatible server on loopback."""
+
+    name = "moto"
+
+    def __init__(self, log_path: Path) -> None:
+        super().__init__(log_path)
+        self.port = free_port()
+        self._spawn([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)])
+
+
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+def s3_server(session_services: Services) -> Iterator[S3Server]:
     """A real S3-compatible server (moto in server mode) on loopback; AWS_* test credentials in the environment."""
     os.environ.update(
         AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="2"
     )
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("s3-server") / "moto.log", "wb")
-    process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    server = S3Server(f"http://127.0.0.1:{port}")
+    moto = session_services.keep(MotoProcess(session_services.log_path("moto")))
+    server = S3Server(f"http://127.0.0.1:{moto.port}")
     deadline = time.monotonic() + 60
     while True:
         try:
             server.client().list_buckets()
             break
         except Exception:
-            if process.poll() is not None or time.monotonic() > deadline:
+            if moto.exit_code() is not None or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
     yield server
-    process.terminate()
-    process.wait(timeout=30)
-    log.close()
 
 
 @pytest.fixture(scope="session")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+def etcd_server(tmp_path_factory: pytest.TempPathFactory, session_services: Services) -> EtcdProcess:
     """One real etcd on loopback for the session; tests keep apart by key prefix."""
     root = tmp_path_factory.mktemp("etcd")
-    server = EtcdProcess(root / "data", root / "etcd.log")
+    server = session_services.keep(EtcdProcess(root / "data", root / "etcd.log"))
     server.start()
-    yield server
-    server.stop()
+    return server
 
 
 @pytest.fixture
@@ -250,3 +462,25 @@ def cluster(tmp_path: Path, etcd_server: EtcdProcess, etcd_prefix: str, tiny_mod
     running = Cluster(tmp_path, etcd_server.endpoint, etcd_prefix, models, start_config)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def edge(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProcess, tiny_models) -> Iterator[Edge]:
+    """The HTTP edge, shared by the session: a config service (admin token), one worker with the tiny models of each
+    operation, a gateway and Envoy in front. Tests may add models to it, never change or stop its processes."""
+    with running_edge(tmp_path_factory.mktemp("edge"), etcd_server.endpoint, tiny_models) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def auth_edge(tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdProcess, tiny_models) -> Iterator[Edge]:
+    """The HTTP edge of `edge` with a gateway that wants a token (static auth, `AUTH_TOKEN`), shared by the session."""
+    with running_edge(
+        tmp_path_factory.mktemp("auth-edge"),
+        etcd_server.endpoint,
+        tiny_models,
+        SIE_AUTH_MODE="static",
+        SIE_AUTH_TOKENS=AUTH_TOKEN,
+    ) as running:
+        yield running
+

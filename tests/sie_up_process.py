@@ -18,25 +18,12 @@ from pathlib import Path
 import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
-from sie_stack.processes import free_port
+
 from stack_process import stop_stack
+from worker_process import consecutive_free_ports, free_port
 
 BANNER_END = "Ctrl-C stops everything."
 PREFIX = "/sie/"
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive free ports (the workers take port, port + 1, ...)."""
-    while True:
-        first = free_port()
-        if all(_free(first + i) for i in range(1, count)):
-            return first
-
-
-def _free(port: int) -> bool:
-    from sie_stack.processes import port_in_use
-
-    return not port_in_use(port)
 
 
 @dataclass
@@ -49,7 +36,7 @@ class SieUp:
     @classmethod
     def start(cls, directory: Path, workers: int = 1, env: dict[str, str] | None = None) -> SieUp:
         ports = {name: free_port() for name in ("etcd", "config", "gateway", "http", "admin")}
-        ports["worker"] = free_ports(workers)
+        ports["worker"] = consecutive_free_ports(workers)  # the workers take port, port + 1, ...
         state, output = directory / "state", directory / "sie-up.out"
         command = [
             sys.executable, "-m", "sie_stack", "up", "--state-dir", str(state), "--workers", str(workers),

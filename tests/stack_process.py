@@ -19,3 +19,13 @@ def stop_stack(process: subprocess.Popen, timeout_s: float = 120) -> None:
     for child in children:
         if child.is_running():
             child.kill()
+
+
+class SieUp:
+    """A `sie up` the tests started, for `Services.keep`: stopped as a person would (`stop_stack`)."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+
+    def stop(self) -> None:
+        stop_stack(self.process)

@@ -163,6 +163,7 @@ def test_docs_sections_per_machine_kind_merge_rows_and_leave_other_kinds_alone(t
     assert amd in after and "Intel figures, by hand." not in after and "377 (377-377)" in after
 
 
+@pytest.mark.slow
 def test_onnx_export_of_a_tiny_bert_matches_torch(tmp_path: Path) -> None:
     pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnx and onnxscript (the test extra)")
     import onnxrt

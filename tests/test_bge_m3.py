@@ -29,7 +29,7 @@ from sie_contract.tensors import from_tensor
 from test_observability import sample, scrape
 from tiny_families import BGE_M3_HIDDEN as HIDDEN
 from tiny_families import build_bge_m3_lora, build_tiny_bge_m3
-from worker_process import WorkerProcess, inference_stub, serving_worker
+from worker_process import Services, WorkerProcess, inference_stub
 
 MODEL = "test/tiny-bge-m3"
 NO_HEADS = "test/bge-m3-without-heads"
@@ -56,7 +56,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory, weights: dict[str, Path]) -> Iterator[WorkerProcess]:
+def bge_m3_worker(services: Services, tmp_path_factory: pytest.TempPathFactory, weights: dict[str, Path]) -> WorkerProcess:
     configs = tmp_path_factory.mktemp("bge-m3-configs")
     (configs / "bge-m3.yaml").write_text(
         f"id: {MODEL}\npath: {weights['model']}\ntasks: [encode, score]\noutput_types: [dense, sparse, multivector]\n"
@@ -69,14 +69,12 @@ def worker(tmp_path_factory: pytest.TempPathFactory, weights: dict[str, Path]) -
         f"id: {NO_HEADS}\npath: {weights['without_heads']}\ntasks: [encode, score]\noutput_types: [dense, sparse, multivector]\n"
         "profiles:\n  default:\n    adapter: bge_m3\n"
     )
-    log = tmp_path_factory.mktemp("bge-m3-logs") / "worker.log"
-    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": MODEL, "SIE_INSTRUMENTATION": "true"}, log) as worker:
-        yield worker
+    return services.worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": MODEL, "SIE_INSTRUMENTATION": "true"}, name="bge-m3")
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with inference_stub(worker) as stub:
+def bge_m3_stub(bge_m3_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with inference_stub(bge_m3_worker) as stub:
         yield stub
 
 
@@ -150,26 +148,26 @@ COMBINATIONS = [combination for size in (1, 2, 3) for combination in itertools.c
 
 
 @pytest.mark.parametrize("is_query", [False, True], ids=["document", "query"])
-def test_every_combination_of_outputs_matches_flagembedding(stub, reference, is_query: bool) -> None:
+def test_every_combination_of_outputs_matches_flagembedding(bge_m3_stub, reference, is_query: bool) -> None:
     wanted = expected(reference, TEXTS, is_query=is_query)
     assert any(len(weights) for weights in wanted["lexical_weights"])  # some tokens weigh, ...
     assert wanted["colbert_vecs"][5].shape == (MAX_LENGTH - 1, HIDDEN)  # ... and the long text is truncated
     for outputs in COMBINATIONS:
-        assert_matches(encode(stub, TEXTS, outputs, is_query=is_query), wanted, outputs)
+        assert_matches(encode(bge_m3_stub, TEXTS, outputs, is_query=is_query), wanted, outputs)
 
 
-def test_query_prompts_match_flagembedding_query_instructions(stub, weights: dict[str, Path]) -> None:
+def test_query_prompts_match_flagembedding_query_instructions(bge_m3_stub, weights: dict[str, Path]) -> None:
     """A profile's query_prompt, or a request's instruction, is the reference's query_instruction_for_retrieval."""
     wanted = expected(flag_model(weights["model"], query_instruction_for_retrieval=PROMPT), TEXTS, is_query=True)
-    assert_matches(encode(stub, TEXTS, OUTPUTS, is_query=True, profile="prompted"), wanted, OUTPUTS)
-    assert_matches(encode(stub, TEXTS, OUTPUTS, is_query=True, instruction=PROMPT), wanted, OUTPUTS)
-    plain = from_tensor(encode(stub, TEXTS[:1], ("multivector",), is_query=True).results[0].multivector)
+    assert_matches(encode(bge_m3_stub, TEXTS, OUTPUTS, is_query=True, profile="prompted"), wanted, OUTPUTS)
+    assert_matches(encode(bge_m3_stub, TEXTS, OUTPUTS, is_query=True, instruction=PROMPT), wanted, OUTPUTS)
+    plain = from_tensor(encode(bge_m3_stub, TEXTS[:1], ("multivector",), is_query=True).results[0].multivector)
     assert len(plain) < len(wanted["colbert_vecs"][0])  # the prompt's tokens came first
 
 
-def test_special_and_repeated_tokens_in_the_sparse_output(stub, reference) -> None:
+def test_special_and_repeated_tokens_in_the_sparse_output(bge_m3_stub, reference) -> None:
     tokenizer = reference.tokenizer
-    response = encode(stub, TEXTS, ("sparse",))
+    response = encode(bge_m3_stub, TEXTS, ("sparse",))
     assert all(result.sparse.dims == len(tokenizer) for result in response.results)  # the vocabulary size
     special = {tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
     for text, result in zip(TEXTS, response.results):
@@ -180,11 +178,11 @@ def test_special_and_repeated_tokens_in_the_sparse_output(stub, reference) -> No
     assert len(set(response.results[4].sparse.indices)) == len(response.results[4].sparse.indices)  # ... and ids once
 
 
-def test_lora_matches_flagembedding_over_a_peft_model(stub, reference, lora_reference) -> None:
+def test_lora_matches_flagembedding_over_a_peft_model(bge_m3_stub, reference, lora_reference) -> None:
     wanted = expected(lora_reference, TEXTS, is_query=False)
-    response = encode(stub, TEXTS, OUTPUTS, lora=LORA)
+    response = encode(bge_m3_stub, TEXTS, OUTPUTS, lora=LORA)
     assert_matches(response, wanted, OUTPUTS)
-    base = from_tensor(encode(stub, TEXTS[:1], ("dense",)).results[0].dense)
+    base = from_tensor(encode(bge_m3_stub, TEXTS[:1], ("dense",)).results[0].dense)
     assert cosine(base, from_tensor(response.results[0].dense)) < 0.9999  # the adapter changed the model
 
 
@@ -199,7 +197,7 @@ def reference_scores(model, weights: list[float]) -> dict[str, list[float]]:
     return {mode: [pair[mode][0] for pair in scores] for mode in scores[0]}
 
 
-def test_scores_match_flagembedding(stub, reference) -> None:
+def test_scores_match_flagembedding(bge_m3_stub, reference) -> None:
     wanted = reference_scores(reference, [1.0, 0.5, 2.0])
     query = expected(reference, [QUERY], is_query=True)
     documents = expected(reference, TEXTS, is_query=False)
@@ -208,20 +206,20 @@ def test_scores_match_flagembedding(stub, reference) -> None:
     np.testing.assert_allclose(wanted["sparse"], lexical, atol=1e-5)  # the reference's two ways agree
     np.testing.assert_allclose(wanted["colbert"], colbert, atol=1e-5)
     cases = {
-        "dense": score(stub),  # the default
-        "sparse": score(stub, {"score_mode": "sparse"}),
-        "colbert": score(stub, {"score_mode": "multivector"}),
-        "colbert+sparse+dense": score(stub, {"score_mode": "hybrid", "score_weights": {"dense": 1.0, "sparse": 0.5, "multivector": 2.0}}),
+        "dense": score(bge_m3_stub),  # the default
+        "sparse": score(bge_m3_stub, {"score_mode": "sparse"}),
+        "colbert": score(bge_m3_stub, {"score_mode": "multivector"}),
+        "colbert+sparse+dense": score(bge_m3_stub, {"score_mode": "hybrid", "score_weights": {"dense": 1.0, "sparse": 0.5, "multivector": 2.0}}),
     }
     for mode, served in cases.items():
         assert sorted(served) == list(range(len(TEXTS)))
         np.testing.assert_allclose([served[index] for index in range(len(TEXTS))], wanted[mode], atol=1e-4, err_msg=mode)
-    assert score(stub, {"score_mode": "colbert"}) == cases["colbert"]  # the reference system's name for it
-    assert score(stub, profile="lexical") == cases["sparse"]  # a profile's run_options pick the default
-    assert score(stub, {"score_mode": "dense"}, profile="lexical") == cases["dense"]  # the request's options win
+    assert score(bge_m3_stub, {"score_mode": "colbert"}) == cases["colbert"]  # the reference system's name for it
+    assert score(bge_m3_stub, profile="lexical") == cases["sparse"]  # a profile's run_options pick the default
+    assert score(bge_m3_stub, {"score_mode": "dense"}, profile="lexical") == cases["dense"]  # the request's options win
 
 
-def test_a_score_instruction_is_the_querys_only(stub, weights: dict[str, Path]) -> None:
+def test_a_score_instruction_is_the_querys_only(bge_m3_stub, weights: dict[str, Path]) -> None:
     """FlagEmbedding puts its query instruction before queries, never before the documents they are scored against."""
     model = flag_model(weights["model"], query_instruction_for_retrieval=PROMPT)
     query = expected(model, [QUERY], is_query=True)
@@ -230,20 +228,20 @@ def test_a_score_instruction_is_the_querys_only(stub, weights: dict[str, Path]) 
     # Sparse weights show it best: the instruction's words would match themselves on both sides.
     lexical = [model.compute_lexical_matching_score(query["lexical_weights"][0], weights) for weights in documents["lexical_weights"]]
     for options, wanted in (({}, dense), ({"score_mode": "sparse"}, lexical)):
-        served = score(stub, options, instruction=PROMPT)
+        served = score(bge_m3_stub, options, instruction=PROMPT)
         np.testing.assert_allclose([served[index] for index in range(len(TEXTS))], wanted, atol=1e-4)
-        assert served != score(stub, options)  # the instruction did reach the query
+        assert served != score(bge_m3_stub, options)  # the instruction did reach the query
 
 
-def test_hybrid_defaults_to_the_paper_weights(stub, reference) -> None:
+def test_hybrid_defaults_to_the_paper_weights(bge_m3_stub, reference) -> None:
     wanted = reference_scores(reference, [0.4, 0.2, 0.4])
-    served = score(stub, {"score_mode": "hybrid"})
+    served = score(bge_m3_stub, {"score_mode": "hybrid"})
     np.testing.assert_allclose([served[index] for index in range(len(TEXTS))], wanted["colbert+sparse+dense"], atol=1e-4)
 
 
-def test_lora_scores_match_flagembedding(stub, lora_reference) -> None:
+def test_lora_scores_match_flagembedding(bge_m3_stub, lora_reference) -> None:
     wanted = reference_scores(lora_reference, [1.0, 1.0, 1.0])
-    served = score(stub, {"score_mode": "sparse"}, lora=LORA)
+    served = score(bge_m3_stub, {"score_mode": "sparse"}, lora=LORA)
     np.testing.assert_allclose([served[index] for index in range(len(TEXTS))], wanted["sparse"], atol=1e-4)
 
 
@@ -258,35 +256,35 @@ def test_lora_scores_match_flagembedding(stub, lora_reference) -> None:
         ({"score_mode": "hybrid", "score_weights": {"dense": 0, "sparse": 0, "multivector": 0}}, "need a weight above 0"),
     ],
 )
-def test_bad_score_options_are_invalid_argument(stub, options: dict, problem: str) -> None:
+def test_bad_score_options_are_invalid_argument(bge_m3_stub, options: dict, problem: str) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        score(stub, options)
+        score(bge_m3_stub, options)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "INVALID_OPTIONS"
     assert problem in raised.value.details()
 
 
-def test_a_checkpoint_without_its_heads_fails_to_load_naming_them(stub) -> None:
+def test_a_checkpoint_without_its_heads_fails_to_load_naming_them(bge_m3_stub) -> None:
     request = inference_pb2.EncodeRequest(model=NO_HEADS, items=[types_pb2.Item(text="x")])
     with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(lambda: stub.Encode(request, timeout=60))
+        call_until_loaded(lambda: bge_m3_stub.Encode(request, timeout=60))
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert "sparse_linear.pt is missing" in raised.value.details()
 
 
-def test_all_three_outputs_take_one_forward_pass_per_batch(worker: WorkerProcess, stub) -> None:
+def test_all_three_outputs_take_one_forward_pass_per_batch(bge_m3_worker: WorkerProcess, bge_m3_stub) -> None:
     """The worker's count of forward passes (sie_worker_batch_items_count, GetModel's stats) rises by the batches
     the request's debug statistics list, and those hold each item once: not once per output type."""
     labels = {"model": MODEL, "profile": "default"}
     for outputs in (("dense",), OUTPUTS):
-        passes_before = sample(scrape(worker), "sie_worker_batch_items_count", **labels)
-        stats_before = stub.GetModel(inference_pb2.GetModelRequest(model=MODEL)).model.stats.forward_passes
-        response = encode(stub, TEXTS, outputs, debug=True)
+        passes_before = sample(scrape(bge_m3_worker), "sie_worker_batch_items_count", **labels)
+        stats_before = bge_m3_stub.GetModel(inference_pb2.GetModelRequest(model=MODEL)).model.stats.forward_passes
+        response = encode(bge_m3_stub, TEXTS, outputs, debug=True)
         batches = response.timing.batches
         assert sum(batch.items for batch in batches) == len(TEXTS)
-        assert sample(scrape(worker), "sie_worker_batch_items_count", **labels) - passes_before == len(batches)
-        assert stub.GetModel(inference_pb2.GetModelRequest(model=MODEL)).model.stats.forward_passes - stats_before == len(batches)
+        assert sample(scrape(bge_m3_worker), "sie_worker_batch_items_count", **labels) - passes_before == len(batches)
+        assert bge_m3_stub.GetModel(inference_pb2.GetModelRequest(model=MODEL)).model.stats.forward_passes - stats_before == len(batches)
 
 
 def test_the_adapter_runs_the_transformer_once_for_all_three_outputs(weights: dict[str, Path], tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from sie_common.cluster.model_config import ModelConfig, load_model_config
 from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.contract import LoadContext
 from tiny_models import build_tiny_gliner, build_tiny_head_model, build_tiny_model
-from worker_process import WorkerProcess
+from worker_process import Services
 
 ROOT = Path(__file__).parents[1]
 CATALOG = ROOT / "catalog" / "models"
@@ -107,11 +107,13 @@ def test_its_adapter_takes_every_option_of_a_catalog_profile(path: Path, replica
 
 
 @pytest.fixture(scope="module")
-def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, inference_pb2_grpc.InferenceStub]]:
+def catalog_stubs(
+    services: Services, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, inference_pb2_grpc.InferenceStub]]:
     """A worker per bundle, started with the catalog (together, so their start-ups overlap), no weights anywhere."""
     root = tmp_path_factory.mktemp("catalog")
     env = {"SIE_MODELS_DIR": str(CATALOG), "SIE_PRELOAD_MODELS": "", "SIE_LOCAL_CACHE": str(root / "cache"), "SIE_HF_FALLBACK": "false"}
-    workers = {bundle: WorkerProcess({**env, "SIE_BUNDLE": bundle}, root / f"worker-{bundle}.log") for bundle in ("default", "llm")}
+    workers = {bundle: services.start({**env, "SIE_BUNDLE": bundle}, name=f"worker-{bundle}") for bundle in ("default", "llm")}
     channels = {}
     try:
         for bundle, worker in workers.items():
@@ -121,17 +123,15 @@ def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, infere
     finally:
         for channel in channels.values():
             channel.close()
-        for worker in workers.values():
-            worker.stop()
 
 
 @pytest.fixture
-def stub(stubs: dict[str, inference_pb2_grpc.InferenceStub]) -> inference_pb2_grpc.InferenceStub:
-    return stubs["default"]
+def default_bundle_stub(catalog_stubs: dict[str, inference_pb2_grpc.InferenceStub]) -> inference_pb2_grpc.InferenceStub:
+    return catalog_stubs["default"]
 
 
-def test_a_worker_started_with_the_catalog_lists_every_model_of_its_bundle(stub) -> None:
-    listed = stub.ListModels(inference_pb2.ListModelsRequest())
+def test_a_worker_started_with_the_catalog_lists_every_model_of_its_bundle(default_bundle_stub) -> None:
+    listed = default_bundle_stub.ListModels(inference_pb2.ListModelsRequest())
     assert list(listed.config_problems) == []
     served = {model_id for model_id, config in _configs().items() if _expected_bundle(config) == "default"}
     assert {model.id for model in listed.models} == served | {MINILM}
@@ -143,21 +143,21 @@ def test_a_worker_started_with_the_catalog_lists_every_model_of_its_bundle(stub)
             assert model.state == inference_pb2.MODEL_STATE_AVAILABLE
 
 
-def test_the_llm_bundle_lists_only_its_models(stubs) -> None:
-    listed = stubs["llm"].ListModels(inference_pb2.ListModelsRequest())
+def test_the_llm_bundle_lists_only_its_models(catalog_stubs) -> None:
+    listed = catalog_stubs["llm"].ListModels(inference_pb2.ListModelsRequest())
     assert list(listed.config_problems) == []
     assert {model.id for model in listed.models} == {model_id for model_id, config in _configs().items() if _expected_bundle(config) == "llm"}
 
 
-def test_absent_weights_are_a_load_failure_naming_them_and_the_worker_serves_the_rest(stub) -> None:
+def test_absent_weights_are_a_load_failure_naming_them_and_the_worker_serves_the_rest(default_bundle_stub) -> None:
     revision = _configs()[ABSENT].revision or "main"
     with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(lambda: stub.Encode(encode_request(ABSENT, ["a query"]), timeout=60))
+        call_until_loaded(lambda: default_bundle_stub.Encode(encode_request(ABSENT, ["a query"]), timeout=60))
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     details = raised.value.details()
     assert f"no weights found for {ABSENT}" in details
     assert f"no {ABSENT.replace('/', '--')}@{revision}" in details  # the local cache, by Hub id and revision
     assert "Hugging Face Hub: disabled (SIE_HF_FALLBACK=false)" in details
-    vectors, _ = encode_when_loaded(stub, MINILM, ["the demo model still serves"])
+    vectors, _ = encode_when_loaded(default_bundle_stub, MINILM, ["the demo model still serves"])
     assert vectors.shape == (1, 384) and np.isfinite(vectors).all()

@@ -6,10 +6,14 @@ import subprocess
 import sys
 
 import grpc
+import pytest
 
 from conftest import MINILM
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from worker_process import WorkerProcess
+
+# Every test runs `sie-worker` as a subprocess.
+pytestmark = pytest.mark.process
 
 
 def sie_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -65,7 +65,7 @@ def test_list_and_get_models(client) -> None:
 
 
 def test_resource_exhausted_is_retried_with_backoff(start_worker) -> None:
-    busy = start_worker(SIE_MAX_CONCURRENT_REQUESTS="1", SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="400")
+    busy = start_worker(SIE_PRELOAD_MODELS=MODEL, SIE_MAX_CONCURRENT_REQUESTS="1", SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="400")
     with SIEClient(busy.address) as client:
         results: list = []
         threads = [threading.Thread(target=lambda: results.append(client.encode(MODEL, "contended"))) for _ in range(3)]

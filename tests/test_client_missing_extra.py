@@ -31,6 +31,7 @@ def _import_without(module: str, missing: str) -> subprocess.CompletedProcess[st
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
 
 
+@pytest.mark.process  # starts a Python of its own
 @pytest.mark.parametrize("name", INTEGRATIONS)
 def test_an_integration_without_its_framework_names_the_extra(name: str) -> None:
     extra, package = INTEGRATIONS[name]

@@ -31,8 +31,8 @@ from sie_client import encoding
 from sie_client.scoring import maxsim
 from sie_client.status import call_status
 from sie_client.types import Item
-from sie_stack.processes import free_port
-from test_http_edge import MEAN, NER, running_edge
+from worker_process import free_port
+from edge_helpers import MEAN, NER, running_edge
 
 COLBERT = "test/tiny-colbert"
 
@@ -44,7 +44,7 @@ def client(worker):
 
 
 @pytest.fixture(scope="module")
-def edge(tmp_path_factory, etcd_server, tiny_models):
+def pools_edge(tmp_path_factory, etcd_server, tiny_models):
     """Config service, one worker (machine profile `default`), a gateway that may scale `l4` from zero and lets
     callers create pools, and Envoy in front."""
     env = {"SIE_POOLS_ENABLED": "true", "SIE_GATEWAY_PROVISIONING_RETRY_S": "0.2"}
@@ -97,9 +97,9 @@ def test_a_bad_target_is_a_value_error(args: tuple, kwargs: dict, message: str) 
         SIEClient(*args, **kwargs)
 
 
-def test_https_means_tls(edge) -> None:
+def test_https_means_tls(pools_edge) -> None:
     """Envoy serves plaintext here: a TLS handshake cannot succeed, so the https:// client must have tried TLS."""
-    with SIEClient(f"https://{edge.address}", timeout_s=5) as client, pytest.raises(SIEConnectionError):
+    with SIEClient(f"https://{pools_edge.address}", timeout_s=5) as client, pytest.raises(SIEConnectionError):
         client.list_models()
 
 
@@ -246,8 +246,8 @@ def test_connection_and_server_errors(client) -> None:
 # --- through Envoy: routing, provisioning, pools, capacity --------------------------------------------------
 
 
-def test_gpu_per_call_routes_by_machine_profile(edge) -> None:
-    with SIEClient(f"http://{edge.address}", gpu="l4", timeout_s=30) as client:
+def test_gpu_per_call_routes_by_machine_profile(pools_edge) -> None:
+    with SIEClient(f"http://{pools_edge.address}", gpu="l4", timeout_s=30) as client:
         assert client.encode(MEAN, "routed", gpu="default")["dense"].shape == (32,)  # the call's profile wins
         with pytest.raises(ProvisioningError) as provisioning:
             client.encode(MEAN, "no l4 worker yet", wait_for_capacity=False)  # the client's profile
@@ -260,8 +260,8 @@ def test_gpu_per_call_routes_by_machine_profile(edge) -> None:
         assert unknown.value.reason == "UNKNOWN_MACHINE_PROFILE"
 
 
-def test_pools_take_the_reference_spec_and_capacity_lists_them(edge) -> None:
-    with SIEClient(f"http://{edge.address}", timeout_s=30) as client:
+def test_pools_take_the_reference_spec_and_capacity_lists_them(pools_edge) -> None:
+    with SIEClient(f"http://{pools_edge.address}", timeout_s=30) as client:
         with pytest.raises(NotFoundError) as no_bundle:
             client.create_pool("ref-pool", gpus={"default": 1}, bundle="no-such-bundle")
         assert no_bundle.value.reason == "BUNDLE_NOT_FOUND" and no_bundle.value.metadata == {"bundle": "no-such-bundle"}

@@ -47,6 +47,7 @@ CASES = Path(__file__).parent / "reference_sdk_cases.py"
 # --- the same answers as the reference's own helpers --------------------------------------------------------------
 
 
+@pytest.mark.process  # starts the reference SDK's own Python
 def test_helpers_answer_as_the_reference_s() -> None:
     python, why_not = reference_python()
     if python is None:

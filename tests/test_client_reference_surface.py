@@ -23,6 +23,9 @@ import pytest
 from reference_sdk import reference_python
 from reference_sdk_names import MODULES, describe
 
+# Starts processes (the reference SDK's own Python) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 NAMES_SCRIPT = Path(__file__).parent / "reference_sdk_names.py"
 
 BEYOND_THE_SEEDS = "a reference feature beyond the surface shared/seeds describe; this engine has none"

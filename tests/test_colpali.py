@@ -29,7 +29,7 @@ from sie_worker.adapters.families.colpali import PageRetriever
 from sie_worker.engine.postprocess import MuveraParams, muvera
 from tiny_colpali import EMBEDDING_DIM, build_tiny_colpali, build_tiny_colqwen2
 from tiny_models import write_config
-from worker_process import WorkerProcess
+from worker_process import Services, WorkerProcess
 
 COLPALI = "test/tiny-colpali"
 COLQWEN2 = "test/tiny-colqwen2"
@@ -71,30 +71,23 @@ def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def worker(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    root = tmp_path_factory.mktemp("colpali-worker")
-    configs = root / "configs"
-    configs.mkdir()
+def colpali_worker(services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> WorkerProcess:
+    configs = tmp_path_factory.mktemp("colpali-configs")
     for model_id, directory in directories.items():
         write_config(configs, model_id, f"path: {directory}\n{BODY}")
-    worker = WorkerProcess(
+    return services.worker(
         {
             "SIE_MODELS_DIR": str(configs),
             "SIE_PRELOAD_MODELS": "",
             "SIE_MAX_SCORE_MULTIVECTOR_BYTES": str(MAX_MULTIVECTOR_BYTES),
         },
-        root / "worker.log",
+        name="colpali-worker",
     )
-    worker.wait_serving()
-    try:
-        yield worker
-    finally:
-        worker.stop()
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(worker.address) as channel:
+def colpali_stub(colpali_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with grpc.insecure_channel(colpali_worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
 
@@ -132,16 +125,16 @@ def assert_same_vectors(served: list[np.ndarray], expected: list[torch.Tensor]) 
 
 
 @pytest.mark.parametrize("model_id", [COLPALI, COLQWEN2])
-def test_queries_and_pages_embed_as_the_reference(stub, directories, model_id) -> None:
+def test_queries_and_pages_embed_as_the_reference(colpali_stub, directories, model_id) -> None:
     items = [types_pb2.Item(text=QUERIES[0]), image_item(PAGES[0]), types_pb2.Item(text=QUERIES[1]), image_item(PAGES[1]), image_item(PAGES[2])]
-    results = encode(stub, model_id, items, ["multivector"])
+    results = encode(colpali_stub, model_id, items, ["multivector"])
     served = [np.array(from_tensor(result.multivector)) for result in results]
     assert all(vectors.shape[1] == EMBEDDING_DIM for vectors in served)
     texts = reference(model_id, directories[model_id], texts=QUERIES[:2])
     pages = reference(model_id, directories[model_id], images=PAGES)
     assert_same_vectors(served, [texts[0], pages[0], texts[1], pages[1], pages[2]])
     # An image costs its tokens in a batch, as a text does: the answer counts them.
-    response = stub.Encode(inference_pb2.EncodeRequest(model=model_id, items=items), timeout=60)
+    response = colpali_stub.Encode(inference_pb2.EncodeRequest(model=model_id, items=items), timeout=60)
     assert response.tokens == sum(map(len, served))
     rows = [len(vectors) for vectors in served[1:2] + served[3:]]
     # ColPali gives every page one size; ColQwen2 as many vectors as a page's size has patches.
@@ -149,12 +142,12 @@ def test_queries_and_pages_embed_as_the_reference(stub, directories, model_id) -
 
 
 @pytest.mark.parametrize("model_id", [COLPALI, COLQWEN2])
-def test_maxsim_of_a_query_over_pages_equals_score_retrieval(stub, directories, model_id) -> None:
+def test_maxsim_of_a_query_over_pages_equals_score_retrieval(colpali_stub, directories, model_id) -> None:
     processor, _ = loaded(model_id, directories[model_id])
     query = reference(model_id, directories[model_id], texts=QUERIES[:1])
     expected = processor.score_retrieval(query, reference(model_id, directories[model_id], images=PAGES))[0].numpy()
     response = call_until_loaded(
-        lambda: stub.Score(
+        lambda: colpali_stub.Score(
             inference_pb2.ScoreRequest(model=model_id, query=types_pb2.Item(text=QUERIES[0]), items=[image_item(page) for page in PAGES]),
             timeout=120,
         )
@@ -165,12 +158,12 @@ def test_maxsim_of_a_query_over_pages_equals_score_retrieval(stub, directories, 
 
 
 @pytest.mark.parametrize("model_id", [COLPALI, COLQWEN2])
-def test_muvera_dense_of_a_page_and_a_query(stub, model_id) -> None:
+def test_muvera_dense_of_a_page_and_a_query(colpali_stub, model_id) -> None:
     """MUVERA encodes every item of a request as a document, or as a query where the request says is_query."""
     items = [image_item(PAGES[1]), types_pb2.Item(text=QUERIES[0])]
     for is_query in (False, True):
         request = inference_pb2.EncodeRequest(model=model_id, items=items, output_types=["dense", "multivector"], is_query=is_query)
-        for result in call_until_loaded(functools.partial(stub.Encode, request, timeout=120))[0].results:
+        for result in call_until_loaded(functools.partial(colpali_stub.Encode, request, timeout=120))[0].results:
             dense = np.array(from_tensor(result.dense))
             assert dense.shape == (MUVERA_DIMS,)
             expected = muvera(np.array(from_tensor(result.multivector)), MuveraParams.from_options(MUVERA), is_query=is_query)
@@ -178,36 +171,36 @@ def test_muvera_dense_of_a_page_and_a_query(stub, model_id) -> None:
 
 
 @pytest.mark.parametrize("model_id", [COLPALI, COLQWEN2])
-def test_concurrent_requests_get_their_own_vectors(stub, model_id) -> None:
+def test_concurrent_requests_get_their_own_vectors(colpali_stub, model_id) -> None:
     """Texts and images of concurrent requests are prepared on several threads at once and batched together."""
     items = [[types_pb2.Item(text=QUERIES[index % 3]), image_item(PAGES[index % 3])] for index in range(8)]
-    alone = [encode(stub, model_id, request, ["multivector"]) for request in items[:3]]
+    alone = [encode(colpali_stub, model_id, request, ["multivector"]) for request in items[:3]]
     with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda request: encode(stub, model_id, request, ["multivector"]), items))
+        answers = list(pool.map(lambda request: encode(colpali_stub, model_id, request, ["multivector"]), items))
     for index, answer in enumerate(answers):
         for result, expected in zip(answer, alone[index % 3], strict=True):
             np.testing.assert_allclose(from_tensor(result.multivector), from_tensor(expected.multivector), atol=1e-5)
 
 
-def test_image_multivectors_are_bounded_before_the_forward_pass(stub) -> None:
-    encode(stub, COLQWEN2, [image_item(PAGES[0])], ["multivector"])
-    before = forward_passes(stub, COLQWEN2)
+def test_image_multivectors_are_bounded_before_the_forward_pass(colpali_stub) -> None:
+    encode(colpali_stub, COLQWEN2, [image_item(PAGES[0])], ["multivector"])
+    before = forward_passes(colpali_stub, COLQWEN2)
     for outputs in (["multivector"], ["dense"]):
         with pytest.raises(grpc.RpcError) as raised:
-            stub.Encode(inference_pb2.EncodeRequest(model=COLQWEN2, items=[image_item(PAGES[1])] * 40, output_types=outputs), timeout=60)
+            colpali_stub.Encode(inference_pb2.EncodeRequest(model=COLQWEN2, items=[image_item(PAGES[1])] * 40, output_types=outputs), timeout=60)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(raised.value).reason == "MULTIVECTORS_TOO_LARGE"
-    assert forward_passes(stub, COLQWEN2) == before
+    assert forward_passes(colpali_stub, COLQWEN2) == before
     with pytest.raises(grpc.RpcError) as raised:
-        stub.Score(inference_pb2.ScoreRequest(model=COLQWEN2, query=types_pb2.Item(text="q"), items=[image_item(PAGES[1])] * 40), timeout=60)
+        colpali_stub.Score(inference_pb2.ScoreRequest(model=COLQWEN2, query=types_pb2.Item(text="q"), items=[image_item(PAGES[1])] * 40), timeout=60)
     assert error_info(raised.value).reason == "SCORE_TOO_LARGE"
     # The query is encoded alongside the pages (and may have run); the pages never are.
-    assert forward_passes(stub, COLQWEN2) <= before + 1
+    assert forward_passes(colpali_stub, COLQWEN2) <= before + 1
 
 
-def test_an_image_of_extreme_aspect_ratio_is_refused_on_its_header(stub) -> None:
+def test_an_image_of_extreme_aspect_ratio_is_refused_on_its_header(colpali_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        encode(stub, COLQWEN2, [image_item(png(picture(4, (600, 2))))], ["multivector"])
+        encode(colpali_stub, COLQWEN2, [image_item(png(picture(4, (600, 2))))], ["multivector"])
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "IMAGE_ASPECT_RATIO_TOO_LARGE"
 

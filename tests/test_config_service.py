@@ -51,14 +51,14 @@ def config(start_config) -> WorkerProcess:
 
 
 @pytest.fixture
-def stub(config: WorkerProcess) -> Iterator[config_pb2_grpc.ConfigServiceStub]:
+def config_stub(config: WorkerProcess) -> Iterator[config_pb2_grpc.ConfigServiceStub]:
     with grpc.insecure_channel(config.address) as channel:
         yield config_pb2_grpc.ConfigServiceStub(channel)
 
 
-async def test_grpcurl_add_model_moves_epoch_to_the_write_and_export_contains_it(config, stub, etcd: Etcd) -> None:
+async def test_grpcurl_add_model_moves_epoch_to_the_write_and_export_contains_it(config, config_stub, etcd: Etcd) -> None:
     assert {"sie.v1.ConfigService", "grpc.health.v1.Health"} <= set(grpcurl(config.address, "list").split())
-    before = stub.GetEpoch(config_pb2.GetEpochRequest())
+    before = config_stub.GetEpoch(config_pb2.GetEpochRequest())
 
     reply = json.loads(grpcurl(config.address, "-d", json.dumps({"config": model_config()}), "sie.v1.ConfigService/AddModel"))
 
@@ -66,7 +66,7 @@ async def test_grpcurl_add_model_moves_epoch_to_the_write_and_export_contains_it
     stored = await etcd.get("models/" + MODEL)
     assert stored is not None
     assert int(reply["epoch"]) == stored.mod_revision > before.epoch
-    epoch = stub.GetEpoch(config_pb2.GetEpochRequest())
+    epoch = config_stub.GetEpoch(config_pb2.GetEpochRequest())
     assert epoch.epoch == stored.mod_revision
     assert epoch.bundle_set_hash == before.bundle_set_hash != ""
 
@@ -74,9 +74,9 @@ async def test_grpcurl_add_model_moves_epoch_to_the_write_and_export_contains_it
     unrelated = await etcd.put("unrelated/key", b"x")
     await etcd.put("config/idempotency/someone-else", b"{}")
     assert unrelated > stored.mod_revision
-    assert stub.GetEpoch(config_pb2.GetEpochRequest()).epoch == stored.mod_revision
+    assert config_stub.GetEpoch(config_pb2.GetEpochRequest()).epoch == stored.mod_revision
 
-    export = stub.ExportConfigs(config_pb2.ExportConfigsRequest())
+    export = config_stub.ExportConfigs(config_pb2.ExportConfigsRequest())
     assert export.epoch == stored.mod_revision
     assert [c.id for c in export.configs] == [MODEL]
     assert export.configs[0].profiles["default"].adapter == "sentence_transformer"
@@ -84,92 +84,92 @@ async def test_grpcurl_add_model_moves_epoch_to_the_write_and_export_contains_it
     assert export.bundle_set_hash == epoch.bundle_set_hash
 
 
-def test_append_only_by_profile(stub) -> None:
-    first = stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
+def test_append_only_by_profile(config_stub) -> None:
+    first = config_stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
     assert (first.created, list(first.added_profiles), list(first.skipped_profiles)) == (True, ["default"], [])
 
-    same = stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
+    same = config_stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
     assert (same.created, list(same.added_profiles), list(same.skipped_profiles)) == (False, [], ["default"])
     assert same.epoch == first.epoch  # nothing written
 
-    grown = stub.AddModel(config_pb2.AddModelRequest(config=model_config(
+    grown = config_stub.AddModel(config_pb2.AddModelRequest(config=model_config(
         default={"adapter": "sentence_transformer"},
         small={"extends": "default", "max_batch_tokens": 1024},
     )))
     assert (grown.created, list(grown.added_profiles), list(grown.skipped_profiles)) == (False, ["small"], ["default"])
     assert grown.epoch > first.epoch
-    stored = stub.GetModelConfig(config_pb2.GetModelConfigRequest(model=MODEL)).config
+    stored = config_stub.GetModelConfig(config_pb2.GetModelConfigRequest(model=MODEL)).config
     assert sorted(stored.profiles) == ["default", "small"]
     assert stored.profiles["small"].max_batch_tokens == 1024
 
     with pytest.raises(grpc.RpcError) as conflict:
-        stub.AddModel(config_pb2.AddModelRequest(config=model_config(default={"adapter": "sentence_transformer", "max_batch_tokens": 7})))
+        config_stub.AddModel(config_pb2.AddModelRequest(config=model_config(default={"adapter": "sentence_transformer", "max_batch_tokens": 7})))
     assert conflict.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert error_reason(conflict.value) == ("PROFILE_CONFLICT", {"model": MODEL, "profile": "default"})
 
     with pytest.raises(grpc.RpcError) as metadata:
-        stub.AddModel(config_pb2.AddModelRequest(config={**model_config(), "dims": 64}))
+        config_stub.AddModel(config_pb2.AddModelRequest(config={**model_config(), "dims": 64}))
     assert metadata.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_reason(metadata.value)[0] == "MODEL_METADATA_CONFLICT"
     assert "dims" in metadata.value.details()
 
-    assert stub.GetEpoch(config_pb2.GetEpochRequest()).epoch == grown.epoch  # refused writes wrote nothing
+    assert config_stub.GetEpoch(config_pb2.GetEpochRequest()).epoch == grown.epoch  # refused writes wrote nothing
 
 
-def test_bad_configs_are_refused_with_reasons(stub) -> None:
+def test_bad_configs_are_refused_with_reasons(config_stub) -> None:
     with pytest.raises(grpc.RpcError) as invalid:
-        stub.AddModel(config_pb2.AddModelRequest(config={"id": MODEL, "path": "/x", "profiles": {"small": {"adapter": "sentence_transformer"}}}))
+        config_stub.AddModel(config_pb2.AddModelRequest(config={"id": MODEL, "path": "/x", "profiles": {"small": {"adapter": "sentence_transformer"}}}))
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_reason(invalid.value)[0] == "INVALID_MODEL_CONFIG"
     assert "'default' profile" in invalid.value.details()
 
     with pytest.raises(grpc.RpcError) as unroutable:
-        stub.AddModel(config_pb2.AddModelRequest(config=model_config(default={"adapter": "no_such_adapter"})))
+        config_stub.AddModel(config_pb2.AddModelRequest(config=model_config(default={"adapter": "no_such_adapter"})))
     assert unroutable.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_reason(unroutable.value)[0] == "NO_BUNDLE_FOR_PROFILE"
 
     with pytest.raises(grpc.RpcError) as missing:
-        stub.GetModelConfig(config_pb2.GetModelConfigRequest(model="test/never-added"))
+        config_stub.GetModelConfig(config_pb2.GetModelConfigRequest(model="test/never-added"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-    assert stub.ListModelConfigs(config_pb2.ListModelConfigsRequest()).configs == []
-    assert stub.GetEpoch(config_pb2.GetEpochRequest()).epoch == 0
+    assert config_stub.ListModelConfigs(config_pb2.ListModelConfigsRequest()).configs == []
+    assert config_stub.GetEpoch(config_pb2.GetEpochRequest()).epoch == 0
 
 
-def test_bundles_are_published_and_served(stub) -> None:
-    bundles = stub.ListBundles(config_pb2.ListBundlesRequest()).bundles
+def test_bundles_are_published_and_served(config_stub) -> None:
+    bundles = config_stub.ListBundles(config_pb2.ListBundlesRequest()).bundles
     repository = load_bundles(Path(__file__).parents[1] / "bundles")
     assert [(b.id, list(b.adapters), list(b.exclude_models)) for b in bundles] == [
         (bundle.id, list(bundle.adapters), list(bundle.exclude_models)) for bundle in sorted(repository.values(), key=lambda b: b.id)
     ]
     empty_hash = bundles[0].config_hash
-    stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
-    bundle = stub.GetBundle(config_pb2.GetBundleRequest(bundle_id="default")).bundle
+    config_stub.AddModel(config_pb2.AddModelRequest(config=model_config()))
+    bundle = config_stub.GetBundle(config_pb2.GetBundleRequest(bundle_id="default")).bundle
     assert bundle.config_hash != empty_hash  # the bundle now serves one more model
     with pytest.raises(grpc.RpcError) as missing:
-        stub.GetBundle(config_pb2.GetBundleRequest(bundle_id="gpu-extra"))
+        config_stub.GetBundle(config_pb2.GetBundleRequest(bundle_id="gpu-extra"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     assert error_reason(missing.value)[0] == "BUNDLE_NOT_FOUND"
 
 
-async def test_idempotency_key_replays_the_first_answer(stub, etcd: Etcd) -> None:
+async def test_idempotency_key_replays_the_first_answer(config_stub, etcd: Etcd) -> None:
     key = (("idempotency-key", "add-config-added-1"),)
-    first = stub.AddModel(config_pb2.AddModelRequest(config=model_config()), metadata=key)
+    first = config_stub.AddModel(config_pb2.AddModelRequest(config=model_config()), metadata=key)
     # Another writer adds a profile in between; the replay still answers as the first call did.
-    stub.AddModel(config_pb2.AddModelRequest(config=model_config(
+    config_stub.AddModel(config_pb2.AddModelRequest(config=model_config(
         default={"adapter": "sentence_transformer"}, other={"extends": "default"},
     )))
-    replay = stub.AddModel(config_pb2.AddModelRequest(config=model_config()), metadata=key)
+    replay = config_stub.AddModel(config_pb2.AddModelRequest(config=model_config()), metadata=key)
     assert replay == first and replay.created
 
     record = await etcd.get("config/idempotency/add-config-added-1")
     assert record is not None and record.mod_revision == first.epoch  # committed with the write
 
     with pytest.raises(grpc.RpcError) as reused:
-        stub.AddModel(config_pb2.AddModelRequest(config=model_config("test/other-model")), metadata=key)
+        config_stub.AddModel(config_pb2.AddModelRequest(config=model_config("test/other-model")), metadata=key)
     assert reused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_reason(reused.value)[0] == "IDEMPOTENCY_KEY_REUSED"
     with pytest.raises(grpc.RpcError):
-        stub.GetModelConfig(config_pb2.GetModelConfigRequest(model="test/other-model"))
+        config_stub.GetModelConfig(config_pb2.GetModelConfigRequest(model="test/other-model"))
 
 
 def test_admin_token_guards_writes_and_export(start_config) -> None:
@@ -195,6 +195,7 @@ def test_admin_token_guards_writes_and_export(start_config) -> None:
     assert "s3cret" not in replica.log()
 
 
+@pytest.mark.process
 def test_unreachable_etcd_stops_the_service_with_a_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sie_config", "serve", "--etcd-endpoints", f"127.0.0.1:{free_port()}", "--port", "0"],

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# buf, protoc and git run as subprocesses.
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 PROTOS = [sys.executable, str(ROOT / "tools" / "protos.py")]
 

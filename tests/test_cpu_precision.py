@@ -132,6 +132,7 @@ def test_a_tiny_bert_holds_the_bar_in_reduced_precision(tiny: Callable[..., Adap
     assert min_cosine(dense(built.adapter, texts(40)), reference) >= 0.999
 
 
+@pytest.mark.slow
 def test_minilm_holds_the_bar_in_bfloat16(minilm: Callable[..., Adapter]) -> None:
     reference = dense(minilm(torch.float32, cpu_onednn=True), texts(64))
     built = load(minilm, "bfloat16")
@@ -140,6 +141,7 @@ def test_minilm_holds_the_bar_in_bfloat16(minilm: Callable[..., Adapter]) -> Non
     assert min_cosine(dense(built.adapter, texts(64)), reference) >= 0.999
 
 
+@pytest.mark.slow
 def test_minilm_in_int8_drifts_past_the_bar_and_answers_in_float32(
     minilm: Callable[..., Adapter], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -154,6 +156,7 @@ def test_minilm_in_int8_drifts_past_the_bar_and_answers_in_float32(
     np.testing.assert_allclose(dense(built.adapter, texts(8)), reference, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_probe_that_drifts_past_the_bar_falls_back_to_float32(
     tiny: Callable[..., Adapter], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -175,6 +178,7 @@ def test_a_cpu_without_the_instructions_runs_in_float32(
     assert "bfloat16 needs AVX512-BF16 or AMX-BF16" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_cross_encoder_is_checked_on_its_scores(tmp_path: Path) -> None:
     """A tiny random cross-encoder's scores are nearly equal, so bfloat16 reorders them: its score correlation
     holds a low bar and fails the default one."""

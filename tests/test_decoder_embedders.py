@@ -30,7 +30,7 @@ from sie_contract.tensors import from_tensor
 from sie_worker.kernels.bidirectional import use_bidirectional
 from tiny_decoders import DECODER_MAX_LENGTH, build_decoder_embedder, decoder_config, train_tokenizer
 from tiny_models import build_tiny_model, write_config
-from worker_process import inference_stub, serving_worker
+from worker_process import Services, inference_stub
 
 TEXTS = [
     "how do vector databases work?",
@@ -125,7 +125,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stub(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def decoder_stub(
+    services: Services, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[inference_pb2_grpc.InferenceStub]:
     configs = tmp_path_factory.mktemp("decoder-configs")
     default = "  default:\n    adapter: sentence_transformer\n"
     write_config(
@@ -161,8 +163,8 @@ def stub(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> I
     write_config(configs, OUTSIDE, _yaml(models[OUTSIDE], default))
     write_config(configs, POOLING_OUTSIDE, _yaml(models[POOLING_OUTSIDE], default))
     write_config(configs, BAD_SIDE, _yaml(models[GTE_QWEN2], f"{default}    load_options: {{padding_side: middle}}\n"))
-    log = tmp_path_factory.mktemp("decoder-worker") / "worker.log"
-    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(PRELOADED)}, log) as worker, inference_stub(worker) as stub:
+    worker = services.worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(PRELOADED)}, name="decoder-worker")
+    with inference_stub(worker) as stub:
         yield stub
 
 
@@ -198,41 +200,41 @@ def bidirectional_reference(directory: Path, texts: list[str], prompt: str, pool
 
 @pytest.mark.parametrize("model_id", [QWEN3, GEMMA, STELLA])
 @pytest.mark.parametrize("is_query", [True, False])
-def test_matches_sentence_transformers(stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
+def test_matches_sentence_transformers(decoder_stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
     reference = SentenceTransformer(str(models[model_id]), device="cpu")
     name = "query" if is_query else "document"
     prompt_name = name if reference.prompts.get(name) else None
     expected = reference.encode(TEXTS, prompt_name=prompt_name, convert_to_numpy=True)
-    served = encode(stub, model_id, is_query=is_query)
+    served = encode(decoder_stub, model_id, is_query=is_query)
     assert served.shape == expected.shape == (len(TEXTS), reference.get_sentence_embedding_dimension())
     assert cosines(served, expected).min() >= 0.9999
     # stella's layout has no Normalize: its norms come through; the others are unit length.
     np.testing.assert_allclose(np.linalg.norm(served, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
 
 
-def test_dense_modules_set_the_width(stub) -> None:
+def test_dense_modules_set_the_width(decoder_stub) -> None:
     """dims follow the last Dense module's output (the transformer is 32 wide)."""
     for model_id, dims in ((GEMMA, 24), (STELLA, 24), (QWEN3, 32)):
-        assert encode(stub, model_id, ["x"]).shape == (1, dims)
+        assert encode(decoder_stub, model_id, ["x"]).shape == (1, dims)
 
 
 @pytest.mark.parametrize(("profile", "template"), [("default", QWEN3_TEMPLATE), ("e5", E5_TEMPLATE)])
-def test_instruction_template_per_request(stub, models: dict[str, Path], profile: str, template: str) -> None:
+def test_instruction_template_per_request(decoder_stub, models: dict[str, Path], profile: str, template: str) -> None:
     """Qwen3-Embedding's `Instruct: {instruction}\\nQuery:` and e5-mistral's (a space after `Query:`)."""
     reference = SentenceTransformer(str(models[QWEN3]), device="cpu")
     prompt = template.replace("{instruction}", INSTRUCTION)
     expected = reference.encode(TEXTS, prompt=prompt, convert_to_numpy=True)
-    served = encode(stub, QWEN3, instruction=INSTRUCTION, is_query=True, profile=profile)
+    served = encode(decoder_stub, QWEN3, instruction=INSTRUCTION, is_query=True, profile=profile)
     assert cosines(served, expected).min() >= 0.9999
-    assert cosines(served, encode(stub, QWEN3, is_query=True)).min() < 0.9999  # the instruction changed the input
+    assert cosines(served, encode(decoder_stub, QWEN3, is_query=True)).min() < 0.9999  # the instruction changed the input
 
 
-def test_left_and_right_padding_give_the_same_vectors(stub) -> None:
+def test_left_and_right_padding_give_the_same_vectors(decoder_stub) -> None:
     """Last-token pooling on the Qwen3 replica (its tokenizer pads left) and mean pooling on a BERT served on real
     tokens only (sie_worker.kernels.unpadded), each batch mixing lengths."""
     for model_id, other in ((QWEN3, "right"), (BERT, "left"), (GTE_QWEN2, "left")):
-        first = encode(stub, model_id)
-        second = encode(stub, model_id, profile=other)
+        first = encode(decoder_stub, model_id)
+        second = encode(decoder_stub, model_id, profile=other)
         assert cosines(first, second).min() >= 0.99999, model_id
         np.testing.assert_allclose(first, second, atol=1e-5)
 
@@ -249,26 +251,26 @@ def test_left_and_right_padding_give_the_same_vectors(stub) -> None:
         (GRIT, "mean", GRIT_TEMPLATE.replace("{instruction}", INSTRUCTION), {"instruction": INSTRUCTION, "is_query": True}),
     ],
 )
-def test_bidirectional_matches_a_non_causal_run(stub, models: dict[str, Path], model_id: str, pooling: str, prompt: str, fields: dict) -> None:
+def test_bidirectional_matches_a_non_causal_run(decoder_stub, models: dict[str, Path], model_id: str, pooling: str, prompt: str, fields: dict) -> None:
     expected = bidirectional_reference(models[model_id], TEXTS, prompt, pooling)
-    served = encode(stub, model_id, **fields)
+    served = encode(decoder_stub, model_id, **fields)
     assert cosines(served, expected).min() >= 0.9999
 
 
-def test_gritlm_pools_over_the_text_only(stub, models: dict[str, Path]) -> None:
+def test_gritlm_pools_over_the_text_only(decoder_stub, models: dict[str, Path]) -> None:
     """include_prompt: false leaves the instruction template (and the BOS before it) out of mean pooling."""
     prompt = GRIT_TEMPLATE.replace("{instruction}", INSTRUCTION)
     expected = bidirectional_reference(models[GRIT], TEXTS[:4], prompt, "mean", include_prompt=False)
-    served = encode(stub, GRIT, TEXTS[:4], instruction=INSTRUCTION, is_query=True, profile="text-only")
+    served = encode(decoder_stub, GRIT, TEXTS[:4], instruction=INSTRUCTION, is_query=True, profile="text-only")
     assert cosines(served, expected).min() >= 0.9999
-    assert cosines(served, encode(stub, GRIT, TEXTS[:4], instruction=INSTRUCTION, is_query=True)).min() < 0.9999
+    assert cosines(served, encode(decoder_stub, GRIT, TEXTS[:4], instruction=INSTRUCTION, is_query=True)).min() < 0.9999
 
 
-def test_bidirectional_model_served_causally_differs(stub, models: dict[str, Path]) -> None:
+def test_bidirectional_model_served_causally_differs(decoder_stub, models: dict[str, Path]) -> None:
     """The switch matters: the same weights served causally agree with sentence-transformers (which runs them
     causally), not with the non-causal reference."""
-    causal = encode(stub, GTE_QWEN2, profile="causal")
-    bidirectional = encode(stub, GTE_QWEN2)
+    causal = encode(decoder_stub, GTE_QWEN2, profile="causal")
+    bidirectional = encode(decoder_stub, GTE_QWEN2)
     assert cosines(causal, bidirectional).min() < 0.99
     expected = SentenceTransformer(str(models[GTE_QWEN2]), device="cpu").encode(TEXTS, convert_to_numpy=True)
     assert cosines(causal, expected).min() >= 0.9999
@@ -284,9 +286,9 @@ def test_bidirectional_model_served_causally_differs(stub, models: dict[str, Pat
         (POOLING_OUTSIDE, "module path '../pooling-outside-elsewhere' leads out of the model directory"),
     ],
 )
-def test_options_that_cannot_apply_fail_the_load(stub, model_id: str, message: str) -> None:
+def test_options_that_cannot_apply_fail_the_load(decoder_stub, model_id: str, message: str) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        encode(stub, model_id, ["x"])
+        encode(decoder_stub, model_id, ["x"])
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert message in raised.value.details()

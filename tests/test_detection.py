@@ -25,7 +25,7 @@ from grpc_helpers import call_until_loaded, error_info, forward_passes
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_detectors import GROUNDING_DINO_MAX_TEXT_LEN, OWLV2_TEXT_LENGTH, build_tiny_grounding_dino, build_tiny_owlv2
 from tiny_models import write_config
-from worker_process import WorkerProcess
+from worker_process import Services, WorkerProcess
 
 GROUNDING_DINO = "test/tiny-grounding-dino"
 OWLV2 = "test/tiny-owlv2"
@@ -69,13 +69,11 @@ def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def worker(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    root = tmp_path_factory.mktemp("detection-worker")
-    configs = root / "configs"
-    configs.mkdir()
+def detector_worker(services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> WorkerProcess:
+    configs = tmp_path_factory.mktemp("detection-configs")
     for model_id, directory in directories.items():
         write_config(configs, model_id, f"path: {directory}\n{DETECT}{STRICT if model_id == GROUNDING_DINO else ''}")
-    worker = WorkerProcess(
+    return services.worker(
         {
             "SIE_MODELS_DIR": str(configs),
             "SIE_PRELOAD_MODELS": "",
@@ -84,18 +82,13 @@ def worker(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
             "SIE_ADAPTIVE_BATCHING": "false",
             "SIE_MAX_BATCH_WAIT_MS": "200",
         },
-        root / "worker.log",
+        name="detection-worker",
     )
-    worker.wait_serving()
-    try:
-        yield worker
-    finally:
-        worker.stop()
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(worker.address) as channel:
+def detector_stub(detector_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with grpc.insecure_channel(detector_worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
 
@@ -175,8 +168,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("model_id, threshold, options", CASES, ids=["gdino-defaults", "gdino-thresholds", "owlv2-default", "owlv2-threshold"])
-def test_objects_equal_transformers_post_processing(stub, directories, model_id, threshold, options) -> None:
-    response = extract(stub, model_id, [image_item(data, str(index)) for index, data in enumerate(IMAGES)], threshold=threshold, **options)
+def test_objects_equal_transformers_post_processing(detector_stub, directories, model_id, threshold, options) -> None:
+    response = extract(detector_stub, model_id, [image_item(data, str(index)) for index, data in enumerate(IMAGES)], threshold=threshold, **options)
     assert [result.id for result in response.results] == [str(index) for index in range(len(IMAGES))]
     total = 0
     for data, result in zip(IMAGES, response.results, strict=True):
@@ -186,46 +179,46 @@ def test_objects_equal_transformers_post_processing(stub, directories, model_id,
     assert total >= 8
 
 
-def test_a_profile_sets_the_default_thresholds(stub, directories) -> None:
+def test_a_profile_sets_the_default_thresholds(detector_stub, directories) -> None:
     request = inference_pb2.ExtractRequest(model=GROUNDING_DINO, items=[image_item(IMAGES[0])], labels=LABELS, profile="strict")
-    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=60))
+    response, _ = call_until_loaded(lambda: detector_stub.Extract(request, timeout=60))
     expected = reference(directories[GROUNDING_DINO], IMAGES[0], LABELS, 0.8, 0.75)
     assert len(expected) < len(reference(directories[GROUNDING_DINO], IMAGES[0], LABELS, None, None))
     assert_same_objects(served_objects(response.results[0].objects), expected)
 
 
-def test_max_objects_keeps_the_best(stub, directories) -> None:
-    response = extract(stub, GROUNDING_DINO, [image_item(IMAGES[0])], max_objects=3)
+def test_max_objects_keeps_the_best(detector_stub, directories) -> None:
+    response = extract(detector_stub, GROUNDING_DINO, [image_item(IMAGES[0])], max_objects=3)
     assert_same_objects(served_objects(response.results[0].objects), reference(directories[GROUNDING_DINO], IMAGES[0], LABELS, None, None)[:3])
 
 
-def test_concurrent_requests_with_the_same_labels_share_forward_passes(stub, directories) -> None:
+def test_concurrent_requests_with_the_same_labels_share_forward_passes(detector_stub, directories) -> None:
     clients = 4
-    call_until_loaded(lambda: extract(stub, OWLV2, [image_item(IMAGES[0])]))
-    before = forward_passes(stub, OWLV2)
+    call_until_loaded(lambda: extract(detector_stub, OWLV2, [image_item(IMAGES[0])]))
+    before = forward_passes(detector_stub, OWLV2)
     barrier = threading.Barrier(clients)
     answers: dict[int, inference_pb2.ExtractResponse] = {}
 
     def run(client: int) -> None:
         barrier.wait()
-        answers[client] = extract(stub, OWLV2, [image_item(IMAGES[client])])
+        answers[client] = extract(detector_stub, OWLV2, [image_item(IMAGES[client])])
 
     threads = [threading.Thread(target=run, args=(client,)) for client in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    passes = forward_passes(stub, OWLV2) - before
+    passes = forward_passes(detector_stub, OWLV2) - before
     assert 1 <= passes < clients, f"{clients} concurrent requests took {passes} forward passes"
     for client in range(clients):
         expected = reference(directories[OWLV2], IMAGES[client], LABELS, None, None)
         assert_same_objects(served_objects(answers[client].results[0].objects), expected)
 
 
-def test_the_client_returns_objects_with_boxes(worker, directories) -> None:
+def test_the_client_returns_objects_with_boxes(detector_worker, directories) -> None:
     from sie_client import Item, SIEClient
 
-    with SIEClient(worker.address) as client:
+    with SIEClient(detector_worker.address) as client:
         results = client.extract(GROUNDING_DINO, [Item(images=[IMAGES[1]])], labels=LABELS)
     expected = reference(directories[GROUNDING_DINO], IMAGES[1], LABELS, None, None)
     corners = [[found["box"][key] for key in ("x_min", "y_min", "x_max", "y_max")] for found in results[0]["objects"]]
@@ -241,18 +234,18 @@ def refusal(stub, model_id: str, items: list[types_pb2.Item], labels: list[str] 
     return raised.value
 
 
-def test_a_prompt_the_model_would_cut_is_refused(stub) -> None:
+def test_a_prompt_the_model_would_cut_is_refused(detector_stub) -> None:
     # [CLS] + 3 tokens a label ("word nine." ) + [SEP]: the 8th label passes GroundingDINO's max_text_len of 24.
     labels = [f"word {index}" for index in range(8)]
-    error = refusal(stub, GROUNDING_DINO, [image_item(IMAGES[0])], labels)
+    error = refusal(detector_stub, GROUNDING_DINO, [image_item(IMAGES[0])], labels)
     assert error_info(error).reason == "LABELS_TOO_LONG"
     assert f"labels: the prompt they make is 26 tokens; grounding-dino reads at most {GROUNDING_DINO_MAX_TEXT_LEN}" in error.details()
-    assert extract(stub, GROUNDING_DINO, [image_item(IMAGES[0])], labels[:7]).results[0].objects is not None
+    assert extract(detector_stub, GROUNDING_DINO, [image_item(IMAGES[0])], labels[:7]).results[0].objects is not None
 
 
-def test_an_owlv2_label_past_its_positions_is_refused(stub) -> None:
+def test_an_owlv2_label_past_its_positions_is_refused(detector_stub) -> None:
     labels = ["dog", "a very long name of a thing to look for"]
-    error = refusal(stub, OWLV2, [image_item(IMAGES[0])], labels)
+    error = refusal(detector_stub, OWLV2, [image_item(IMAGES[0])], labels)
     assert error_info(error).reason == "LABELS_TOO_LONG"
     assert f"labels[1] is 12 tokens; owlv2 reads at most {OWLV2_TEXT_LENGTH}" in error.details()
 
@@ -268,8 +261,8 @@ def test_an_owlv2_label_past_its_positions_is_refused(stub) -> None:
     ],
     ids=["dot-in-label", "text-threshold", "max-objects-zero", "max-objects-fraction", "owlv2-text-threshold"],
 )
-def test_bad_labels_and_options_are_refused(stub, model_id, labels, options, reason, message) -> None:
-    error = refusal(stub, model_id, [image_item(IMAGES[0])], labels, **options)
+def test_bad_labels_and_options_are_refused(detector_stub, model_id, labels, options, reason, message) -> None:
+    error = refusal(detector_stub, model_id, [image_item(IMAGES[0])], labels, **options)
     assert error_info(error).reason == reason
     assert message in error.details()
 
@@ -294,8 +287,8 @@ def png_header_only(width: int, height: int) -> bytes:
         (OWLV2, (1000, 100), "the model's processor would resize the 1000x100 image to 1000000 pixels"),
     ],
 )
-def test_an_image_too_large_is_refused_before_decoding(stub, model_id, size, message) -> None:
-    error = refusal(stub, model_id, [image_item(IMAGES[0], "fine"), image_item(png_header_only(*size), "big")])
+def test_an_image_too_large_is_refused_before_decoding(detector_stub, model_id, size, message) -> None:
+    error = refusal(detector_stub, model_id, [image_item(IMAGES[0], "fine"), image_item(png_header_only(*size), "big")])
     assert error_info(error).reason == "IMAGE_TOO_LARGE" and error_info(error).metadata["item"] == "1"
     assert message in error.details()
 
@@ -314,7 +307,7 @@ def test_resized_pixels_is_what_the_processor_makes(directories) -> None:
             assert processed_pixels(processor, family, *size) == made
 
 
-def test_a_text_item_to_a_detector_is_input_not_supported(stub) -> None:
-    error = refusal(stub, OWLV2, [image_item(IMAGES[0]), types_pb2.Item(id="words", text="a cat on a sofa")])
+def test_a_text_item_to_a_detector_is_input_not_supported(detector_stub) -> None:
+    error = refusal(detector_stub, OWLV2, [image_item(IMAGES[0]), types_pb2.Item(id="words", text="a cat on a sofa")])
     assert error_info(error).reason == "INPUT_NOT_SUPPORTED"
     assert "items[1] (id 'words'): model test/tiny-owlv2 does not take text input; its inputs: image" in error.details()

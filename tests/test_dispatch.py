@@ -26,8 +26,8 @@ def request(n: int) -> inference_pb2.EncodeRequest:
 
 
 async def test_requests_fail_over_when_their_worker_is_killed(start_worker, stub) -> None:
-    victim = start_worker(SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="30000")  # holds requests until it dies
-    survivor = start_worker()
+    victim = start_worker(SIE_PRELOAD_MODELS=MODEL, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="30000")  # holds requests until it dies
+    survivor = start_worker(SIE_PRELOAD_MODELS=MODEL)
     workers = [state("victim", victim, loaded=True), state("survivor", survivor, loaded=False)]
     expected = {n: from_tensor(stub.Encode(request(n)).results[0].dense) for n in range(12)}
     dispatcher = Dispatcher(window=64)

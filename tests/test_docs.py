@@ -31,7 +31,8 @@ def test_every_error_reason_is_documented() -> None:
     reasons = set()
     for path in [*(root / "services").rglob("*.py"), *(root / "lib").rglob("*.py")]:
         reasons |= set(re.findall(r'reason="([A-Z_]+)"', path.read_text()))
-    documented = (DOCS / "api.md").read_text()
+    # The contract's reasons are in api.md; those only the HTTP wires answer (JSON, msgpack) in http.md.
+    documented = (DOCS / "api.md").read_text() + (DOCS / "http.md").read_text()
     assert reasons, "no reasons found"
     missing = sorted(reason for reason in reasons if f"`{reason}`" not in documented)
     assert not missing, f"undocumented error reasons: {missing}"
@@ -57,7 +58,9 @@ def test_every_source_path_the_docs_name_exists(doc: str) -> None:
     root = DOCS.parent
     text = (root / doc).read_text()
     paths = set(re.findall(r"`((?:[\w.-]+/)+[\w.-]*)`", text))
-    top_level = {entry.name for entry in root.iterdir() if not entry.name.startswith(".")}
+    # build/ holds what tools and tests write (the protos' staged dependencies, the reliability report): whether a
+    # path under it exists yet depends on what ran before, not on the sources.
+    top_level = {entry.name for entry in root.iterdir() if not entry.name.startswith(".")} - {"build"}
     missing = []
     for path in sorted(paths):
         first = path.split("/")[0]

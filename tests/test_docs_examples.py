@@ -239,6 +239,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 CURL = 'curl() { command curl --fail-with-body "$@"; }\n'
 
 
+@pytest.mark.process  # starts a `sie up` (the module's stack) and the examples
 @pytest.mark.parametrize("block", RUNNABLE, ids=[block.name for block in RUNNABLE])
 def test_the_example_runs(block: Block, stack: Stack) -> None:
     code = stack.rewrite(block.code)

@@ -25,7 +25,7 @@ from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_document_readers import DONUT_TASK, build_tiny_donut, build_tiny_florence2
 from tiny_models import write_config
-from worker_process import WorkerProcess
+from worker_process import Services
 
 FLORENCE = "test/tiny-florence2"
 DONUT = "test/tiny-donut"
@@ -50,12 +50,10 @@ def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stub(
-    directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+def reader_stub(
+    services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    root = tmp_path_factory.mktemp("document-reader-worker")
-    configs = root / "configs"
-    configs.mkdir()
+    configs = tmp_path_factory.mktemp("document-reader-configs")
     write_config(configs, FLORENCE, f"path: {directories[FLORENCE]}\n{READER}    run_options: {{decode_steps: 5}}\n")
     write_config(
         configs,
@@ -63,15 +61,11 @@ def stub(
         f"path: {directories[DONUT]}\n{READER}"
         f"    run_options: {{task: '{DONUT_TASK}', max_new_tokens: 32, decode_steps: 5}}\n",
     )
-    worker = WorkerProcess(
-        {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": "", "SIE_INSTRUMENTATION": "true"}, root / "worker.log"
+    worker = services.worker(
+        {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": "", "SIE_INSTRUMENTATION": "true"}, name="document-reader"
     )
-    worker.wait_serving()
-    try:
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
-    finally:
-        worker.stop()
+    with grpc.insecure_channel(worker.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
 
 
 def extract(stub, model: str, items: list[types_pb2.Item], **options: Any) -> list[Any]:
@@ -91,10 +85,10 @@ def greedy(model: Any, max_new_tokens: int, **inputs: Any) -> list[int]:
 
 
 @pytest.mark.parametrize("task", ["<OCR>", "<OD>"])
-def test_florence2_answers_generates_tokens_post_processed(stub, directories: dict[str, Path], task: str) -> None:
+def test_florence2_answers_generates_tokens_post_processed(reader_stub, directories: dict[str, Path], task: str) -> None:
     processor = AutoProcessor.from_pretrained(directories[FLORENCE])
     model = Florence2ForConditionalGeneration.from_pretrained(directories[FLORENCE]).eval()
-    served = extract(stub, FLORENCE, image_items(), task=task, max_new_tokens=MAX_NEW_TOKENS)
+    served = extract(reader_stub, FLORENCE, image_items(), task=task, max_new_tokens=MAX_NEW_TOKENS)
     for data, encoded in zip(served, PAGES, strict=True):
         image = Image.open(io.BytesIO(encoded)).convert("RGB")
         ids = greedy(model, MAX_NEW_TOKENS, **processor(text=task, images=image, return_tensors="pt"))
@@ -106,11 +100,11 @@ def test_florence2_answers_generates_tokens_post_processed(stub, directories: di
             assert len(expected) > 5
 
 
-def test_the_timing_of_a_generation_counts_every_slice(stub) -> None:
+def test_the_timing_of_a_generation_counts_every_slice(reader_stub) -> None:
     """12 new tokens in slices of 5 decode steps: three forward passes, each in the answer's timing."""
     request = inference_pb2.ExtractRequest(model=FLORENCE, items=image_items()[:1], debug=True)
     request.options.update({"task": "<OCR>", "max_new_tokens": MAX_NEW_TOKENS})
-    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=120))
+    response, _ = call_until_loaded(lambda: reader_stub.Extract(request, timeout=120))
     batches = response.timing.batches
     assert len(batches) == 3 and len({batch.batch_id for batch in batches}) == 3
     assert response.timing.inference_ms == pytest.approx(sum(batch.inference_ms for batch in batches), rel=1e-6)
@@ -120,7 +114,7 @@ def test_the_timing_of_a_generation_counts_every_slice(stub) -> None:
     "questions", [[None, None], ["what is the total?"] * 2, ["total?", "which menu item costs the most?"]]
 )
 def test_donut_answers_generated_tokens_as_token2json(
-    stub, directories: dict[str, Path], questions: list[str | None]
+    reader_stub, directories: dict[str, Path], questions: list[str | None]
 ) -> None:
     """Without a question, with one, and with questions of different lengths in one batch (generated apart)."""
     processor = AutoProcessor.from_pretrained(directories[DONUT])
@@ -129,7 +123,7 @@ def test_donut_answers_generated_tokens_as_token2json(
         types_pb2.Item(id=str(row), images=[types_pb2.Image(data=data)], text=question)
         for row, (data, question) in enumerate(zip(PAGES, questions, strict=True))
     ]
-    served = extract(stub, DONUT, items)
+    served = extract(reader_stub, DONUT, items)
     for data, encoded, question in zip(served, PAGES, questions, strict=True):
         prompt = DONUT_TASK if question is None else f"{DONUT_TASK}<s_question>{question}</s_question><s_answer>"
         prompt_ids = processor.tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
@@ -148,55 +142,55 @@ def test_donut_answers_generated_tokens_as_token2json(
         ({"task": "<NOT_A_TASK>"}, "options: task: '<NOT_A_TASK>' is not a task of this model"),
     ],
 )
-def test_options_out_of_bounds_are_invalid_options(stub, options: dict[str, Any], message: str) -> None:
+def test_options_out_of_bounds_are_invalid_options(reader_stub, options: dict[str, Any], message: str) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        extract(stub, FLORENCE, image_items(), **options)
+        extract(reader_stub, FLORENCE, image_items(), **options)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "INVALID_OPTIONS"
     assert message in raised.value.details()
 
 
-def test_an_option_it_does_not_read_and_labels_are_refused(stub) -> None:
+def test_an_option_it_does_not_read_and_labels_are_refused(reader_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        extract(stub, FLORENCE, image_items(), temperature=0.7)
+        extract(reader_stub, FLORENCE, image_items(), temperature=0.7)
     assert error_info(raised.value).reason == "UNKNOWN_OPTION"
     assert "reads no option 'temperature' for extract; it reads: task, max_new_tokens" in raised.value.details()
     request = inference_pb2.ExtractRequest(model=FLORENCE, items=image_items(), labels=["total"])
     with pytest.raises(grpc.RpcError) as raised:
-        stub.Extract(request, timeout=60)
+        reader_stub.Extract(request, timeout=60)
     assert error_info(raised.value).reason == "LABELS_NOT_READ"
 
 
-def test_a_text_only_item_is_invalid_argument_naming_it(stub) -> None:
+def test_a_text_only_item_is_invalid_argument_naming_it(reader_stub) -> None:
     items = [*image_items(), types_pb2.Item(id="words", text="no page here")]
     with pytest.raises(grpc.RpcError) as raised:
-        extract(stub, FLORENCE, items)
+        extract(reader_stub, FLORENCE, items)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "items[2] (id 'words')" in raised.value.details()
     assert "reads a page image; the item has none" in raised.value.details()
 
 
-def test_encodes_run_between_the_slices_of_a_long_generation(stub) -> None:
+def test_encodes_run_between_the_slices_of_a_long_generation(reader_stub) -> None:
     """Encodes sent while an OCR request generates 1,024 tokens per page run on the device between its slices: the
     forward passes that answered them come after the generation's first slice and before its last. (Without slices,
     the generation is one forward pass and no encode can come between.)"""
     call_until_loaded(
-        lambda: stub.Encode(inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="warm")]), timeout=120)
+        lambda: reader_stub.Encode(inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="warm")]), timeout=120)
     )
-    extract(stub, FLORENCE, image_items(), max_new_tokens=1)  # loaded
+    extract(reader_stub, FLORENCE, image_items(), max_new_tokens=1)  # loaded
     slices: list[int] = []
     encode_batches: list[int] = []
 
     def ocr() -> None:
         request = inference_pb2.ExtractRequest(model=FLORENCE, items=image_items(), debug=True)
         request.options.update({"task": "<OCR>", "max_new_tokens": 1024})
-        response = stub.Extract(request, timeout=300)
+        response = reader_stub.Extract(request, timeout=300)
         slices.extend(batch.batch_id for batch in response.timing.batches)
 
     reader = threading.Thread(target=ocr)
     reader.start()
     while reader.is_alive() and len(encode_batches) < 6:
-        response = stub.Encode(
+        response = reader_stub.Encode(
             inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="a query")], debug=True), timeout=60
         )
         assert len(response.results) == 1

@@ -21,6 +21,9 @@ from sie_common.runtime.settings import ServiceSettings, SettingsError, load_set
 from sie_stack.etcd_credentials import StackEtcdCredentials, worker_user
 from sie_stack.processes import EtcdProcess
 
+# Starts processes (etcds with authentication of their own) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 PREFIX = "/sie/"
 TOKEN_TTL_S = 2
 WORKER = worker_user("worker-0")

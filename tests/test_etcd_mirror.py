@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sie_common.cluster.etcd import Etcd
 from sie_common.cluster.etcd_mirror import MirrorUpdate, PrefixMirror
 from sie_stack.processes import EtcdProcess
@@ -52,6 +54,7 @@ async def test_watcher_disconnected_through_a_compaction_ends_with_a_fresh_reads
     assert_applied_once_in_order(updates)
 
 
+@pytest.mark.process
 async def test_watcher_resumes_from_its_revision_after_etcd_restarts(tmp_path: Path) -> None:
     server = EtcdProcess(tmp_path / "data", tmp_path / "etcd.log")
     server.start()

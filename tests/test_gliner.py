@@ -18,7 +18,7 @@ from gliner import GLiNER
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_gliner, write_config
-from worker_process import WorkerProcess
+from worker_process import Services, WorkerProcess, inference_stub
 
 MODELS = {"test/gliner-uni": False, "test/gliner-bi": True}
 REMOTE_CODE = "test/gliner-remote-code"
@@ -60,13 +60,11 @@ def _start(directories: dict[str, Path], root: Path, **env: str) -> WorkerProces
 
 
 @pytest.fixture(scope="module")
-def stub(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    worker = _start(directories, tmp_path_factory.mktemp("gliner-worker"))
-    try:
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
-    finally:
-        worker.stop()
+def gliner_stub(
+    services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with inference_stub(services.keep(_start(directories, tmp_path_factory.mktemp("gliner-worker")))) as stub:
+        yield stub
 
 
 def _extract(stub: inference_pb2_grpc.InferenceStub, model_id: str, threshold: float | None, profile: str = "") -> inference_pb2.ExtractResponse:
@@ -80,11 +78,11 @@ def _extract(stub: inference_pb2_grpc.InferenceStub, model_id: str, threshold: f
 
 @pytest.mark.parametrize("threshold", [None, 0.75])
 @pytest.mark.parametrize("model_id", list(MODELS))
-def test_spans_equal_gliner_inference(stub, directories: dict[str, Path], model_id: str, threshold: float | None) -> None:
+def test_spans_equal_gliner_inference(gliner_stub, directories: dict[str, Path], model_id: str, threshold: float | None) -> None:
     reference = GLiNER.from_pretrained(str(directories[model_id]), local_files_only=True).inference(
         TEXTS, LABELS, threshold=0.5 if threshold is None else threshold
     )
-    response = _extract(stub, model_id, threshold)
+    response = _extract(gliner_stub, model_id, threshold)
     assert sum(len(entities) for entities in reference) >= 3
     for text, expected, result in zip(TEXTS, reference, response.results):
         assert [(e.start, e.end, e.label) for e in result.entities] == [(e["start"], e["end"], e["label"]) for e in expected]
@@ -93,17 +91,17 @@ def test_spans_equal_gliner_inference(stub, directories: dict[str, Path], model_
             assert abs(served.score - wanted["score"]) <= 1e-4
 
 
-def test_a_profile_threshold_is_the_default(stub, directories: dict[str, Path]) -> None:
+def test_a_profile_threshold_is_the_default(gliner_stub, directories: dict[str, Path]) -> None:
     reference = GLiNER.from_pretrained(str(directories["test/gliner-uni"]), local_files_only=True).inference(TEXTS, LABELS, threshold=0.75)
-    response = _extract(stub, "test/gliner-uni", None, profile="strict")
+    response = _extract(gliner_stub, "test/gliner-uni", None, profile="strict")
     assert [[(e.start, e.end, e.label) for e in result.entities] for result in response.results] == [
         [(e["start"], e["end"], e["label"]) for e in entities] for entities in reference
     ]
 
 
-def test_adjacent_entities_of_one_label_merge(stub, directories: dict[str, Path]) -> None:
+def test_adjacent_entities_of_one_label_merge(gliner_stub, directories: dict[str, Path]) -> None:
     reference = GLiNER.from_pretrained(str(directories["test/gliner-uni"]), local_files_only=True).inference(TEXTS, LABELS, threshold=0.5)
-    response = _extract(stub, "test/gliner-uni", None, profile="merged")
+    response = _extract(gliner_stub, "test/gliner-uni", None, profile="merged")
     merges = 0
     for text, entities, result in zip(TEXTS, reference, response.results):
         # Runs of one label separated by whitespace only become one entity scored by the mean of its parts.
@@ -120,14 +118,15 @@ def test_adjacent_entities_of_one_label_merge(stub, directories: dict[str, Path]
     assert merges >= 2
 
 
-def test_a_backbone_that_names_shipped_code_is_refused_without_trust_remote_code(stub) -> None:
+def test_a_backbone_that_names_shipped_code_is_refused_without_trust_remote_code(gliner_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, REMOTE_CODE, None)
+        _extract(gliner_stub, REMOTE_CODE, None)
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert "encoder_config names code shipped with the weights (auto_map)" in raised.value.details()
 
 
+@pytest.mark.process
 def test_a_worker_without_the_package_answers_dependency_missing(directories: dict[str, Path], tmp_path: Path) -> None:
     # A `gliner` that cannot be imported, first on the worker's path: as if the package were not installed.
     hidden = tmp_path / "no-gliner" / "gliner"

@@ -21,7 +21,7 @@ from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_families import build_tiny_glirel
 from tiny_models import build_tiny_gliner, write_config
-from worker_process import WorkerProcess
+from worker_process import Services, WorkerProcess
 
 MODEL = "test/glirel"
 CONFIG = (
@@ -53,20 +53,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, GLiREL]:
 
 
 @pytest.fixture(scope="module")
-def stub(
-    built: tuple[Path, GLiREL], tmp_path_factory: pytest.TempPathFactory
+def glirel_stub(
+    services: Services, built: tuple[Path, GLiREL], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    root = tmp_path_factory.mktemp("glirel-worker")
-    configs = root / "configs"
-    configs.mkdir()
+    configs = tmp_path_factory.mktemp("glirel-configs")
     write_config(configs, MODEL, f"path: {built[0]}\n{CONFIG}")
-    worker = WorkerProcess({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log")
-    worker.wait_serving()
-    try:
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
-    finally:
-        worker.stop()
+    worker = services.worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, name="glirel-worker")
+    with grpc.insecure_channel(worker.address) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
 
 
 def _extract(
@@ -123,20 +117,20 @@ ENTITY_OPTIONS = {"entities": [{"start": start, "end": end, "label": label} for 
 
 
 @pytest.mark.parametrize("threshold", [None, 0.6])
-def test_relations_between_request_spans_equal_glirel(stub, built, threshold: float | None) -> None:
+def test_relations_between_request_spans_equal_glirel(glirel_stub, built, threshold: float | None) -> None:
     reference = _reference(built[1], ENTITIES, 0.5 if threshold is None else threshold)
     assert 3 <= len(reference) < len(ENTITIES) * (len(ENTITIES) - 1) * len(LABELS)
-    _assert_same(_served(_extract(stub, ENTITY_OPTIONS, threshold=threshold)), reference)
+    _assert_same(_served(_extract(glirel_stub, ENTITY_OPTIONS, threshold=threshold)), reference)
 
 
-def test_top_k_keeps_the_best_labels_of_each_pair(stub, built) -> None:
+def test_top_k_keeps_the_best_labels_of_each_pair(glirel_stub, built) -> None:
     reference = _reference(built[1], ENTITIES, 0.0, top_k=1)
     assert len(reference) == len(ENTITIES) * (len(ENTITIES) - 1)
-    _assert_same(_served(_extract(stub, {**ENTITY_OPTIONS, "top_k": 1}, threshold=0.0)), reference)
+    _assert_same(_served(_extract(glirel_stub, {**ENTITY_OPTIONS, "top_k": 1}, threshold=0.0)), reference)
 
 
 @pytest.mark.parametrize("entity_labels", [None, ["person", "city"]])
-def test_spans_from_gliner(stub, built, entity_labels: list[str] | None) -> None:
+def test_spans_from_gliner(glirel_stub, built, entity_labels: list[str] | None) -> None:
     # The profile's entity labels, or the request's instead.
     found = GLiNER.from_pretrained(str(built[0] / "ner" / "model"), local_files_only=True).inference(
         [TEXT], entity_labels or ["person", "city", "machine"], threshold=0.3
@@ -149,10 +143,10 @@ def test_spans_from_gliner(stub, built, entity_labels: list[str] | None) -> None
     options: dict[str, Any] = {"max_relations": 1000}
     if entity_labels is not None:
         options["entity_labels"] = entity_labels
-    _assert_same(_served(_extract(stub, options, threshold=0.0, profile="ner")), reference)
+    _assert_same(_served(_extract(glirel_stub, options, threshold=0.0, profile="ner")), reference)
 
 
-def test_only_the_words_read_are_related(stub, built) -> None:
+def test_only_the_words_read_are_related(glirel_stub, built) -> None:
     # The replica reads 64 words (max_len): a span past them is left out, the text up to them is what GLiREL reads.
     long = TEXT + " and" * 70 + " Paris."
     paris = long.index("Paris")
@@ -161,7 +155,7 @@ def test_only_the_words_read_are_related(stub, built) -> None:
     reference = _reference(built[1], ENTITIES[:2], 0.0, text=read)
     assert len(reference) == 2 * len(LABELS)
     options = {"entities": [{"start": start, "end": end, "label": label} for start, end, label in entities]}
-    _assert_same(_served(_extract(stub, options, threshold=0.0, text=long), long), reference)
+    _assert_same(_served(_extract(glirel_stub, options, threshold=0.0, text=long), long), reference)
 
 
 @pytest.mark.parametrize(
@@ -174,9 +168,9 @@ def test_only_the_words_read_are_related(stub, built) -> None:
         ([{"start": 0, "end": 3}], "INVALID_OPTIONS", "exactly start, end and label"),
     ],
 )
-def test_bad_spans_are_refused(stub, entities: list[dict[str, Any]], reason: str, message: str) -> None:
+def test_bad_spans_are_refused(glirel_stub, entities: list[dict[str, Any]], reason: str, message: str) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, {"entities": entities})
+        _extract(glirel_stub, {"entities": entities})
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == reason
     assert message in raised.value.details()
@@ -190,21 +184,22 @@ def test_bad_spans_are_refused(stub, entities: list[dict[str, Any]], reason: str
         ({**ENTITY_OPTIONS, "colour": 1}, "UNKNOWN_OPTION", "reads no option 'colour'"),
     ],
 )
-def test_bad_options_are_refused(stub, options: dict[str, Any], reason: str, message: str) -> None:
+def test_bad_options_are_refused(glirel_stub, options: dict[str, Any], reason: str, message: str) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, options)
+        _extract(glirel_stub, options)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == reason
     assert message in raised.value.details()
 
 
-def test_no_labels_is_refused(stub) -> None:
+def test_no_labels_is_refused(glirel_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, ENTITY_OPTIONS, labels=[])
+        _extract(glirel_stub, ENTITY_OPTIONS, labels=[])
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "NO_LABELS"
 
 
+@pytest.mark.process
 def test_a_worker_without_the_package_answers_dependency_missing(built, tmp_path: Path) -> None:
     # A `glirel` that cannot be imported, first on the worker's path: as if the package were not installed.
     hidden = tmp_path / "no-glirel" / "glirel"

@@ -16,6 +16,9 @@ from adapter_stack import COLBERT, MINILM, RERANKER, SPLADE, adapter_stack
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_contract.tensors import from_tensor
 
+# Starts processes (a `sie up` of its own) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 QUERY = "how do vector databases work?"
 DOCUMENTS = [
     "Paris is the capital of France.",

@@ -17,6 +17,9 @@ from adapter_stack import COLBERT, MINILM, NER, RERANKER, SPLADE, adapter_stack
 from reference_sdk import reference_python
 from reference_sdk_calls import answers
 
+# Starts processes (a `sie up` and the reference SDK's Python) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 CALLS_SCRIPT = Path(__file__).with_name("reference_sdk_calls.py")
 ITEMS = [{"id": "a", "text": "how do vector databases work?"}, {"text": "a second text without an id"}]
 

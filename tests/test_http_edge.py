@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -16,90 +12,15 @@ import pytest
 from google.protobuf import struct_pb2
 
 from grpc_helpers import error_reason
-from local_cluster import Cluster, gateway_model, model_config, wait_until
+from local_cluster import model_config, wait_until
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_contract.tensors import from_tensor
 from sie_stack.envoy_config import render
-from sie_stack.processes import EnvoyProcess, free_port
-from worker_process import WorkerProcess
+from sie_stack.processes import EnvoyProcess
+from worker_process import free_port
 
-MEAN = "test/tiny-mean"
-RERANKER = "test/tiny-reranker"
-NER = "test/tiny-ner"
-CLIP = "test/tiny-clip"
-SPLADE = "test/tiny-splade"
-ADMIN_TOKEN = "admin-s3cret"
-
-
-class Edge:
-    def __init__(self, cluster: Cluster, gateway: WorkerProcess, envoy: EnvoyProcess, port: int) -> None:
-        self.cluster = cluster
-        self.gateway = gateway
-        self.envoy = envoy
-        self.base = f"http://127.0.0.1:{port}"
-        self.address = f"127.0.0.1:{port}"
-
-
-@contextlib.contextmanager
-def running_edge(tmp: Path, etcd_endpoint: str, tiny_models: dict[str, Path], **gateway_env: str) -> Iterator[Edge]:
-    """Config service (admin token), one worker with the tiny models, a gateway (`gateway_env`) and Envoy in front."""
-    prefix = f"/sie-edge-{uuid.uuid4().hex[:8]}/"
-    env = {"SIE_ETCD_ENDPOINTS": etcd_endpoint, "SIE_ETCD_PREFIX": prefix, "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
-
-    def start_config() -> WorkerProcess:
-        config = WorkerProcess(env, tmp / "config.log", module="sie_config")
-        config.wait_serving(timeout_s=60)
-        return config
-
-    models = [
-        model_config(MEAN, tiny_models[MEAN]),
-        model_config(RERANKER, tiny_models[RERANKER], adapter="cross_encoder", tasks=["score"]),
-        model_config(NER, tiny_models[NER], adapter="token_classifier", tasks=["extract"]),
-        model_config(CLIP, tiny_models[CLIP], adapter="clip", tasks=["encode", "score"], inputs=["text", "image"]),
-        model_config(SPLADE, tiny_models[SPLADE], adapter="splade", output_types=["sparse"]),
-    ]
-    cluster = Cluster(tmp, etcd_endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
-    envoy = None
-    try:
-        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP, SPLADE]))
-        adapter_port = free_port()  # the gateway's HTTP adapter (the foreign wires), behind Envoy
-        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4", SIE_GATEWAY_HTTP_PORT=str(adapter_port), **gateway_env)
-        port, admin_port = free_port(), free_port()
-        config_path = tmp / "envoy.json"
-        config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=gateway.address, config=cluster.config.address, adapter=f"127.0.0.1:{adapter_port}")))
-        envoy = EnvoyProcess(config_path, tmp / "envoy.log", admin_port)
-        envoy.wait_ready()
-        token = gateway_env.get("SIE_AUTH_TOKENS", "").split(",")[0]
-        metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        with grpc.insecure_channel(gateway.address) as channel:
-            stub = inference_pb2_grpc.InferenceStub(channel)
-            wait_until(lambda: "edge-worker" in gateway_model(stub, NER, metadata).loaded_on, what="worker registered")
-        yield Edge(cluster, gateway, envoy, port)
-    finally:
-        if envoy is not None:
-            envoy.stop()
-        cluster.stop()
-        cluster.config.stop()
-
-
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory, etcd_server, tiny_models):
-    with running_edge(tmp_path_factory.mktemp("edge"), etcd_server.endpoint, tiny_models) as running:
-        yield running
-
-
-def curl(edge: Edge, method: str, path: str, body: object | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict]:
-    command = ["curl", "-s", "-X", method, "-w", "\n%{http_code}", edge.base + path]
-    for key, value in (headers or {}).items():
-        command += ["-H", f"{key}: {value}"]
-    if body is not None:
-        command += ["-H", "content-type: application/json", "-d", body if isinstance(body, str) else json.dumps(body)]
-    output = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
-    text, _, status = output.rpartition("\n")
-    try:
-        return int(status), (json.loads(text) if text.strip() else {})
-    except json.JSONDecodeError:  # Envoy's own refusals (e.g. JSON that does not fit the message) are plain text
-        return int(status), {"text": text}
+# Other modules still import the edge's helpers from here (running_edge: edge_helpers.py).
+from edge_helpers import ADMIN_TOKEN, CLIP, MEAN, NER, RERANKER, SPLADE, Edge, curl, running_edge  # noqa: F401
 
 
 def test_encode_over_http_has_plain_number_vectors(edge) -> None:
@@ -381,6 +302,7 @@ def test_health_routes_on_the_http_port(edge) -> None:
     wait_until(lambda: curl(edge, "GET", "/readyz")[0] == 200, timeout_s=30, what="Envoy's health check of the gateway")
 
 
+@pytest.mark.process
 def test_readyz_is_503_while_the_gateway_is_unreachable(tmp_path) -> None:
     port, admin_port = free_port(), free_port()
     config_path = tmp_path / "envoy.json"

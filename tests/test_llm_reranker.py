@@ -28,7 +28,7 @@ from grpc_helpers import call_until_loaded, error_details, items
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import write_config
 from tiny_rerankers import MXBAI_INSTRUCTION_PROMPT, MXBAI_TEMPLATE, build_tiny_mxbai_reranker, build_tiny_qwen3_reranker
-from worker_process import inference_stub, serving_worker
+from worker_process import Services, inference_stub
 
 QUERY = "how do plants make energy?"
 DOCUMENTS = [
@@ -113,13 +113,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stub(replicas: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    log = tmp_path_factory.mktemp("llm-reranker-worker") / "worker.log"
+def reranker_stub(services: Services, replicas: dict[str, Path]) -> Iterator[inference_pb2_grpc.InferenceStub]:
     env = {
         "SIE_MODELS_DIR": str(replicas["configs"]),
         "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED]),
     }
-    with serving_worker(env, log) as worker, inference_stub(worker) as stub:
+    with inference_stub(services.worker(env, name="llm-reranker-worker")) as stub:
         yield stub
 
 
@@ -135,25 +134,25 @@ def served_scores(stub, model: str, **fields) -> tuple[np.ndarray, list[int]]:
 
 @pytest.mark.parametrize("instruction", [None, INSTRUCTION])
 @pytest.mark.parametrize("model", [QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED])
-def test_scores_equal_cross_encoder_logit_score(stub, replicas: dict[str, Path], model: str, instruction: str | None) -> None:
+def test_scores_equal_cross_encoder_logit_score(reranker_stub, replicas: dict[str, Path], model: str, instruction: str | None) -> None:
     reference = CrossEncoder(str(replicas[model]), device="cpu")
     expected = reference.predict([(QUERY, document) for document in DOCUMENTS], prompt=instruction)
     assert np.diff(np.sort(expected)).min() > 1e-4  # no near ties: the ranking below means something
     fields = {} if instruction is None else {"instruction": instruction}
-    scores, ranking = served_scores(stub, model, **fields)
+    scores, ranking = served_scores(reranker_stub, model, **fields)
     np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=0)
     assert ranking == list(np.argsort(-expected, kind="stable"))
 
 
-def test_instruction_replaces_the_default_one(stub) -> None:
-    default, _ = served_scores(stub, QWEN3)
-    instructed, _ = served_scores(stub, QWEN3, instruction=INSTRUCTION)
+def test_instruction_replaces_the_default_one(reranker_stub) -> None:
+    default, _ = served_scores(reranker_stub, QWEN3)
+    instructed, _ = served_scores(reranker_stub, QWEN3, instruction=INSTRUCTION)
     assert np.abs(default - instructed).max() > 1e-3
 
 
-def test_left_and_right_padding_give_the_same_scores(stub) -> None:
-    right, _ = served_scores(stub, QWEN3)
-    left, _ = served_scores(stub, QWEN3_LEFT)
+def test_left_and_right_padding_give_the_same_scores(reranker_stub) -> None:
+    right, _ = served_scores(reranker_stub, QWEN3)
+    left, _ = served_scores(reranker_stub, QWEN3_LEFT)
     np.testing.assert_allclose(left, right, atol=1e-5, rtol=0)
 
 
@@ -164,9 +163,9 @@ def test_left_and_right_padding_give_the_same_scores(stub) -> None:
         (CHAT_ONLY, "does not render 'query' and 'document' messages"),  # a chat template without the pair roles
     ],
 )
-def test_a_model_that_cannot_score_pairs_is_a_load_failure(stub, model: str, cause: str) -> None:
+def test_a_model_that_cannot_score_pairs_is_a_load_failure(reranker_stub, model: str, cause: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        call_until_loaded(lambda: served_scores(stub, model))
+        call_until_loaded(lambda: served_scores(reranker_stub, model))
     info, _ = error_details(caught.value)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert info is not None and info.reason == "MODEL_LOAD_FAILED"

@@ -20,7 +20,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_worker.models.load_errors import is_permanent
 from sie_worker.weights.resolver import WeightsNotFound
 from tiny_models import build_tiny_head_model, build_tiny_model, write_config
-from worker_process import inference_stub, serving_worker
+from worker_process import Services, inference_stub
 
 RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
 HEALTHY = "test/healthy-reranker"
@@ -59,7 +59,7 @@ REFUSED_MODULE = "test/refused-module"
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def failing_models_stub(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     root = tmp_path_factory.mktemp("broken-models")
     configs = root / "configs"
     configs.mkdir()
@@ -73,7 +73,7 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
     encoder = build_tiny_model(root / "encoder", pooling="mean", normalize=True, include_prompt=True)
     _refused_module(encoder)
     write_config(configs, REFUSED_MODULE, f"path: {encoder}\nprofiles:\n  default:\n    adapter: sentence_transformer\n")
-    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log") as worker, inference_stub(worker) as stub:
+    with inference_stub(services.worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""})) as stub:
         yield stub
 
 
@@ -87,27 +87,27 @@ def _request(stub: inference_pb2_grpc.InferenceStub, model_id: str) -> Callable[
 
 
 @pytest.mark.parametrize("model_id", [*BROKEN, REFUSED_MODULE])
-def test_a_permanent_load_failure_is_failed_precondition_with_its_cause(stub, model_id: str) -> None:
+def test_a_permanent_load_failure_is_failed_precondition_with_its_cause(failing_models_stub, model_id: str) -> None:
     cause = BROKEN[model_id][2] if model_id in BROKEN else "module 'LSTM' is not supported by the sentence_transformer adapter"
     with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(_request(stub, model_id))
+        call_until_loaded(_request(failing_models_stub, model_id))
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert cause in raised.value.details()
-    described = stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model
+    described = failing_models_stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model
     assert described.state == inference_pb2.MODEL_STATE_FAILED
     assert (described.failure.permanent, described.failure.attempts) == (True, 1)
     # Not retried: the next request gets the same answer, and no new attempt was made.
     with pytest.raises(grpc.RpcError) as again:
-        _request(stub, model_id)()
+        _request(failing_models_stub, model_id)()
     assert (again.value.code(), error_info(again.value).reason, again.value.details()) == (
         grpc.StatusCode.FAILED_PRECONDITION,
         "MODEL_LOAD_FAILED",
         raised.value.details(),
     )
-    assert stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure.attempts == 1
+    assert failing_models_stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure.attempts == 1
     # The worker serves its healthy model all along.
-    response, _ = call_until_loaded(_request(stub, HEALTHY))
+    response, _ = call_until_loaded(_request(failing_models_stub, HEALTHY))
     assert len(response.scores) == 1
 
 

@@ -31,6 +31,9 @@ from sie_common.runtime.settings import load_settings
 from grpc_helpers import error_reason
 from worker_process import free_port
 
+# kustomize renders the overlays, Envoy validates its config: subprocesses.
+pytestmark = pytest.mark.process
+
 DOCKER_DIR = ROOT / "deploy" / "docker"
 PYPROJECTS = {str(path.parent.relative_to(ROOT)): tomllib.loads(path.read_text()) for path in ROOT.glob("*/*/pyproject.toml")}
 # Each console script -> its entry point, and the folder of the distribution that provides it.

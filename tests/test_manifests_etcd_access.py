@@ -23,6 +23,9 @@ from sie_common.runtime.settings import load_settings
 from sie_stack.processes import EtcdProcess
 from test_manifests import env_of, one, our_containers, rendered  # noqa: F401 - rendered is a fixture
 
+# Starts processes (an etcd of its own and kustomize) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 # What each service's role must be able to write, and something it must not.
 MAY_WRITE = {"ConfigSettings": "models/m", "GatewaySettings": "pools/p", "WorkerSettings": "workers/w"}
 MAY_NOT_WRITE = {"ConfigSettings": "workers/w", "GatewaySettings": "models/m", "WorkerSettings": "models/m"}

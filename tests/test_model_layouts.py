@@ -30,7 +30,7 @@ from tiny_layouts import (
     opensearch_sparse_encoder,
 )
 from tiny_models import write_config
-from worker_process import WorkerProcess, inference_stub, serving_worker
+from worker_process import Services, WorkerProcess, inference_stub
 
 # 300 different words: where a length limit cuts shows in which tokens are left.
 DIFFERENT_WORDS = " ".join(sorted(word for word in minilm_tokenizer().get_vocab() if word.isalpha() and len(word) > 4)[1000:1300])
@@ -67,7 +67,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Iterator[WorkerProcess]:
+def layouts_worker(services: Services, tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> WorkerProcess:
     configs = tmp_path_factory.mktemp("layout-configs")
     for model_id in COLBERT:
         write_config(configs, model_id, f"path: {models[model_id]}\n{COLBERT_BODY}")
@@ -80,14 +80,12 @@ def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) ->
     )
     for model_id in (OPENSEARCH, SPARSE_ROUTER):
         write_config(configs, model_id, f"path: {models[model_id]}\n{SPARSE_BODY}")
-    log = tmp_path_factory.mktemp("layout-worker") / "worker.log"
-    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join([*models, "test/colbert-muvera"])}, log) as worker:
-        yield worker
+    return services.worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join([*models, "test/colbert-muvera"])}, name="layout-worker")
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with inference_stub(worker) as stub:
+def layouts_stub(layouts_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with inference_stub(layouts_worker) as stub:
         yield stub
 
 
@@ -106,12 +104,12 @@ def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("model_id", list(COLBERT))
 @pytest.mark.parametrize("is_query", [False, True], ids=["documents", "queries"])
-def test_colbert_layouts_match_multi_vector_encoder(stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
+def test_colbert_layouts_match_multi_vector_encoder(layouts_stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
     from sentence_transformers import MultiVectorEncoder
 
     reference = MultiVectorEncoder(str(models[model_id]), device="cpu")
     expected = (reference.encode_query if is_query else reference.encode_document)(TEXTS, convert_to_numpy=True)
-    results = encode(stub, model_id, TEXTS, output_types=["multivector"], is_query=is_query)
+    results = encode(layouts_stub, model_id, TEXTS, output_types=["multivector"], is_query=is_query)
     for result, vectors in zip(results, expected, strict=True):
         served = from_tensor(result.multivector)
         assert served.shape == vectors.shape, result.id
@@ -131,7 +129,7 @@ def png(seed: int) -> bytes:
     return buffer.getvalue()
 
 
-def test_siglip_with_sentencepiece_tokenizer_matches_siglip_model(stub, models: dict[str, Path]) -> None:
+def test_siglip_with_sentencepiece_tokenizer_matches_siglip_model(layouts_stub, models: dict[str, Path]) -> None:
     from transformers import AutoImageProcessor, AutoTokenizer, SiglipModel
 
     directory = models[SIGLIP]
@@ -147,11 +145,11 @@ def test_siglip_with_sentencepiece_tokenizer_matches_siglip_model(stub, models: 
         pictures = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
     items = [types_pb2.Item(id=f"t{i}", text=text) for i, text in enumerate(TEXTS)]
     items += [types_pb2.Item(id=f"i{i}", images=[types_pb2.Image(data=data)]) for i, data in enumerate(images)]
-    response = stub.Encode(inference_pb2.EncodeRequest(model=SIGLIP, items=items), timeout=120)
+    response = layouts_stub.Encode(inference_pb2.EncodeRequest(model=SIGLIP, items=items), timeout=120)
     served = np.stack([from_tensor(result.dense) for result in response.results])
     assert row_cosines(served, np.concatenate([texts, pictures])).min() >= 0.9999
     # Punctuation and case are normalized away by SigLIP's tokenizer, as by the reference.
-    again = encode(stub, SIGLIP, ["WHAT is late interaction"])
+    again = encode(layouts_stub, SIGLIP, ["WHAT is late interaction"])
     np.testing.assert_allclose(from_tensor(again[0].dense), served[0], atol=1e-6)
 
 
@@ -160,7 +158,7 @@ def test_siglip_with_sentencepiece_tokenizer_matches_siglip_model(stub, models: 
 
 @pytest.mark.parametrize("model_id", [OPENSEARCH, SPARSE_ROUTER])
 @pytest.mark.parametrize("is_query", [False, True], ids=["documents", "queries"])
-def test_doc_only_sparse_matches_sparse_encoder(stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
+def test_doc_only_sparse_matches_sparse_encoder(layouts_stub, models: dict[str, Path], model_id: str, is_query: bool) -> None:
     from sentence_transformers import SparseEncoder
 
     if model_id == OPENSEARCH:  # no sentence-transformers files: the reference is built from its modules (v2: relu)
@@ -168,14 +166,14 @@ def test_doc_only_sparse_matches_sparse_encoder(stub, models: dict[str, Path], m
     else:
         reference = SparseEncoder(str(models[model_id]), device="cpu")
     expected = (reference.encode_query if is_query else reference.encode_document)(TEXTS).to_dense().numpy()
-    results = encode(stub, model_id, TEXTS, output_types=["sparse"], is_query=is_query)
+    results = encode(layouts_stub, model_id, TEXTS, output_types=["sparse"], is_query=is_query)
     for result, row in zip(results, expected, strict=True):
         sparse = result.sparse
         assert sparse.dims == row.shape[0]
         assert list(sparse.indices) == list(np.flatnonzero(row)), result.id
         np.testing.assert_allclose(list(sparse.values), row[list(sparse.indices)], atol=1e-4)
     if is_query:  # static weights: a query's weights are its tokens' idf, whatever their context
-        word = encode(stub, model_id, ["interaction"], output_types=["sparse"], is_query=True)[0].sparse
+        word = encode(layouts_stub, model_id, ["interaction"], output_types=["sparse"], is_query=True)[0].sparse
         assert set(word.indices) <= set(results[0].sparse.indices)
         assert dict(zip(word.indices, word.values)).items() <= dict(zip(results[0].sparse.indices, results[0].sparse.values)).items()
 
@@ -187,12 +185,12 @@ def test_doc_only_sparse_matches_sparse_encoder(stub, models: dict[str, Path], m
     ("model_id", "output"),
     [(OPENSEARCH, "sparse"), ("test/colbert-pylate", "multivector"), ("test/colbert-muvera", "multivector"), (SIGLIP, "dense")],
 )
-def test_encode_without_output_types_returns_the_models_own_output(worker, stub, model_id: str, output: str) -> None:
+def test_encode_without_output_types_returns_the_models_own_output(layouts_worker, layouts_stub, model_id: str, output: str) -> None:
     from sie_client import AsyncSIEClient, Item, SIEClient
 
-    explicit = encode(stub, model_id, TEXTS[:2], output_types=[output])
+    explicit = encode(layouts_stub, model_id, TEXTS[:2], output_types=[output])
     assert all(result.HasField(output) for result in explicit)
-    default = encode(stub, model_id, TEXTS[:2])  # gRPC (and grpcurl / HTTP) callers: no output_types
+    default = encode(layouts_stub, model_id, TEXTS[:2])  # gRPC (and grpcurl / HTTP) callers: no output_types
     assert default == explicit
     for other in {"dense", "sparse", "multivector"} - {output}:
         assert not any(result.HasField(other) for result in default)
@@ -201,11 +199,11 @@ def test_encode_without_output_types_returns_the_models_own_output(worker, stub,
         value = result[output]
         return (list(value["indices"]), list(value["values"])) if output == "sparse" else value.tolist()
 
-    with SIEClient(worker.address) as client:
+    with SIEClient(layouts_worker.address) as client:
         synchronous = client.encode(model_id, [Item(text=text) for text in TEXTS[:2]])
 
     async def asynchronous() -> list:
-        client = AsyncSIEClient(worker.address)
+        client = AsyncSIEClient(layouts_worker.address)
         try:
             return await client.encode(model_id, [Item(text=text) for text in TEXTS[:2]])
         finally:

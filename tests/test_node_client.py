@@ -10,13 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from local_cluster import gateway_model, wait_until
-from sie.v1 import inference_pb2_grpc
+from edge_helpers import MEAN as MODEL
+from edge_helpers import Edge
 from sie_client import SIEClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_DIR = ROOT / "tests" / "node"
-MODEL = "test/tiny-mean"
 TEXTS = ["a node client", "calls the gateway", "with ünïcödé"]
 
 
@@ -40,13 +39,9 @@ def include_dirs() -> list[str]:
     return [str(Path(annotations.__file__).resolve().parents[2]), str(Path(grpc_tools.__file__).parent / "_proto")]
 
 
-def test_node_embeddings_equal_the_python_clients(cluster, node_modules: Path) -> None:
-    import grpc
-
-    cluster.start_worker("node-worker", SIE_PRELOAD_MODELS=MODEL)
-    gateway = cluster.start_gateway()
-    with grpc.insecure_channel(gateway.address) as channel:
-        wait_until(lambda: "node-worker" in gateway_model(inference_pb2_grpc.InferenceStub(channel), MODEL).loaded_on, what="worker")
+def test_node_embeddings_equal_the_python_clients(node_modules: Path, edge: Edge) -> None:
+    """Through the shared edge's gateway (its worker has MODEL loaded)."""
+    gateway = edge.gateway
     result = subprocess.run(
         ["node", str(NODE_DIR / "encode.js"), gateway.address, MODEL, *include_dirs()],
         input=json.dumps(TEXTS), capture_output=True, text=True, timeout=120,

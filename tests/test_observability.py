@@ -112,6 +112,7 @@ def test_metrics_port_serves_health_and_names_its_paths(worker: WorkerProcess) -
     assert status == 404 and "/metrics" in body
 
 
+@pytest.mark.process
 def test_a_taken_metrics_port_or_an_unknown_exporter_stops_the_worker_with_a_message(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -132,6 +133,7 @@ def _serve_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 # -- readiness -------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_worker_is_not_ready_until_its_preload_finishes(tmp_path: Path) -> None:
     """The preload asks an S3 cluster cache that accepts connections and never answers; readiness
     waits for it, liveness does not. Closing that server fails the lookup, the model loads from its

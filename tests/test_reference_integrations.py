@@ -23,9 +23,12 @@ import pytest
 from local_cluster import wait_until
 from reference_integration_models import standin_configs
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
-from sie_stack.processes import free_port
 from stack_process import stop_stack
 from test_stack_up import read_until
+from worker_process import free_port
+
+# Starts processes (a `sie up` and the reference suites) in fixtures of its own.
+pytestmark = pytest.mark.process
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".pytest_cache" / "reference-integrations"  # ignored by git, as reference_sdk.VENV

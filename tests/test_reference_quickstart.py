@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,8 @@ import pytest
 from local_cluster import model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
 from sie_client import NotFoundError, SIEClient
-from sie_stack.processes import free_port
-from stack_process import stop_stack
+from worker_process import Services, free_port
+from stack_process import SieUp
 from test_stack_up import read_until
 
 SNIPPETS = Path(__file__).parent / "data" / "reference_quickstart.py"
@@ -49,7 +48,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Iterator[Stack]:
+def quickstart_stack(services: Services, tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Stack:
     """`sie up` (one worker) on free ports, with the snippets' models added through its config service."""
     tmp = tmp_path_factory.mktemp("quickstart")
     ports = {name: free_port() for name in ("etcd", "config", "worker", "gateway", "http", "admin")}
@@ -64,27 +63,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
     ):
         command += [f"--{flag}-port", str(ports[name])]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "SIE_ADMIN_TOKEN": ADMIN_TOKEN}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        read_until(process, "Ctrl-C stops everything.", timeout_s=300)
-        models = [
-            model_config(BGE_M3, tiny_models["test/tiny-mean"], loras={"legal": str(tiny_models["lora/alpha"])}),
-            model_config(STELLA, tiny_models["test/tiny-cls"]),
-            model_config(COLD, tiny_models["test/tiny-mean-no-prompt"], dims=32),
-        ]
-        with grpc.insecure_channel(f"127.0.0.1:{ports['config']}") as channel:
-            admin = config_pb2_grpc.ConfigServiceStub(channel)
-            for config in models:
-                admin.AddModel(
-                    config_pb2.AddModelRequest(config=config), metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=30
-                )
-        with grpc.insecure_channel(f"127.0.0.1:{ports['gateway']}") as channel:
-            gateway = inference_pb2_grpc.InferenceStub(channel)
-            known = lambda: {m.id for m in gateway.ListModels(inference_pb2.ListModelsRequest(), timeout=5).models}  # noqa: E731
-            wait_until(lambda: {BGE_M3, STELLA, COLD} <= known(), timeout_s=60, what="the gateway knows the added models")
-        yield Stack(ports["http"], ports["gateway"])
-    finally:
-        stop_stack(process)
+    up = services.keep(SieUp(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)))
+    read_until(up.process, "Ctrl-C stops everything.", timeout_s=300)
+    models = [
+        model_config(BGE_M3, tiny_models["test/tiny-mean"], loras={"legal": str(tiny_models["lora/alpha"])}),
+        model_config(STELLA, tiny_models["test/tiny-cls"]),
+        model_config(COLD, tiny_models["test/tiny-mean-no-prompt"], dims=32),
+    ]
+    with grpc.insecure_channel(f"127.0.0.1:{ports['config']}") as channel:
+        admin = config_pb2_grpc.ConfigServiceStub(channel)
+        for config in models:
+            admin.AddModel(
+                config_pb2.AddModelRequest(config=config), metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),), timeout=30
+            )
+    with grpc.insecure_channel(f"127.0.0.1:{ports['gateway']}") as channel:
+        gateway = inference_pb2_grpc.InferenceStub(channel)
+        known = lambda: {m.id for m in gateway.ListModels(inference_pb2.ListModelsRequest(), timeout=5).models}  # noqa: E731
+        wait_until(lambda: {BGE_M3, STELLA, COLD} <= known(), timeout_s=60, what="the gateway knows the added models")
+    return Stack(ports["http"], ports["gateway"])
 
 
 def blocks() -> dict[str, str]:
@@ -130,20 +126,20 @@ def test_only_import_lines_and_hosts_change() -> None:
     assert "from sie_client import SIEClient" in adapted(code["004 timing"], "127.0.0.1:1")
 
 
-def test_reference_quickstart_runs_against_sie_up(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
-    code = {name: adapted(text, f"127.0.0.1:{stack.http_port}") for name, text in blocks().items()}
+def test_reference_quickstart_runs_against_sie_up(quickstart_stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
+    code = {name: adapted(text, f"127.0.0.1:{quickstart_stack.http_port}") for name, text in blocks().items()}
     chunks = [f"chunk number {n} of a long document" for n in range(5)]
     namespace: dict[str, Any] = {"chunks": chunks}
     try:
         routed = run_block(code["003 routing"], namespace, "003 routing")
-        assert namespace["client"].base_url == stack.url
+        assert namespace["client"].base_url == quickstart_stack.url
         assert routed["dense"].shape == (32,)
 
         batched = run_block(code["003 batching"], namespace, "003 batching")
         assert [result["dense"].shape for result in batched] == [(32,)] * len(chunks)
 
         adapted_vector = run_block(code["003 lora"], namespace, "003 lora")["dense"]
-        with SIEClient(f"127.0.0.1:{stack.gateway_port}") as direct:  # the gateway itself, without Envoy
+        with SIEClient(f"127.0.0.1:{quickstart_stack.gateway_port}") as direct:  # the gateway itself, without Envoy
             np.testing.assert_allclose(direct.encode(BGE_M3, "routed by the gateway")["dense"], routed["dense"], atol=1e-6)
             np.testing.assert_allclose(direct.encode(STELLA, chunks[0])["dense"], batched[0]["dense"], atol=1e-6)
             plain = direct.encode(BGE_M3, "indemnification")["dense"]
@@ -161,8 +157,8 @@ def test_reference_quickstart_runs_against_sie_up(stack: Stack, capsys: pytest.C
             namespace["client"].close()
 
 
-def test_capacity_is_what_is_loaded(stack: Stack) -> None:
-    with SIEClient(base_url=stack.url) as client:
+def test_capacity_is_what_is_loaded(quickstart_stack: Stack) -> None:
+    with SIEClient(base_url=quickstart_stack.url) as client:
         capacity = client.get_capacity()
         assert capacity["models"][COLD]["loaded"] is False and capacity["status"] == "healthy"
         with pytest.raises(NotFoundError) as missing:

@@ -12,6 +12,9 @@ import pytest
 
 from sie_up_process import SieUp
 
+# Starts processes (a `sie up` of its own) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 TOKENS = "first-banner-token,second-banner-token"
 
 

@@ -13,8 +13,9 @@ import time
 import urllib.request
 
 import psutil
+import pytest
 
-from sie_stack.processes import free_port
+from worker_process import consecutive_free_ports, free_port
 
 
 def read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
@@ -30,6 +31,7 @@ def read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
     return seen
 
 
+@pytest.mark.process
 def test_sie_up_serves_and_ctrl_c_stops_everything(tmp_path) -> None:
     ports = {name: free_port() for name in ("etcd", "config", "gateway", "http", "admin")}
     command = [
@@ -88,14 +90,4 @@ def _scrape(port: str) -> str:
 
 def _two_free_ports() -> int:
     """A free port whose successor is free too: `sie up` gives workers consecutive ports."""
-    for _ in range(50):
-        first = free_port()
-        try:
-            import socket
-
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", first + 1))
-            return first
-        except OSError:
-            continue
-    raise RuntimeError("no two consecutive free ports")
+    return consecutive_free_ports(2)

@@ -13,6 +13,9 @@ import pytest
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_up_process import PREFIX, RawEtcd, SieUp
 
+# Starts processes (`sie up` stacks of their own) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 TOKEN = "stack-test-token"
 

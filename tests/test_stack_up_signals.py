@@ -22,6 +22,9 @@ from local_cluster import wait_until
 from sie_stack.processes import free_port
 from test_stack_up import _two_free_ports
 
+# Starts processes (`sie up` stacks of its own) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 # Generous: a stop waits for the processes' own shutdown (a worker drains), on a busy machine. About 2.5 s
 # measured with two workers on a 2-core machine at load 22 (main: 19.9 s in the issue, 29.5 s here).
 STOP_BOUND_S = 10.0

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification, pipeline
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import _tiny_bert_config, write_config
-from worker_process import inference_stub, serving_worker
+from worker_process import Services, inference_stub
 
 SENTIMENT = "test/tiny-sentiment"
 EMOTIONS = "test/tiny-emotions"
@@ -64,12 +64,14 @@ def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stub(directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def classifier_stub(
+    services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[inference_pb2_grpc.InferenceStub]:
     root = tmp_path_factory.mktemp("text-classifier-worker")
     for model_id, directory in directories.items():
         write_config(root, model_id, f"path: {directory}\n{CONFIG}")
     env = {"SIE_MODELS_DIR": str(root), "SIE_PRELOAD_MODELS": ",".join(directories)}
-    with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
+    with inference_stub(services.worker(env, name="text-classifier")) as stub:
         yield stub
 
 
@@ -86,8 +88,8 @@ def reference(directory: Path) -> list[list[tuple[str, float]]]:
 
 
 @pytest.mark.parametrize("model_id", [SENTIMENT, EMOTIONS])
-def test_labels_and_scores_equal_the_text_classification_pipeline(stub, directories, model_id) -> None:
-    got, expected = served(stub, model_id), reference(directories[model_id])
+def test_labels_and_scores_equal_the_text_classification_pipeline(classifier_stub, directories, model_id) -> None:
+    got, expected = served(classifier_stub, model_id), reference(directories[model_id])
     assert [[label for label, _ in item] for item in got] == [[label for label, _ in item] for item in expected]
     for item, wanted in zip(got, expected, strict=True):
         assert [score for _, score in item] == pytest.approx([score for _, score in wanted], abs=1e-4)
@@ -96,9 +98,9 @@ def test_labels_and_scores_equal_the_text_classification_pipeline(stub, director
     assert all(total == pytest.approx(1.0, abs=1e-4) for total in sums) == (model_id == SENTIMENT)
 
 
-def test_a_threshold_leaves_out_the_labels_below_it(stub, directories) -> None:
+def test_a_threshold_leaves_out_the_labels_below_it(classifier_stub, directories) -> None:
     everything = reference(directories[EMOTIONS])
-    kept = served(stub, EMOTIONS, threshold=0.5)
+    kept = served(classifier_stub, EMOTIONS, threshold=0.5)
     assert kept == [[(label, pytest.approx(score, abs=1e-4)) for label, score in item if score >= 0.5] for item in everything]
     assert any(len(item) < len(LABELS[EMOTIONS]) for item in kept)
 
@@ -106,10 +108,10 @@ def test_a_threshold_leaves_out_the_labels_below_it(stub, directories) -> None:
 @pytest.mark.parametrize(
     "fields, reason", [({"labels": ["joy"]}, "LABELS_NOT_READ"), ({"options": {"top_k": 2}}, "UNKNOWN_OPTION")]
 )
-def test_labels_and_options_are_refused(stub, fields, reason) -> None:
+def test_labels_and_options_are_refused(classifier_stub, fields, reason) -> None:
     request = inference_pb2.ExtractRequest(model=SENTIMENT, items=[types_pb2.Item(text="fine")])
     request.labels.extend(fields.get("labels", []))
     request.options.update(fields.get("options", {}))
     with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(lambda: stub.Extract(request, timeout=60))
+        call_until_loaded(lambda: classifier_stub.Extract(request, timeout=60))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_info(raised.value).reason == reason

@@ -58,7 +58,7 @@ async def test_errors_come_back_as_statuses_on_the_stream(worker) -> None:
 
 
 async def test_the_deadline_travels_with_the_request(start_worker) -> None:
-    slow = start_worker(SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="5000")  # a lone item waits 5 s for company
+    slow = start_worker(SIE_PRELOAD_MODELS=MODEL, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="5000")  # a lone item waits 5 s for company
     link = WorkerLink("slow", slow.address, window=4)
     try:
         answer = await link.call("encode", encode_request(["alone"]), timeout_s=0.5)
@@ -68,7 +68,7 @@ async def test_the_deadline_travels_with_the_request(start_worker) -> None:
 
 
 async def test_a_killed_worker_fails_its_requests_at_once(start_worker) -> None:
-    doomed = start_worker(SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="30000")  # requests sit in the batcher until the kill
+    doomed = start_worker(SIE_PRELOAD_MODELS=MODEL, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="30000")  # requests sit in the batcher until the kill
     link = WorkerLink("doomed", doomed.address, window=16)
     calls = [asyncio.ensure_future(link.call("encode", encode_request([f"t{n}"]), timeout_s=120)) for n in range(5)]
     await asyncio.sleep(1.0)

@@ -31,6 +31,7 @@ def test_a_worker_token_needs_a_way_to_authenticate_workers(env: dict[str, str],
         assert "SIE_ETCD_USERNAME" in str(refused.value) and "SIE_WORKER_TLS_CA_FILE" in str(refused.value)
 
 
+@pytest.mark.process  # starts a gateway
 def test_the_gateway_refuses_to_start_and_says_why() -> None:
     env = {key: value for key, value in os.environ.items() if not key.startswith("SIE_")}
     result = subprocess.run(

@@ -28,7 +28,7 @@ from tiny_families import NLI_TEMPLATE as TEMPLATE
 from tiny_families import NLI_TEXTS as TEXTS
 from tiny_families import build_tiny_bart_nli, build_tiny_gliclass, build_tiny_nli
 from tiny_models import write_config
-from worker_process import WorkerProcess
+from worker_process import Services, WorkerProcess, inference_stub
 
 NLI = "test/nli-bert"
 NLI_BART = "test/nli-bart"
@@ -78,15 +78,11 @@ def _start(directories: dict[str, Path], root: Path, **env: str) -> WorkerProces
 
 
 @pytest.fixture(scope="module")
-def stub(
-    directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+def zero_shot_stub(
+    services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    worker = _start(directories, tmp_path_factory.mktemp("zero-shot-worker"))
-    try:
-        with grpc.insecure_channel(worker.address) as channel:
-            yield inference_pb2_grpc.InferenceStub(channel)
-    finally:
-        worker.stop()
+    with inference_stub(services.keep(_start(directories, tmp_path_factory.mktemp("zero-shot-worker")))) as stub:
+        yield stub
 
 
 def _extract(
@@ -134,26 +130,26 @@ def _assert_same(response: inference_pb2.ExtractResponse, expected: list[dict[st
     ],
 )
 @pytest.mark.parametrize("model_id", [NLI, NLI_BART])
-def test_nli_equals_the_transformers_pipeline(stub, directories, model_id, labels, options, profile) -> None:
+def test_nli_equals_the_transformers_pipeline(zero_shot_stub, directories, model_id, labels, options, profile) -> None:
     classify = pipeline("zero-shot-classification", model=str(directories[model_id]), device="cpu")
     options_used = {"hypothesis_template": TEMPLATE} if profile == "topic" else dict(options or {})
     expected = [classify(text, candidate_labels=labels, **options_used) for text in TEXTS]
-    _assert_same(_extract(stub, model_id, labels=labels, options=options, profile=profile), expected)
+    _assert_same(_extract(zero_shot_stub, model_id, labels=labels, options=options, profile=profile), expected)
     # the scores spread: a wrong index or softmax would not stay within the tolerance
     assert max(max(e["scores"]) - min(e["scores"]) for e in expected) > 0.02 or len(labels) == 1
 
 
 @pytest.mark.parametrize("options", [None, {"multi_label": True}])
-def test_a_two_class_model_with_entailment_first_equals_the_pipeline(stub, directories, options) -> None:
+def test_a_two_class_model_with_entailment_first_equals_the_pipeline(zero_shot_stub, directories, options) -> None:
     classify = pipeline("zero-shot-classification", model=str(directories[NLI_TWO]), device="cpu")
     expected = [classify(text, candidate_labels=LABELS, **(options or {})) for text in TEXTS]
-    _assert_same(_extract(stub, NLI_TWO, options=options), expected)
+    _assert_same(_extract(zero_shot_stub, NLI_TWO, options=options), expected)
 
 
-def test_a_threshold_drops_the_lower_classes(stub, directories) -> None:
+def test_a_threshold_drops_the_lower_classes(zero_shot_stub, directories) -> None:
     classify = pipeline("zero-shot-classification", model=str(directories[NLI]), device="cpu")
     expected = [classify(text, candidate_labels=LABELS, multi_label=True) for text in TEXTS]
-    response = _extract(stub, NLI, options={"multi_label": True}, threshold=0.5)
+    response = _extract(zero_shot_stub, NLI, options={"multi_label": True}, threshold=0.5)
     kept = [
         {
             "labels": [label for label, score in zip(e["labels"], e["scores"], strict=True) if score >= 0.5],
@@ -179,24 +175,24 @@ def test_a_threshold_drops_the_lower_classes(stub, directories) -> None:
         ({"hypothesis_template": "word " * 80 + "{}"}, "longer than the model's 64 tokens"),
     ],
 )
-def test_bad_options_are_invalid(stub, options, message) -> None:
+def test_bad_options_are_invalid(zero_shot_stub, options, message) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, NLI, options=options)
+        _extract(zero_shot_stub, NLI, options=options)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == ("UNKNOWN_OPTION" if "multilabel" in options else "INVALID_OPTIONS")
     assert message in raised.value.details()
 
 
-def test_no_labels_is_invalid(stub) -> None:
+def test_no_labels_is_invalid(zero_shot_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, NLI, labels=[])
+        _extract(zero_shot_stub, NLI, labels=[])
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "NO_LABELS"
 
 
-def test_a_model_without_an_entailment_label_fails_to_load(stub) -> None:
+def test_a_model_without_an_entailment_label_fails_to_load(zero_shot_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, NO_ENTAILMENT)
+        _extract(zero_shot_stub, NO_ENTAILMENT)
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert "no label starting with 'entail'" in raised.value.details()
@@ -228,9 +224,9 @@ def _best_first(predictions: list[list[dict[str, Any]]]) -> list[dict[str, Any]]
         ({"classification_type": "single-label"}, None, None, "single"),
     ],
 )
-def test_gliclass_equals_its_pipeline(stub, directories, reference_options, options, threshold, profile) -> None:
+def test_gliclass_equals_its_pipeline(zero_shot_stub, directories, reference_options, options, threshold, profile) -> None:
     expected = _best_first(_gliclass_reference(directories[GLICLASS])(TEXTS, LABELS, **reference_options))
-    _assert_same(_extract(stub, GLICLASS, options=options, threshold=threshold, profile=profile), expected)
+    _assert_same(_extract(zero_shot_stub, GLICLASS, options=options, threshold=threshold, profile=profile), expected)
     assert sum(len(e["labels"]) for e in expected) >= len(TEXTS)
 
 
@@ -239,26 +235,27 @@ def test_gliclass_scores_spread(directories) -> None:
     assert max(p["score"] for found in every for p in found) - min(p["score"] for found in every for p in found) > 0.1
 
 
-def test_gliclass_bad_options_are_invalid(stub) -> None:
+def test_gliclass_bad_options_are_invalid(zero_shot_stub) -> None:
     for options, message in [
         ({"classification_type": "multi"}, "must be one of single-label, multi-label"),
         ({"multi_label": True}, "reads no option 'multi_label'"),
     ]:
         with pytest.raises(grpc.RpcError) as raised:
-            _extract(stub, GLICLASS, options=options)
+            _extract(zero_shot_stub, GLICLASS, options=options)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(raised.value).reason == ("UNKNOWN_OPTION" if "multi_label" in options else "INVALID_OPTIONS")
         assert message in raised.value.details()
 
 
-def test_gliclass_refuses_shipped_code_without_trust_remote_code(stub) -> None:
+def test_gliclass_refuses_shipped_code_without_trust_remote_code(zero_shot_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
-        _extract(stub, GLICLASS_REMOTE_CODE)
+        _extract(zero_shot_stub, GLICLASS_REMOTE_CODE)
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert "encoder_config names code shipped with the weights (auto_map)" in raised.value.details()
 
 
+@pytest.mark.process
 def test_a_worker_without_gliclass_answers_dependency_missing(directories: dict[str, Path], tmp_path: Path) -> None:
     # A `gliclass` that cannot be imported, first on the worker's path: as if the package were not installed.
     hidden = tmp_path / "no-gliclass" / "gliclass"

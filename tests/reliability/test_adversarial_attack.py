@@ -23,17 +23,17 @@ DEADLINE_S = 30
 
 
 @pytest.fixture(scope="module")
-def attacked(start_worker) -> Iterator:
+def attacked(start_module_worker) -> Iterator:
     """A worker with one image thread: an image that holds it holds every image request.
 
     Killed at the end of the module: on code without the fixes, a case may leave it busy."""
-    worker = start_worker(SIE_PRELOAD_MODELS=f"{KNOWN_MODEL},test/tiny-clip,{RERANKER}", SIE_IMAGE_WORKERS="1")
+    worker = start_module_worker(SIE_PRELOAD_MODELS=f"{KNOWN_MODEL},test/tiny-clip,{RERANKER}", SIE_IMAGE_WORKERS="1")
     yield worker
     worker.kill()
 
 
 @pytest.fixture(scope="module")
-def stub(attacked) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def attacked_stub(attacked) -> Iterator[inference_pb2_grpc.InferenceStub]:
     with inference_stub(attacked) as stub:
         yield stub
 
@@ -79,14 +79,14 @@ def scan_bomb(side: int, scans: int) -> bytes:
     return data[:position] + smallest * scans + data[position:]
 
 
-def test_a_jpeg_of_many_scans_is_refused_before_decoding(attacked, stub, reliability_report) -> None:
+def test_a_jpeg_of_many_scans_is_refused_before_decoding(attacked, attacked_stub, reliability_report) -> None:
     """On main a 300 KB file of 25,000 empty scans held the image thread for seconds (10 MB of them: most of an
     hour at 6000 x 6000), and every image request waited behind it."""
     data = scan_bomb(1024, 25_000)
     assert len(data) < 400_000
     request = inference_pb2.EncodeRequest(model="test/tiny-clip", items=[image_item(data)])
     with pytest.raises(grpc.RpcError) as raised:
-        stub.Encode(request, timeout=DEADLINE_S)
+        attacked_stub.Encode(request, timeout=DEADLINE_S)
     error = raised.value
     reliability_report.add("adversarial attack", "JPEG of 25,000 scans", expected="INVALID_ARGUMENT IMAGE_TOO_MANY_SCANS", actual=outcome(error))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
@@ -94,9 +94,9 @@ def test_a_jpeg_of_many_scans_is_refused_before_decoding(attacked, stub, reliabi
     assert info.reason == "IMAGE_TOO_MANY_SCANS"
     assert info.metadata["setting"] == "SIE_MAX_JPEG_SCANS" and info.metadata["limit"] == "100"
     # An ordinary progressive JPEG (10 scans) and a text request are still answered.
-    answer = stub.Encode(inference_pb2.EncodeRequest(model="test/tiny-clip", items=[image_item(progressive_jpeg(64))]), timeout=DEADLINE_S)
+    answer = attacked_stub.Encode(inference_pb2.EncodeRequest(model="test/tiny-clip", items=[image_item(progressive_jpeg(64))]), timeout=DEADLINE_S)
     assert stacked([answer.results[0].dense]).shape[0] == 1
-    assert known(stub) == 1
+    assert known(attacked_stub) == 1
 
 
 # --- texts tokenized whole before truncation -------------------------------------------------------------------
@@ -112,54 +112,54 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_long_texts_are_tokenized_only_as_far_as_the_model_reads(attacked, stub, reliability_report) -> None:
+def test_long_texts_are_tokenized_only_as_far_as_the_model_reads(attacked, attacked_stub, reliability_report) -> None:
     """Three texts of 2 MiB of one-letter words, each under SIE_MAX_TEXT_BYTES: on main the tokenizer read all
     of them before truncating to the model's 128 tokens, adding about 1 GB to the worker (seven: 2 GB, 30 s)."""
     text = "a " * 2**20
     before = peak_rss(attacked.process.pid)
     request = inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(id=str(index), text=text) for index in range(3)])
-    answer = stub.Encode(request, timeout=DEADLINE_S)
+    answer = attacked_stub.Encode(request, timeout=DEADLINE_S)
     grown = peak_rss(attacked.process.pid) - before
     reliability_report.add("adversarial attack", "3 texts of 2 MiB of words", expected="answered, RSS < 256 MiB more", actual=f"{grown / 2**20:.0f} MiB more")
     assert [result.id for result in answer.results] == ["0", "1", "2"]
     # The same as the text cut to what the model reads.
-    short = stub.Encode(inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text="a " * 200)]), timeout=DEADLINE_S)
+    short = attacked_stub.Encode(inference_pb2.EncodeRequest(model=KNOWN_MODEL, items=[types_pb2.Item(text="a " * 200)]), timeout=DEADLINE_S)
     assert stacked([answer.results[0].dense]).tolist() == stacked([short.results[0].dense]).tolist()
     assert grown < RSS_BOUND_BYTES
-    assert known(stub) == 1
+    assert known(attacked_stub) == 1
 
 
-def test_long_score_items_are_tokenized_only_as_far_as_a_pair_reads(attacked, stub, reliability_report) -> None:
+def test_long_score_items_are_tokenized_only_as_far_as_a_pair_reads(attacked, attacked_stub, reliability_report) -> None:
     """A cross-encoder tokenized each (query, item) pair whole before truncating it: on main three items of
     2 MiB of one-letter words added 1.2 GB to the worker (seven: 1.9 GB, 26 s)."""
     before = peak_rss(attacked.process.pid)
     request = inference_pb2.ScoreRequest(
         model=RERANKER, query=types_pb2.Item(text="a query"), items=[types_pb2.Item(id=str(index), text="a " * 2**20) for index in range(3)]
     )
-    answer = stub.Score(request, timeout=DEADLINE_S)
+    answer = attacked_stub.Score(request, timeout=DEADLINE_S)
     grown = peak_rss(attacked.process.pid) - before
     reliability_report.add("adversarial attack", "score: 3 items of 2 MiB of words", expected="answered, RSS < 256 MiB more", actual=f"{grown / 2**20:.0f} MiB more")
     # The same scores as the items cut to what the pair reads.
-    short = stub.Score(
+    short = attacked_stub.Score(
         inference_pb2.ScoreRequest(model=RERANKER, query=types_pb2.Item(text="a query"), items=[types_pb2.Item(id="0", text="a " * 300)]), timeout=DEADLINE_S
     )
     assert sorted(entry.item_id for entry in answer.scores) == ["0", "1", "2"]
     assert [entry.score for entry in answer.scores] == pytest.approx([short.scores[0].score] * 3, rel=1e-5)
     assert grown < RSS_BOUND_BYTES
-    assert known(stub) == 1
+    assert known(attacked_stub) == 1
 
 
-def test_an_instruction_at_its_bound_times_many_items_is_tokenized_only_as_far_as_the_model_reads(attacked, stub, reliability_report) -> None:
+def test_an_instruction_at_its_bound_times_many_items_is_tokenized_only_as_far_as_the_model_reads(attacked, attacked_stub, reliability_report) -> None:
     """The instruction is prepended to every item: on main 16 KiB of it (SIE_MAX_INSTRUCTION_BYTES) with 512
     one-word items was 8 MiB of text tokenized whole, adding 735 MiB (8,192 items: 134 MB of text, many GB)."""
     before = peak_rss(attacked.process.pid)
     request = inference_pb2.EncodeRequest(model=KNOWN_MODEL, instruction="a " * 8192, items=[types_pb2.Item(id=str(index), text="x") for index in range(512)])
-    answer = stub.Encode(request, timeout=DEADLINE_S)
+    answer = attacked_stub.Encode(request, timeout=DEADLINE_S)
     grown = peak_rss(attacked.process.pid) - before
     reliability_report.add("adversarial attack", "16 KiB instruction x 512 items", expected="answered, RSS < 256 MiB more", actual=f"{grown / 2**20:.0f} MiB more")
     assert len(answer.results) == 512
     assert grown < RSS_BOUND_BYTES
-    assert known(stub) == 1
+    assert known(attacked_stub) == 1
 
 
 # --- pools: another token's pool -------------------------------------------------------------------------------

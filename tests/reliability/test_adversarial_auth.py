@@ -23,7 +23,7 @@ from stack_process import stop_stack
 from local_cluster import Cluster, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc, types_pb2, worker_pb2, worker_pb2_grpc
 from sie_common.cluster.etcd import Etcd
-from sie_stack.processes import free_port
+from worker_process import free_port
 from sie_stack.up import DEMO_MODEL, wait_for_leader
 from worker_process import WorkerProcess
 
@@ -211,6 +211,7 @@ def test_the_gateway_checks_the_token_before_it_reads_the_request(cluster: Clust
             assert f"{code.name} {reason}" == expected, name
 
 
+@pytest.mark.process
 def test_a_worker_with_inference_tokens_but_an_open_work_stream_does_not_start(tmp_path, reliability_report) -> None:
     env = {**os.environ, "SIE_AUTH_MODE": "static", "SIE_AUTH_TOKENS": INFERENCE_TOKEN, "SIE_HOST": "127.0.0.1"}
     result = subprocess.run(
@@ -307,6 +308,7 @@ ENCODE_BODY = {"items": [{"text": "hello"}]}
 ADD_MODEL = {"id": "my-org/my-encoder", "hf_id": "my-org/my-encoder", "profiles": {"default": {"adapter": "sentence_transformer"}}}
 
 
+@pytest.mark.process
 def test_default_sie_up_makes_an_admin_token_and_refuses_writes_without_it(start_stack, reliability_report) -> None:
     env = {key: "" for key in ("SIE_ADMIN_TOKEN", "SIE_AUTH_MODE", "SIE_AUTH_TOKENS", "SIE_ALLOW_UNAUTHENTICATED_ADMIN")}
     stack = start_stack({**env, "SIE_AUTH_MODE": "none"})
@@ -333,6 +335,7 @@ def test_default_sie_up_makes_an_admin_token_and_refuses_writes_without_it(start
     assert {c["id"] for c in json.loads(listed)["configs"]} == {DEMO_MODEL, "my-org/my-encoder"}
 
 
+@pytest.mark.process
 def test_sie_up_with_both_tokens_starts_and_enforces_them(start_stack, reliability_report) -> None:
     stack = start_stack({"SIE_ADMIN_TOKEN": ADMIN_TOKEN, "SIE_AUTH_MODE": "static", "SIE_AUTH_TOKENS": INFERENCE_TOKEN})
     assert not (stack.state / "admin-token").exists()  # the operator's token is not written anywhere

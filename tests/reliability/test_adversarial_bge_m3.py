@@ -21,7 +21,7 @@ from google.protobuf import struct_pb2
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_model
-from worker_process import WorkerProcess, inference_stub, serving_worker
+from worker_process import Services, WorkerProcess, inference_stub
 
 from reliability.test_adversarial_attack import peak_rss
 
@@ -86,7 +86,7 @@ def malform(model: Path, directory: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def bge_m3_worker(services: Services, tmp_path_factory: pytest.TempPathFactory) -> WorkerProcess:
     root = tmp_path_factory.mktemp("adversarial-bge-m3")
     model = build_replica(root / "model")
     configs = root / "configs"
@@ -95,20 +95,18 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     (configs / "m3.yaml").write_text(f"id: {MODEL}\npath: {model}\nmax_sequence_length: {MAX_LENGTH}\n{body}")
     for name in MALFORMED:
         (configs / f"{name}.yaml").write_text(f"id: test/{name}\npath: {malform(model, root / name, name)}\n{body}")
-    log = root / "worker.log"
     env = {
         "SIE_MODELS_DIR": str(configs),
         "SIE_PRELOAD_MODELS": MODEL,
         "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT),
         "SIE_MAX_SCORE_MULTIVECTOR_BYTES": str(SCORE_LIMIT),
     }
-    with serving_worker(env, log) as worker:
-        yield worker
+    return services.worker(env, name="bge-m3-worker")
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with inference_stub(worker) as stub:
+def bge_m3_stub(bge_m3_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with inference_stub(bge_m3_worker) as stub:
         yield stub
 
 
@@ -146,24 +144,24 @@ def forward_passes(stub) -> int:
     ],
     ids=["huge", "subnormal"],
 )
-def test_hybrid_weights_at_the_ends_of_the_float_range_score_as_equal_weights(stub, weights: dict) -> None:
+def test_hybrid_weights_at_the_ends_of_the_float_range_score_as_equal_weights(bge_m3_stub, weights: dict) -> None:
     """Only the ratios of the weights matter: weights of 1e308 (or 5e-324) each score as weights of 1 each."""
     equal = score(
-        stub,
+        bge_m3_stub,
         {
             "score_mode": "hybrid",
             "score_weights": {"dense": 1, "sparse": 1, "multivector": 1},
         },
     )
     assert all(np.isfinite(equal)) and len(set(equal)) > 1
-    served = score(stub, {"score_mode": "hybrid", "score_weights": weights})
+    served = score(bge_m3_stub, {"score_mode": "hybrid", "score_weights": weights})
     np.testing.assert_allclose(served, equal, atol=1e-6)
 
 
-def test_a_weight_negligible_beside_another_scores_as_that_other_alone(stub) -> None:
-    dense = score(stub, {"score_mode": "dense"})
+def test_a_weight_negligible_beside_another_scores_as_that_other_alone(bge_m3_stub) -> None:
+    dense = score(bge_m3_stub, {"score_mode": "dense"})
     served = score(
-        stub,
+        bge_m3_stub,
         {
             "score_mode": "hybrid",
             "score_weights": {"dense": 1e308, "sparse": 5e-324, "multivector": 0},
@@ -172,29 +170,29 @@ def test_a_weight_negligible_beside_another_scores_as_that_other_alone(stub) -> 
     np.testing.assert_allclose(served, dense, atol=1e-6)
 
 
-def test_a_weight_given_under_both_names_of_the_multivector_output_is_invalid(stub) -> None:
+def test_a_weight_given_under_both_names_of_the_multivector_output_is_invalid(bge_m3_stub) -> None:
     """`colbert` and `multivector` name one weight: given both, which one counted would hang on the order of the
     options map's keys (a client's choice, not the caller's), so neither does."""
     for weights in ({"colbert": 1, "multivector": 0}, {"multivector": 0, "colbert": 1}):
         with pytest.raises(grpc.RpcError) as raised:
-            score(stub, {"score_mode": "hybrid", "score_weights": weights})
+            score(bge_m3_stub, {"score_mode": "hybrid", "score_weights": weights})
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(raised.value).reason == "INVALID_OPTIONS"
         assert "weigh the same output" in raised.value.details()
 
 
 @pytest.mark.parametrize("name", list(MALFORMED))
-def test_malformed_head_files_fail_to_load_for_good_naming_the_file(stub, name: str) -> None:
+def test_malformed_head_files_fail_to_load_for_good_naming_the_file(bge_m3_stub, name: str) -> None:
     request = inference_pb2.EncodeRequest(model=f"test/{name}", items=[types_pb2.Item(text="x")])
     with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(lambda: stub.Encode(request, timeout=60), timeout_s=60)
+        call_until_loaded(lambda: bge_m3_stub.Encode(request, timeout=60), timeout_s=60)
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION, raised.value.details()
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert MALFORMED[name] in raised.value.details()
 
 
 def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_pass(
-    stub,
+    bge_m3_stub,
 ) -> None:
     """Each long text keeps MAX_LENGTH - 1 vectors of 4 KiB: 8 of them pass the 2 MiB limit. Known once tokenized,
     so the worker refuses before running them (and holding their vectors), not after."""
@@ -205,32 +203,32 @@ def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_
         output_types=["multivector"],
     )
     fits = inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=texts[0])], output_types=["multivector"])
-    response, _ = call_until_loaded(lambda: stub.Encode(fits, timeout=60))
+    response, _ = call_until_loaded(lambda: bge_m3_stub.Encode(fits, timeout=60))
     assert response.results[0].multivector.shape == [MAX_LENGTH - 1, COLBERT_DIMS]
-    before = forward_passes(stub)
+    before = forward_passes(bge_m3_stub)
     with pytest.raises(grpc.RpcError) as raised:
-        stub.Encode(request, timeout=60)
+        bge_m3_stub.Encode(request, timeout=60)
     assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error_info(raised.value).reason == "RESPONSE_TOO_LARGE"
-    assert forward_passes(stub) == before
+    assert forward_passes(bge_m3_stub) == before
 
 
 @pytest.mark.parametrize("mode", ["multivector", "hybrid"])
-def test_a_score_whose_multivectors_pass_the_bound_is_refused_before_the_forward_pass(worker, stub, mode: str) -> None:
+def test_a_score_whose_multivectors_pass_the_bound_is_refused_before_the_forward_pass(bge_m3_worker, bge_m3_stub, mode: str) -> None:
     """300 long items keep 119 vectors of 4 KiB each: 140 MiB held until the last is encoded (the worker's peak grew
     by 208 MiB), over the 64 MiB bound. Refused once tokenized; a score in dense mode of the same items runs."""
     items = [types_pb2.Item(text=" ".join(["documents"] * 400)) for _ in range(300)]
     options = struct_pb2.Struct()
     options.update({"score_mode": mode})
     request = inference_pb2.ScoreRequest(model=MODEL, query=types_pb2.Item(text=QUERY), items=items, options=options)
-    before, peak = forward_passes(stub), peak_rss(worker.process.pid)
+    before, peak = forward_passes(bge_m3_stub), peak_rss(bge_m3_worker.process.pid)
     with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(lambda: stub.Score(request, timeout=60))
+        call_until_loaded(lambda: bge_m3_stub.Score(request, timeout=60))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     info = error_info(raised.value)
     assert (info.reason, info.metadata["setting"], info.metadata["limit"]) == ("SCORE_TOO_LARGE", "SIE_MAX_SCORE_MULTIVECTOR_BYTES", str(SCORE_LIMIT))
-    assert forward_passes(stub) - before <= 1  # the query's pass at most: it is encoded beside the items
-    assert peak_rss(worker.process.pid) - peak < SCORE_LIMIT
+    assert forward_passes(bge_m3_stub) - before <= 1  # the query's pass at most: it is encoded beside the items
+    assert peak_rss(bge_m3_worker.process.pid) - peak < SCORE_LIMIT
     options.update({"score_mode": "dense"})
-    dense = stub.Score(inference_pb2.ScoreRequest(model=MODEL, query=types_pb2.Item(text=QUERY), items=items, options=options), timeout=60)
+    dense = bge_m3_stub.Score(inference_pb2.ScoreRequest(model=MODEL, query=types_pb2.Item(text=QUERY), items=items, options=options), timeout=60)
     assert len(dense.scores) == len(items)

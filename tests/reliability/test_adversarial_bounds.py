@@ -86,11 +86,11 @@ def adversarial_models(tmp_path_factory: pytest.TempPathFactory, models_dir: Pat
 
 
 @pytest.fixture(scope="module")
-def bounded(start_worker, adversarial_models: Path) -> Iterator:
+def bounded(start_module_worker, adversarial_models: Path) -> Iterator:
     """A worker with tight bounds and a 300 ms batch window (concurrent requests share forward passes).
 
     Killed at the end of the module: on code without the bounds, a case may leave it looping."""
-    worker = start_worker(
+    worker = start_module_worker(
         SIE_MODELS_DIR=str(adversarial_models), SIE_PRELOAD_MODELS=",".join(PRELOADED), SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="300", **TIGHT
     )
     yield worker
@@ -98,7 +98,7 @@ def bounded(start_worker, adversarial_models: Path) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def stub(bounded) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def bounded_stub(bounded) -> Iterator[inference_pb2_grpc.InferenceStub]:
     with grpc.insecure_channel(bounded.address, options=[("grpc.max_receive_message_length", 64 * 2**20)]) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
@@ -109,8 +109,8 @@ def known(stub) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def reference(stub) -> np.ndarray:
-    return known(stub)
+def reference(bounded_stub) -> np.ndarray:
+    return known(bounded_stub)
 
 
 def refused(call, request) -> grpc.RpcError:
@@ -150,7 +150,7 @@ MUVERA_CASES = {
 
 
 @pytest.mark.parametrize("case", MUVERA_CASES, ids=list(MUVERA_CASES))
-def test_muvera_parameters_are_bounded_before_any_work(bounded, stub, reference, case, reliability_report) -> None:
+def test_muvera_parameters_are_bounded_before_any_work(bounded, bounded_stub, reference, case, reliability_report) -> None:
     muvera, parameter, setting = MUVERA_CASES[case]
     before = peak_rss(bounded.process.pid)
     request = inference_pb2.EncodeRequest(
@@ -159,19 +159,19 @@ def test_muvera_parameters_are_bounded_before_any_work(bounded, stub, reference,
         output_types=["dense"],  # MUVERA: without output types a ColBERT model answers multivectors
         options=options({"muvera": muvera}),
     )
-    error = refused(stub.Encode, request)
+    error = refused(bounded_stub.Encode, request)
     reliability_report.add("adversarial bounds", f"MUVERA {case}", expected="INVALID_ARGUMENT INVALID_OPTIONS", actual=outcome(error))
     assert_refused(error, "INVALID_OPTIONS", parameter=parameter, setting=setting)
     assert peak_rss(bounded.process.pid) - before < RSS_BOUND_BYTES
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 
 
 @pytest.mark.parametrize("seed", [-1, 2**63, 1.5, "seven", True])
-def test_muvera_seed_must_be_a_non_negative_integer(stub, seed) -> None:
+def test_muvera_seed_must_be_a_non_negative_integer(bounded_stub, seed) -> None:
     request = inference_pb2.EncodeRequest(
         model="test/tiny-colbert", items=[types_pb2.Item(text="x")], output_types=["dense"], options=options({"muvera": {"seed": seed}})
     )
-    assert_refused(refused(stub.Encode, request), "INVALID_OPTIONS")
+    assert_refused(refused(bounded_stub.Encode, request), "INVALID_OPTIONS")
 
 
 # --- defect 2: image aspect-ratio bomb ------------------------------------------------------------------------
@@ -184,28 +184,28 @@ def thin_png(width: int, height: int) -> bytes:
 
 
 @pytest.mark.parametrize("size", [(1, 1_000_000), (1, 300_000), (60_000, 1)], ids=["1x1000000 (10 GB, 57 s)", "1x300000 (3.5 GB)", "60000x1"])
-def test_image_aspect_ratio_bomb_is_refused_from_the_header(bounded, stub, reference, size, reliability_report) -> None:
+def test_image_aspect_ratio_bomb_is_refused_from_the_header(bounded, bounded_stub, reference, size, reliability_report) -> None:
     data = thin_png(*size)
     assert len(data) < 8192  # a few KB of PNG
     before = peak_rss(bounded.process.pid)
     request = inference_pb2.EncodeRequest(model="test/tiny-clip", items=[types_pb2.Item(id="thin", images=[types_pb2.Image(data=data)])])
-    error = refused(stub.Encode, request)
+    error = refused(bounded_stub.Encode, request)
     reliability_report.add("adversarial bounds", f"image {size[0]}x{size[1]} PNG", expected="INVALID_ARGUMENT IMAGE_ASPECT_RATIO_TOO_LARGE", actual=outcome(error))
     assert_refused(error, "IMAGE_ASPECT_RATIO_TOO_LARGE", setting="SIE_MAX_IMAGE_ASPECT_RATIO", limit="50", item="0", item_id="thin")
     assert "aspect ratio of" in error.details()
     assert peak_rss(bounded.process.pid) - before < RSS_BOUND_BYTES
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 
 
-def test_an_image_over_the_byte_bound_is_refused_before_decoding(stub) -> None:
+def test_an_image_over_the_byte_bound_is_refused_before_decoding(bounded_stub) -> None:
     data = thin_png(16, 16) + b"\x00" * 70_000  # a valid PNG with trailing bytes: the size alone decides
     request = inference_pb2.EncodeRequest(model="test/tiny-clip", items=[types_pb2.Item(images=[types_pb2.Image(data=data)])])
-    assert_refused(refused(stub.Encode, request), "IMAGE_TOO_LARGE", setting="SIE_MAX_IMAGE_BYTES", limit="65536")
+    assert_refused(refused(bounded_stub.Encode, request), "IMAGE_TOO_LARGE", setting="SIE_MAX_IMAGE_BYTES", limit="65536")
 
 
-def test_a_moderate_aspect_ratio_is_still_answered(stub) -> None:
+def test_a_moderate_aspect_ratio_is_still_answered(bounded_stub) -> None:
     request = inference_pb2.EncodeRequest(model="test/tiny-clip", items=[types_pb2.Item(images=[types_pb2.Image(data=thin_png(40, 1000))])])
-    response = stub.Encode(request, timeout=DEADLINE_S)
+    response = bounded_stub.Encode(request, timeout=DEADLINE_S)
     assert np.isfinite(stacked([response.results[0].dense])).all()
 
 
@@ -232,28 +232,28 @@ def concurrently(stub, requests: list[inference_pb2.EncodeRequest]) -> list[obje
     return outcomes
 
 
-def test_token_length_is_capped_at_the_position_table(stub, reference, reliability_report) -> None:
+def test_token_length_is_capped_at_the_position_table(bounded_stub, reference, reliability_report) -> None:
     """A config max_sequence_length (4096) above the model's 128 positions: the long item is truncated, and the
     innocent requests batched with it are answered."""
-    described = stub.GetModel(inference_pb2.GetModelRequest(model=LONG_CONFIG_MODEL), timeout=DEADLINE_S).model
+    described = bounded_stub.GetModel(inference_pb2.GetModelRequest(model=LONG_CONFIG_MODEL), timeout=DEADLINE_S).model
     assert described.max_sequence_length == 128
     innocent = [inference_pb2.EncodeRequest(model=LONG_CONFIG_MODEL, items=[types_pb2.Item(text=f"short text {n}")]) for n in range(19)]
     long = inference_pb2.EncodeRequest(model=LONG_CONFIG_MODEL, items=[types_pb2.Item(text="word " * 600)])
-    outcomes = concurrently(stub, [*innocent, long])
+    outcomes = concurrently(bounded_stub, [*innocent, long])
     failed = [outcome for outcome in outcomes if isinstance(outcome, grpc.RpcError)]
     reliability_report.add("adversarial bounds", "config max_sequence_length above the position table", requests=len(outcomes), failed=len(failed))
     assert not failed, [(error.code().name, error.details()) for error in failed]
     assert outcomes[-1].tokens == 128
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 
 
-def test_a_failing_item_fails_only_its_own_request(stub, reference, reliability_report) -> None:
+def test_a_failing_item_fails_only_its_own_request(bounded_stub, reference, reliability_report) -> None:
     """An item the model cannot run (a token id past its embedding table) in a batch with 19 innocent requests:
     they are answered, its own request gets INVALID_ARGUMENT ITEM_FAILED."""
     innocent = [inference_pb2.EncodeRequest(model=SHORT_VOCAB_MODEL, items=[types_pb2.Item(text=INNOCENT_TEXT)]) for _ in range(19)]
     poisoned = inference_pb2.EncodeRequest(model=SHORT_VOCAB_MODEL, items=[types_pb2.Item(text=INNOCENT_TEXT), types_pb2.Item(text=POISON_TEXT)])
-    stub.Encode(innocent[0], timeout=DEADLINE_S)  # the model has run: a failure is not the model's
-    outcomes = concurrently(stub, [*innocent, poisoned])
+    bounded_stub.Encode(innocent[0], timeout=DEADLINE_S)  # the model has run: a failure is not the model's
+    outcomes = concurrently(bounded_stub, [*innocent, poisoned])
     failed_innocent = [outcome for outcome in outcomes[:-1] if isinstance(outcome, grpc.RpcError)]
     reliability_report.add("adversarial bounds", "one failing item among 20 co-batched requests", innocent_failed=len(failed_innocent))
     assert not failed_innocent, [(error.code().name, error.details()) for error in failed_innocent]
@@ -263,9 +263,9 @@ def test_a_failing_item_fails_only_its_own_request(stub, reference, reliability_
     assert isinstance(outcomes[-1], grpc.RpcError)
     assert_refused(outcomes[-1], "ITEM_FAILED")  # whether the item ran with others or, batched alone, after them
     assert "check the item's input" in outcomes[-1].details()
-    alone = refused(stub.Encode, inference_pb2.EncodeRequest(model=SHORT_VOCAB_MODEL, items=[types_pb2.Item(text=POISON_TEXT)]))
+    alone = refused(bounded_stub.Encode, inference_pb2.EncodeRequest(model=SHORT_VOCAB_MODEL, items=[types_pb2.Item(text=POISON_TEXT)]))
     assert_refused(alone, "ITEM_FAILED")  # batched alone, on a model that answers others: still the item's fault
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 
 
 def test_a_long_score_query_is_tokenized_once_with_the_same_pairs(tiny_models: dict[str, Path]) -> None:
@@ -288,7 +288,7 @@ def test_a_long_score_query_is_tokenized_once_with_the_same_pairs(tiny_models: d
 
 
 @pytest.mark.parametrize("seconds", [2**62, 10**12], ids=["2^62 s", "1e12 s"])
-def test_a_huge_work_timeout_is_answered(bounded, stub, reference, seconds, reliability_report) -> None:
+def test_a_huge_work_timeout_is_answered(bounded, bounded_stub, reference, seconds, reliability_report) -> None:
     work = worker_pb2.WorkRequest(
         request_id="huge-timeout",
         timeout=duration_pb2.Duration(seconds=seconds),
@@ -312,13 +312,13 @@ def test_a_huge_work_timeout_is_answered(bounded, stub, reference, seconds, reli
 
 
 @pytest.mark.parametrize("threshold", [math.nan, math.inf, -math.inf, -0.5, 1.5])
-def test_extract_threshold_must_be_a_probability(stub, reference, threshold, reliability_report) -> None:
+def test_extract_threshold_must_be_a_probability(bounded_stub, reference, threshold, reliability_report) -> None:
     request = inference_pb2.ExtractRequest(model="test/tiny-ner", items=[types_pb2.Item(text="Ada Lovelace")], threshold=threshold)
-    error = refused(stub.Extract, request)
+    error = refused(bounded_stub.Extract, request)
     reliability_report.add("adversarial bounds", f"extract threshold {threshold}", expected="INVALID_ARGUMENT INVALID_THRESHOLD", actual=outcome(error))
     assert_refused(error, "INVALID_THRESHOLD")
-    assert len(stub.Extract(inference_pb2.ExtractRequest(model="test/tiny-ner", items=[types_pb2.Item(text="Ada")], threshold=0.5), timeout=DEADLINE_S).results) == 1
-    np.testing.assert_array_equal(known(stub), reference)
+    assert len(bounded_stub.Extract(inference_pb2.ExtractRequest(model="test/tiny-ner", items=[types_pb2.Item(text="Ada")], threshold=0.5), timeout=DEADLINE_S).results) == 1
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 
 
 # --- every request field has an upper bound -------------------------------------------------------------------------
@@ -367,29 +367,29 @@ FIELD_CASES = {
 
 
 @pytest.mark.parametrize("case", FIELD_CASES, ids=list(FIELD_CASES))
-def test_every_request_field_has_an_upper_bound(stub, reference, case, reliability_report) -> None:
+def test_every_request_field_has_an_upper_bound(bounded_stub, reference, case, reliability_report) -> None:
     method, request, reason, setting = FIELD_CASES[case]
-    error = refused(getattr(stub, method), request)
+    error = refused(getattr(bounded_stub, method), request)
     reliability_report.add("adversarial bounds", f"over the bound: {case}", expected=f"INVALID_ARGUMENT {reason}", actual=outcome(error))
     assert_refused(error, reason, setting=setting)
     assert setting in error.details()
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 
 
-def test_an_error_echoes_a_huge_item_id_cut_short(stub, reference) -> None:
+def test_an_error_echoes_a_huge_item_id_cut_short(bounded_stub, reference) -> None:
     """Error messages and ErrorInfo name the item by its id: a megabyte id is cut, so the trailer stays small."""
     huge = "i" * 2**20
-    error = refused(stub.Encode, _encode(items=[types_pb2.Item(text="ok"), types_pb2.Item(id=huge)]))
+    error = refused(bounded_stub.Encode, _encode(items=[types_pb2.Item(text="ok"), types_pb2.Item(id=huge)]))
     assert_refused(error, "ITEM_WITHOUT_TEXT", item="1", item_id="i" * 128 + "...")
     assert len(error.details()) < 1024
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 
 
-def test_at_the_bounds_requests_are_answered(stub) -> None:
+def test_at_the_bounds_requests_are_answered(bounded_stub) -> None:
     at_bounds = _encode(items=[types_pb2.Item(text="ü" * 2048)] * 64, instruction="i" * 64, profile="default")
-    assert len(stub.Encode(at_bounds, timeout=DEADLINE_S).results) == 64
+    assert len(bounded_stub.Encode(at_bounds, timeout=DEADLINE_S).results) == 64
     # Options at their depth bound pass it: this model reads none of them, so they are refused as unknown, not as deep.
-    assert error_info(refused(stub.Encode, _encode(options=options(_nested(4))))).reason == "UNKNOWN_OPTION"
+    assert error_info(refused(bounded_stub.Encode, _encode(options=options(_nested(4))))).reason == "UNKNOWN_OPTION"
 
 
 # --- property: random options never crash, blow up or hang the worker ----------------------------------------------
@@ -423,20 +423,20 @@ def _struct(values: dict) -> struct_pb2.Struct | None:
         return None
 
 
-def test_random_options_never_crash_blow_up_or_hang_the_worker(bounded, stub, reference, reliability_report) -> None:
+def test_random_options_never_crash_blow_up_or_hang_the_worker(bounded, bounded_stub, reference, reliability_report) -> None:
     before = peak_rss(bounded.process.pid)
     codes: dict[str, set[str]] = {}
     calls = {
-        "encode (MUVERA)": lambda struct: stub.Encode(
+        "encode (MUVERA)": lambda struct: bounded_stub.Encode(
             inference_pb2.EncodeRequest(model="test/tiny-colbert", items=[types_pb2.Item(text="late interaction")], output_types=["dense"], options=struct),
             timeout=DEADLINE_S,
         ),
-        "encode": lambda struct: stub.Encode(_encode(options=struct), timeout=DEADLINE_S),
-        "score": lambda struct: stub.Score(
+        "encode": lambda struct: bounded_stub.Encode(_encode(options=struct), timeout=DEADLINE_S),
+        "score": lambda struct: bounded_stub.Score(
             inference_pb2.ScoreRequest(model="test/tiny-colbert", query=types_pb2.Item(text="q"), items=[types_pb2.Item(text="d")], options=struct),
             timeout=DEADLINE_S,
         ),
-        "extract": lambda struct: stub.Extract(
+        "extract": lambda struct: bounded_stub.Extract(
             inference_pb2.ExtractRequest(model="test/tiny-ner", items=[types_pb2.Item(text="Ada Lovelace")], options=struct), timeout=DEADLINE_S
         ),
     }
@@ -468,5 +468,5 @@ def test_random_options_never_crash_blow_up_or_hang_the_worker(bounded, stub, re
     for kind, seen in codes.items():
         reliability_report.add("adversarial bounds", f"random options on {kind}", examples=EXAMPLES_PER_CALL, statuses="/".join(sorted(seen)))
     assert growth < FUZZ_RSS_BOUND_BYTES, f"peak RSS grew {growth / 2**20:.0f} MiB"
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(bounded_stub), reference)
 

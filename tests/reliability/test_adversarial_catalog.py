@@ -17,7 +17,7 @@ import pytest
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_gliner, build_tiny_head_model, write_config
-from worker_process import WorkerProcess, inference_stub, serving_worker
+from worker_process import Services, WorkerProcess, inference_stub
 
 RERANKER = "tasks: [score]\nprofiles:\n  default:\n    adapter: cross_encoder\n"
 EXTRACT = "tasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n"
@@ -147,7 +147,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def worker(layout: dict[str, Path], hub_endpoint: str) -> Iterator[WorkerProcess]:
+def catalog_worker(services: Services, layout: dict[str, Path], hub_endpoint: str) -> WorkerProcess:
     env = {
         "SIE_MODELS_DIR": str(layout["configs"]),
         "SIE_PRELOAD_MODELS": "",
@@ -155,13 +155,12 @@ def worker(layout: dict[str, Path], hub_endpoint: str) -> Iterator[WorkerProcess
         "HF_HUB_CACHE": str(layout["hub"]),
         "HF_ENDPOINT": hub_endpoint,
     }
-    with serving_worker(env, layout["root"] / "worker.log") as worker:
-        yield worker
+    return services.worker(env, name="catalog-worker")
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with inference_stub(worker) as stub:
+def catalog_stub(catalog_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with inference_stub(catalog_worker) as stub:
         yield stub
 
 
@@ -183,34 +182,34 @@ def _load_failure(call: Callable[[], object]) -> grpc.RpcError:
 
 
 @pytest.mark.parametrize("model_id", list(BROKEN_CONFIGS))
-def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(stub, model_id: str) -> None:
+def test_a_config_field_a_model_cannot_be_built_from_is_a_permanent_failure(catalog_stub, model_id: str) -> None:
     # Before: a plain Exception (huggingface_hub's strict config validation) or ZeroDivisionError was retryable, so
     # the worker answered UNAVAILABLE MODEL_LOAD_BACKOFF and rebuilt the broken model every cool-down, without end.
-    error = _load_failure(_score(stub, model_id))
+    error = _load_failure(_score(catalog_stub, model_id))
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
-    failure = stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
+    failure = catalog_stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
     assert (failure.permanent, failure.attempts) == (True, 1)
-    response, _ = call_until_loaded(_score(stub, HEALTHY))
+    response, _ = call_until_loaded(_score(catalog_stub, HEALTHY))
     assert len(response.scores) == 1
 
 
-def test_a_huge_load_failure_is_cut_to_fit_the_callers_trailers(stub) -> None:
+def test_a_huge_load_failure_is_cut_to_fit_the_callers_trailers(catalog_stub) -> None:
     # Before: the 20 kB cause went whole into the error (twice, in grpc-message and the Status), past the caller's
     # 8 KiB trailer limit: the caller got RESOURCE_EXHAUSTED / INTERNAL instead of FAILED_PRECONDITION.
-    error = _load_failure(_score(stub, HUGE_CAUSE))
+    error = _load_failure(_score(catalog_stub, HUGE_CAUSE))
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "MODEL_LOAD_FAILED")
     assert len(error.details()) <= MESSAGE_LIMIT
     assert "characters)" in error.details() and "model type" in error.details()
-    described = stub.GetModel(inference_pb2.GetModelRequest(model=HUGE_CAUSE)).model
+    described = catalog_stub.GetModel(inference_pb2.GetModelRequest(model=HUGE_CAUSE)).model
     assert described.failure.permanent and len(described.failure.error) <= MESSAGE_LIMIT
 
 
 @pytest.mark.parametrize("where", ["outside", "hub"])
-def test_a_gliner_backbone_named_instead_of_saved_cannot_run_shipped_code(stub, layout: dict[str, Path], where: str) -> None:
+def test_a_gliner_backbone_named_instead_of_saved_cannot_run_shipped_code(catalog_stub, layout: dict[str, Path], where: str) -> None:
     # Before: with encoder_config left out, GLiNER read the backbone config from model_name (a local directory
     # anywhere, or a Hub id in the local cache) and built it with trust_remote_code=True: its Python file ran.
     error = _load_failure(
-        lambda: stub.Extract(
+        lambda: catalog_stub.Extract(
             inference_pb2.ExtractRequest(model=f"test/gliner-{where}-backbone", items=[types_pb2.Item(text="Ada")], labels=["person"]), timeout=60
         ),
     )
@@ -220,7 +219,7 @@ def test_a_gliner_backbone_named_instead_of_saved_cannot_run_shipped_code(stub, 
 
 
 @pytest.mark.parametrize("model_id", [GLINER, GLINER_BI])
-def test_labels_past_the_backbones_position_table_are_answered(stub, model_id: str) -> None:
+def test_labels_past_the_backbones_position_table_are_answered(catalog_stub, model_id: str) -> None:
     # The replicas' tokenizer reads up to 512 tokens, the backbone positions 128 (a tokenizer that says more than its
     # model holds, as downloads do). Before: 128 labels (or one long label on the bi-encoder) failed the forward pass.
     text = "Ada Lovelace worked with Charles Babbage in London."
@@ -230,19 +229,19 @@ def test_labels_past_the_backbones_position_table_are_answered(stub, model_id: s
         ["person", "", " ", "\u200b", "人物", "[SEP]"],
     ]
     for labels in cases:
-        response = _extract(stub, model_id, [text, "", "word " * 5000], labels)
+        response = _extract(catalog_stub, model_id, [text, "", "word " * 5000], labels)
         assert len(response.results) == 3
         for result, item in zip(response.results, [text, "", "word " * 5000]):
             assert all(0 <= e.start < e.end <= len(item) and e.text == item[e.start : e.end] for e in result.entities)
-    assert len(_extract(stub, model_id, [text], ["person", "city"]).results) == 1
+    assert len(_extract(catalog_stub, model_id, [text], ["person", "city"]).results) == 1
 
 
 @pytest.mark.parametrize("model_id", list(HUB_ANSWERS))
-def test_the_hub_saying_a_repository_or_revision_is_not_there_is_permanent(stub, model_id: str) -> None:
+def test_the_hub_saying_a_repository_or_revision_is_not_there_is_permanent(catalog_stub, model_id: str) -> None:
     # Before: every Hub failure was retryable, so a wrong revision or repository id (or a gated one) answered
     # UNAVAILABLE MODEL_LOAD_BACKOFF and asked the Hub again every cool-down, without end. A Hub that fails otherwise stays retryable.
-    error = _load_failure(_score(stub, model_id))
-    failure = stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
+    error = _load_failure(_score(catalog_stub, model_id))
+    failure = catalog_stub.GetModel(inference_pb2.GetModelRequest(model=model_id)).model.failure
     if model_id == "test/hub-failing":
         assert (error.code(), error_info(error).reason, failure.permanent) == (grpc.StatusCode.UNAVAILABLE, "MODEL_LOAD_BACKOFF", False)
         return
@@ -256,28 +255,28 @@ def _peak_rss(pid: int) -> int:
     return next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:"))
 
 
-def test_long_texts_are_split_into_words_only_as_far_as_gliner_reads(worker: WorkerProcess, stub) -> None:
+def test_long_texts_are_split_into_words_only_as_far_as_gliner_reads(catalog_worker: WorkerProcess, catalog_stub) -> None:
     # Before: GLiNER split each whole text into words before keeping its first max_len: four texts of 2 MiB of
     # one-character words held the device thread for seconds and grew the worker by about 750 MiB (after: what
     # holding the request takes, under 100 MiB).
-    _extract(stub, GLINER, ["Ada Lovelace"], ["person"])
+    _extract(catalog_stub, GLINER, ["Ada Lovelace"], ["person"])
     start = "Ada Lovelace worked with Charles Babbage in London . "
     text = start + "." * (2**21 - len(start))  # every "." a word: 2 million words
-    before = _peak_rss(worker.pid)
-    answer = _extract(stub, GLINER, [text] * 4, ["person", "city"])
-    grown = _peak_rss(worker.pid) - before
+    before = _peak_rss(catalog_worker.pid)
+    answer = _extract(catalog_stub, GLINER, [text] * 4, ["person", "city"])
+    grown = _peak_rss(catalog_worker.pid) - before
     # The same entities as the text cut to the words GLiNER reads (its max_len: 64 in the replica).
-    cut = _extract(stub, GLINER, [start + "." * 64], ["person", "city"])
+    cut = _extract(catalog_stub, GLINER, [start + "." * 64], ["person", "city"])
     expected = [(e.start, e.end, e.label, e.text) for e in cut.results[0].entities]
     assert expected and all([(e.start, e.end, e.label, e.text) for e in result.entities] == expected for result in answer.results)
     assert grown < 128 * 2**20, f"{grown / 2**20:.0f} MiB more"
 
 
-def test_out_of_memory_in_an_import_fallback_stays_retryable(stub) -> None:
+def test_out_of_memory_in_an_import_fallback_stays_retryable(catalog_stub) -> None:
     # Before: the ImportError the fallback handled is the out-of-memory error's context, and any ImportError in the
     # chain made a failure permanent: a moment without memory refused the model until the worker restarted.
-    error = _load_failure(_score(stub, OOM_IN_FALLBACK))
+    error = _load_failure(_score(catalog_stub, OOM_IN_FALLBACK))
     assert (error.code(), error_info(error).reason) == (grpc.StatusCode.UNAVAILABLE, "MODEL_LOAD_BACKOFF")
     assert OOM_MESSAGE in error.details()
-    failure = stub.GetModel(inference_pb2.GetModelRequest(model=OOM_IN_FALLBACK)).model.failure
+    failure = catalog_stub.GetModel(inference_pb2.GetModelRequest(model=OOM_IN_FALLBACK)).model.failure
     assert (failure.permanent, failure.attempts) == (False, 1)

@@ -27,7 +27,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_contract.tensors import from_tensor
 from tiny_decoders import build_decoder_embedder
 from tiny_models import write_config
-from worker_process import WorkerProcess, serving_worker
+from worker_process import Services, WorkerProcess
 
 STELLA = "test/adv-stella"
 ROBERTA = "test/adv-roberta"
@@ -99,7 +99,7 @@ def _roberta(directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+def decoders_worker(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     root = tmp_path_factory.mktemp("adv-decoders")
     stella = build_decoder_embedder(
         root / "stella", "qwen2", pooling="mean", template="eos", dense=[(24, "tanh", True)], normalize=False, dense_folder=DENSE, dense_bin=True
@@ -132,15 +132,14 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
         "SIE_MAX_INSTRUCTION_BYTES": str(INSTRUCTION_BYTES),
     }
     try:
-        with serving_worker(env, tmp_path_factory.mktemp("adv-decoder-worker") / "worker.log") as worker:
-            yield worker
+        yield services.worker(env, name="adv-decoder-worker")
     finally:
         PWNED.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with grpc.insecure_channel(worker.address) as channel:
+def decoders_stub(decoders_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with grpc.insecure_channel(decoders_worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
 
@@ -159,28 +158,28 @@ def rss(pid: int) -> int:
 
 
 @pytest.mark.parametrize("case", list(BROKEN_DENSE))
-def test_a_broken_dense_folder_fails_the_load_for_good(stub, case: str) -> None:
+def test_a_broken_dense_folder_fails_the_load_for_good(decoders_stub, case: str) -> None:
     """Every broken Dense folder is a permanent MODEL_LOAD_FAILED naming the folder, not a load retried with
     backoff for ever (UNAVAILABLE) nor a 128 TB allocation; the hostile pickle's code never runs."""
     with pytest.raises(grpc.RpcError) as raised:
-        encode(stub, _broken_id(case), ["x"])
+        encode(decoders_stub, _broken_id(case), ["x"])
     assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION, raised.value.details()
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert DENSE in raised.value.details()
     assert not PWNED.exists()
-    assert encode(stub, STELLA, ["still served"]).shape == (1, 24)
+    assert encode(decoders_stub, STELLA, ["still served"]).shape == (1, 24)
 
 
-def test_left_padding_keeps_a_roberta_position_table_right(stub) -> None:
+def test_left_padding_keeps_a_roberta_position_table_right(decoders_stub) -> None:
     """padding_side: left on an XLM-RoBERTa: its positions start at padding_idx + 1, and the vectors equal the
     right-padded ones (they did not: position ids from 0 were passed, even to an item without padding)."""
     texts = ["a", "a much longer text with many more words in it than the first", "mid length text"]
-    right = encode(stub, ROBERTA, texts)
-    left = encode(stub, ROBERTA, texts, profile="left")
+    right = encode(decoders_stub, ROBERTA, texts)
+    left = encode(decoders_stub, ROBERTA, texts, profile="left")
     np.testing.assert_allclose(left, right, atol=1e-5)
 
 
-def test_distinct_instructions_do_not_grow_the_worker(worker, stub) -> None:
+def test_distinct_instructions_do_not_grow_the_worker(decoders_worker, decoders_stub) -> None:
     """include_prompt: false counts each prompt's tokens: one count per distinct instruction was kept for ever,
     keyed by the whole prompt. Now only the latest 16 (PROMPT_COUNTS_KEPT) are. The worker takes instructions of
     INSTRUCTION_BYTES here so that a few requests show what many more would at the default bound (of short
@@ -190,37 +189,37 @@ def test_distinct_instructions_do_not_grow_the_worker(worker, stub) -> None:
         for index in range(start, start + count):
             # Counted, then refused: far more tokens than the model reads (test_an_instruction_that_fills_...).
             with pytest.raises(grpc.RpcError) as raised:
-                encode(stub, GRIT, ["t"], instruction=f"{index:06d}" + " word" * ((INSTRUCTION_BYTES - 6) // 5), is_query=True)
+                encode(decoders_stub, GRIT, ["t"], instruction=f"{index:06d}" + " word" * ((INSTRUCTION_BYTES - 6) // 5), is_query=True)
             assert error_info(raised.value).reason == "PROMPT_TOO_LONG"
 
     send(0, 240)  # warm: the counts kept, allocator arenas, gRPC buffers (RSS settles after about 200 such requests)
-    before = rss(worker.process.pid)
+    before = rss(decoders_worker.process.pid)
     send(240, 120)  # 120 distinct 512 KB instructions: 60 MB when every count was kept
-    assert rss(worker.process.pid) - before < 20 * 2**20
+    assert rss(decoders_worker.process.pid) - before < 20 * 2**20
 
 
 @pytest.mark.parametrize("profile", ["default", "mean"])
 @pytest.mark.parametrize("texts", [[""], ["", "beside a text"], ["beside a text", ""]])
-def test_a_text_of_no_tokens_is_refused_alone_or_batched(stub, profile: str, texts: list[str]) -> None:
+def test_a_text_of_no_tokens_is_refused_alone_or_batched(decoders_stub, profile: str, texts: list[str]) -> None:
     """An empty text on a tokenizer that adds no special token: alone it failed its forward pass (INTERNAL
     INFERENCE_FAILED on the model's first pass), beside other items it came back a zero vector. Now it is
     INVALID_ARGUMENT NO_TOKENS naming the item either way, and the text beside it is answered on its own."""
     with pytest.raises(grpc.RpcError) as raised:
-        encode(stub, BARE, texts, profile=profile)
+        encode(decoders_stub, BARE, texts, profile=profile)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     info = error_info(raised.value)
     assert (info.reason, info.metadata["item"]) == ("NO_TOKENS", str(texts.index("")))
-    assert np.linalg.norm(encode(stub, BARE, ["beside a text"], profile=profile)) > 0
+    assert np.linalg.norm(encode(decoders_stub, BARE, ["beside a text"], profile=profile)) > 0
 
 
-def test_an_instruction_that_fills_the_model_length_is_refused_where_the_prompt_is_not_pooled(stub) -> None:
+def test_an_instruction_that_fills_the_model_length_is_refused_where_the_prompt_is_not_pooled(decoders_stub) -> None:
     """include_prompt: false with an instruction of more tokens than the model reads (64 here; 4,096 for GritLM,
     whose 16 KB instruction bound allows about 8,000) left nothing to pool: every item came back a zero vector.
     Now INVALID_ARGUMENT PROMPT_TOO_LONG; a shorter instruction is answered."""
     texts = ["one text", "a quite different second text"]
     with pytest.raises(grpc.RpcError) as raised:
-        encode(stub, GRIT, texts, instruction="retrieve " * 100, is_query=True)
+        encode(decoders_stub, GRIT, texts, instruction="retrieve " * 100, is_query=True)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "PROMPT_TOO_LONG"
-    served = encode(stub, GRIT, texts, instruction="retrieve " * 4, is_query=True)
+    served = encode(decoders_stub, GRIT, texts, instruction="retrieve " * 4, is_query=True)
     assert np.linalg.norm(served, axis=1).min() > 0 and not np.allclose(served[0], served[1])

@@ -28,7 +28,7 @@ from tiny_colpali import build_tiny_colqwen2
 from tiny_detectors import build_tiny_grounding_dino, build_tiny_owlv2
 from tiny_families import build_tiny_gliclass, build_tiny_glirel, build_tiny_nli
 from tiny_models import write_config
-from worker_process import inference_stub, serving_worker
+from worker_process import Services, inference_stub
 
 NLI = "test/adv-nli"
 GLICLASS = "test/adv-gliclass"
@@ -68,7 +68,7 @@ def text_first(directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def extraction_stub(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     root = tmp_path_factory.mktemp("adv-extraction")
     configs = root / "configs"
     configs.mkdir()
@@ -91,7 +91,8 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
         "SIE_PRELOAD_MODELS": "",
         "SIE_MAX_REQUEST_IMAGE_PIXELS": str(REQUEST_PIXELS),
     }
-    with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
+    worker = services.worker(env, name="extraction-worker")
+    with inference_stub(worker) as stub:
         assert worker.pid is not None
         WORKER_PID.append(worker.pid)
         yield stub
@@ -135,39 +136,39 @@ def extract(
     ],
     ids=["grounding-dino-1", "grounding-dino-0.999", "owlv2-1"],
 )
-def test_a_threshold_no_object_passes_finds_no_objects(stub, model_id, threshold, options) -> None:
+def test_a_threshold_no_object_passes_finds_no_objects(extraction_stub, model_id, threshold, options) -> None:
     # GroundingDINO's post-processing decodes the labels of no object as one empty label: INTERNAL (a zip of
     # unequal lengths) before the fix.
-    response = extract(stub, model_id, [image_item(png())], threshold=threshold, **options)
+    response = extract(extraction_stub, model_id, [image_item(png())], threshold=threshold, **options)
     assert [list(result.objects) for result in response.results] == [[]]
 
 
 @pytest.mark.parametrize("profile", ["", "single"])
-def test_gliclass_labels_past_the_models_length_are_refused(stub, profile) -> None:
+def test_gliclass_labels_past_the_models_length_are_refused(extraction_stub, profile) -> None:
     # The tiny GLiClass reads 128 tokens of "<<LABEL>>label ... <<SEP>>text": labels past them were cut from its
     # input and scored from a logit of 0 (0.5 multi-label, at the default threshold) without being read.
     labels = [f"label {index} " + "word " * 40 for index in range(4)]
     request = extract_request(GLICLASS, [types_pb2.Item(text="a short text")], labels, None, {})
     request.profile = profile
     with pytest.raises(grpc.RpcError) as raised:
-        call_until_loaded(lambda: stub.Extract(request, timeout=60))
+        call_until_loaded(lambda: extraction_stub.Extract(request, timeout=60))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "LABELS_TOO_LONG"
     assert "the labels make a prompt of" in raised.value.details()
-    assert extract(stub, GLICLASS, [types_pb2.Item(text="a short text")], labels[:1]).results[0].classifications
+    assert extract(extraction_stub, GLICLASS, [types_pb2.Item(text="a short text")], labels[:1]).results[0].classifications
 
 
-def test_gliclass_reading_the_text_first_reads_every_label_of_a_long_text(stub) -> None:
+def test_gliclass_reading_the_text_first_reads_every_label_of_a_long_text(extraction_stub) -> None:
     # "text<<LABEL>>a<<LABEL>>b<<SEP>>" cut to the model's 128 tokens: the labels of a long text were cut off and
     # each scored 0.5 (a logit of 0), unread. Now the text is cut to leave them room.
     long = "the quarterly report on revenue and spending was published " * 30
     labels = ["sports", "economy"]
-    response = extract(stub, GLICLASS_TEXT_FIRST, [types_pb2.Item(text=long)], labels, 0.0)
+    response = extract(extraction_stub, GLICLASS_TEXT_FIRST, [types_pb2.Item(text=long)], labels, 0.0)
     scores = {found.label: found.score for found in response.results[0].classifications}
     assert sorted(scores) == sorted(labels) and all(score != 0.5 for score in scores.values()), scores
 
 
-def test_glirel_keeps_the_best_relations_of_an_item(stub) -> None:
+def test_glirel_keeps_the_best_relations_of_an_item(extraction_stub) -> None:
     # 60 one-word spans and 4 labels at threshold 0: every ordered pair and label is a relation (12,320 for a text of
     # 200 characters, 600 KB of answer per item, held for the whole request). Now the best max_relations (default
     # 100, at most 1,000).
@@ -177,7 +178,7 @@ def test_glirel_keeps_the_best_relations_of_an_item(stub) -> None:
     item = [types_pb2.Item(text=text)]
 
     def relations(**options: Any) -> list[float]:
-        response = extract(stub, GLIREL, item, labels, 0.0, entities=spans, **options)
+        response = extract(extraction_stub, GLIREL, item, labels, 0.0, entities=spans, **options)
         return [relation.score for relation in response.results[0].relations]
 
     default = relations()
@@ -186,7 +187,7 @@ def test_glirel_keeps_the_best_relations_of_an_item(stub) -> None:
     assert len(relations(max_relations=1000)) == 1000
     request = extract_request(GLIREL, item, labels, 0.0, {"entities": spans, "max_relations": 1001})
     with pytest.raises(grpc.RpcError) as raised:
-        stub.Extract(request, timeout=60)
+        extraction_stub.Extract(request, timeout=60)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "INVALID_OPTIONS"
     assert "max_relations: must be a whole number from 1 to 1000" in raised.value.details()
@@ -197,7 +198,7 @@ def test_glirel_keeps_the_best_relations_of_an_item(stub) -> None:
     [(GROUNDING_DINO, 120), (COLQWEN2, 1300)],
     ids=["grounding-dino-extract", "colqwen2-encode"],
 )
-def test_the_pixels_of_a_requests_images_are_bounded(stub, model_id, items) -> None:
+def test_the_pixels_of_a_requests_images_are_bounded(extraction_stub, model_id, items) -> None:
     # A 1x1 PNG is 69 bytes, and the processor makes 96 x 96 float32 pixels of it for the tiny GroundingDINO (800 x
     # 800 for the real one: 7.7 MB): 8,192 of them in a 600 KB request would hold 63 GB at once, decoded and processed
     # before any forward pass. The sum over a request's images, from their headers, is bounded before decoding.
@@ -205,10 +206,10 @@ def test_the_pixels_of_a_requests_images_are_bounded(stub, model_id, items) -> N
     many = [image_item(tiny)] * items
     if model_id == GROUNDING_DINO:
         request: Any = extract_request(model_id, many, LABELS, None, {})
-        call = stub.Extract
+        call = extraction_stub.Extract
     else:
         request = inference_pb2.EncodeRequest(model=model_id, items=many, output_types=["multivector"])
-        call = stub.Encode
+        call = extraction_stub.Encode
     with pytest.raises(grpc.RpcError) as raised:
         call_until_loaded(lambda: call(request, timeout=60))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -216,10 +217,10 @@ def test_the_pixels_of_a_requests_images_are_bounded(stub, model_id, items) -> N
     assert f"the limit is {REQUEST_PIXELS} (SIE_MAX_REQUEST_IMAGE_PIXELS)" in raised.value.details()
     del many[items // 2 :]
     if model_id == GROUNDING_DINO:
-        assert len(extract(stub, model_id, many).results) == items // 2
+        assert len(extract(extraction_stub, model_id, many).results) == items // 2
     else:
         half = inference_pb2.EncodeRequest(model=model_id, items=many, output_types=["multivector"])
-        assert len(call_until_loaded(lambda: stub.Encode(half, timeout=60))[0].results) == items // 2
+        assert len(call_until_loaded(lambda: extraction_stub.Encode(half, timeout=60))[0].results) == items // 2
 
 
 def resident_mb(pid: int) -> float:
@@ -227,7 +228,7 @@ def resident_mb(pid: int) -> float:
         return int(status.read().split("VmRSS:")[1].split()[0]) / 1024
 
 
-def test_nli_holds_the_pairs_of_a_batch_not_of_the_request(stub) -> None:
+def test_nli_holds_the_pairs_of_a_batch_not_of_the_request(extraction_stub) -> None:
     # Every (text, hypothesis) pair of a request was tokenized before the first forward pass and held until it
     # answered: 200 texts x 128 labels are 25,600 pairs of up to 64 tokens as Python lists (about 85 MB here, for a
     # 130 KB request; 8,192 texts x 128 labels x 512 tokens of a real model are tens of GB). Now a batch's pairs are
@@ -235,7 +236,7 @@ def test_nli_holds_the_pairs_of_a_batch_not_of_the_request(stub) -> None:
     text = "the quarterly report on revenue and spending was published " * 10
     labels = [f"label number {index}" for index in range(128)]
     items = [types_pb2.Item(text=f"{text}{index}") for index in range(200)]
-    extract(stub, NLI, items[:1], labels)
+    extract(extraction_stub, NLI, items[:1], labels)
     pid = WORKER_PID[0]
     before, peak, done = resident_mb(pid), [0.0], threading.Event()
 
@@ -247,7 +248,7 @@ def test_nli_holds_the_pairs_of_a_batch_not_of_the_request(stub) -> None:
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        response = extract(stub, NLI, items, labels)
+        response = extract(extraction_stub, NLI, items, labels)
     finally:
         done.set()
         watcher.join()
@@ -267,7 +268,7 @@ def oriented_png(image: Image.Image, orientation: int) -> bytes:
 
 
 @pytest.mark.parametrize("orientation", [6, 8, 3])
-def test_an_images_exif_orientation_is_applied(stub, orientation) -> None:
+def test_an_images_exif_orientation_is_applied(extraction_stub, orientation) -> None:
     # A phone photo is stored sideways with an EXIF orientation; transformers' own image loading (its pipelines'
     # load_image) turns it upright, as viewers do. The worker read the stored pixels: boxes in a frame the caller
     # never sees, a page embedded on its side. Now it is turned as transformers turns it.
@@ -280,13 +281,13 @@ def test_an_images_exif_orientation_is_applied(stub, orientation) -> None:
 
     def pages(data: bytes) -> np.ndarray:
         request = inference_pb2.EncodeRequest(model=COLQWEN2, items=[image_item(data)], output_types=["multivector"])
-        result = call_until_loaded(lambda: stub.Encode(request, timeout=60))[0].results[0]
+        result = call_until_loaded(lambda: extraction_stub.Encode(request, timeout=60))[0].results[0]
         return from_tensor(result.multivector)
 
     np.testing.assert_allclose(pages(sent), pages(buffer.getvalue()), atol=1e-5)
 
     def boxes(data: bytes) -> list[list[float]]:
-        found = extract(stub, OWLV2, [image_item(data)], threshold=0.0).results[0].objects
+        found = extract(extraction_stub, OWLV2, [image_item(data)], threshold=0.0).results[0].objects
         return [[found.box.x_min, found.box.y_min, found.box.x_max, found.box.y_max] for found in found]
 
     np.testing.assert_allclose(boxes(sent), boxes(buffer.getvalue()), rtol=1e-4, atol=1e-3)

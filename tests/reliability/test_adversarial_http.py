@@ -18,22 +18,10 @@ import pytest
 from grpc_helpers import error_reason
 from sie.v1 import inference_pb2, inference_pb2_grpc
 
-from test_http_edge import MEAN, Edge, running_edge
-from reliability.test_http_hostile import AUTH, TOKEN, reason
+from edge_helpers import MEAN, Edge
+from reliability.test_http_hostile import AUTH, reason
 
 ITEMS = '"items": [{"text": "a query over http"}]'
-
-
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory, etcd_server, tiny_models):
-    with running_edge(
-        tmp_path_factory.mktemp("adversarial-edge"),
-        etcd_server.endpoint,
-        tiny_models,
-        SIE_AUTH_MODE="static",
-        SIE_AUTH_TOKENS=TOKEN,
-    ) as running:
-        yield running
 
 
 def post(
@@ -94,9 +82,9 @@ LENIENT = [
     ("name", "body", "expected"), LENIENT, ids=[case[0] for case in LENIENT]
 )
 def test_json_the_transcoder_reads_leniently_cannot_hide_a_field(
-    edge, name, body, expected
+    auth_edge, name, body, expected
 ) -> None:
-    status, got = post(edge, body.encode())
+    status, got = post(auth_edge, body.encode())
     assert status == 400, (name, got)
     assert reason(got) == expected, got
     if expected == "UNKNOWN_FIELD":
@@ -111,18 +99,18 @@ def test_json_the_transcoder_reads_leniently_cannot_hide_a_field(
     ["application/grpc-web", "application/grpcx", "application/grpc; charset=utf-8"],
 )
 def test_a_grpc_looking_content_type_does_not_skip_the_check(
-    edge, content_type
+    auth_edge, content_type
 ) -> None:
     """Envoy transcodes these as JSON (only application/grpc and application/grpc+... are gRPC to it)."""
-    status, got = post(edge, ("{" + ITEMS + ', "colour": 1}').encode(), content_type)
+    status, got = post(auth_edge, ("{" + ITEMS + ', "colour": 1}').encode(), content_type)
     assert status == 400 and reason(got) == "UNKNOWN_FIELD", got
     assert got["details"][0]["metadata"] == {"field": "colour"}
 
 
-def test_strict_json_with_escapes_passes_and_an_escaped_key_is_its_field(edge) -> None:
-    plain = post(edge, ("{" + ITEMS + ', "is_query": true}').encode())
+def test_strict_json_with_escapes_passes_and_an_escaped_key_is_its_field(auth_edge) -> None:
+    plain = post(auth_edge, ("{" + ITEMS + ', "is_query": true}').encode())
     escaped = post(
-        edge,
+        auth_edge,
         (
             '{\r\n\t"items": [{"text": "a query over http", "metadata": '
             + '{"s": "\\"\\\\\\u00e9\\/", "n": [-1.5e-3, 0, true, null, {}, []]}}]'
@@ -136,7 +124,7 @@ def test_strict_json_with_escapes_passes_and_an_escaped_key_is_its_field(edge) -
     )
 
 
-def test_a_long_key_over_a_long_list_does_not_stall_envoy(edge) -> None:
+def test_a_long_key_over_a_long_list_does_not_stall_envoy(auth_edge) -> None:
     """4 MB key, 60,000 list items under it, no token: the check used to copy the key's path for each
     item (400 GB of copying, Envoy's worker busy for many minutes); it is linear now and the caller
     gets its 401 at once. (100,000 items are over the check's 65,536 values: 400 TOO_MANY_VALUES.)"""
@@ -147,15 +135,15 @@ def test_a_long_key_over_a_long_list_does_not_stall_envoy(edge) -> None:
         + ",".join(["1"] * 60_000)
         + "]}}"
     )
-    status, got = post(edge, body.encode(), token=False)
+    status, got = post(auth_edge, body.encode(), token=False)
     assert status == 401 and reason(got) == "MISSING_TOKEN", (status, str(got)[:300])
 
 
 def test_a_body_nested_past_the_checks_depth_is_refused_before_the_transcoder(
-    edge,
+    auth_edge,
 ) -> None:
     body = "{" + ITEMS + ', "options": {"a": ' + "[" * 70 + "]" * 70 + '}, "colour": 1}'
-    status, got = post(edge, body.encode())
+    status, got = post(auth_edge, body.encode())
     assert (
         status == 400
         and reason(got) == "INVALID_JSON"
@@ -172,16 +160,16 @@ def test_a_body_nested_past_the_checks_depth_is_refused_before_the_transcoder(
     ],
 )
 def test_a_query_string_on_a_body_route_is_refused_naming_it(
-    edge, query, parameter
+    auth_edge, query, parameter
 ) -> None:
     """The transcoder also reads fields from the query string: `?dims=8` was dropped under the body's
     `dims`, and `?model=` replaced the path's model."""
-    status, got = post(edge, ("{" + ITEMS + ', "dims": 16}').encode(), query=query)
+    status, got = post(auth_edge, ("{" + ITEMS + ', "dims": 16}').encode(), query=query)
     assert status == 400 and reason(got) == "QUERY_NOT_ALLOWED", got
     assert got["details"][0]["metadata"] == {"parameter": parameter}
 
 
-def test_a_percent_encoded_slash_in_a_model_id_is_the_slash(edge) -> None:
+def test_a_percent_encoded_slash_in_a_model_id_is_the_slash(auth_edge) -> None:
     """`encodeURIComponent(model)` writes `test%2Ftiny-mean`: the transcoder kept `%2F` as it came."""
     described = subprocess.run(
         [
@@ -189,7 +177,7 @@ def test_a_percent_encoded_slash_in_a_model_id_is_the_slash(edge) -> None:
             "-s",
             "-H",
             f"authorization: {AUTH['authorization']}",
-            f"{edge.base}/v1/models/{MEAN.replace('/', '%2F')}",
+            f"{auth_edge.base}/v1/models/{MEAN.replace('/', '%2F')}",
         ],
         capture_output=True,
         timeout=60,
@@ -197,14 +185,14 @@ def test_a_percent_encoded_slash_in_a_model_id_is_the_slash(edge) -> None:
     ).stdout
     assert json.loads(described)["id"] == MEAN, described[:300]
     status, got = post(
-        edge,
+        auth_edge,
         ("{" + ITEMS + "}").encode(),
         path=f"/v1/encode/{MEAN.replace('/', '%2F')}",
     )
     assert status == 200 and got["model"] == MEAN, got
 
 
-def test_a_model_name_over_its_bound_is_refused_before_an_error_quotes_it(edge) -> None:
+def test_a_model_name_over_its_bound_is_refused_before_an_error_quotes_it(auth_edge) -> None:
     """DescribeModel and GetModel quoted any name back, twice: 100 kB of name broke the answer's
     trailers (the client read RESOURCE_EXHAUSTED "received metadata size exceeds hard limit")."""
     described = subprocess.run(
@@ -215,7 +203,7 @@ def test_a_model_name_over_its_bound_is_refused_before_an_error_quotes_it(edge) 
             "\n%{http_code}",
             "-H",
             f"authorization: {AUTH['authorization']}",
-            f"{edge.base}/v1/models/{'a' * 300}",
+            f"{auth_edge.base}/v1/models/{'a' * 300}",
         ],
         capture_output=True,
         timeout=60,
@@ -226,7 +214,7 @@ def test_a_model_name_over_its_bound_is_refused_before_an_error_quotes_it(edge) 
         :300
     ]
     metadata = (("authorization", AUTH["authorization"]),)
-    with grpc.insecure_channel(edge.gateway.address) as channel:
+    with grpc.insecure_channel(auth_edge.gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         for call, request in [
             (
@@ -251,10 +239,10 @@ def test_a_model_name_over_its_bound_is_refused_before_an_error_quotes_it(edge) 
     ],
     ids=["encode model", "renewed pool"],
 )
-def test_a_body_field_the_path_binds_is_refused(edge, path, body, field) -> None:
+def test_a_body_field_the_path_binds_is_refused(auth_edge, path, body, field) -> None:
     """The transcoder let the body override the path: POST /v1/encode/a with {"model": "b"} encoded with
     b, and POST /v1/pools/p/renew with {"name": "q"} renewed q."""
-    status, got = post(edge, body.encode(), path=path)
+    status, got = post(auth_edge, body.encode(), path=path)
     assert status == 400 and reason(got) == "FIELD_IN_PATH", got
     assert (
         got["details"][0]["metadata"] == {"field": field}
@@ -271,7 +259,7 @@ def test_a_body_field_the_path_binds_is_refused(edge, path, body, field) -> None
     ],
 )
 def test_a_query_string_on_a_route_without_a_body_is_refused_naming_it(
-    edge, method, path, parameter
+    auth_edge, method, path, parameter
 ) -> None:
     """DELETE /v1/pools/p?name=q deleted pool q; an unknown parameter was a misleading 404 ROUTE_NOT_FOUND."""
     output = subprocess.run(
@@ -284,7 +272,7 @@ def test_a_query_string_on_a_route_without_a_body_is_refused_naming_it(
             "\n%{http_code}",
             "-H",
             f"authorization: {AUTH['authorization']}",
-            edge.base + path,
+            auth_edge.base + path,
         ],
         capture_output=True,
         timeout=60,
@@ -308,21 +296,21 @@ def test_a_query_string_on_a_route_without_a_body_is_refused_naming_it(
     ],
     ids=["both spellings", "params twice", "in an item"],
 )
-def test_a_field_given_twice_is_refused_naming_it(edge, body, field) -> None:
+def test_a_field_given_twice_is_refused_naming_it(auth_edge, body, field) -> None:
     """The transcoder kept one of the values without a word (`is_query: true, isQuery: false`
     embedded a document)."""
-    status, got = post(edge, body.encode())
+    status, got = post(auth_edge, body.encode())
     assert status == 400 and reason(got) == "DUPLICATE_FIELD", got
     assert got["details"][0]["metadata"] == {"field": field}
 
 
-def test_a_pool_name_no_pool_can_have_is_refused_without_quoting_it_whole(edge) -> None:
+def test_a_pool_name_no_pool_can_have_is_refused_without_quoting_it_whole(auth_edge) -> None:
     """GetPool, DeletePool and RenewPool quoted any name back twice in their NOT_FOUND: 100 kB of name
     made trailers the client refuses (it read RESOURCE_EXHAUSTED, a retryable status), and etcd was asked
     for the key first."""
     metadata = (("authorization", AUTH["authorization"]),)
     name = "a" * 100_000
-    with grpc.insecure_channel(edge.gateway.address) as channel:
+    with grpc.insecure_channel(auth_edge.gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         for call, request in [
             (stub.GetPool, inference_pb2.GetPoolRequest(name=name)),

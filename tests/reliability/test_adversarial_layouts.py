@@ -33,7 +33,7 @@ from tiny_layouts import (
     tiny_bert_config,
 )
 from tiny_models import write_config
-from worker_process import WorkerProcess, serving_worker
+from worker_process import Services, WorkerProcess
 
 DOCUMENT_LENGTH = 20
 COLBERT_BODY = "tasks: [encode, score]\noutput_types: [multivector]\nprofiles:\n  default:\n    adapter: colbert\n"
@@ -141,20 +141,19 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, st
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory, models: dict[str, tuple[Path, str]]) -> Iterator[WorkerProcess]:
+def layouts_worker(services: Services, tmp_path_factory: pytest.TempPathFactory, models: dict[str, tuple[Path, str]]) -> WorkerProcess:
     configs = tmp_path_factory.mktemp("hostile-layout-configs")
     for model_id, (directory, body) in models.items():
         write_config(configs, model_id, f"path: {directory}\n{body}")
     roots = {str(directory.parent) for directory, _ in models.values()}
     settings = {"SIE_MODELS_DIR": str(configs), "SIE_MAX_SEND_MESSAGE_BYTES": str(SEND_LIMIT), "SIE_WEIGHT_ROOTS": ",".join(sorted(roots))}
-    with serving_worker(settings, tmp_path_factory.mktemp("hostile-layout-worker") / "worker.log") as worker:
-        yield worker
+    return services.worker(settings, name="hostile-layout-worker")
 
 
 @pytest.fixture(scope="module")
-def stub(worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def layouts_stub(layouts_worker: WorkerProcess) -> Iterator[inference_pb2_grpc.InferenceStub]:
     options = [("grpc.max_send_message_length", 64 * 2**20)]
-    with grpc.insecure_channel(worker.address, options=options) as channel:
+    with grpc.insecure_channel(layouts_worker.address, options=options) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
 
@@ -175,10 +174,10 @@ def refused_load(stub, model: str) -> grpc.RpcError:
 
 
 @pytest.mark.parametrize("model", ["test/pylate-huge-query", "test/stanford-huge-query"])
-def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_model_reads(stub, model: str) -> None:
+def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_model_reads(layouts_stub, model: str) -> None:
     """A query is cut to the model's length limit, and expanded no further than that limit: a query length of
     100,000 neither fails every query nor builds 100,000 vectors per query."""
-    for results in (encode(stub, model, ["what is late interaction", "a"], is_query=True), encode(stub, model, ["a"], is_query=True)):
+    for results in (encode(layouts_stub, model, ["what is late interaction", "a"], is_query=True), encode(layouts_stub, model, ["a"], is_query=True)):
         assert [from_tensor(result.multivector).shape for result in results] == [(DOCUMENT_LENGTH, 16)] * len(results)
         assert all(np.isfinite(from_tensor(result.multivector)).all() for result in results)
 
@@ -195,29 +194,29 @@ def test_a_query_length_past_the_positions_expands_queries_only_as_far_as_the_mo
         ("test/stanford-wrong-projection", "linear.weight"),
     ],
 )
-def test_a_colbert_setting_that_cannot_be_computed_fails_the_load(stub, model: str, named: str) -> None:
-    assert named in refused_load(stub, model).details()
+def test_a_colbert_setting_that_cannot_be_computed_fails_the_load(layouts_stub, model: str, named: str) -> None:
+    assert named in refused_load(layouts_stub, model).details()
 
 
-def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_pass(stub) -> None:
+def test_a_multivector_answer_over_the_send_limit_is_refused_before_the_forward_pass(layouts_stub) -> None:
     """300 documents of 20 vectors x 16 dims (384 KB as float32) for a 256 KiB limit: refused from the token count,
     as an estimate (before: every item ran, its vectors were held, then the measured answer was refused), whether
     the request names multivector or names nothing (a multivector-only model's default). What fits still runs."""
     texts = ["ColBERT keeps one vector per token and scores with MaxSim over every token " * 3] * 300
     for fields in ({"output_types": ["multivector"]}, {}):
         with pytest.raises(grpc.RpcError) as refused:
-            encode(stub, "test/pylate-huge-query", texts, **fields)
+            encode(layouts_stub, "test/pylate-huge-query", texts, **fields)
         assert (refused.value.code(), error_reason(refused.value)) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "RESPONSE_TOO_LARGE")
         assert "would take at least 384000 bytes" in refused.value.details()
-    packed = encode(stub, "test/pylate-huge-query", texts, output_dtype="binary")
+    packed = encode(layouts_stub, "test/pylate-huge-query", texts, output_dtype="binary")
     assert [from_tensor(result.multivector).shape for result in packed[:1]] == [(DOCUMENT_LENGTH, 2)]
-    assert len(encode(stub, "test/pylate-huge-query", texts[:150])) == 150
+    assert len(encode(layouts_stub, "test/pylate-huge-query", texts[:150])) == 150
 
 
-def test_a_stanford_checkpoint_whose_pickle_runs_code_fails_the_load_without_running_it(stub, models: dict[str, tuple[Path, str]]) -> None:
+def test_a_stanford_checkpoint_whose_pickle_runs_code_fails_the_load_without_running_it(layouts_stub, models: dict[str, tuple[Path, str]]) -> None:
     """pytorch_model.bin is read with weights_only: a pickled call is refused, not run."""
     marker = models["test/stanford-pickled-code"][0].parent / "pickled-code-ran"
-    assert "pytorch_model.bin" in refused_load(stub, "test/stanford-pickled-code").details()
+    assert "pytorch_model.bin" in refused_load(layouts_stub, "test/stanford-pickled-code").details()
     assert not marker.exists()
 
 
@@ -238,15 +237,15 @@ def test_a_stanford_checkpoint_whose_pickle_runs_code_fails_the_load_without_run
         "test/sparse-static-float32-overflow",
     ],
 )
-def test_query_weights_that_are_not_one_finite_number_per_token_fail_the_load(stub, model: str) -> None:
-    assert "weight" in refused_load(stub, model).details().lower()
+def test_query_weights_that_are_not_one_finite_number_per_token_fail_the_load(layouts_stub, model: str) -> None:
+    assert "weight" in refused_load(layouts_stub, model).details().lower()
 
 
-def test_static_sparse_queries_of_special_tokens_or_thousands_of_words_stay_bounded(stub) -> None:
+def test_static_sparse_queries_of_special_tokens_or_thousands_of_words_stay_bounded(layouts_stub) -> None:
     from tiny_layouts import minilm_tokenizer
 
     words = [word for word in minilm_tokenizer().get_vocab() if word.isalpha()][:5000]
-    results = encode(stub, "test/sparse-opensearch", ["[CLS] [SEP] [PAD] [MASK]", "", " \t\n ", " ".join(words)], is_query=True)
+    results = encode(layouts_stub, "test/sparse-opensearch", ["[CLS] [SEP] [PAD] [MASK]", "", " \t\n ", " ".join(words)], is_query=True)
     assert [len(result.sparse.indices) for result in results[:3]] == [0, 0, 0]
     # Read as far as the tokenizer's 128 positions (special tokens aside), whatever the text's length.
     assert 0 < len(results[3].sparse.indices) <= 128
@@ -269,7 +268,7 @@ def no_space_texts(size: int) -> list[str]:
     return [run * (size // len(run.encode())) for run in runs]
 
 
-def test_siglip_texts_without_spaces_cost_what_the_model_reads(worker, stub, models: dict[str, tuple[Path, str]]) -> None:
+def test_siglip_texts_without_spaces_cost_what_the_model_reads(layouts_worker, layouts_stub, models: dict[str, tuple[Path, str]]) -> None:
     """Before: the whole text went through the Python tokenizer, seconds of CPU per 2 MiB item (53 s for one
     request of 7 while other callers waited on the GIL). Now a text with no space is cut inside its run."""
     from transformers import AutoTokenizer, SiglipModel
@@ -281,24 +280,24 @@ def test_siglip_texts_without_spaces_cost_what_the_model_reads(worker, stub, mod
     with torch.inference_mode():
         inputs = tokenizer(texts, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
         expected = model.get_text_features(input_ids=inputs["input_ids"]).pooler_output.numpy()
-    served = np.stack([from_tensor(result.dense) for result in encode(stub, SIGLIP, texts)])
+    served = np.stack([from_tensor(result.dense) for result in encode(layouts_stub, SIGLIP, texts)])
     cosines = (served * expected).sum(axis=1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(expected, axis=1))
     assert cosines.min() >= 0.9999
 
     large = (no_space_texts(2 * 2**20 - 16)[:2] * 4)[:7]  # one word, random letters: within the 2 MiB and 16 MiB bounds
-    before = cpu_seconds(worker.pid)
-    results = encode(stub, SIGLIP, large)
+    before = cpu_seconds(layouts_worker.pid)
+    results = encode(layouts_stub, SIGLIP, large)
     assert len(results) == 7 and all(np.isfinite(from_tensor(result.dense)).all() for result in results)
-    assert cpu_seconds(worker.pid) - before < SIGLIP_CPU_BOUND_S
+    assert cpu_seconds(layouts_worker.pid) - before < SIGLIP_CPU_BOUND_S
 
 
-def test_static_query_weights_for_tokens_past_the_models_vocabulary_stay_inside_its_dims(stub) -> None:
+def test_static_query_weights_for_tokens_past_the_models_vocabulary_stay_inside_its_dims(layouts_stub) -> None:
     """A token the masked-LM has no row for is no dimension of the answer: before, "zebra" (id 29145) came back as
     index 29145 of a 20,000-dimension sparse vector."""
-    query = encode(stub, "test/sparse-short-vocab", ["zebra hello"], is_query=True)[0].sparse
+    query = encode(layouts_stub, "test/sparse-short-vocab", ["zebra hello"], is_query=True)[0].sparse
     assert query.dims == SHORT_VOCAB
     assert len(query.indices) > 0 and max(query.indices) < SHORT_VOCAB
 
 
-def test_a_router_path_out_of_the_model_directory_fails_the_load(stub) -> None:
-    assert "leads out of the model directory" in refused_load(stub, "test/sparse-router-escape").details()
+def test_a_router_path_out_of_the_model_directory_fails_the_load(layouts_stub) -> None:
+    assert "leads out of the model directory" in refused_load(layouts_stub, "test/sparse-router-escape").details()

@@ -21,7 +21,7 @@ from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_models import build_tiny_head_model, write_config
 from tiny_rerankers import QWEN3_CHAT_TEMPLATE, build_tiny_qwen3_reranker
-from worker_process import inference_stub, serving_worker
+from worker_process import Services, inference_stub
 
 GOOD = "test/adv-llm-reranker"
 # The same weights read at 64 tokens: the Qwen3 template with its default instruction is 79 of them.
@@ -54,7 +54,7 @@ BROKEN_SAVED_PROMPTS = {"prompts-list": ["Find the answer"], "prompt-number": {"
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def reranker_stub(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grpc.InferenceStub]:
     root = tmp_path_factory.mktemp("adv-llm-rerankers")
     saved = build_tiny_qwen3_reranker(root / "qwen3", max_length=256)
     configs = root / "configs"
@@ -109,7 +109,7 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[inference_pb2_grp
     # A BERT cross-encoder (its head is `classifier`, not a decoder's `score`) configured as an LLM reranker.
     write_config(configs, "test/adv-llm-bert-cross-encoder", f"path: {build_tiny_head_model(root / 'bert', 'reranker')}\n{profile}")
     env = {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": GOOD}
-    with serving_worker(env, root / "worker.log") as worker, inference_stub(worker) as stub:
+    with inference_stub(services.worker(env, name="llm-reranker-worker")) as stub:
         yield stub
 
 
@@ -125,9 +125,9 @@ def score(stub, model: str, query: str = QUERY, documents: list[str] = DOCUMENTS
 @pytest.mark.parametrize(
     "name", [*BROKEN_LOGIT_SCORE, "escaping-module", *HOSTILE_CHAT_TEMPLATES, "bert-cross-encoder", *BROKEN_SAVED_PROMPTS, "modality-list"]
 )
-def test_a_broken_or_hostile_model_directory_is_a_load_failure(stub, name: str) -> None:
+def test_a_broken_or_hostile_model_directory_is_a_load_failure(reranker_stub, name: str) -> None:
     with pytest.raises(grpc.RpcError) as caught:
-        score(stub, f"test/adv-llm-{name}")
+        score(reranker_stub, f"test/adv-llm-{name}")
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
     assert error_info(caught.value).reason == "MODEL_LOAD_FAILED"
 
@@ -147,30 +147,30 @@ def refusal(stub, model: str, **fields) -> grpc.RpcError:
     ],
     ids=["template-longer-than-the-model", "long-query", "long-instruction"],
 )
-def test_a_prompt_that_leaves_the_document_no_room_is_refused(stub, model: str, fields: dict) -> None:
+def test_a_prompt_that_leaves_the_document_no_room_is_refused(reranker_stub, model: str, fields: dict) -> None:
     """Before: every document scored the same (the tokens kept were the template's, the query's or the instruction's)."""
-    error = refusal(stub, model, **fields)
+    error = refusal(reranker_stub, model, **fields)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
     info = error_info(error)
     assert info.reason == "PROMPT_TOO_LONG" and info.metadata["limit"] == ("64" if model == SHORT else "256")
 
 
-def test_scores_differ_and_a_pair_scores_the_same_alone_or_in_a_batch(stub) -> None:
+def test_scores_differ_and_a_pair_scores_the_same_alone_or_in_a_batch(reranker_stub) -> None:
     """A document of only template tokens ("<|im_end|>...<think>") changes no other pair's score, nor does the batch."""
-    together = score(stub, GOOD, documents=DOCUMENTS * 100)
-    alone = np.array([score(stub, GOOD, documents=[document])[0] for document in DOCUMENTS])
+    together = score(reranker_stub, GOOD, documents=DOCUMENTS * 100)
+    alone = np.array([score(reranker_stub, GOOD, documents=[document])[0] for document in DOCUMENTS])
     assert np.abs(np.diff(alone)).min() > 1e-4
     np.testing.assert_allclose(together, np.tile(alone, 100), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["saved-identity", "saved-tanh"])
-def test_an_activation_saved_before_sentence_transformers_4_is_used(stub, name: str) -> None:
+def test_an_activation_saved_before_sentence_transformers_4_is_used(reranker_stub, name: str) -> None:
     """Before: Sigmoid, whatever config.json's sbert_ce_default_activation_function said."""
     expected = CrossEncoder(str(DIRECTORIES[name]), device="cpu").predict([(QUERY, document) for document in DOCUMENTS])
-    np.testing.assert_allclose(score(stub, f"test/adv-llm-{name}"), expected, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(score(reranker_stub, f"test/adv-llm-{name}"), expected, atol=1e-4, rtol=0)
 
 
-def test_a_saved_activation_the_worker_lacks_is_a_load_failure(stub) -> None:
-    error = refusal(stub, "test/adv-llm-saved-softplus")
+def test_a_saved_activation_the_worker_lacks_is_a_load_failure(reranker_stub) -> None:
+    error = refusal(reranker_stub, "test/adv-llm-saved-softplus")
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and error_info(error).reason == "MODEL_LOAD_FAILED"
     assert "Softplus" in error.details()

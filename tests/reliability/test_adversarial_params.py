@@ -21,14 +21,14 @@ DEADLINE_S = 30
 
 
 @pytest.fixture(scope="module")
-def params_worker(start_worker) -> Iterator:
-    worker = start_worker(SIE_PRELOAD_MODELS=f"{KNOWN_MODEL},{EXTRACT_MODEL}")
+def params_worker(start_module_worker) -> Iterator:
+    worker = start_module_worker(SIE_PRELOAD_MODELS=f"{KNOWN_MODEL},{EXTRACT_MODEL}")
     yield worker
     worker.kill()
 
 
 @pytest.fixture(scope="module")
-def stub(params_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
+def params_stub(params_worker) -> Iterator[inference_pb2_grpc.InferenceStub]:
     # default client options: an error whose trailers pass 8 KiB would reach this caller as INTERNAL
     with inference_stub(params_worker) as stub:
         yield stub
@@ -44,8 +44,8 @@ def known(stub) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def reference(stub) -> np.ndarray:
-    return known(stub)
+def reference(params_stub) -> np.ndarray:
+    return known(params_stub)
 
 
 def struct(values: dict) -> struct_pb2.Struct:
@@ -175,15 +175,15 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_params_are_refused_precisely(stub, reference, case) -> None:
+def test_params_are_refused_precisely(params_stub, reference, case) -> None:
     method, request, reason = CASES[case]
     with pytest.raises(grpc.RpcError) as raised:
-        getattr(stub, method)(request, timeout=DEADLINE_S)
+        getattr(params_stub, method)(request, timeout=DEADLINE_S)
     error = raised.value
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (
         f"{error.code().name}: {error.details()[:300]}"
     )
     assert error_info(error).reason == reason, error.details()[:300]
     assert len(error.details()) < 2048
-    np.testing.assert_array_equal(known(stub), reference)
+    np.testing.assert_array_equal(known(params_stub), reference)
 

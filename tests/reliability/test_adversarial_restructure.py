@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sie_common
+
+# Every test runs a worker or a Python subprocess.
+pytestmark = pytest.mark.process
 
 STARTUP_TIMEOUT_S = 60
 

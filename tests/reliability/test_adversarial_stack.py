@@ -21,7 +21,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +30,9 @@ import pytest
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_client import SIEClient
 from sie_stack.envoy_config import render
-from sie_stack.processes import EnvoyProcess, free_port
-from stack_process import stop_stack
+from sie_stack.processes import EnvoyProcess
+from worker_process import Services, free_port
+from stack_process import SieUp
 from test_stack_up import _two_free_ports
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -122,7 +122,7 @@ def sie_up(
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[RunningStack]:
+def stack(services: Services, tmp_path_factory) -> RunningStack:
     tmp = tmp_path_factory.mktemp("adversarial-stack")
     ports = {
         name: free_port() for name in ("etcd", "config", "gateway", "http", "admin")
@@ -130,31 +130,28 @@ def stack(tmp_path_factory) -> Iterator[RunningStack]:
     ports["worker"] = _two_free_ports()
     env = {"PYTHONUNBUFFERED": "1", "SIE_MAX_SEND_MESSAGE_BYTES": str(MESSAGE_LIMIT)}
     running = RunningStack(
-        sie_up(tmp / "state", tmp / "stack.out", stack_flags(ports), env),
+        services.keep(SieUp(sie_up(tmp / "state", tmp / "stack.out", stack_flags(ports), env))).process,
         tmp / "state",
         tmp / "stack.out",
         ports,
         {},
     )
-    try:
-        deadline = time.monotonic() + 300
-        while "Ctrl-C stops everything." not in running.output():
-            assert running.process.poll() is None and time.monotonic() < deadline, (
-                f"the stack did not come up:\n{running.output()}"
-            )
-            time.sleep(0.5)
-        (metrics_line,) = [
-            line
-            for line in running.output().splitlines()
-            if line.strip().startswith("metrics")
-        ]
-        running.metrics = {
-            name: int(port)
-            for name, port in re.findall(r"([\w-]+) :(\d+)", metrics_line)
-        }
-        yield running
-    finally:
-        stop_stack(running.process)
+    deadline = time.monotonic() + 300
+    while "Ctrl-C stops everything." not in running.output():
+        assert running.process.poll() is None and time.monotonic() < deadline, (
+            f"the stack did not come up:\n{running.output()}"
+        )
+        time.sleep(0.5)
+    (metrics_line,) = [
+        line
+        for line in running.output().splitlines()
+        if line.strip().startswith("metrics")
+    ]
+    running.metrics = {
+        name: int(port)
+        for name, port in re.findall(r"([\w-]+) :(\d+)", metrics_line)
+    }
+    return running
 
 
 def http(
@@ -643,6 +640,7 @@ def _wait_served_by(
     return None
 
 
+@pytest.mark.process
 def test_a_process_that_keeps_exiting_is_restarted_with_doubling_delays(
     tmp_path, caplog
 ) -> None:

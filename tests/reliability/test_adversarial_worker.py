@@ -28,12 +28,12 @@ HEAVY_TEXT = (
 
 
 @pytest.fixture(scope="module")
-def worker(start_worker):
-    return start_worker(SIE_PRELOAD_MODELS=MODEL, SIE_INSTRUMENTATION="true")
+def instrumented_worker(start_module_worker):
+    return start_module_worker(SIE_PRELOAD_MODELS=MODEL, SIE_INSTRUMENTATION="true")
 
 
 def test_a_small_request_is_not_held_behind_eight_huge_texts_tokenized(
-    worker, reliability_report
+    instrumented_worker, reliability_report
 ) -> None:
     heavy_request = inference_pb2.EncodeRequest(
         model=MODEL, items=[types_pb2.Item(text=HEAVY_TEXT)] * HEAVY_ITEMS, debug=True
@@ -42,7 +42,7 @@ def test_a_small_request_is_not_held_behind_eight_huge_texts_tokenized(
         model=MODEL, items=[types_pb2.Item(text="a short query")], debug=True
     )
     with grpc.insecure_channel(
-        worker.address, options=[("grpc.max_send_message_length", 16 * 2**20)]
+        instrumented_worker.address, options=[("grpc.max_send_message_length", 16 * 2**20)]
     ) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         encode_when_loaded(stub, MODEL, ["warm up"])
@@ -82,7 +82,7 @@ def queue_depth(metrics_port: int) -> float:
 
 
 def test_a_request_cancelled_while_queued_leaves_no_items_in_the_queue_depth(
-    worker, reliability_report
+    instrumented_worker, reliability_report
 ) -> None:
     """A caller that goes away mid-way through a bulk request: its queued items leave the batch former, and the
     queue depth the worker exports (what an autoscaler reads) says so, with nothing else arriving to refresh it."""
@@ -93,19 +93,19 @@ def test_a_request_cancelled_while_queued_leaves_no_items_in_the_queue_depth(
             for index in range(BULK_ITEMS)
         ],
     )
-    with grpc.insecure_channel(worker.address) as channel:
+    with grpc.insecure_channel(instrumented_worker.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         encode_when_loaded(stub, MODEL, ["warm up"])
         bulk = stub.Encode.future(bulk_request, timeout=300)
         deadline = time.monotonic() + 120
-        while (queued := queue_depth(worker.metrics_port)) < BULK_ITEMS // 2:
+        while (queued := queue_depth(instrumented_worker.metrics_port)) < BULK_ITEMS // 2:
             assert not bulk.done() and time.monotonic() < deadline, (
                 "the bulk request never queued half its items"
             )
             time.sleep(0.005)
         bulk.cancel()
         settle = time.monotonic() + 10
-        while (left := queue_depth(worker.metrics_port)) and time.monotonic() < settle:
+        while (left := queue_depth(instrumented_worker.metrics_port)) and time.monotonic() < settle:
             time.sleep(0.05)
         later = stub.Encode(
             inference_pb2.EncodeRequest(

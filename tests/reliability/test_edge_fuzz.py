@@ -3,7 +3,8 @@
 Every request is answered within a time linear in its size; never 200 for a body the contract refuses (judged by
 protobuf's own JSON parser on the strictly parsed body, with the edge's documented limits); never a 5xx but for a
 documented cause; every refusal is the JSON error body. The corpus (edge_corpus.json) replays every HTTP-edge defect
-found so far, each with the status and reason it must get now. 1,000 generated requests: about 20 s on 2 cores."""
+found so far, each with the status and reason it must get now. 1,000 generated requests: about 20 s on 2 cores.
+Every request here is refused or reads, so the suite's shared `edge` serves them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from edge_load import request
 from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_http_edge import CLIP, MEAN, running_edge
+from test_http_edge import CLIP, MEAN
 
 from sie.v1 import inference_pb2
 
@@ -26,12 +27,6 @@ CORPUS = Path(__file__).with_name("edge_corpus.json")
 DOCUMENTED_5XX = {"UPSTREAM_UNAVAILABLE", "OVERLOADED", "PROVISIONING", "MODEL_LOADING", "NOT_READY"}
 # The edge's own JSON limits (docs/http.md): deeper, more values or longer numbers are refused whatever the schema.
 MAX_DEPTH, MAX_VALUES, MAX_NUMBER = 64, 65536, 64
-
-
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory, etcd_server, tiny_models):
-    with running_edge(tmp_path_factory.mktemp("edge-fuzz"), etcd_server.endpoint, tiny_models) as running:
-        yield running
 
 
 def port_of(edge) -> int:

@@ -13,6 +13,9 @@ import time
 import pytest
 from edge_load import MB, WORST_BODIES, request, running_edge
 
+# Starts processes (its Envoy) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory):

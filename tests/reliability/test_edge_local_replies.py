@@ -14,6 +14,9 @@ from edge_load import request, running_edge
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
+# Starts processes (its Envoy) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory):

@@ -12,6 +12,9 @@ import time
 import pytest
 from edge_load import MB, answered, request, running_edge, slow_senders
 
+# Starts processes (its Envoy) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 # The Kubernetes base's memory limit for Envoy (deploy/kustomize/base/envoy/envoy.yaml), and what the rendered config
 # lets JSON bodies hold: half the overload manager's heap limit (sie_stack.envoy_config.DEFAULT_MAX_HEAP_BYTES, 384 MiB)
 # over Envoy's 2 worker threads (WORKER_THREADS). Literals, so this test runs against a config without them too.

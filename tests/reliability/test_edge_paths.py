@@ -11,6 +11,9 @@ import json
 import pytest
 from edge_load import request, running_edge
 
+# Starts processes (its Envoy) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 UNKNOWN = {"items": [{"text": "x"}], "colour": "red"}
 
 

@@ -29,6 +29,9 @@ from aetcd import rpc
 from sie_common.cluster.cluster_store import WorkerRecord, encode_worker
 from sie_up_process import PREFIX, RawEtcd, SieUp
 
+# Starts processes (a `sie up` of its own) in fixtures of its own.
+pytestmark = pytest.mark.process
+
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DIMS = 384
 FORGED_VALUE = 7.0

@@ -10,9 +10,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from test_http_edge import ADMIN_TOKEN, MEAN, NER, RERANKER, Edge, curl, running_edge
+from edge_helpers import ADMIN_TOKEN, AUTH_TOKEN as TOKEN, MEAN, NER, RERANKER, Edge, curl
 
-TOKEN = "edge-inference-tok-41c9"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 ITEMS = {"items": [{"text": "x"}]}
 
@@ -35,18 +34,12 @@ PROTECTED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory, etcd_server, tiny_models):
-    with running_edge(tmp_path_factory.mktemp("hostile-edge"), etcd_server.endpoint, tiny_models, SIE_AUTH_MODE="static", SIE_AUTH_TOKENS=TOKEN) as running:
-        yield running
-
-
 KNOWN = {"items": [{"text": "still serving after hostile input"}]}
 
 
 @pytest.fixture(scope="module")
-def reference(edge) -> list[float]:
-    status, body = curl(edge, "POST", f"/v1/encode/{MEAN}", KNOWN, AUTH)
+def reference(auth_edge) -> list[float]:
+    status, body = curl(auth_edge, "POST", f"/v1/encode/{MEAN}", KNOWN, AUTH)
     assert status == 200, body
     return body["results"][0]["dense"]["values"]
 
@@ -57,18 +50,18 @@ def reason(body: dict) -> str | None:
 
 
 @pytest.mark.parametrize(("method", "path", "body"), PROTECTED, ids=[f"{m} {p}" for m, p, _ in PROTECTED])
-def test_protected_routes_refuse_missing_and_wrong_tokens(edge, method, path, body, reliability_report) -> None:
+def test_protected_routes_refuse_missing_and_wrong_tokens(auth_edge, method, path, body, reliability_report) -> None:
     for presented, headers, status, expected_reason in [
         ("no token", {}, 401, "MISSING_TOKEN"),
         ("wrong token", {"authorization": "Bearer not-the-token"}, 403, "INVALID_TOKEN"),
     ]:
-        got_status, got = curl(edge, method, path, body, headers)
+        got_status, got = curl(auth_edge, method, path, body, headers)
         reliability_report.add("security", f"Envoy {method} {path}, {presented}", expected=status, actual=got_status)
         assert got_status == status, got
         assert got["message"] and reason(got) == expected_reason
     # The right token opens it (a pool route may answer NOT_FOUND for the pool, never 401/403).
     token = {"authorization": f"Bearer {ADMIN_TOKEN}"} if path.startswith("/v1/configs") else AUTH
-    assert curl(edge, method, path, body, token)[0] not in (401, 403)
+    assert curl(auth_edge, method, path, body, token)[0] not in (401, 403)
 
 
 def curl_bytes(edge: Edge, path: str, body: bytes, *extra: str) -> tuple[int, str]:
@@ -108,11 +101,11 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize(("name", "path", "body", "status"), HOSTILE, ids=[case[0] for case in HOSTILE])
-def test_hostile_http_request_gets_its_status_and_the_stack_keeps_serving(edge, reference, name, path, body, status, reliability_report) -> None:
-    got_status, text = curl_bytes(edge, path, body)
+def test_hostile_http_request_gets_its_status_and_the_stack_keeps_serving(auth_edge, reference, name, path, body, status, reliability_report) -> None:
+    got_status, text = curl_bytes(auth_edge, path, body)
     reliability_report.add("hostile input", f"HTTP via Envoy: {name}", expected=status, actual=got_status)
     assert got_status in (status if isinstance(status, tuple) else (status,)), text[:500]
     # ...and a known request still gets the same answer.
-    again_status, again = curl(edge, "POST", f"/v1/encode/{MEAN}", KNOWN, AUTH)
+    again_status, again = curl(auth_edge, "POST", f"/v1/encode/{MEAN}", KNOWN, AUTH)
     assert again_status == 200, again
     np.testing.assert_array_equal(again["results"][0]["dense"]["values"], reference)

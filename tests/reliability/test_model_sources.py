@@ -41,7 +41,7 @@ def remote_code_model(source: Path, directory: Path, marker: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory, tiny_models, start_worker):
+def sources(tmp_path_factory, tiny_models, start_module_worker):
     """A worker whose only weight root is `allowed/`, with a config for each way in and out of it."""
     tmp = tmp_path_factory.mktemp("model-sources")
     allowed, outside, configs = tmp / "allowed", tmp / "outside", tmp / "allowed" / "configs"
@@ -64,7 +64,7 @@ def sources(tmp_path_factory, tiny_models, start_worker):
     write_config(configs, "test/lora-traversal", f"path: {allowed / 'weights'}\nloras:\n  x: ../../etc\n{ST}")
     write_config(configs, "test/remote-untrusted", f"path: {allowed / 'remote'}\n{ST}")
     write_config(configs, "test/remote-trusted", f"path: {allowed / 'remote'}\n{ST}    load_options: {{trust_remote_code: true}}\n")
-    worker = start_worker(SIE_MODELS_DIR=str(configs), SIE_WEIGHT_ROOTS=str(allowed), SIE_PRELOAD_MODELS="test/inside")
+    worker = start_module_worker(SIE_MODELS_DIR=str(configs), SIE_WEIGHT_ROOTS=str(allowed), SIE_PRELOAD_MODELS="test/inside")
     with grpc.insecure_channel(worker.address) as channel:
         yield inference_pb2_grpc.InferenceStub(channel), configs, marker
 

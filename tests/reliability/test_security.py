@@ -260,6 +260,7 @@ def test_a_config_added_at_run_time_cannot_point_a_worker_outside_its_weight_roo
     assert "outside the allowed weight roots" in outside.value.details()
 
 
+@pytest.mark.process
 def test_half_a_tls_setup_stops_the_service_with_a_message(tmp_path, reliability_report) -> None:
     pki = make_pki(tmp_path / "pki")
     config = WorkerProcess({"SIE_TLS_CERT_FILE": str(pki.server.cert), "SIE_ETCD_ENDPOINTS": "127.0.0.1:1"}, tmp_path / "config.log", module="sie_config")

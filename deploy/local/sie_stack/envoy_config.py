@@ -293,12 +293,16 @@ def _adapter_routes() -> list[dict[str, Any]]:
 def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, Any]:
     """Past 85% of `max_heap_bytes` the streams holding the most buffered bytes are reset, more of them the
     closer to 95%, and idle timeouts shrink; at 90% keep-alive stops and the heap is returned to the system; at
-    95% new requests are refused (503 OVERLOADED). Connections past `max_connections` are closed on accept."""
+    95% new requests are refused (503 OVERLOADED). Past half of `max_connections` idle timeouts shrink too (to 2 s
+    at 90%); connections past it are closed on accept."""
 
     def at(threshold: float) -> list[dict[str, Any]]:
         return [{"name": _FIXED_HEAP, "threshold": {"value": threshold}}]
 
     scaled = [{"name": _FIXED_HEAP, "scaled": {"scaling_threshold": 0.85, "saturation_threshold": 0.95}}]
+    # Idle connections hold no heap but do hold places: 1024 that never sent a byte kept every new caller out for the
+    # 300 s idle timeout. From half the connection limit idle timeouts shrink, to their 2 s minimum at 90%.
+    crowded = [{"name": _MAX_CONNECTIONS, "scaled": {"scaling_threshold": 0.5, "saturation_threshold": 0.9}}]
     return {
         "refresh_interval": "0.25s",
         "resource_monitors": [
@@ -322,7 +326,7 @@ def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, An
             {"name": "envoy.overload_actions.reset_high_memory_stream", "triggers": scaled},
             {
                 "name": "envoy.overload_actions.reduce_timeouts",
-                "triggers": scaled,
+                "triggers": scaled + crowded,
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.config.overload.v3.ScaleTimersOverloadActionConfig",
                     "timer_scale_factors": [
@@ -370,6 +374,10 @@ def _local_replies() -> dict[str, Any]:
                 retry,
             ),
             _local_reply(_flags("UT"), _DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT", "the service did not answer in time"),
+            # What no route takes at all (a CONNECT: the routes match paths, and it has none) would be an empty 404.
+            _local_reply(
+                _flags("NR"), _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"
+            ),
             _local_reply(
                 _flags("SI"),
                 _DEADLINE_EXCEEDED,

@@ -1,0 +1,53 @@
+"""Idle connections cannot keep callers off the HTTP edge. Envoy closes connections past `--max-connections` on
+accept, and an idle connection used to keep its place for the 300 s idle timeout: 1,100 TCP connections that never
+sent a byte (no token, no request) made every new caller's connection fail for 5 minutes, renewable at will (issue
+32, attack round 3). Now idle timeouts shrink from half the limit on, to 2 s at 90%. Envoy alone, with a limit of 64
+so the test stays small; a caller's /healthz (Envoy answers it itself) must get through."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from edge_load import held_connections, request, running_edge
+
+# Starts processes (its Envoy) in fixtures of its own.
+pytestmark = pytest.mark.process
+
+LIMIT = 64
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory):
+    with running_edge(tmp_path_factory.mktemp("connections"), max_connections=LIMIT) as running:
+        yield running
+
+
+def still_open(sockets: list[socket.socket]) -> int:
+    count = 0
+    for sender in sockets:
+        sender.setblocking(False)
+        try:
+            count += sender.recv(1) != b""
+        except BlockingIOError:
+            count += 1
+        except OSError:
+            pass
+    return count
+
+
+def test_idle_connections_at_the_limit_do_not_keep_callers_out(edge, reliability_report) -> None:
+    with held_connections(edge.port, LIMIT + 16) as idle:
+        time.sleep(4)  # the overload manager sees the count every 0.25 s; idle timeouts are 2 s at 90%
+        left = still_open(idle)
+        answers = []
+        for _ in range(5):
+            try:
+                answers.append(request(edge.port, "GET", "/healthz")[0])
+            except OSError:
+                answers.append(0)
+            time.sleep(0.2)
+    reliability_report.add("edge", f"{LIMIT + 16} idle connections, limit {LIMIT}", still_open=left, healthz=answers)
+    assert left < LIMIT // 2, f"{left} idle connections still open after 4 s"
+    assert answers.count(200) >= 4, answers
