@@ -16,7 +16,7 @@ import pytest
 from sie_gateway.http_adapter.bodies import BodyLimits, json_body, msgpack_body
 from sie_gateway.http_adapter.errors import AdapterError
 
-LIMITS = BodyLimits(max_bytes=16 * 2**20, max_depth=32, max_container_len=16384, max_values=262144)
+LIMITS = BodyLimits(max_bytes=16 * 2**20, max_depth=32, max_container_len=16384, max_values=262144, read_timeout_s=30)
 
 
 def refused(decode, data: bytes) -> AdapterError:

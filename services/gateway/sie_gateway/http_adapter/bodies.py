@@ -6,6 +6,7 @@ A refusal is an AdapterError (400, or 413 for the size) naming what to change.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -39,43 +40,86 @@ class BodyLimits:
     max_depth: int
     max_container_len: int
     max_values: int
+    read_timeout_s: float
 
 
 class BodyBudget:
-    """The body bytes all requests in flight may hold at once: each leases its announced size (its content-length,
-    the body limit without one) until it is answered; one that does not fit is refused at once, before reading."""
+    """The body bytes all requests in flight may hold at once. Each request's lease grows by the bytes of its body
+    as they arrive (never by what it announces, so a sender that stalls holds only what it sent) and is returned
+    when it is answered; a chunk that does not fit refuses its request at once (503 OVERLOADED)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
 
     @contextlib.contextmanager
-    def lease(self, size: int) -> Iterator[None]:
-        if self.held + size > self.limit:
+    def lease(self) -> Iterator[BodyLease]:
+        lease = BodyLease(self)
+        try:
+            yield lease
+        finally:
+            self.held -= lease.size
+
+
+class BodyLease:
+    """One request's share of the BodyBudget."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget = budget
+        self.size = 0
+
+    def grow(self, size: int) -> None:
+        budget = self.budget
+        if budget.held + size > budget.limit:
             raise AdapterError(
                 503,
                 "OVERLOADED",
-                f"the adapter holds as many request bodies as it may ({self.limit} bytes, "
+                f"the adapter holds as many request bodies as it may ({budget.limit} bytes, "
                 "SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES); retry",
                 retry_after_s=1.0,
                 code=grpc.StatusCode.UNAVAILABLE,
             )
-        self.held += size
-        try:
-            yield
-        finally:
-            self.held -= size
+        budget.held += size
+        self.size += size
 
 
-async def read_body(request: web.Request, limits: BodyLimits) -> bytes:
-    """The whole body: 413 from its content-length before reading, or once more than the limit has come."""
+async def read_body(request: web.Request, limits: BodyLimits, lease: BodyLease) -> bytearray:
+    """The whole body: 413 from its content-length before reading, or once more than the limit has come; each chunk
+    leased as it arrives; 408 unless it has all come within limits.read_timeout_s."""
     announced = request.content_length
     if announced is not None and announced > limits.max_bytes:
         raise _too_large(announced, limits)
+    body = bytearray()
     try:
-        return await request.read()  # the application's client_max_size is limits.max_bytes
-    except web.HTTPRequestEntityTooLarge:
-        raise _too_large(None, limits) from None
+        async with asyncio.timeout(limits.read_timeout_s):
+            async for chunk in request.content.iter_any():
+                if len(body) + len(chunk) > limits.max_bytes:
+                    raise _too_large(None, limits)
+                lease.grow(len(chunk))
+                body += chunk
+    except TimeoutError:
+        raise AdapterError(
+            408,
+            "REQUEST_TIMEOUT",
+            f"the body did not arrive within {limits.read_timeout_s:g} s (SIE_GATEWAY_HTTP_BODY_TIMEOUT_S): send it "
+            "at once, or send less",
+            code=grpc.StatusCode.DEADLINE_EXCEEDED,
+        ) from None
+    return body
+
+
+def refuse_content_encoding(request: web.Request) -> None:
+    """415 for a body sent compressed (any Content-Encoding but identity), before it is read: the adapter reads
+    bodies as they are sent (its server never inflates them), so a small compressed body cannot become a large one
+    past the body limits."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise AdapterError(
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            f"Content-Encoding {encoding[:32]!r} is refused: send the body uncompressed",
+            field="content-encoding",
+        )
 
 
 def require_content_type(request: web.Request, expected: str) -> None:
@@ -115,7 +159,7 @@ class _Counter:
             )
 
 
-def msgpack_body(data: bytes, limits: BodyLimits) -> dict[str, Any]:
+def msgpack_body(data: bytes | bytearray, limits: BodyLimits) -> dict[str, Any]:
     """A msgpack map, with each msgpack-numpy array (the reference SDK's encoding) as a numpy array."""
     counter = _Counter(limits)
 
@@ -213,7 +257,7 @@ def _numpy_array(value: dict[Any, Any]) -> np.ndarray | np.generic:
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
-def json_body(data: bytes, limits: BodyLimits) -> Any:
+def json_body(data: bytes | bytearray, limits: BodyLimits) -> Any:
     """One strict JSON value (RFC 8259: no NaN or Infinity, no duplicate keys), within the limits."""
     counter = _Counter(limits)
 
@@ -233,6 +277,7 @@ def json_body(data: bytes, limits: BodyLimits) -> Any:
     def constant(name: str) -> Any:
         raise invalid(f"{name} is not JSON (RFC 8259)", reason="INVALID_JSON")
 
+    _scan_json(data, limits)
     try:
         text = data.decode("utf-8")
         value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
@@ -246,6 +291,50 @@ def json_body(data: bytes, limits: BodyLimits) -> Any:
         raise invalid(f"the body has a number too long to read: {str(error)[:120]}", reason="INVALID_JSON") from None
     _check_depth(value, limits.max_depth, counter, limits)
     return value
+
+
+# Bytes of a JSON body scanned at a time (the scan's arrays are a few times this, never the body's size).
+SCAN_BLOCK = 256 * 1024
+QUOTE, BACKSLASH = ord('"'), ord("\\")
+
+
+def _scan_json(data: bytes | bytearray, limits: BodyLimits) -> None:
+    """Refuse a body of more than limits.max_values values, or nested deeper than limits.max_depth, before
+    json.loads builds any of it: one linear pass (numpy, a block at a time) over the structural bytes outside
+    strings. A value count of containers plus separators (`,` and `:`) is at most the body's true count, so no body
+    within the limits is refused here; json_body counts exactly once it is parsed."""
+    view = np.frombuffer(data, dtype=np.uint8)
+    in_string, backslashes, depth, values = 0, 0, 0, 0
+    for start in range(0, len(view), SCAN_BLOCK):
+        block = view[start : start + SCAN_BLOCK]
+        quotes = block == QUOTE
+        is_backslash = block == BACKSLASH
+        if backslashes or is_backslash.any():
+            # The run of backslashes each byte ends (a quote after an odd run is escaped), the last block's carried.
+            positions = np.arange(len(block), dtype=np.int32)
+            last_other = np.where(is_backslash, np.int32(-1), positions)
+            np.maximum.accumulate(last_other, out=last_other)
+            runs = positions - last_other + np.where(last_other < 0, backslashes, 0)
+            quotes[0] &= backslashes % 2 == 0
+            quotes[1:] &= runs[:-1] % 2 == 0
+            backslashes = int(runs[-1]) if is_backslash[-1] else 0
+        outside = (np.bitwise_xor.accumulate(quotes.view(np.uint8)) ^ in_string) == 0
+        in_string = int(not outside[-1])
+        opens = ((block == ord("[")) | (block == ord("{"))) & outside
+        closes = ((block == ord("]")) | (block == ord("}"))) & outside
+        separators = ((block == ord(",")) | (block == ord(":"))) & outside
+        values += int(np.count_nonzero(opens)) + int(np.count_nonzero(separators))
+        if values > limits.max_values:
+            raise invalid(
+                f"the body holds more than {limits.max_values} values (SIE_GATEWAY_HTTP_MAX_VALUES)",
+                reason="TOO_MANY_VALUES",
+            )
+        levels = np.cumsum(opens.view(np.int8) - closes.view(np.int8), dtype=np.int32)
+        if depth + int(levels.max()) > limits.max_depth:
+            raise invalid(
+                f"the body nests deeper than {limits.max_depth} levels (SIE_GATEWAY_HTTP_MAX_DEPTH)", reason="TOO_DEEP"
+            )
+        depth += int(levels[-1])
 
 
 def _check_depth(value: Any, limit: int, counter: _Counter | None = None, limits: BodyLimits | None = None) -> None:

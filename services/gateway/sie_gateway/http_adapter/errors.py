@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
-from sie_common.edge.errors import MAX_MESSAGE_CHARS, bounded
+from sie_common.edge.errors import MAX_MESSAGE_CHARS, SieError, bounded
 
 # How a gRPC status becomes an HTTP status: the table of Envoy's transcoder (docs/http.md, "Errors").
 HTTP_STATUS = {
@@ -58,6 +58,18 @@ class AdapterError(Exception):
 def invalid(message: str, *, reason: str = "INVALID_REQUEST", field: str | None = None) -> AdapterError:
     """400: the body does not say what the protocol asks (a wrong type, an unknown or missing field, ...)."""
     return AdapterError(400, reason, message, field=field)
+
+
+def from_sie_error(error: SieError) -> AdapterError:
+    """An error the adapter's own checks raise as the gateway's would (the token check)."""
+    return AdapterError(
+        HTTP_STATUS.get(error.code, 500),
+        error.reason,
+        error.message,
+        retry_after_s=error.retry_after_s,
+        code=error.code,
+        metadata=dict(error.metadata),
+    )
 
 
 def from_rpc_error(error: grpc.aio.AioRpcError) -> AdapterError:

@@ -63,6 +63,15 @@ class Fields:
             raise invalid(f"{self.path(name)} is out of range", reason="OUT_OF_RANGE", field=self.path(name))
         return value
 
+    def number(self, name: str) -> float | None:
+        """A number (whole or not) that a double holds: a JSON integer of hundreds of digits is 400, naming it."""
+        value = self.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise wrong_type(self.path(name), "a number", value)
+        return as_double(value, self.path(name))
+
     def texts(self, name: str) -> list[str] | None:
         value = self.get(name)
         if value is None:
@@ -95,6 +104,18 @@ def wrong_type(where: str, expected: str, value: Any) -> AdapterError:
     return invalid(f"{where} must be {expected}, not {kind_of(value)}", reason="WRONG_TYPE", field=where)
 
 
+def as_double(value: float, where: str) -> float:
+    """`value` as a double; 400 OUT_OF_RANGE naming `where` for an integer past a double's range (JSON writes any)."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise invalid(
+            f"{where} is a number past a double's range (about 1.8e308): send a smaller one",
+            reason="OUT_OF_RANGE",
+            field=where,
+        ) from None
+
+
 def struct(value: dict[str, Any] | None, where: str) -> struct_pb2.Struct | None:
     """A map of plain JSON values (strings, numbers, booleans, null, arrays and maps of them) as a Struct."""
     if value is None:
@@ -116,5 +137,7 @@ def _check_json(value: Any, where: str) -> None:
                 pending.append((child, f"{path}.{key[:64]}"))
         elif isinstance(node, list):
             pending.extend((child, f"{path}[{index}]") for index, child in enumerate(node))
-        elif not isinstance(node, str | int | float | bool | type(None)):
+        elif isinstance(node, int) and not isinstance(node, bool):
+            as_double(node, path)  # a Struct holds numbers as doubles
+        elif not isinstance(node, str | float | bool | type(None)):
             raise wrong_type(path, "a string, number, boolean, null, array or map", node)

@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 
 from sie.v1 import inference_pb2
 from sie_gateway.http_adapter.errors import AdapterError
+from sie_gateway.http_adapter.translate import model_and_profile
 from sie_gateway.http_adapter.wire import Adapter
 
 LIST_PATH = "/v1/models"
@@ -33,7 +34,7 @@ class OpenAIModels:
             body["object"] = "list"
             body["data"] = [_openai(model.id) for model in listed.models]
             return web.json_response(body)
-        name = request.path.removeprefix(LIST_PATH + "/")
+        name, _ = model_and_profile(request.path.removeprefix(LIST_PATH + "/"))  # "model@profile" names the model
         model = await adapter.calls.call(
             "DescribeModel", inference_pb2.DescribeModelRequest(model=name), request.headers
         )

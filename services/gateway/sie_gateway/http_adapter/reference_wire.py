@@ -12,6 +12,7 @@ recommend, the status WebSocket) answer 501 NOT_SUPPORTED, saying so."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -140,13 +141,15 @@ async def _body(request: web.Request, adapter: Adapter) -> dict[str, Any]:
     return await adapter.msgpack(request)
 
 
-def _answer(request: web.Request, body: dict[str, Any]) -> web.Response:
-    """msgpack (numpy arrays in msgpack-numpy's encoding) when the caller accepts it, else JSON (arrays as lists)."""
+async def _answer(request: web.Request, body: dict[str, Any]) -> web.Response:
+    """msgpack (numpy arrays in msgpack-numpy's encoding) when the caller accepts it, else JSON (arrays as lists);
+    written on a thread, so a large answer does not hold the gateway's event loop."""
     if MSGPACK_TYPE in request.headers.get("accept", "") or (
         request.content_type == MSGPACK_TYPE and JSON_TYPE not in request.headers.get("accept", "")
     ):
-        return web.Response(body=msgpack.packb(body, default=_numpy_map, use_bin_type=True), content_type=MSGPACK_TYPE)
-    return web.Response(body=dumps(body), content_type=JSON_TYPE)
+        packed = await asyncio.to_thread(msgpack.packb, body, default=_numpy_map, use_bin_type=True)
+        return web.Response(body=packed, content_type=MSGPACK_TYPE)
+    return web.Response(body=await asyncio.to_thread(dumps, body), content_type=JSON_TYPE)
 
 
 def _numpy_map(value: Any) -> dict[bytes, Any]:
@@ -184,10 +187,8 @@ def _params(fields: Fields, message: Any, profile: str, unsupported: dict[str, s
             if (text := params.text(name)) is not None:
                 setattr(message, name, text)
         elif field.type == field.TYPE_FLOAT:
-            if (number := params.get(name)) is not None:
-                if isinstance(number, bool) or not isinstance(number, int | float):
-                    raise invalid(f"params.{name} must be a number", reason="WRONG_TYPE", field=f"params.{name}")
-                setattr(message, name, float(number))
+            if (number := params.number(name)) is not None:
+                setattr(message, name, number)
         elif (whole := params.whole(name)) is not None:
             setattr(message, name, whole)
     if profile:
@@ -223,7 +224,7 @@ async def _encode(request: web.Request, adapter: Adapter, name: str) -> web.Stre
                 "values": np.asarray(result.sparse.values, dtype=np.float32),
             }
         items.append(item)
-    return _answer(request, {"model": response.model, "items": items, "timing": timing(response.timing)})
+    return await _answer(request, {"model": response.model, "items": items, "timing": timing(response.timing)})
 
 
 async def _score(request: web.Request, adapter: Adapter, name: str) -> web.StreamResponse:
@@ -260,7 +261,7 @@ async def _score(request: web.Request, adapter: Adapter, name: str) -> web.Strea
     }
     if isinstance(query, dict) and isinstance(query.get("id"), str) and query["id"]:
         body["query_id"] = query["id"]
-    return _answer(request, body)
+    return await _answer(request, body)
 
 
 async def _extract(request: web.Request, adapter: Adapter, name: str) -> web.StreamResponse:
@@ -281,7 +282,7 @@ async def _extract(request: web.Request, adapter: Adapter, name: str) -> web.Str
     fields.done("items, params")
     response = await adapter.calls.call("Extract", message, request.headers)
     items = [_extracted(result, index) for index, result in enumerate(response.results)]
-    return _answer(request, {"model": response.model, "items": items, "timing": timing(response.timing)})
+    return await _answer(request, {"model": response.model, "items": items, "timing": timing(response.timing)})
 
 
 def _entity(entity: inference_pb2.Entity) -> dict[str, Any]:

@@ -14,14 +14,15 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from sie_gateway.http_adapter.bodies import BodyBudget, BodyLimits
+from sie_common.edge.auth import INFERENCE_CALLS, inference_checks
+from sie_gateway.http_adapter.bodies import BodyBudget, BodyLimits, refuse_content_encoding
 from sie_gateway.http_adapter.errors import AdapterError
 from sie_gateway.http_adapter.gateway_calls import GatewayCalls
 from sie_gateway.http_adapter.openai_models import OpenAIModels
 from sie_gateway.http_adapter.reference_wire import ReferenceWire
 from sie_gateway.http_adapter.rerank import Rerank
 from sie_gateway.http_adapter.tei import Tei
-from sie_gateway.http_adapter.wire import Adapter, Wire
+from sie_gateway.http_adapter.wire import BODY_LEASE, Adapter, Wire
 from sie_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -63,18 +64,21 @@ async def start_http_adapter(settings: GatewaySettings, socket: InternalSocket) 
         max_depth=settings.http_max_depth,
         max_container_len=settings.http_max_container_len,
         max_values=settings.http_max_values,
+        read_timeout_s=settings.http_body_timeout_s,
     )
     adapter = Adapter(
         GatewayCalls(socket.target, channel_options),
         limits,
         BodyBudget(settings.http_max_body_budget_bytes),
         settings.max_items_per_request,
+        inference_checks(settings.auth_mode, settings.auth_tokens).get(INFERENCE_CALLS),
     )
     app = web.Application(client_max_size=limits.max_bytes)
     app.router.add_route("*", "/{path:.*}", _dispatch([Rerank(), Tei(), ReferenceWire(), OpenAIModels()], adapter))
     # A caller gone (Envoy resets its connection here) cancels its handler, and so its call into the gateway and its
     # lease of the body budget, rather than leaving them to run to the gateway's deadline.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    # auto_decompress=False: a body is read as it was sent, never inflated (compressed bodies are refused, 415).
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True, auto_decompress=False)
     await runner.setup()
     await web.TCPSite(runner, settings.http_host, settings.http_port, reuse_port=False).start()
     log.info("HTTP adapter serving on %s:%d", settings.http_host, settings.http_port)
@@ -90,14 +94,18 @@ def _dispatch(wires: list[Wire], adapter: Adapter) -> Callable[[web.Request], Aw
         if wire is None:
             return _not_found(request)
         try:
+            # The token first, as the gateway's interceptor checks it: a caller without one reads nothing, holds
+            # nothing and learns nothing about its request.
+            adapter.authorize(request)
             if request.query_string:
                 raise AdapterError(
                     400,
                     "QUERY_NOT_ALLOWED",
                     "no route here takes a query string: fields travel in the path or the body (docs/http.md)",
                 )
-            announced = request.content_length if request.content_length is not None else adapter.limits.max_bytes
-            with adapter.budget.lease(min(announced, adapter.limits.max_bytes) if request.body_exists else 0):
+            refuse_content_encoding(request)
+            with adapter.budget.lease() as lease:
+                request[BODY_LEASE] = lease
                 return await wire.serve(request, adapter)
         except AdapterError as error:
             return wire.error_response(error)

@@ -32,8 +32,14 @@ class HttpAdapterSettings:
     http_max_body_budget_bytes: int = setting(
         256 * 2**20,
         env="SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES",
-        help="body bytes the HTTP adapter holds for all requests at once (each counts its content-length, or "
-        "SIE_GATEWAY_HTTP_MAX_BODY_BYTES without one, until it is answered); past it: 503 OVERLOADED with Retry-After",
+        help="body bytes the HTTP adapter holds for all requests at once (each counts the bytes of its body that "
+        "have arrived, until it is answered); past it: 503 OVERLOADED with Retry-After",
+    )
+    http_body_timeout_s: float = setting(
+        30.0,
+        env="SIE_GATEWAY_HTTP_BODY_TIMEOUT_S",
+        help="seconds the HTTP adapter waits for a request's whole body, from when it starts reading it; past it: "
+        "408 REQUEST_TIMEOUT (bounds how long a slow sender holds its share of the body budget)",
     )
     http_max_depth: int = setting(
         32, env="SIE_GATEWAY_HTTP_MAX_DEPTH", help="deepest nesting of maps and arrays in a msgpack or JSON body"
@@ -55,5 +61,5 @@ class HttpAdapterSettings:
             raise SettingsError(f"SIE_GATEWAY_HTTP_PORT={self.http_port}: a port, or 0 for none")
         for field in dataclasses.fields(HttpAdapterSettings):
             value = getattr(self, field.name)
-            if field.name.startswith("http_max_") and value <= 0:
+            if field.name.startswith(("http_max_", "http_body_")) and value <= 0:
                 raise SettingsError(f"{field.metadata['env']}={value}: must be positive")

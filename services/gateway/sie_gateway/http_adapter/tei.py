@@ -79,7 +79,7 @@ class Tei:
 
     def error_response(self, error: AdapterError) -> web.Response:
         status = error.status
-        if status == 429 or error.reason in ("QUEUE_FULL", "GATEWAY_BUSY"):
+        if status == 429 or error.reason in ("QUEUE_FULL", "GATEWAY_BUSY", "OVERLOADED"):
             status, kind = 429, "Overloaded"
         elif status == 503:
             kind = "Unhealthy"

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from sie_common.edge.auth import Check
+from sie_common.edge.errors import SieError
 from sie_gateway.http_adapter.bodies import (
     JSON_TYPE,
     MSGPACK_TYPE,
     BodyBudget,
+    BodyLease,
     BodyLimits,
     json_body,
     msgpack_body,
     read_body,
     require_content_type,
 )
-from sie_gateway.http_adapter.errors import AdapterError
+from sie_gateway.http_adapter.errors import AdapterError, from_sie_error
 from sie_gateway.http_adapter.gateway_calls import GatewayCalls
+
+# Where a request keeps its lease of the body budget (server.py opens it, read_body grows it).
+BODY_LEASE = web.RequestKey("body_lease", BodyLease)
 
 
 class Wire(Protocol):
@@ -37,19 +44,36 @@ class Wire(Protocol):
 
 @dataclass
 class Adapter:
-    """What every handler shares: the calls into the gateway and the body limits."""
+    """What every handler shares: the calls into the gateway, the body limits and budget, and the gateway's own
+    token check (SIE_AUTH_MODE; None without one), which every route runs before anything else."""
 
     calls: GatewayCalls
     limits: BodyLimits
     budget: BodyBudget
     max_items: int
+    token_check: Check | None = None
+
+    def authorize(self, request: web.Request) -> None:
+        """401 / 403 unless the request presents a token the gateway accepts: the check its gRPC interceptor runs
+        (sie_common.edge.auth), here before the body is read, so a caller without a token holds nothing."""
+        if self.token_check is None:
+            return
+        try:
+            self.token_check([("authorization", value) for value in request.headers.getall("authorization", ())])
+        except SieError as error:
+            raise from_sie_error(error) from None
 
     async def json(self, request: web.Request) -> Any:
         """The JSON body (415 unless sent as application/json)."""
         require_content_type(request, JSON_TYPE)
-        return json_body(await read_body(request, self.limits), self.limits)
+        # Parsed on a thread: a body of 16 MiB takes tens of milliseconds the gateway's other callers need.
+        return await asyncio.to_thread(json_body, await self._read(request), self.limits)
 
     async def msgpack(self, request: web.Request) -> dict[str, Any]:
         """The msgpack body (415 unless sent as application/msgpack)."""
         require_content_type(request, MSGPACK_TYPE)
-        return msgpack_body(await read_body(request, self.limits), self.limits)
+        return await asyncio.to_thread(msgpack_body, await self._read(request), self.limits)
+
+    async def _read(self, request: web.Request) -> bytearray:
+        lease: BodyLease = request[BODY_LEASE]
+        return await read_body(request, self.limits, lease)
