@@ -16,6 +16,7 @@ marker: they are the in-process tier's, as the batch former's, the planner's and
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,11 @@ os.environ.setdefault("SIE_CPU_COMPUTE_PRECISION", "float32")
 # spinning takes the cores from the processes with work to do (a loop of tiny matmuls on a busy machine: 10 s of CPU
 # spinning against 1 s passive). Every process the suite starts inherits this; pytest-xdist's processes too.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# A suite started in the background by a non-interactive shell (`make test &`, some CI runners) inherits SIGINT
+# ignored, and so would every `sie up` it starts: `sie up` keeps an ignored stop signal ignored (as under nohup), so
+# the tests that press Ctrl-C would find it ignored. They stand for a user at a terminal, where SIGINT is delivered.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Every service the suite starts (sie_stack's launchers included) takes its ports from this process's own block, so
 # parallel test processes (pytest-xdist) never pick the same port (tools/worker_process.py).
 sie_stack.processes.free_port = free_port

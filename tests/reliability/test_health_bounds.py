@@ -22,8 +22,8 @@ MB = 2**20
 
 
 @pytest.fixture(scope="module")
-def target(start_worker):
-    return start_worker(SIE_PRELOAD_MODELS="")
+def target(start_module_worker):
+    return start_module_worker(SIE_PRELOAD_MODELS="")
 
 
 def rss(process) -> int:

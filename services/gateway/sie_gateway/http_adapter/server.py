@@ -26,6 +26,8 @@ from sie_gateway.http_adapter.wire import BODY_LEASE, Adapter, Wire
 from sie_gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+# A refused query parameter is named in the answer cut to this many characters (as Envoy's request check does).
+MAX_PARAMETER_CHARS = 200
 
 
 class InternalSocket:
@@ -98,10 +100,13 @@ def _dispatch(wires: list[Wire], adapter: Adapter) -> Callable[[web.Request], Aw
             # nothing and learns nothing about its request.
             adapter.authorize(request)
             if request.query_string:
+                parameter = next(iter(request.query), "")[:MAX_PARAMETER_CHARS]
                 raise AdapterError(
                     400,
                     "QUERY_NOT_ALLOWED",
-                    "no route here takes a query string: fields travel in the path or the body (docs/http.md)",
+                    f"query parameter {parameter!r}: no route here takes a query string; fields travel in the path "
+                    "or the body (docs/http.md)",
+                    metadata={"parameter": parameter},
                 )
             refuse_content_encoding(request)
             with adapter.budget.lease() as lease:
