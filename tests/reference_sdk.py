@@ -1,7 +1,7 @@
 """The reference SDK (sie-sdk 0.10.1 from PyPI) in a virtual environment of its own under .pytest_cache/, for the
 tests that compare sie_client with it. It needs Python 3.12; `reference_python()` finds one or says why not (the
 tests skip with that reason). The first call creates the environment (about a minute: pip from PyPI), later calls
-reuse it."""
+reuse it. Extra requirements get an environment of their own (the plain one stays as the SDK alone installs it)."""
 
 from __future__ import annotations
 
@@ -31,21 +31,30 @@ def python312() -> str | None:
     return None
 
 
-def reference_python(*extra: str) -> tuple[str | None, str]:
-    """(the venv's python, "") with the reference SDK and `extra` requirements installed, or (None, why not)."""
+def reference_python(*extra: str, constraints: Path | None = None) -> tuple[str | None, str]:
+    """(the venv's python, "") with the reference SDK and `extra` requirements installed, or (None, why not).
+
+    `extra` is installed first, within `constraints`; the reference SDK last, with its own pins, so where the two
+    disagree (its websockets<15 against langsmith's >=15) the SDK under test gets what it asks for."""
     python = python312()
     if python is None:
         return None, "no Python 3.12 here (python3.12 on PATH or under pyenv): the reference SDK needs it"
+    pins = constraints.read_text() if constraints else ""
+    digest = hashlib.sha256(repr((REFERENCE_SDK, *sorted(extra), pins)).encode()).hexdigest()[:12]
+    venv = VENV.with_name(f"{VENV.name}-{digest}") if extra else VENV
+    marker = venv / f".installed-{digest}"
     VENV.parent.mkdir(parents=True, exist_ok=True)
-    marker = VENV / f".installed-{hashlib.sha256(repr((REFERENCE_SDK, *sorted(extra))).encode()).hexdigest()[:12]}"
     with open(VENV.parent / ".sie-sdk.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one creator when several test processes ask at once
         if not marker.exists():
-            steps = [[python, "-m", "venv", "--clear", str(VENV)]] if not (VENV / "bin" / "python").exists() else []
-            steps.append([str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", REFERENCE_SDK, *extra])
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+            steps = [[python, "-m", "venv", "--clear", str(venv)]] if not (venv / "bin" / "python").exists() else []
+            if extra:
+                steps.append([*pip, *(["-c", str(constraints)] if constraints else []), *extra])
+            steps.append([*pip, REFERENCE_SDK])
             for step in steps:
                 done = subprocess.run(step, capture_output=True, text=True, timeout=600, check=False)
                 if done.returncode != 0:
                     return None, f"could not install {REFERENCE_SDK}: {' '.join(step[-3:])}: {done.stderr[-500:]}"
             marker.touch()
-    return str(VENV / "bin" / "python"), ""
+    return str(venv / "bin" / "python"), ""

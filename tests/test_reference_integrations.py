@@ -1,11 +1,14 @@
 """The reference's own framework integrations (sie-langchain, sie-llamaindex and sie-chroma 0.10.1 from PyPI,
-installed --no-deps) run their own integration test suites against `sie up`, with only the import aliased:
-`sie_sdk` (and its submodules) is `sie_client`, nothing else changes.
+installed --no-deps) run their own integration test suites against `sie up`, in two ways, both on the same stack:
+- unmodified, over the reference SDK itself (sie-sdk 0.10.1 from PyPI, no alias) and its msgpack wire, in the
+  reference SDK's own Python 3.12 venv (tests/reference_sdk.py) with the suites' requirements beside it;
+- with only the import aliased, in this project's Python: `sie_sdk` (and its submodules) is `sie_client`.
 
 Their suites name BAAI/bge-m3, jinaai/jina-reranker-v2-base-multilingual and urchade/gliner_multi-v2.1; the stack
 serves offline stand-ins under those names (tests/reference_integration_models.py). The sdists (which carry the
 tests) and the two vector-store adapters the suites import (langchain-chroma, llama-index-vector-stores-chroma)
-are fetched from PyPI into .pytest_cache/ on the first run; without PyPI the test skips, saying so."""
+are fetched from PyPI into .pytest_cache/ on the first run; without PyPI (or Python 3.12, for the first way) the test
+skips, saying so."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import pytest
 
 from local_cluster import wait_until
 from reference_integration_models import standin_configs
+from reference_sdk import reference_python
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
 from stack_process import stop_stack
 from test_stack_up import read_until
@@ -35,7 +39,9 @@ CACHE = ROOT / ".pytest_cache" / "reference-integrations"  # ignored by git, as 
 SUITES = {"sie-langchain": "sie_langchain", "sie-llamaindex": "sie_llamaindex", "sie-chroma": "sie_chroma"}
 VERSION = "0.10.1"
 # What the suites import beyond this project's test environment (the integrations themselves need nothing else).
-VECTOR_STORES = ("langchain-chroma", "llama-index-vector-stores-chroma")
+VECTOR_STORES = ("langchain-chroma==1.1.0", "llama-index-vector-stores-chroma==0.6.0")
+# What the suites need in the reference SDK's venv: the frameworks at this project's versions (constraints.txt).
+SUITE_REQUIREMENTS = ("pytest", "pytest-asyncio", "langchain-core", "llama-index-core", "chromadb", *VECTOR_STORES)
 ADMIN_TOKEN = "integrations-admin"
 # The plain module alias: `import sie_sdk` (and `sie_sdk.types`, ...) gives sie_client's modules themselves.
 ALIAS = '''"""sie_sdk is sie_client: the reference's integrations run on it with nothing else changed."""
@@ -114,15 +120,25 @@ def stack_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stop_stack(process)
 
 
-def run_suite(suite: Path, url: str, report: Path) -> dict[str, str]:
+def suite_runtime(sdk: str) -> tuple[str, tuple[Path, ...]]:
+    """The Python that runs the suites with `sdk` as their sie_sdk, and what goes on its path before each suite."""
+    if sdk == "sie_client":
+        return sys.executable, (CACHE / "alias", CACHE / "site")
+    python, why_not = reference_python(*SUITE_REQUIREMENTS, constraints=ROOT / "constraints.txt")
+    if python is None:
+        pytest.skip(why_not)
+    return python, ()
+
+
+def run_suite(suite: Path, url: str, report: Path, python: str, path: tuple[Path, ...]) -> dict[str, str]:
     """The suite's integration tests, run by pytest in a process of their own: each test's outcome by its id."""
-    path = os.pathsep.join(str(p) for p in (CACHE / "alias", suite / "src", CACHE / "site"))
-    env = {**os.environ, "PYTHONPATH": path, "SIE_SERVER_URL": url}
-    subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_integration.py", "-q", "-p", "no:cacheprovider",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (*path, suite / "src")), "SIE_SERVER_URL": url}
+    ran = subprocess.run(
+        [python, "-m", "pytest", "tests/test_integration.py", "-q", "-p", "no:cacheprovider",
          "-o", "addopts=", "-o", "asyncio_mode=auto", "--rootdir", str(suite), f"--junitxml={report}"],
         cwd=suite, env=env, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
+    assert report.exists(), f"{suite.name}'s pytest wrote no report: {(ran.stdout + ran.stderr)[-2000:]}"
     outcomes = {}
     for case in ElementTree.parse(report).iter("testcase"):
         failed = case.find("failure") if case.find("failure") is not None else case.find("error")
@@ -138,10 +154,12 @@ def run_suite(suite: Path, url: str, report: Path) -> dict[str, str]:
     return outcomes
 
 
-def test_the_reference_integration_suites_pass_on_sie_client(suites, stack_url, tmp_path) -> None:
+@pytest.mark.parametrize("sdk", ["sie_sdk", "sie_client"], ids=["reference-sdk-unmodified", "aliased-to-sie_client"])
+def test_the_reference_integration_suites_pass(sdk, suites, stack_url, tmp_path) -> None:
+    python, path = suite_runtime(sdk)
     outcomes: dict[str, str] = {}
     for name, suite in suites.items():
-        outcomes |= run_suite(suite, stack_url, tmp_path / f"{name}.xml")
+        outcomes |= run_suite(suite, stack_url, tmp_path / f"{name}.xml", python, path)
     assert len(outcomes) == 22  # 7 LangChain, 10 LlamaIndex, 5 Chroma
     assert {test: outcome for test, outcome in outcomes.items() if outcome != "passed"} == {
         test: outcomes.get(test) for test in FAIL_ON_THE_REFERENCE
