@@ -6,6 +6,7 @@ and compare what an integration gives with the engine's own answers (`engine_ans
 from __future__ import annotations
 
 import contextlib
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,3 +84,13 @@ def requests_answered(worker: WorkerProcess, model: str, operation: str) -> floa
             }:
                 return sample.value
     return 0.0
+
+
+def answered_since(worker: WorkerProcess, model: str, operation: str, before: float, expected: int) -> float:
+    """How many requests the worker answered since it had answered `before`: waited for until there are `expected`
+    (the worker counts a request just after its answer leaves, so a caller can read the counter first), for at most
+    10 s; more than `expected` shows as more."""
+    deadline = time.monotonic() + 10
+    while requests_answered(worker, model, operation) - before < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return requests_answered(worker, model, operation) - before
