@@ -12,7 +12,6 @@ default multi-label as gliclass's pipeline) and `threshold` (multi-label, defaul
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,11 @@ from sie_worker.adapters.contract import AdapterError, Input, LoadContext, Prepa
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.items import Classification, Extraction
 from sie_worker.adapters.layers.activations import softmax
-from sie_worker.adapters.layers.optional_packages import auto_map_in, is_local_path, require_package
+from sie_worker.adapters.layers.optional_packages import (
+    config_without_shipped_code,
+    is_local_path,
+    require_package,
+)
 from sie_worker.adapters.spec import AdapterSpec, Option, probability
 
 CLASSIFICATION_TYPES = ("single-label", "multi-label")
@@ -47,13 +50,7 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
     if trust_remote_code:
         return
     path = directory / "config.json"
-    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    shipped = auto_map_in(config)
-    if shipped is not None:
-        raise ValueError(
-            f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: "
-            "true to run it"
-        )
+    config = config_without_shipped_code(path)
     for name_field, config_field in BACKBONES:
         saved = config.get(config_field)
         if isinstance(saved, dict) and saved.get("model_type", "deberta-v2") not in CONFIG_MAPPING:

@@ -12,7 +12,6 @@ entities of one label that only whitespace separates, as token-level checkpoints
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,11 @@ from transformers import AutoConfig
 from sie_common.edge.errors import clipped
 from sie_worker.adapters.contract import Adapter, Input, LoadContext, Prepared, Query
 from sie_worker.adapters.items import Entity, Extraction
-from sie_worker.adapters.layers.optional_packages import auto_map_in, is_local_path, require_package
+from sie_worker.adapters.layers.optional_packages import (
+    config_without_shipped_code,
+    is_local_path,
+    require_package,
+)
 from sie_worker.adapters.layers.text_tokenizer import position_limit
 from sie_worker.adapters.spec import AdapterSpec, probability
 
@@ -42,13 +45,7 @@ def refuse_remote_code(directory: Path, trust_remote_code: bool) -> None:
     if trust_remote_code:
         return
     path = directory / "gliner_config.json"
-    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    shipped = auto_map_in(config)
-    if shipped is not None:
-        raise ValueError(
-            f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: "
-            f"true to run it"
-        )
+    config = config_without_shipped_code(path)
     for field, saved in _named_backbones(config):
         name = config.get(field) or DEFAULT_BACKBONE
         if not isinstance(name, str) or is_local_path(name):

@@ -4,7 +4,9 @@ code a package would run from a checkpoint's saved configs."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from sie_common.edge.errors import FailedPrecondition
@@ -37,6 +39,18 @@ def auto_map_in(config: Any, where: str = "") -> str | None:
             if found is not None:
                 return found
     return None
+
+
+def config_without_shipped_code(path: Path) -> dict[str, Any]:
+    """The saved JSON config at `path`; ValueError when it names code shipped with the weights (auto_map)."""
+    config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    shipped = auto_map_in(config)
+    if shipped is not None:
+        raise ValueError(
+            f"{path}: {shipped} names code shipped with the weights (auto_map); set load_options.trust_remote_code: "
+            "true to run it"
+        )
+    return config
 
 
 def is_local_path(name: str) -> bool:
