@@ -24,7 +24,7 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
 cd "$src"
 mkdir -p bench/results
-name="$(date +%F)-h200"
+name=gpu
 timeout 330 python3 bench/run.py --device cuda --paths in-process,worker --runs 3 --name "$name" 2>&1 | tee "$OUT/run.log"
-cp bench/results/"$name".json docs/benchmarks.md "$OUT/" 2>/dev/null
+cp bench/results/*-"$name".json docs/benchmarks.md "$OUT/"
 timeout 200 python3 bench/gpu_profile.py --out "$OUT/gpu-profile.json" 2>&1 | tee "$OUT/profile.log"
