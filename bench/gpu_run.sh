@@ -2,8 +2,11 @@
 # The GPU benchmark, on the device machine (staged by bench/gpu_prepare.sh):
 # random weights of all-MiniLM-L6-v2's shape with its real tokenizer, the
 # in-process ceiling and the standalone worker on CUDA in float16 (bulk,
-# long-text, single-item), then the CUDA profile (bench/gpu_profile.py).
-# Everything it writes lands in $OUT.
+# long-text, single-item), the CUDA profile (bench/gpu_profile.py), then where
+# the worker's host time goes under the bulk load (bench/worker_host_profile.py)
+# and the worker's model against plain transformers (bench/adapter_forward_profile.py).
+# Everything it writes lands in $OUT. Arguments pick steps (default: all):
+#   bench gpu-profile host-profile adapter-profile
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -24,7 +27,12 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia-smi.txt"
 cd "$src"
 mkdir -p bench/results
+steps=" ${*:-bench gpu-profile host-profile adapter-profile} "
 name=gpu
+if [[ $steps == *" bench "* ]]; then
 timeout 330 python3 bench/run.py --device cuda --paths in-process,worker --runs 3 --name "$name" 2>&1 | tee "$OUT/run.log"
 cp bench/results/*-"$name".json docs/benchmarks.md "$OUT/"
-timeout 200 python3 bench/gpu_profile.py --out "$OUT/gpu-profile.json" 2>&1 | tee "$OUT/profile.log"
+fi
+[[ $steps == *" gpu-profile "* ]] && timeout 200 python3 bench/gpu_profile.py --out "$OUT/gpu-profile.json"
+[[ $steps == *" host-profile "* ]] && PATH=/tmp/site/bin:$PATH timeout 150 python3 bench/worker_host_profile.py --device cuda --seconds 20 --out "$OUT" 2>&1 | grep -v "behind in sampling"
+[[ $steps == *" adapter-profile "* ]] && (cd bench && timeout 150 python3 adapter_forward_profile.py --device cuda --out "$OUT/adapter-forward-profile.json")

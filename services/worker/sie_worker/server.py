@@ -25,7 +25,7 @@ from sie_worker.cluster.registration import Registration
 from sie_worker.engine.engine import Engine
 from sie_worker.metrics import register_engine
 from sie_worker.models.catalog import read_catalog
-from sie_worker.models.device import select_device
+from sie_worker.models.device import configure_kernels, select_device
 from sie_worker.models.registry import ModelRegistry
 from sie_worker.settings import WorkerSettings
 
@@ -39,7 +39,9 @@ STOP_GRACE_S = 1.0
 
 async def serve(settings: WorkerSettings) -> None:
     transport = ServerTransport.of(settings)
-    engine = Engine(settings, ModelRegistry(read_catalog(settings), settings, select_device(settings.device)))
+    device = select_device(settings.device)
+    configure_kernels(device)
+    engine = Engine(settings, ModelRegistry(read_catalog(settings), settings, device))
     server = grpc.aio.server(
         interceptors=[Authorize(_checks(settings)), RejectMalformedRequests()], options=transport.server_options()
     )
