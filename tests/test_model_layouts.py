@@ -41,6 +41,9 @@ TEXTS = [
     DIFFERENT_WORDS,  # far past every length limit: truncated, not rejected
     " ".join(["overlong"] * 300) + ", with punctuation!",
 ]
+# Doc-only sparse queries keep every token of their text with its weight, as SparseStaticEmbedding does: [UNK] (an
+# emoji, a character the vocabulary lacks) and special tokens written in the text alike.
+SPARSE_TEXTS = [*TEXTS, "I love 🍕 pizza 🍕 and ☃", "🚀", "[CLS] what is [SEP] late interaction [UNK] [MASK]", "ünïcödé 文字 interaction"]
 # ColBERT model id -> (query length, document length) its directory states.
 COLBERT = {"test/colbert-pylate": (12, 20), "test/colbert-st": (10, 24), "test/colbert-stanford": (11, 22)}
 SIGLIP = "test/siglip-sentencepiece"
@@ -165,8 +168,8 @@ def test_doc_only_sparse_matches_sparse_encoder(layouts_stub, models: dict[str, 
         reference = opensearch_sparse_encoder(models[model_id], activation="relu")
     else:
         reference = SparseEncoder(str(models[model_id]), device="cpu")
-    expected = (reference.encode_query if is_query else reference.encode_document)(TEXTS).to_dense().numpy()
-    results = encode(layouts_stub, model_id, TEXTS, output_types=["sparse"], is_query=is_query)
+    expected = (reference.encode_query if is_query else reference.encode_document)(SPARSE_TEXTS).to_dense().numpy()
+    results = encode(layouts_stub, model_id, SPARSE_TEXTS, output_types=["sparse"], is_query=is_query)
     for result, row in zip(results, expected, strict=True):
         sparse = result.sparse
         assert sparse.dims == row.shape[0]
