@@ -8,7 +8,8 @@ mxbai-rerank-v2 one (a Qwen2 causal LM with no sentence-transformers files, its 
 activation in the model config), against the same weights saved as a CrossEncoder whose chat template renders
 that prompt; that CrossEncoder directory is served too, with no options (its LogitScore tokens "1" / "0" and its
 Identity activation read from the files sentence-transformers saved). The shipped Qwen3-Reranker config's
-template, on the Qwen3 replica's bare weights, must equal the CrossEncoder's chat-template prompt.
+template, on the Qwen3 replica's bare weights, must equal the CrossEncoder's chat-template prompt; the shipped
+mxbai-rerank-v2 configs' options, on the mxbai replica's bare weights, the mxbai-rerank library's raw scores.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import torch
 import yaml
 from sentence_transformers import CrossEncoder
 
@@ -49,6 +51,13 @@ MXBAI_SAVED = "test/tiny-mxbai-reranker-cross-encoder"
 # The Qwen3 replica's bare weights with the options of the shipped Qwen3-Reranker config: its template is the prompt.
 QWEN3_CATALOG = "test/tiny-qwen3-reranker-catalog-options"
 CATALOG_QWEN3 = Path(__file__).resolve().parents[1] / "catalog" / "models" / "Qwen__Qwen3-Reranker-0.6B.yaml"
+# The mxbai replica's bare weights with the options of the shipped mxbai-rerank-v2 configs (base and large alike),
+# against the mxbai-rerank library itself.
+MXBAI_CATALOG = "test/tiny-mxbai-reranker-catalog-options"
+CATALOG_MXBAI = [
+    Path(__file__).resolve().parents[1] / "catalog" / "models" / f"mixedbread-ai__mxbai-rerank-{size}-v2.yaml"
+    for size in ("base", "large")
+]
 # Served but never preloaded: its score token is not one token of the vocabulary ...
 BAD_TOKEN = "test/tiny-llm-reranker-bad-token"
 # ... its chat template is made for chat (user / assistant): it would drop a pair's query and document.
@@ -79,6 +88,16 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         f"path: {qwen3.parent / 'raw'}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n"
         f"    load_options: {json.dumps(shipped['load_options'])}\n    run_options: {json.dumps(shipped['run_options'])}\n",
     )
+    mxbai_shipped = [yaml.safe_load(path.read_text())["profiles"]["default"] for path in CATALOG_MXBAI]
+    assert mxbai_shipped[0]["load_options"] == mxbai_shipped[1]["load_options"]
+    assert mxbai_shipped[0]["run_options"] == mxbai_shipped[1]["run_options"]
+    write_config(
+        configs,
+        MXBAI_CATALOG,
+        f"path: {plain}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n"
+        f"    load_options: {json.dumps(mxbai_shipped[0]['load_options'])}\n"
+        f"    run_options: {json.dumps(mxbai_shipped[0]['run_options'])}\n",
+    )
     write_config(configs, MXBAI_SAVED, f"path: {reference}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     write_config(configs, QWEN3_CLASSIFIER, f"path: {classifier}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n")
     options = {"template": MXBAI_TEMPLATE, "true_token": "1", "false_token": "0", "activation": "identity", "padding_side": "left"}
@@ -108,6 +127,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         QWEN3_PLAIN: plain_pairs,
         MXBAI: reference,
         MXBAI_SAVED: reference,
+        MXBAI_CATALOG: plain,
         "configs": configs,
     }
 
@@ -116,17 +136,19 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def reranker_stub(services: Services, replicas: dict[str, Path]) -> Iterator[inference_pb2_grpc.InferenceStub]:
     env = {
         "SIE_MODELS_DIR": str(replicas["configs"]),
-        "SIE_PRELOAD_MODELS": ",".join([QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED]),
+        "SIE_PRELOAD_MODELS": ",".join(
+            [QWEN3, QWEN3_LEFT, QWEN3_CATALOG, QWEN3_CLASSIFIER, QWEN3_PLAIN, MXBAI, MXBAI_SAVED, MXBAI_CATALOG]
+        ),
     }
     with inference_stub(services.worker(env, name="llm-reranker-worker")) as stub:
         yield stub
 
 
-def served_scores(stub, model: str, **fields) -> tuple[np.ndarray, list[int]]:
+def served_scores(stub, model: str, documents: list[str] = DOCUMENTS, **fields) -> tuple[np.ndarray, list[int]]:
     """The scores in item order, and the ranking (item indices, best first)."""
-    request = inference_pb2.ScoreRequest(model=model, query=types_pb2.Item(text=QUERY), items=items(DOCUMENTS), **fields)
+    request = inference_pb2.ScoreRequest(model=model, query=types_pb2.Item(text=QUERY), items=items(documents), **fields)
     response = stub.Score(request, timeout=120)
-    scores = np.zeros(len(DOCUMENTS), dtype=np.float32)
+    scores = np.zeros(len(documents), dtype=np.float32)
     for entry in response.scores:
         scores[entry.index] = entry.score
     return scores, [entry.index for entry in response.scores]
@@ -140,6 +162,32 @@ def test_scores_equal_cross_encoder_logit_score(reranker_stub, replicas: dict[st
     assert np.diff(np.sort(expected)).min() > 1e-4  # no near ties: the ranking below means something
     fields = {} if instruction is None else {"instruction": instruction}
     scores, ranking = served_scores(reranker_stub, model, **fields)
+    np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=0)
+    assert ranking == list(np.argsort(-expected, kind="stable"))
+
+
+@pytest.mark.parametrize("instruction", [None, INSTRUCTION])
+def test_shipped_mxbai_configs_score_as_the_mxbai_rerank_library(
+    reranker_stub, replicas: dict[str, Path], instruction: str | None
+) -> None:
+    """The raw logit difference of "1" and "0", unbounded (the library's `predict`, normalize=False): no sigmoid.
+    Pairs within the maximum length (the library cuts longer ones its own way: docs/models.md)."""
+    from mxbai_rerank import MxbaiRerankV2
+
+    reference = MxbaiRerankV2(str(replicas[MXBAI_CATALOG]), device="cpu", torch_dtype=torch.float32)
+
+    def prepare_for_model(first: list[int], second: list[int], *, max_length: int, **_: object) -> dict[str, list[int]]:
+        # transformers 5's tokenizers dropped the method mxbai-rerank 0.1.6 joins a pair's ids with; within the length
+        # (asserted), all it does is concatenate them.
+        assert len(first) + len(second) <= max_length
+        return {"input_ids": first + second}
+
+    reference.tokenizer.prepare_for_model = prepare_for_model
+    documents = [document for document in DOCUMENTS if len(document) < 200]
+    expected = reference.predict([QUERY] * len(documents), documents, instruction=instruction).numpy()
+    assert expected.min() < 0 or expected.max() > 1  # not probabilities: a sigmoid would fail below
+    fields = {} if instruction is None else {"instruction": instruction}
+    scores, ranking = served_scores(reranker_stub, MXBAI_CATALOG, documents, **fields)
     np.testing.assert_allclose(scores, expected, atol=1e-4, rtol=0)
     assert ranking == list(np.argsort(-expected, kind="stable"))
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,9 +43,14 @@ TEXTS = [
     DIFFERENT_WORDS,  # far past every length limit: truncated, not rejected
     " ".join(["overlong"] * 300) + ", with punctuation!",
 ]
+# Doc-only sparse queries keep every token of their text with its weight, as SparseStaticEmbedding does: [UNK] (an
+# emoji, a character the vocabulary lacks) and special tokens written in the text alike.
+SPARSE_TEXTS = [*TEXTS, "I love 🍕 pizza 🍕 and ☃", "🚀", "[CLS] what is [SEP] late interaction [UNK] [MASK]", "ünïcödé 文字 interaction"]
 # ColBERT model id -> (query length, document length) its directory states.
 COLBERT = {"test/colbert-pylate": (12, 20), "test/colbert-st": (10, 24), "test/colbert-stanford": (11, 22)}
 SIGLIP = "test/siglip-sentencepiece"
+# The same weights with a tokenizer that pads on the left, as Gemma's (SigLIP 2's tokenizer) does.
+SIGLIP_LEFT = "test/siglip-sentencepiece-left-padded"
 OPENSEARCH = "test/sparse-opensearch"
 SPARSE_ROUTER = "test/sparse-router"
 SPARSE_BODY = "tasks: [encode]\noutput_types: [sparse]\nprofiles:\n  default:\n    adapter: splade\n"
@@ -60,10 +67,19 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "test/colbert-pylate": pylate,
         "test/colbert-st": build_multi_vector_encoder(pylate, root / "colbert-st", **lengths["test/colbert-st"]),
         "test/colbert-stanford": build_stanford_colbert(root / "colbert-stanford", **lengths["test/colbert-stanford"]),
-        SIGLIP: build_sentencepiece_siglip(root / "siglip"),
+        SIGLIP: (siglip := build_sentencepiece_siglip(root / "siglip")),
+        SIGLIP_LEFT: left_padded(siglip, root / "siglip-left"),
         OPENSEARCH: (opensearch := build_opensearch_sparse(root / "sparse-opensearch")),
         SPARSE_ROUTER: build_router_sparse(opensearch, root / "sparse-router"),
     }
+
+
+def left_padded(siglip: Path, directory: Path) -> Path:
+    """A copy of the SigLIP replica whose tokenizer pads on the left."""
+    shutil.copytree(siglip, directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "padding_side": "left"}))
+    return directory
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +91,10 @@ def layouts_worker(services: Services, tmp_path_factory: pytest.TempPathFactory,
     write_config(
         configs, "test/colbert-muvera", f"path: {models['test/colbert-pylate']}\n{COLBERT_BODY.replace('[multivector]', '[multivector, dense]')}"
     )
-    write_config(
-        configs, SIGLIP, f"path: {models[SIGLIP]}\ninputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n"
-    )
+    for model_id in (SIGLIP, SIGLIP_LEFT):
+        write_config(
+            configs, model_id, f"path: {models[model_id]}\ninputs: [text, image]\ntasks: [encode, score]\nprofiles:\n  default:\n    adapter: clip\n"
+        )
     for model_id in (OPENSEARCH, SPARSE_ROUTER):
         write_config(configs, model_id, f"path: {models[model_id]}\n{SPARSE_BODY}")
     return services.worker({"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join([*models, "test/colbert-muvera"])}, name="layout-worker")
@@ -153,6 +170,29 @@ def test_siglip_with_sentencepiece_tokenizer_matches_siglip_model(layouts_stub, 
     np.testing.assert_allclose(from_tensor(again[0].dense), served[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("model_id", [SIGLIP, SIGLIP_LEFT])
+def test_siglip_text_is_max_length_padded_on_the_tokenizers_side_without_a_mask(
+    layouts_stub, models: dict[str, Path], model_id: str
+) -> None:
+    """SigLIP was trained on text padded to its maximum length with no attention mask (big_vision's text encoder takes
+    none and reads the last position): served text embeddings equal get_text_features of the ids
+    tokenizer(padding="max_length") gives, on whichever side it pads, without the mask it returns beside them.
+    The processor's path, which now passes that mask, reads another last position: it differs."""
+    from transformers import AutoTokenizer, SiglipModel
+
+    tokenizer = AutoTokenizer.from_pretrained(models[model_id])
+    assert tokenizer.padding_side == ("left" if model_id == SIGLIP_LEFT else "right")
+    model = SiglipModel.from_pretrained(models[model_id]).eval()
+    texts = [text for text in TEXTS if len(text) < 200] + ["ünïcödé 文字 🚀", ""]
+    with torch.inference_mode():
+        inputs = tokenizer(texts, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
+        expected = model.get_text_features(input_ids=inputs["input_ids"]).pooler_output.numpy()
+        masked = model.get_text_features(**inputs).pooler_output.numpy()
+    served = np.stack([from_tensor(result.dense) for result in encode(layouts_stub, model_id, texts)])
+    assert row_cosines(served, expected).min() >= 0.9999
+    assert row_cosines(served, masked).min() < 0.999
+
+
 # --- doc-only sparse models ---------------------------------------------------------------------------
 
 
@@ -165,8 +205,8 @@ def test_doc_only_sparse_matches_sparse_encoder(layouts_stub, models: dict[str, 
         reference = opensearch_sparse_encoder(models[model_id], activation="relu")
     else:
         reference = SparseEncoder(str(models[model_id]), device="cpu")
-    expected = (reference.encode_query if is_query else reference.encode_document)(TEXTS).to_dense().numpy()
-    results = encode(layouts_stub, model_id, TEXTS, output_types=["sparse"], is_query=is_query)
+    expected = (reference.encode_query if is_query else reference.encode_document)(SPARSE_TEXTS).to_dense().numpy()
+    results = encode(layouts_stub, model_id, SPARSE_TEXTS, output_types=["sparse"], is_query=is_query)
     for result, row in zip(results, expected, strict=True):
         sparse = result.sparse
         assert sparse.dims == row.shape[0]

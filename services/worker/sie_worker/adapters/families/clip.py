@@ -6,8 +6,9 @@ The directory is a transformers checkpoint (AutoModel with
 processor config (`preprocessor_config.json`), run through the processor's
 PIL backend: resize, crop and normalize exactly as the model was trained.
 Text is right-padded to the batch's longest item with an attention mask,
-except for SigLIP, which reads the last position and was trained on text
-padded to its maximum length without a mask. load_options: `normalize`
+except for SigLIP and SigLIP 2, which read the last position and were trained
+on text padded to its maximum length without a mask (big_vision's text
+encoder takes no mask): padded on the tokenizer's own side, no mask. load_options: `normalize`
 (default true: L2-normalized embeddings), `text_padding` (`longest` or
 `max_length`, overriding the model type's default).
 """
@@ -31,7 +32,7 @@ from sie_worker.adapters.spec import AdapterSpec
 
 TEXT_PADDINGS = ("longest", "max_length")
 # Model types trained on text padded to the maximum length, read at the last position.
-_MAX_LENGTH_PADDED = ("siglip",)
+_MAX_LENGTH_PADDED = ("siglip", "siglip2")
 
 
 class DualEncoder(HfAdapter):
@@ -96,11 +97,15 @@ class DualEncoder(HfAdapter):
         return self.image_processor(images=[image], return_tensors="np")["pixel_values"][0]
 
     def encode(self, batch: Sequence[TokenizedText]) -> list[EncodedItem]:
-        inputs = padded(batch, self.tokenizer.pad_id, self.device)
+        # max_length: on the tokenizer's own padding side (Gemma's, SigLIP 2's tokenizer, pads on the left), so the
+        # ids are those of tokenizer(texts, padding="max_length"); no attention mask, as SigLIP was trained.
+        left = self.text_padding == "max_length" and self.tokenizer.hf.padding_side == "left"
+        inputs = padded(batch, self.tokenizer.pad_id, self.device, left=left)
         if self.text_padding == "max_length":
             ids = inputs["input_ids"]
             fill = self.max_sequence_length - ids.shape[1]
-            text_inputs = {"input_ids": torch.nn.functional.pad(ids, (0, fill), value=self.tokenizer.pad_id)}
+            sides = (fill, 0) if left else (0, fill)
+            text_inputs = {"input_ids": torch.nn.functional.pad(ids, sides, value=self.tokenizer.pad_id)}
         else:
             text_inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
         # torch types a module's attributes as Tensor | Module

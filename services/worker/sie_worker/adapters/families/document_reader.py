@@ -15,6 +15,7 @@ Request options: `task` and `max_new_tokens` (1 to MAX_NEW_TOKENS).
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,8 @@ MAX_DECODE_STEPS = 1024
 # Upper bound of a prompt's tokens (the task and the item's text), checked before any work.
 MAX_PROMPT_TOKENS = 512
 MAX_TASK_CHARS = 128
+# What token2json reads as a field's start or end, in any case.
+_DONUT_MARKUP = re.compile(r"</?s_", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,11 @@ class DocumentReader(HfAdapter):
             prompt = [int(self.generator.generation_config.decoder_start_token_id)]
         else:
             inputs = self.processor(images=image, return_tensors="pt")
+            if item.text is not None and _DONUT_MARKUP.search(item.text):
+                raise ValueError(
+                    "a Donut question may not hold the prompt's field markup ('<s_' or '</s_'): it would end the "
+                    "question early or make fields of the answer; send the question without it"
+                )
             text = task if item.text is None else f"{task}<s_question>{item.text}</s_question><s_answer>"
             encoder_ids = []
             prompt = self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -246,12 +254,18 @@ class DocumentReader(HfAdapter):
     def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         page: _Page = prepared
         if not self.florence:
-            text = self.tokenizer.decode(output[len(page.prompt) :], skip_special_tokens=False)
-            text = text.replace(str(self.tokenizer.eos_token), "").replace(str(self.tokenizer.pad_token), "")
-            return Extraction(data=_plain(self.processor.token2json(text)))
+            return Extraction(data=_plain(self.processor.token2json(self._donut_sequence(output))))
         text = self.tokenizer.decode(output, skip_special_tokens=False)
         parsed = self.processor.post_process_generation(text, task=page.task, image_size=page.image_size)[page.task]
         return Extraction(data={"text": parsed} if isinstance(parsed, str) else _plain(parsed))
+
+    def _donut_sequence(self, ids: list[int]) -> str:
+        """The Donut model cards' parse of a generation (the DocVQA pipeline's too): the whole sequence, prompt
+        included, decoded with its special tokens, less end-of-text and padding, less its first tag (the task start
+        token), stripped; so a question comes back in the answer's `question` field, as `token2json` reads it."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        text = text.replace(str(self.tokenizer.eos_token), "").replace(str(self.tokenizer.pad_token), "")
+        return re.sub(r"<.*?>", "", text, count=1).strip()
 
 
 def _keep(state: _Generation, rows: list[int]) -> None:

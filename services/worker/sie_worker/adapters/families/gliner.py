@@ -6,8 +6,8 @@ The model loads from its resolved local directory only (`local_files_only`): the
 `trust_remote_code=True`; `refuse_remote_code` refuses, unless the profile sets `trust_remote_code`, a
 checkpoint whose backbone would run shipped code or be read from a directory outside the model's.
 
-run_options: `threshold` (the default when a request sets none) and `merge_adjacent_entities` (join
-entities of one label that only whitespace separates, as token-level checkpoints such as NuNER Zero need).
+run_options: `threshold` (the default when a request sets none) and `merge_adjacent_entities` (join consecutive
+entities of one label at most one character apart, keeping the first one's score, as NuNER Zero's model card does).
 """
 
 from __future__ import annotations
@@ -116,14 +116,14 @@ class GlinerExtractor(Adapter):
         return Prepared(text, len(text.split()) + 1)
 
     def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
-        """Per text, GLiNER's spans as (start, end, label, [score])."""
+        """Per text, GLiNER's spans as (start, end, label, score), in its order."""
         found = self.extractor.inference(
             list(batch),
             list(query.labels),
             threshold=self.threshold if query.threshold is None else query.threshold,
             batch_size=max(1, len(batch)),
         )
-        return [[(e["start"], e["end"], e["label"], [float(e["score"])]) for e in entities] for entities in found]
+        return [[(e["start"], e["end"], e["label"], float(e["score"])) for e in entities] for entities in found]
 
     def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         text, spans = prepared, output
@@ -131,8 +131,8 @@ class GlinerExtractor(Adapter):
             spans = merge_adjacent(text, spans)
         return Extraction(
             entities=[
-                Entity(text=text[start:end], label=label, score=sum(scores) / len(scores), start=start, end=end)
-                for start, end, label, scores in spans
+                Entity(text=text[start:end], label=label, score=score, start=start, end=end)
+                for start, end, label, score in spans
             ]
         )
 
@@ -191,17 +191,19 @@ def best_class_only(decoder: Any) -> None:
     decoder.decode = decode_best
 
 
-Span = tuple[int, int, str, list[float]]
+Span = tuple[int, int, str, float]
 
 
 def merge_adjacent(text: str, spans: list[Span]) -> list[Span]:
-    """Join consecutive spans (by start) of one label with only whitespace between them; the score is their mean."""
+    """NuNER Zero's merge (its model card's `merge_entities`): in GLiNER's order, an entity of the label of the one
+    before it that starts where that one ends or one character after joins it; the joined entity keeps its first
+    part's score."""
     merged: list[Span] = []
-    for start, end, label, scores in sorted(spans, key=lambda span: span[0]):
+    for start, end, label, score in spans:
         if merged:
-            last_start, last_end, last_label, last_scores = merged[-1]
-            if label == last_label and last_end <= start and not text[last_end:start].strip():
-                merged[-1] = (last_start, end, label, last_scores + scores)
+            last_start, last_end, last_label, last_score = merged[-1]
+            if label == last_label and start in (last_end, last_end + 1):
+                merged[-1] = (last_start, end, label, last_score)
                 continue
-        merged.append((start, end, label, scores))
+        merged.append((start, end, label, score))
     return merged

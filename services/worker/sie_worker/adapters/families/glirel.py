@@ -253,8 +253,8 @@ class GlirelExtractor(Adapter):
                 [items[row].entity_text or "" for row in found], Query("extract", labels=labels)
             )
             for row, output in zip(found, outputs, strict=True):
-                best = sorted(output, key=lambda span: -max(span[3]))[:MAX_ENTITIES]
-                spans[row] = [Span(start, end, label, max(scores)) for start, end, label, scores in sorted(best)]
+                best = sorted(output, key=lambda span: -span[3])[:MAX_ENTITIES]
+                spans[row] = [Span(start, end, label, score) for start, end, label, score in sorted(best)]
         words = [self._word_spans(item, item_spans or []) for item, item_spans in zip(items, spans, strict=True)]
         rows = [row for row, by_words in enumerate(words) if len(by_words) >= 2]
         relations: list[list[dict[str, Any]]] = [[] for _ in items]

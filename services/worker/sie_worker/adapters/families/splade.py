@@ -2,8 +2,9 @@
 
 weight[v] = max over the item's tokens of log(1 + relu(logit[token, v])), padding excluded (a
 sentence-transformers SpladePooling may say `sum` instead of max, or `log1p_relu`: log(1 + log(1 + relu))).
-Doc-only models (OpenSearch) weigh queries without the model: each distinct token of the query, special tokens
-dropped, gets its static weight from `idf.json` / the SparseStaticEmbedding (sie_worker.adapters.layers.sparse_layout).
+Doc-only models (OpenSearch) weigh queries without the model: each distinct token of the query (tokenized with no
+special tokens added; an unknown character's [UNK] counts) gets its static weight from `idf.json` / the
+SparseStaticEmbedding (sie_worker.adapters.layers.sparse_layout), as sentence-transformers' SparseStaticEmbedding.
 The non-zero weights come back as ascending indices + values.
 run_options `query_prompt` / `document_prompt` put a prefix before the text (a request's instruction replaces it).
 """
@@ -39,16 +40,14 @@ class SpladeEncoder(HfAdapter):
         if self.layout.idf is not None:
             # Tokens past the model's vocabulary are no dimension of the answer (nor of any document's weights).
             self.layout = dataclasses.replace(self.layout, idf=self.layout.idf[: self.vocab_size])
-            # Static query weights read the query's tokens, special ones aside, up to the tokenizer's own limit.
+            # Static query weights read the query's own tokens (no [CLS] / [SEP] added), every one of them, [UNK]
+            # included, up to the length limit: sentence-transformers' SparseStaticEmbedding.
             self.query_tokenizer = TextTokenizer(
                 directory,
                 context.config.max_sequence_length,
                 self.model,
                 trust_remote_code=context.profile.trust_remote_code,
-            )
-            specials = self.query_tokenizer.hf.num_special_tokens_to_add()
-            self.query_tokenizer.rust.enable_truncation(
-                self.query_tokenizer.max_length + specials, direction=self.query_tokenizer.hf.truncation_side
+                add_special_tokens=False,
             )
         run_options = context.profile.run_options
         self.query_prompt = run_options.get("query_prompt", "")
@@ -87,7 +86,7 @@ class SpladeEncoder(HfAdapter):
         return pooled.cpu().numpy()
 
     def _static(self, item: TokenizedText, idf: np.ndarray) -> EncodedItem:
-        """A query's static weights: each distinct non-special token's idf weight."""
-        ids = sorted({token for token in item.ids if token not in self.tokenizer.special_ids and token < len(idf)})
+        """A query's static weights: each distinct token's idf weight (its text's own tokens: [UNK] too)."""
+        ids = sorted({token for token in item.ids if token < len(idf)})
         indices = np.array([token for token in ids if idf[token] != 0], dtype=np.uint32)
         return EncodedItem(sparse=SparseWeights(indices, idf[indices].astype(np.float32), self.vocab_size))

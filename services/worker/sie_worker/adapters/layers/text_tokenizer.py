@@ -40,8 +40,10 @@ class TextTokenizer:
         reserve: int = 0,
         trust_remote_code: bool = False,
         hf: Any = None,
+        add_special_tokens: bool = True,
     ) -> None:
-        # `hf`: the directory's tokenizer when the caller has loaded it already.
+        # `hf`: the directory's tokenizer when the caller has loaded it already. `add_special_tokens`: false for the
+        # text's own tokens alone (no [CLS] / [SEP] around them), truncated at the same length.
         self.hf = (
             hf if hf is not None else AutoTokenizer.from_pretrained(directory, trust_remote_code=trust_remote_code)
         )
@@ -52,6 +54,7 @@ class TextTokenizer:
         self.special_ids = set(self.hf.all_special_ids)
         self.rust = Tokenizer.from_str(self.hf.backend_tokenizer.to_str())
         self.rust.no_padding()
+        self.add_special_tokens = add_special_tokens
         # `reserve` leaves room for tokens an adapter inserts itself (markers).
         self.rust.enable_truncation(self.max_length - reserve, direction=self.hf.truncation_side)
 
@@ -72,9 +75,11 @@ class TextTokenizer:
         be more tokens, and none of theirs may belong to the prefix's last word (which the cut may have split).
         Then they are the whole text's. Texts the tokenizer truncates on the left are read whole."""
         if self.rust.truncation is None or self.rust.truncation["direction"] != "right":
-            return self.rust.encode_batch(texts)
+            return self.rust.encode_batch(texts, add_special_tokens=self.add_special_tokens)
         length = self.max_length * PREFIX_CHARS_PER_TOKEN * chunks
-        encodings = self.rust.encode_batch([text[:length] for text in texts])
+        encodings = self.rust.encode_batch(
+            [text[:length] for text in texts], add_special_tokens=self.add_special_tokens
+        )
         pending = [
             index
             for index, text in enumerate(texts)
@@ -83,7 +88,11 @@ class TextTokenizer:
         while pending:
             length *= 4
             for index, encoding in zip(
-                pending, self.rust.encode_batch([texts[index][:length] for index in pending]), strict=True
+                pending,
+                self.rust.encode_batch(
+                    [texts[index][:length] for index in pending], add_special_tokens=self.add_special_tokens
+                ),
+                strict=True,
             ):
                 encodings[index] = encoding
             pending = [
