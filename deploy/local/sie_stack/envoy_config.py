@@ -114,6 +114,9 @@ REQUEST_TIMEOUT = "60s"
 # x-envoy-original-path, which tells the gateway the caller reads JSON), and grpc refuses metadata past 8 KiB at
 # random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
 MAX_REQUEST_HEADERS_KIB = 7
+# A request's header fields at most (Envoy's default, written out): past it, or past MAX_REQUEST_HEADERS_KIB, an HTTP/1
+# request gets 431 HEADERS_TOO_LARGE; HTTP/2's codec resets the stream before any filter or local reply runs.
+MAX_REQUEST_HEADERS = 100
 # A stream, and a connection without streams, with no bytes either way for this long are closed.
 STREAM_IDLE_TIMEOUT = "300s"
 CONNECTION_IDLE_TIMEOUT = "300s"
@@ -241,7 +244,10 @@ def _http_connection_manager(
             "request_headers_timeout": REQUEST_HEADERS_TIMEOUT,
             "request_timeout": REQUEST_TIMEOUT,
             "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
-            "common_http_protocol_options": {"idle_timeout": CONNECTION_IDLE_TIMEOUT},
+            "common_http_protocol_options": {
+                "idle_timeout": CONNECTION_IDLE_TIMEOUT,
+                "max_headers_count": MAX_REQUEST_HEADERS,
+            },
             "http2_protocol_options": {"max_concurrent_streams": MAX_CONCURRENT_STREAMS},
             "local_reply_config": _local_replies(),
             "route_config": {
@@ -419,6 +425,8 @@ def _local_replies() -> dict[str, Any]:
             _local_reply(_flags("UT"), _DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT", "the service did not answer in time"),
             # What no route takes at all (a CONNECT: the routes match paths, and it has none) would be an empty 404.
             _local_reply(_flags("NR"), _NOT_FOUND, *_ROUTE_NOT_FOUND),
+            # A target that is not a path (`OPTIONS *`): Envoy's connection manager answers 404 before any route.
+            _local_reply({"and_filter": {"filters": [_status(404), _not_a_path()]}}, _NOT_FOUND, *_ROUTE_NOT_FOUND),
             _local_reply(
                 _flags("SI"),
                 _DEADLINE_EXCEEDED,
@@ -437,8 +445,8 @@ def _local_replies() -> dict[str, Any]:
                 _status(431),
                 _INVALID_ARGUMENT,
                 "HEADERS_TOO_LARGE",
-                f"the request's headers, its path with them, exceed {MAX_REQUEST_HEADERS_KIB} KiB (they travel on as "
-                "gRPC metadata): send fewer or shorter headers",
+                f"the request's headers exceed {MAX_REQUEST_HEADERS} fields or {MAX_REQUEST_HEADERS_KIB} KiB, the "
+                "path counted (they travel on as gRPC metadata): send fewer or shorter headers",
             ),
             # The transcoder's refusals (a value that does not fit its field: "dims": "many") and the HTTP codec's.
             _local_reply(
@@ -497,6 +505,11 @@ def _local_reply(
     if status is not None:
         mapper["status_code"] = status
     return mapper
+
+
+def _not_a_path() -> dict[str, Any]:
+    """The request's target is not a path (`OPTIONS *`)."""
+    return {"header_filter": {"header": {"name": ":path", "string_match": {"prefix": "/"}, "invert_match": True}}}
 
 
 def _cut(reason: str) -> dict[str, Any]:
