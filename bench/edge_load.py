@@ -12,11 +12,12 @@ import argparse
 import contextlib
 import http.client
 import json
+import os
 import socket
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,10 +68,15 @@ def running_edge(tmp: Path, gateway: str | None = None, config: str | None = Non
 
 
 def request(
-    port: int, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    source: str = "127.0.0.1",
 ) -> tuple[int, float, bytes]:
-    """(status, seconds, body) of one request on a fresh connection (the path sent as it is)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    """(status, seconds, body) of one request on a fresh connection from `source` (the path sent as it is)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120, source_address=(source, 0))
     try:
         started = time.perf_counter()
         connection.request(method, path, body, {"content-type": "application/json", **(headers or {})})
@@ -121,28 +127,39 @@ def held_connections(port: int, count: int, first_bytes: bytes = b"") -> Iterato
             sender.close()
 
 
+def peers(count: int) -> list[str]:
+    """`count` loopback addresses besides 127.0.0.1 (all of 127/8 is loopback on Linux): clients Envoy tells apart."""
+    return [f"127.0.{1 + n // 250}.{1 + n % 250}" for n in range(count)]
+
+
 @contextlib.contextmanager
 def slow_senders(
-    port: int, count: int, body_bytes: int, sent_bytes: int, chunk: int = MB
+    port: int, count: int, body_bytes: int, sent_bytes: int, chunk: int = MB, sources: Sequence[str] = ("127.0.0.1",)
 ) -> Iterator[list[socket.socket]]:
-    """`count` connections that each announce a `body_bytes` encode body and send `sent_bytes` of it, `chunk` at a
-    time over every connection in turn, then stop sending (but stay open) until the block ends."""
+    """`count` connections (from `sources` in turn) that each announce a `body_bytes` encode body and send
+    `sent_bytes` of it, `chunk` at a time over every connection in turn, then stop sending (but stay open) until the
+    block ends. The bytes differ between senders and between a sender's chunks (its random text turned by a few bytes
+    each time): Lua keeps one copy of equal strings, so equal bodies would cost Envoy's request check one body's
+    memory."""
     head = (
         f"POST /v1/encode/m HTTP/1.1\r\nhost: edge\r\ncontent-type: application/json\r\n"
         f"content-length: {body_bytes}\r\n\r\n"
     ).encode()
-    body = b'{"items":[{"text":"' + b"a" * (sent_bytes - 19)
-    sockets = []
+    start = b'{"items":[{"text":"'
+    sockets, texts = [], []
     try:
-        for _ in range(count):
-            sender = socket.create_connection(("127.0.0.1", port))
+        for n in range(count):
+            sender = socket.create_connection(("127.0.0.1", port), source_address=(sources[n % len(sources)], 0))
             sender.settimeout(1)
-            sender.sendall(head)
+            sender.sendall(head + start)
             sockets.append(sender)
-        for offset in range(0, len(body), chunk):
-            for sender in sockets:
+            texts.append(os.urandom(chunk // 2).hex().encode())
+        for offset in range(len(start), sent_bytes, chunk):
+            size = min(chunk, sent_bytes - offset)
+            turn = offset // chunk * 4099 % chunk
+            for sender, text in zip(sockets, texts, strict=True):
                 with contextlib.suppress(OSError):  # Envoy may have reset it: that is what is measured
-                    sender.sendall(body[offset : offset + chunk])
+                    sender.sendall((text[turn:] + text[:turn])[:size])
         yield sockets
     finally:
         for sender in sockets:
@@ -174,20 +191,22 @@ def main() -> int:
         print("| --- | --- | --- | --- |")
         for name, (status, seconds) in check_times(edge.port, size).items():
             print(f"| {name} | {status} | {seconds * 1000:.0f} | {seconds * 1000 / args.size_mb:.1f} |")
-        idle_rss, idle_heap = edge.rss_bytes(), edge.heap_bytes()
-        peak_rss = peak_heap = 0
-        with slow_senders(edge.port, args.senders, 16 * MB, 15 * MB) as sockets:
-            for _ in range(20):
-                peak_rss, peak_heap = max(peak_rss, edge.rss_bytes()), max(peak_heap, edge.heap_bytes())
-                time.sleep(0.25)
-            lines = answered(sockets)
-        refused = sum(line.startswith("HTTP/1.1 503") for line in lines)
         print()
-        print(
-            f"{args.senders} slow senders, each 15 of a 16 MB body sent, then held: Envoy RSS {idle_rss / MB:.0f} -> "
-            f"{peak_rss / MB:.0f} MB, heap {idle_heap / MB:.0f} -> {peak_heap / MB:.0f} MB; {refused} refused at once "
-            "(503 OVERLOADED), the others held until the request timeout"
-        )
+        for label, sources in ((f"{args.senders} addresses", peers(args.senders)), ("one address", ["127.0.0.1"])):
+            idle_rss, idle_heap = edge.rss_bytes(), edge.heap_bytes()
+            peak_rss = peak_heap = 0
+            with slow_senders(edge.port, args.senders, 16 * MB, 15 * MB, sources=sources) as sockets:
+                for _ in range(20):
+                    peak_rss, peak_heap = max(peak_rss, edge.rss_bytes()), max(peak_heap, edge.heap_bytes())
+                    time.sleep(0.25)
+                lines = answered(sockets)
+            refused = sum(line.startswith("HTTP/1.1 503") for line in lines)
+            print(
+                f"{args.senders} slow senders from {label}, each 15 of a 16 MB body sent, then held: Envoy RSS "
+                f"{idle_rss / MB:.0f} -> {peak_rss / MB:.0f} MB, heap {idle_heap / MB:.0f} -> {peak_heap / MB:.0f} MB; "
+                f"{refused} cut off at once (503 OVERLOADED), the others held until the request timeout"
+            )
+            time.sleep(2)  # their leases come back at the next purge
     return 0
 
 

@@ -14,7 +14,7 @@ from sie_common.runtime.settings import (
     add_flags,
     load_settings,
 )
-from sie_stack.envoy_config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAP_BYTES
+from sie_stack.envoy_config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEAP_BYTES, DEFAULT_PEER_BODY_SHARE
 from sie_stack.settings import StackSettings
 
 
@@ -49,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         "--max-heap-bytes",
         type=int,
         default=DEFAULT_MAX_HEAP_BYTES,
-        help="heap the overload manager holds Envoy under (about 3/4 of its memory limit); half of it for JSON bodies",
+        help="heap the overload manager holds Envoy under (about 60%% of its memory limit); a third of it again for "
+        "the JSON bodies the request check holds while they arrive",
+    )
+    envoy.add_argument(
+        "--peer-body-share",
+        type=float,
+        default=DEFAULT_PEER_BODY_SHARE,
+        help="share of that body budget one client address may hold (1 behind a proxy that hides client addresses)",
     )
     envoy.add_argument(
         "--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, help="downstream connections at once"
@@ -62,19 +69,23 @@ def main(argv: list[str] | None = None) -> int:
         from sie_stack.envoy_config import render
 
         descriptor = Path(args.descriptor) if args.descriptor else None
-        rendered = render(
-            listen_port=args.listen_port,
-            admin_port=args.admin_port,
-            gateway=args.gateway,
-            config=args.config,
-            adapter=args.adapter,
-            descriptor=descriptor,
-            host=args.listen_host,
-            max_request_bytes=args.max_request_bytes,
-            max_response_bytes=args.max_response_bytes,
-            max_heap_bytes=args.max_heap_bytes,
-            max_connections=args.max_connections,
-        )
+        try:
+            rendered = render(
+                listen_port=args.listen_port,
+                admin_port=args.admin_port,
+                gateway=args.gateway,
+                config=args.config,
+                adapter=args.adapter,
+                descriptor=descriptor,
+                host=args.listen_host,
+                max_request_bytes=args.max_request_bytes,
+                max_response_bytes=args.max_response_bytes,
+                max_heap_bytes=args.max_heap_bytes,
+                max_connections=args.max_connections,
+                peer_body_share=args.peer_body_share,
+            )
+        except ValueError as error:
+            parser.error(str(error))
         print(json.dumps(rendered, indent=2))
         return 0
 

@@ -51,8 +51,10 @@ from google.protobuf import descriptor_pb2
 from sie_common.edge.errors import ERROR_DOMAIN
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 from sie_stack.request_check import (
+    FEW_CHUNKS,
     LUA_FILTER_NAME,
     METADATA_NAMESPACE,
+    MIN_CHUNK_BYTES,
     BodyAdmission,
     CheckedRoute,
     lua_filters,
@@ -66,6 +68,14 @@ READINESS_PATH = "/readyz"
 # google.rpc.Code of the JSON bodies Envoy answers with itself.
 _NOT_FOUND = 5
 _UNIMPLEMENTED = 12
+# Reasons and messages of answers given in more than one place.
+_ROUTE_NOT_FOUND = ("ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md")
+_BODIES_OVERLOADED = ("OVERLOADED", "Envoy holds as many request bodies as it may just now; retry")
+_BODY_TOO_LARGE = (
+    "BODY_TOO_LARGE",
+    "the body is larger than the edge takes (sie envoy-config --max-request-bytes, the services' "
+    "SIE_MAX_RECEIVE_MESSAGE_BYTES): send fewer or smaller items per request",
+)
 # Type URLs of the two filters whose names are longest.
 _HTTP_CONNECTION_MANAGER = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
@@ -79,13 +89,21 @@ _DEADLINE_EXCEEDED = 4
 _UNAVAILABLE = 14
 _INTERNAL = 13
 
-# Envoy's memory (docs/security.md, "Envoy"). The heap limit fits the Kubernetes base's 512 MiB container limit
-# with room for what tcmalloc does not count (the Lua states' own allocator, thread stacks, the binary).
+# Envoy's memory (docs/security.md, "Envoy"): its heap, which the overload manager keeps under the heap limit, and
+# what tcmalloc does not count: the request check's Lua memory (the JSON bodies it holds while they arrive, at most
+# the body budget, BODY_BUDGET_SHARE of the heap limit, and a working copy of one body per thread), thread stacks,
+# the binary. 384 MiB of heap, 128 MiB of bodies and about 90 MiB more fit the Kubernetes base's 640 MiB limit.
 DEFAULT_MAX_HEAP_BYTES = 384 * 2**20
+BODY_BUDGET_SHARE = 1 / 3
 DEFAULT_MAX_CONNECTIONS = 1024
-# Envoy's worker threads (its --concurrency; `sie up` and the Kubernetes base pass it): the request check's body
-# budget is per thread, half the heap limit over them all.
+# Envoy's worker threads (its --concurrency; `sie up` and the Kubernetes base pass it): the body budget is split over
+# them (each thread's Lua state has its own).
 WORKER_THREADS = 2
+# The share of the JSON body budget the bodies of one client address may hold at once.
+DEFAULT_PEER_BODY_SHARE = 0.5
+# JSON bodies one worker thread receives at once (the same share of them for one client address): a request waiting for
+# its body costs Envoy some 30 KB of heap however little it sends (3,000 HTTP/2 streams announcing bodies took 78 MB).
+MAX_BODIES_PER_THREAD = 1024
 # Requests (streams) at once on one HTTP/2 connection: each may buffer a whole body.
 MAX_CONCURRENT_STREAMS = 100
 # A request's headers, and the whole request, must arrive within these (from its first byte; neither is renewed by
@@ -96,6 +114,9 @@ REQUEST_TIMEOUT = "60s"
 # x-envoy-original-path, which tells the gateway the caller reads JSON), and grpc refuses metadata past 8 KiB at
 # random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
 MAX_REQUEST_HEADERS_KIB = 7
+# A request's header fields at most (Envoy's default, written out): past it, or past MAX_REQUEST_HEADERS_KIB, an HTTP/1
+# request gets 431 HEADERS_TOO_LARGE; HTTP/2's codec resets the stream before any filter or local reply runs.
+MAX_REQUEST_HEADERS = 100
 # A stream, and a connection without streams, with no bytes either way for this long are closed.
 STREAM_IDLE_TIMEOUT = "300s"
 CONNECTION_IDLE_TIMEOUT = "300s"
@@ -121,16 +142,19 @@ def render(
     max_heap_bytes: int = DEFAULT_MAX_HEAP_BYTES,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     worker_threads: int = WORKER_THREADS,
+    peer_body_share: float = DEFAULT_PEER_BODY_SHARE,
 ) -> dict[str, Any]:
     """The Envoy bootstrap as plain data (dump it as YAML or JSON). With `inline_descriptor` the
     descriptor set travels inside the config (base64) instead of as a path Envoy reads.
 
     `max_request_bytes` / `max_response_bytes`: the largest HTTP body the transcoder takes (larger: 413)
     and the largest gRPC answer it turns into JSON; keep them at the services' SIE_MAX_RECEIVE_MESSAGE_BYTES
-    and SIE_MAX_SEND_MESSAGE_BYTES. `max_heap_bytes`: the heap the overload manager keeps Envoy under (about
-    three quarters of its container's memory limit); `max_connections`: downstream connections at once;
-    `worker_threads`: the --concurrency Envoy runs with. `adapter`: the gateway's HTTP adapter (host:port), which
-    serves the foreign wires (ADAPTER_ROUTES); without it those paths are 404 as any other."""
+    and SIE_MAX_SEND_MESSAGE_BYTES. `max_heap_bytes`: the heap the overload manager keeps Envoy under (with a third
+    of it again for the JSON bodies the request check holds, outside that heap: about 60% of its container's memory
+    limit); `max_connections`: downstream connections at once; `worker_threads`: the --concurrency Envoy runs with;
+    `peer_body_share`: the share of the body budget one client address may hold (behind a proxy that hides client
+    addresses, all callers are one). `adapter`: the gateway's HTTP adapter (host:port), which serves the foreign
+    wires (ADAPTER_ROUTES); without it those paths are 404 as any other."""
     descriptor = descriptor or descriptor_path()
     descriptor_bytes = descriptor.read_bytes()
     source = (
@@ -139,9 +163,15 @@ def render(
         else {"proto_descriptor": str(descriptor)}
     )
     files = descriptor_pb2.FileDescriptorSet.FromString(descriptor_bytes).file
+    if not 0 < peer_body_share <= 1:
+        raise ValueError(f"peer_body_share must be in (0, 1], not {peer_body_share}")
+    budget = int(max_heap_bytes * BODY_BUDGET_SHARE) // worker_threads
     admission = BodyAdmission(
         limit=max_request_bytes,
-        budget=max_heap_bytes // 2 // worker_threads,
+        budget=budget,
+        peer_budget=int(budget * peer_body_share),
+        bodies=MAX_BODIES_PER_THREAD,
+        peer_bodies=max(1, int(MAX_BODIES_PER_THREAD * peer_body_share)),
         lease_s=_seconds(REQUEST_TIMEOUT) + 5,
     )
     transcoder = {
@@ -168,6 +198,9 @@ def render(
                     # as the transcoder's (the default, 1 MiB, would refuse larger bodies). The overload
                     # manager bounds what all of them hold together.
                     "per_connection_buffer_limit_bytes": max_request_bytes,
+                    # Connections spread evenly over the worker threads (by default the first to wake takes them, most
+                    # often the same one): each thread has its own share of the body budget.
+                    "connection_balance_config": {"exact_balance": {}},
                     "filter_chains": [
                         {"filters": [_http_connection_manager(transcoder, files, admission, adapter is not None)]}
                     ],
@@ -189,12 +222,13 @@ def _http_connection_manager(
     adapter: bool,
 ) -> dict[str, Any]:
     bindings = _http_bindings(files)
-    not_found = _refusal(
-        {"prefix": "/"}, 404, _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"
-    )
-    check, guard = lua_filters(
-        files, _checked_routes(files), not_found["direct_response"]["body"]["inline_string"], admission
-    )
+    not_found = _refusal({"prefix": "/"}, 404, _NOT_FOUND, *_ROUTE_NOT_FOUND)
+    answers = {
+        "NOT_FOUND": not_found["direct_response"]["body"]["inline_string"],
+        "CHECK_FAILED": _error_json(_INTERNAL, "EDGE_ERROR", "the request check failed to say; nothing went on"),
+        "OVERLOADED": _error_json(_UNAVAILABLE, *_BODIES_OVERLOADED),
+    }
+    check, guard = lua_filters(files, _checked_routes(files), answers, admission)
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -210,7 +244,10 @@ def _http_connection_manager(
             "request_headers_timeout": REQUEST_HEADERS_TIMEOUT,
             "request_timeout": REQUEST_TIMEOUT,
             "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
-            "common_http_protocol_options": {"idle_timeout": CONNECTION_IDLE_TIMEOUT},
+            "common_http_protocol_options": {
+                "idle_timeout": CONNECTION_IDLE_TIMEOUT,
+                "max_headers_count": MAX_REQUEST_HEADERS,
+            },
             "http2_protocol_options": {"max_concurrent_streams": MAX_CONCURRENT_STREAMS},
             "local_reply_config": _local_replies(),
             "route_config": {
@@ -348,10 +385,22 @@ def _local_replies() -> dict[str, Any]:
     """Envoy's own answers to HTTP callers (an unreachable gateway, a reset, a timeout, overload, a body over the
     limit, a body the transcoder cannot read) get the JSON error body, the first mapper that matches deciding its
     code and reason. Native gRPC callers keep Envoy's grpc-status; the request check's refusals and the routes' own
-    404 and 405 keep the JSON bodies they have."""
+    404 and 405 keep the JSON bodies they have. The request check ends a body it will not read to its end (past the
+    body budget, past the body limit) by setting `cut` and handing the transcoder a byte it cannot read: the first
+    mappers turn the transcoder's 400 into that answer."""
     retry = [_header("retry-after", "1")]
     return {
         "mappers": [
+            _local_reply(_cut("OVERLOADED"), _UNAVAILABLE, *_BODIES_OVERLOADED, retry, status=503),
+            _local_reply(_cut("BODY_TOO_LARGE"), _INVALID_ARGUMENT, *_BODY_TOO_LARGE, status=413),
+            _local_reply(
+                _cut("CHUNKS_TOO_SMALL"),
+                _INVALID_ARGUMENT,
+                "CHUNKS_TOO_SMALL",
+                f"the body comes in more than {FEW_CHUNKS} pieces of under {MIN_CHUNK_BYTES} bytes on average (each "
+                "costs Envoy's request check a step): send it in larger writes",
+                status=400,
+            ),
             _local_reply(
                 {"header_filter": {"header": {"name": ":path", "string_match": {"exact": READINESS_PATH}}}},
                 _UNAVAILABLE,
@@ -375,9 +424,9 @@ def _local_replies() -> dict[str, Any]:
             ),
             _local_reply(_flags("UT"), _DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT", "the service did not answer in time"),
             # What no route takes at all (a CONNECT: the routes match paths, and it has none) would be an empty 404.
-            _local_reply(
-                _flags("NR"), _NOT_FOUND, "ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md"
-            ),
+            _local_reply(_flags("NR"), _NOT_FOUND, *_ROUTE_NOT_FOUND),
+            # A target that is not a path (`OPTIONS *`): Envoy's connection manager answers 404 before any route.
+            _local_reply({"and_filter": {"filters": [_status(404), _not_a_path()]}}, _NOT_FOUND, *_ROUTE_NOT_FOUND),
             _local_reply(
                 _flags("SI"),
                 _DEADLINE_EXCEEDED,
@@ -391,19 +440,13 @@ def _local_replies() -> dict[str, Any]:
                 f"the request's headers must arrive within {REQUEST_HEADERS_TIMEOUT} and all of it within "
                 f"{REQUEST_TIMEOUT} of its first byte",
             ),
-            _local_reply(
-                _status(413),
-                _INVALID_ARGUMENT,
-                "BODY_TOO_LARGE",
-                "the body is larger than the edge takes (sie envoy-config --max-request-bytes, the services' "
-                "SIE_MAX_RECEIVE_MESSAGE_BYTES): send fewer or smaller items per request",
-            ),
+            _local_reply(_status(413), _INVALID_ARGUMENT, *_BODY_TOO_LARGE),
             _local_reply(
                 _status(431),
                 _INVALID_ARGUMENT,
                 "HEADERS_TOO_LARGE",
-                f"the request's headers, its path with them, exceed {MAX_REQUEST_HEADERS_KIB} KiB (they travel on as "
-                "gRPC metadata): send fewer or shorter headers",
+                f"the request's headers exceed {MAX_REQUEST_HEADERS} fields or {MAX_REQUEST_HEADERS_KIB} KiB, the "
+                "path counted (they travel on as gRPC metadata): send fewer or shorter headers",
             ),
             # The transcoder's refusals (a value that does not fit its field: "dims": "many") and the HTTP codec's.
             _local_reply(
@@ -427,10 +470,16 @@ def _local_replies() -> dict[str, Any]:
 
 
 def _local_reply(
-    condition: dict[str, Any], code: int, reason: str, message: str, headers: list[dict[str, Any]] | None = None
+    condition: dict[str, Any],
+    code: int,
+    reason: str,
+    message: str,
+    headers: list[dict[str, Any]] | None = None,
+    status: int | None = None,
 ) -> dict[str, Any]:
     """A local-reply mapper: for a reply to an HTTP caller that Envoy made itself and `condition` matches, the JSON
-    error body (Envoy's own reason for it, its response code details, in the ErrorInfo metadata)."""
+    error body (Envoy's own reason for it, its response code details, in the ErrorInfo metadata), with `status`
+    instead of Envoy's when given."""
     # A key the request check sets (to true) is absent: the reply is neither the check's own nor to native gRPC.
     not_own = [
         {
@@ -453,7 +502,20 @@ def _local_reply(
     }
     if headers:
         mapper["headers_to_add"] = headers
+    if status is not None:
+        mapper["status_code"] = status
     return mapper
+
+
+def _not_a_path() -> dict[str, Any]:
+    """The request's target is not a path (`OPTIONS *`)."""
+    return {"header_filter": {"header": {"name": ":path", "string_match": {"prefix": "/"}, "invert_match": True}}}
+
+
+def _cut(reason: str) -> dict[str, Any]:
+    """The request check ended the request's body early with `reason` (request_check.lua's `cut`)."""
+    matcher = {"filter": METADATA_NAMESPACE, "path": [{"key": "cut"}], "value": {"string_match": {"exact": reason}}}
+    return {"metadata_filter": {"matcher": matcher, "match_if_key_not_found": False}}
 
 
 def _flags(*flags: str) -> dict[str, Any]:
@@ -489,18 +551,22 @@ def _refusal(
     match: dict[str, Any], status: int, code: int, reason: str, message: str, metadata: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A route Envoy answers itself, with the JSON error body the transcoder gives gRPC errors."""
+    return {
+        "match": match,
+        "direct_response": {"status": status, "body": {"inline_string": _error_json(code, reason, message, metadata)}},
+        "response_headers_to_add": [_header("content-type", "application/json")],
+    }
+
+
+def _error_json(code: int, reason: str, message: str, metadata: dict[str, str] | None = None) -> str:
+    """The JSON error body the transcoder gives gRPC errors: `code` with an ErrorInfo of `reason`."""
     info = {
         "@type": "type.googleapis.com/google.rpc.ErrorInfo",
         "reason": reason,
         "domain": ERROR_DOMAIN,
         "metadata": metadata or {},
     }
-    body = json.dumps({"code": code, "message": message, "details": [info]})
-    return {
-        "match": match,
-        "direct_response": {"status": status, "body": {"inline_string": body}},
-        "response_headers_to_add": [_header("content-type", "application/json")],
-    }
+    return json.dumps({"code": code, "message": message, "details": [info]})
 
 
 def _alive(path: str) -> dict[str, Any]:

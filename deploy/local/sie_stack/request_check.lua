@@ -26,12 +26,22 @@
 --   spec: "string" | "bytes" | "bool" | "number" | "enum" | "value" (any JSON) | "struct" (any
 --         object) | "list_value" (any array) | {message = name} | {list = spec} | {map = spec}
 -- ROUTES = {{method, Lua pattern of the path, message of the body or "" for none, gRPC path}, ...}
--- BODY_LIMIT, BODY_BUDGET, LEASE_S: the body admission (sie_stack.request_check.BodyAdmission).
+-- BODY_LIMIT, BODY_BUDGET, PEER_BUDGET, MAX_BODIES, PEER_BODIES, LEASE_S, FEW_CHUNKS, MIN_CHUNK: the body admission
+-- (sie_stack.request_check.BodyAdmission, FEW_CHUNKS, MIN_CHUNK_BYTES);
+-- OVERLOADED: the JSON body of its 503 (and NOT_FOUND, CHECK_FAILED: the route guard's answers).
 -- A route whose metadata (under this filter's name) says `adapter` goes to the gateway's HTTP adapter: its
 -- body is another protocol's (msgpack, Cohere, TEI), bounded here by size only.
 -- NAMESPACE: the dynamic-metadata namespace. The check writes `rpc` there (the gRPC path it
 -- checked the request for, which route_guard.lua compares with the transcoder's), `native` for a
--- native gRPC call and `answered` when it refuses (the local-reply mappers leave both alone).
+-- native gRPC call and `answered` when it refuses (the local-reply mappers leave both alone);
+-- `checking` while it reads a JSON body, and then `refusal` and `refusal_status` for the route
+-- guard to answer with, or `cut` for the local-reply mapper that answers a body ended early.
+--
+-- A JSON body is read chunk by chunk as it arrives (see "Body admission" below): Envoy passes the
+-- request's headers on to the transcoder and the route guard when the check starts, and the check
+-- drains every chunk, so the transcoder gets nothing until the check hands it the whole body it
+-- passed. From then on the check cannot answer itself: the route guard, which waits for the
+-- transcoded body, answers for it.
 
 local MAX_DEPTH = 64
 -- The most JSON values (objects, arrays, strings, numbers, literals) in one body, and the longest number
@@ -442,66 +452,119 @@ local function check_body(text, message)
   return nil
 end
 
--- Body admission. The check buffers each body whole, and Envoy's overload manager cannot reset an
--- HTTP/1 stream whose half-sent body sits in a filter's buffer: so each body's announced size (its
--- content-length, BODY_LIMIT when it has none) is leased from this worker thread's BODY_BUDGET from its
--- headers until the check has it all; past the budget a request is refused at once (503 OVERLOADED)
--- instead of buffered. Bodies of LARGE bytes or more may hold at most three quarters of the budget, so
--- a few slow senders of big bodies leave room for everyone's small ones. A lease is keyed by its
--- request's coroutine, weakly: when a request ends without a word (reset, timed out) Envoy drops its
--- coroutine and the next purge (a full collection, at most once a second, only when a lease does not
--- fit) returns its bytes; LEASE_S bounds a lease in any case.
+-- Body admission. The check keeps each JSON body's chunks (in this Lua state) until it has all of
+-- it, so a body holds memory only as far as it has arrived: each chunk is leased from this worker
+-- thread's BODY_BUDGET as it comes, and a chunk that does not fit ends its request at once (503
+-- OVERLOADED); a body that announces much and sends little holds little. Bodies that have reached
+-- LARGE bytes may hold at most three quarters of the budget together, so slow senders of big bodies
+-- leave room for everyone's small ones, and the bodies of one peer (one client address) at most
+-- PEER_BUDGET, so one client cannot take it all. A request waiting for its body costs Envoy some 30 KB
+-- however little it sends, so at most MAX_BODIES bodies (PEER_BODIES of one peer) arrive at once.
+-- A lease is keyed by its request's coroutine, weakly: when a request ends without a word (reset,
+-- timed out) Envoy drops its coroutine and the next purge (a full collection, when a lease does not
+-- fit, at most once a second, and after every COLLECT_EVERY bytes leased) returns its bytes; LEASE_S
+-- bounds a lease in any case. The collections also free the chunks of bodies that are done, which
+-- would otherwise wait for Lua's own collector.
 local LARGE = 65536
-local leases = setmetatable({}, {__mode = "k"}) -- coroutine -> {bytes, expiry}
-local reserved, reserved_large, last_purge = 0, 0, 0
+local LARGE_BUDGET = BODY_BUDGET * 3 / 4
+local COLLECT_EVERY = math.max(BODY_BUDGET / 8, LARGE)
+local leases = setmetatable({}, {__mode = "k"}) -- coroutine -> {bytes =, peer =, expiry =, open =}
+local held, held_large, bodies, by_peer = 0, 0, 0, {} -- by_peer: peer -> {bytes =, bodies =}
+local last_purge, since_collect = 0, 0
 
-local function fits(bytes)
-  return reserved + bytes <= BODY_BUDGET and (bytes < LARGE or reserved_large + bytes <= BODY_BUDGET * 3 / 4)
+-- Whether `lease` may grow by `bytes` (and, while it is not yet `open`, be one more body).
+local function fits(lease, bytes)
+  local peer = by_peer[lease.peer] or {bytes = 0, bodies = 0}
+  if held + bytes > BODY_BUDGET or peer.bytes + bytes > PEER_BUDGET then
+    return false
+  end
+  if not lease.open and (bodies >= MAX_BODIES or peer.bodies >= PEER_BODIES) then
+    return false
+  end
+  return lease.bytes + bytes < LARGE or held_large + bytes + (lease.bytes < LARGE and lease.bytes or 0) <= LARGE_BUDGET
+end
+
+local function count(lease, sign)
+  held = held + sign * lease.bytes
+  if lease.bytes >= LARGE then
+    held_large = held_large + sign * lease.bytes
+  end
+  bodies = bodies + sign
+  local peer = by_peer[lease.peer] or {bytes = 0, bodies = 0}
+  peer.bytes, peer.bodies = peer.bytes + sign * lease.bytes, peer.bodies + sign
+  by_peer[lease.peer] = peer.bodies > 0 and peer or nil
 end
 
 local function purge(now)
   collectgarbage()
-  reserved, reserved_large = 0, 0
+  since_collect = 0
+  held, held_large, bodies, by_peer = 0, 0, 0, {}
   for owner, lease in pairs(leases) do
-    if lease[2] <= now then
+    if lease.expiry <= now then
       leases[owner] = nil
     else
-      reserved = reserved + lease[1]
-      if lease[1] >= LARGE then
-        reserved_large = reserved_large + lease[1]
-      end
+      count(lease, 1)
     end
   end
 end
 
--- A lease of `bytes` for the running request (true), or nil when they do not fit.
-local function admit(bytes)
+-- `bytes` more allocated in this Lua state (chunks, a whole body): a full collection after every COLLECT_EVERY.
+local function allocated(bytes)
+  since_collect = since_collect + bytes
+  if since_collect >= COLLECT_EVERY then
+    purge(os.time())
+  end
+end
+
+-- Whether `lease` could grow by `bytes` now, purging first if it could not (at most once a second).
+local function room(lease, bytes)
+  if fits(lease, bytes) then
+    return true
+  end
   local now = os.time()
-  if not fits(bytes) and now > last_purge then
+  if now > last_purge then
     last_purge = now
     purge(now)
   end
-  if not fits(bytes) then
+  return fits(lease, bytes)
+end
+
+-- A lease of nothing for the running request's body, from `peer`, when the thread (and the peer) may take one more
+-- body and has room for `bytes` of it now; nil when not.
+local function open_lease(peer, bytes)
+  local lease = {bytes = 0, peer = peer, expiry = os.time() + LEASE_S}
+  if not room(lease, bytes) then
     return nil
   end
-  leases[coroutine.running()] = {bytes, now + LEASE_S}
-  reserved = reserved + bytes
-  if bytes >= LARGE then
-    reserved_large = reserved_large + bytes
+  lease.open = true
+  leases[coroutine.running()] = lease
+  count(lease, 1)
+  return lease
+end
+
+-- Grows `lease` by `bytes` (true), or nil when they do not fit.
+local function grow(lease, bytes)
+  if not room(lease, bytes) then
+    return nil
   end
+  count(lease, -1)
+  lease.bytes = lease.bytes + bytes
+  count(lease, 1)
+  allocated(bytes)
   return true
 end
 
-local function release()
-  local owner = coroutine.running()
-  local lease = leases[owner]
-  if lease then
-    leases[owner] = nil
-    reserved = reserved - lease[1]
-    if lease[1] >= LARGE then
-      reserved_large = reserved_large - lease[1]
-    end
+local function release(lease)
+  if leases[coroutine.running()] == lease then
+    leases[coroutine.running()] = nil
+    count(lease, -1)
   end
+end
+
+-- The client's address without its port (one peer's requests share PEER_BUDGET).
+local function peer_of(handle)
+  local address = handle:streamInfo():downstreamRemoteAddress()
+  return address:match("^(.*):%d+$") or address
 end
 
 local function respond(handle, status, body)
@@ -513,6 +576,82 @@ end
 -- application/grpc+...; "application/grpc; charset=utf-8" is transcoded as JSON.
 local function is_grpc(content_type)
   return content_type == "application/grpc" or find(content_type, "^application/grpc%+") ~= nil
+end
+
+-- A refusal the route guard (behind the transcoder) gives once the body is in: the check's own headers went on to the
+-- transcoder when it began reading the body chunk by chunk (Envoy passes them on then), so it can no longer answer.
+local function refuse_later(handle, status, body)
+  local mark = handle:streamInfo():dynamicMetadata()
+  mark:set(NAMESPACE, "refusal", body)
+  mark:set(NAMESPACE, "refusal_status", status)
+end
+
+-- What the transcoder's JSON parser refuses as soon as it reads it: a body cannot start with a closing bracket (it
+-- waits for more on fewer than 5 bytes, or on a byte that starts no JSON token).
+local UNREADABLE = "]]]]]]]]"
+
+-- Ends the request at `chunk`, before the rest of its body is read, with the answer of the local-reply mapper keyed on
+-- `cut` = `reason` (sie_stack.envoy_config): the chunk becomes what the transcoder cannot read, so it answers at once
+-- with a 400, which that mapper turns into `reason`'s answer.
+local function cut(handle, chunk, reason)
+  handle:streamInfo():dynamicMetadata():set(NAMESPACE, "cut", reason)
+  chunk:setBytes(UNREADABLE)
+end
+
+-- Reads the body of `route` chunk by chunk, each leased as it arrives and drained (the transcoder behind gets nothing
+-- until the check has all of it), checks it, and hands it on whole; a refusal goes to the route guard.
+local function check_chunks(handle, route, lease)
+  local parts, pieces, size, last = {}, 0, 0, nil
+  for chunk in handle:bodyChunks() do
+    local n = chunk:length()
+    if n > 0 then
+      size = size + n
+      if size > BODY_LIMIT then -- sent without a content-length, or more than it said
+        release(lease)
+        cut(handle, chunk, "BODY_TOO_LARGE")
+        return
+      end
+      pieces = pieces + 1
+      if pieces > FEW_CHUNKS and pieces * MIN_CHUNK > size then -- (why: sie_stack.request_check.FEW_CHUNKS)
+        release(lease)
+        cut(handle, chunk, "CHUNKS_TOO_SMALL")
+        return
+      end
+      if not grow(lease, n) then
+        release(lease)
+        cut(handle, chunk, "OVERLOADED")
+        return
+      end
+      parts[pieces] = chunk:getBytes(0, n)
+      chunk:setBytes("")
+    end
+    last = chunk -- alive until this resume ends: the loop ends in the resume that brings the body's last chunk
+  end
+  if handle:trailers() ~= nil then -- the body ended in trailers: no chunk is left to hand it on in
+    release(lease)
+    refuse_later(handle, "400", error_body("a JSON body may not end in trailers: send it without them (docs/http.md)",
+      "TRAILERS_NOT_ALLOWED", {}))
+    return
+  end
+  release(lease)
+  if size == 0 then -- no body: the transcoder reads none as an empty message, as it would have
+    handle:streamInfo():dynamicMetadata():set(NAMESPACE, "rpc", route[4])
+    return
+  end
+  local text = concat(parts)
+  parts = nil
+  local ok, refused = pcall(check_body, text, route[3])
+  if not ok then -- a fault of this script: nothing unchecked goes on
+    refuse_later(handle, "500", error_body("the request check failed: " .. tostring(refused):sub(1, 200),
+      "EDGE_ERROR", {}))
+  elseif refused ~= nil then
+    refuse_later(handle, "400", refused)
+  else
+    handle:streamInfo():dynamicMetadata():set(NAMESPACE, "rpc", route[4])
+    last:setBytes(text)
+  end
+  text = nil
+  allocated(size)
 end
 
 function envoy_on_request(handle)
@@ -567,40 +706,24 @@ function envoy_on_request(handle)
   end
   if route[3] ~= "" then
     local length = headers:get("content-length")
-    local announced = length and tonumber(length) or BODY_LIMIT
-    if announced > BODY_LIMIT then
+    local announced = length and tonumber(length)
+    if announced and announced > BODY_LIMIT then
       respond(handle, "413", error_body("the body has " .. announced .. " bytes; the limit is " .. BODY_LIMIT
         .. " (the services' SIE_MAX_RECEIVE_MESSAGE_BYTES): send fewer or smaller items per request",
         "BODY_TOO_LARGE", {{"limit", tostring(BODY_LIMIT)}}))
       return
     end
-    local lease = announced > 0 and admit(announced)
+    -- Refused at once while the thread (or this peer) has as many bodies coming as it may, or no room for the start
+    -- of this one.
+    local lease = open_lease(peer_of(handle), math.min(announced or LARGE, LARGE))
     if lease == nil then
       handle:streamInfo():dynamicMetadata():set(NAMESPACE, "answered", true)
-      handle:respond({[":status"] = "503", ["content-type"] = "application/json", ["retry-after"] = "1"},
-        '{"code": 14, "message": "Envoy holds as many request bodies as it may just now; retry", "details": '
-        .. '[{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "OVERLOADED", "domain": "sie", '
-        .. '"metadata": {}}]}')
+      handle:respond({[":status"] = "503", ["content-type"] = "application/json", ["retry-after"] = "1"}, OVERLOADED)
       return
     end
-    local body = handle:body()
-    if lease then
-      release()
-    end
-    if body ~= nil and body:length() > 0 then
-      local text = body:getBytes(0, body:length())
-      local ok, refused = pcall(check_body, text, route[3])
-      if not ok then -- a fault of this script: nothing unchecked goes on (route_guard.lua would refuse it too)
-        respond(handle, "500", error_body("the request check failed: " .. tostring(refused):sub(1, 200),
-          "EDGE_ERROR", {}))
-        return
-      end
-      if refused ~= nil then
-        respond(handle, "400", refused)
-        return
-      end
-    end
+    handle:streamInfo():dynamicMetadata():set(NAMESPACE, "checking", true)
+    check_chunks(handle, route, lease)
+    return
   end
-  -- (wrappers such as the metadata's are fetched again after body(): they do not outlive a yield)
   handle:streamInfo():dynamicMetadata():set(NAMESPACE, "rpc", route[4])
 end

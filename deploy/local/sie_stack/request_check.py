@@ -8,16 +8,24 @@ of that before the transcoder runs: which fields each body may hold, and the
 JSON type of each, is read here from the contract's descriptor set and
 written into the Lua source as tables, so the check follows `proto/`.
 
-The guard (route_guard.lua) runs after the transcoder and lets a request
-reach a gRPC route only if the check chose that very RPC (or saw a native
-gRPC call): a path the check and the transcoder read differently is refused,
-never transcoded unchecked.
+The check reads a JSON body chunk by chunk as it arrives, keeping each
+chunk (leased from a per-thread budget) and handing the transcoder nothing
+until it has the whole body and has passed it: a body holds memory only as
+far as it has arrived. Envoy passes a request's headers on once a filter
+reads its body that way, so the check cannot answer by then: the guard
+(route_guard.lua), after the transcoder, gives its refusals once the body is
+in, and the local-reply mappers the ones that end a body early (a full
+budget, a body past the limit).
+
+The guard lets a request reach a gRPC route only if the check chose that
+very RPC (or saw a native gRPC call): a path the check and the transcoder
+read differently is refused, never transcoded unchecked.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import resources
 from typing import Any, NamedTuple
 
@@ -75,32 +83,54 @@ def template_fields(template: str) -> list[str]:
     return re.findall(r"\{([^}=]+)", template)
 
 
-class BodyAdmission(NamedTuple):
-    """How many body bytes the check lets Envoy buffer at once (it reads each body whole, and a slow sender's
-    half-sent body is held until the request times out)."""
+# A JSON body may come in at most FEW_CHUNKS chunks of any size, and beyond that in chunks of MIN_CHUNK_BYTES on
+# average (past it: 400 CHUNKS_TOO_SMALL): each chunk costs a resume of the check (a few microseconds), and HTTP/2 DATA
+# frames of one byte would make a 16 MiB body cost a minute of an Envoy thread.
+FEW_CHUNKS = 1024
+MIN_CHUNK_BYTES = 256
 
-    limit: int  # the largest body taken (larger: 413 at once, from its content-length)
-    budget: int  # the bytes of bodies one Envoy worker thread buffers at once (past it: 503 OVERLOADED)
+
+class BodyAdmission(NamedTuple):
+    """How many body bytes the check lets Envoy hold at once: it keeps each JSON body's chunks as they arrive until it
+    has all of it, leasing them from its worker thread's budget as they come."""
+
+    limit: int  # the largest body taken (larger: 413, at once from its content-length, else when it gets there)
+    budget: int  # the bytes of bodies one Envoy worker thread holds at once (past it: 503 OVERLOADED)
+    peer_budget: int  # the bytes of one client address's bodies one thread holds at once (past it: 503 OVERLOADED)
+    bodies: int  # the bodies one thread receives at once (each request waiting for its body costs Envoy memory)
+    peer_bodies: int  # the bodies of one client address one thread receives at once
     lease_s: int  # how long a body's bytes count when its request ends without a word (the request timeout and more)
 
 
 def lua_filters(
     files: Iterable[descriptor_pb2.FileDescriptorProto],
     routes: Iterable[CheckedRoute],
-    not_found: str,
+    answers: Mapping[str, str],
     admission: BodyAdmission,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The check (to put before the transcoder) and the guard (after it) for `routes`; the guard answers 404 with
-    `not_found`, the JSON body of Envoy's other 404s. No route takes a query."""
+    """The check (to put before the transcoder) and the guard (after it) for `routes`. `answers`: the JSON bodies of
+    Envoy's own answers the scripts give, by the Lua global they read them from (NOT_FOUND, Envoy's other 404s;
+    CHECK_FAILED, a 500 for a check that never said; OVERLOADED, a 503 for a full body budget). No route takes a
+    query."""
     routes = list(routes)
     messages = _messages(files)
     reachable = _reachable(messages, [route.message for route in routes if route.message])
+    constants = [f"NAMESPACE = {_lua_string(METADATA_NAMESPACE)}"]
+    for name, body in answers.items():
+        if "]==]" in body:
+            raise ValueError(f"the {name} body closes a Lua long string")
+        constants.append(f"{name} = [==[{body}]==]")
     lines = [
-        f"NAMESPACE = {_lua_string(METADATA_NAMESPACE)}",
+        *constants,
         f"MAX_PATH = {MAX_PATH_BYTES}",
         f"BODY_LIMIT = {admission.limit}",
         f"BODY_BUDGET = {admission.budget}",
+        f"PEER_BUDGET = {admission.peer_budget}",
+        f"MAX_BODIES = {admission.bodies}",
+        f"PEER_BODIES = {admission.peer_bodies}",
         f"LEASE_S = {admission.lease_s}",
+        f"FEW_CHUNKS = {FEW_CHUNKS}",
+        f"MIN_CHUNK = {MIN_CHUNK_BYTES}",
         "MESSAGES = {}",
     ]
     lines.extend(_lua_message(messages, name, name) for name in sorted(reachable))
@@ -117,11 +147,7 @@ def lua_filters(
         )
     lines.append(f"ROUTES = {{{', '.join(route_rows)}}}")
     check = "\n".join(lines) + "\n\n" + _source("request_check.lua")
-    if "]==]" in not_found:
-        raise ValueError("the 404 body closes a Lua long string")
-    guard = f"NAMESPACE = {_lua_string(METADATA_NAMESPACE)}\nNOT_FOUND = [==[{not_found}]==]\n\n" + _source(
-        "route_guard.lua"
-    )
+    guard = "\n".join(constants) + "\n\n" + _source("route_guard.lua")
     return _lua(check), _lua(guard)
 
 
