@@ -175,6 +175,19 @@ def test_florence2_beam_search_equals_generate(reader_stub, directories: dict[st
         assert data == {"text": processor.post_process_generation(text, task="<OCR>", image_size=image.size)["<OCR>"]}
 
 
+def test_a_beam_search_of_one_token_equals_generate(reader_stub, directories: dict[str, Path]) -> None:
+    """max_new_tokens 1: every beam hits the length limit at the first step."""
+    processor = AutoProcessor.from_pretrained(directories[FLORENCE_BEAMS])
+    model = Florence2ForConditionalGeneration.from_pretrained(directories[FLORENCE_BEAMS]).eval()
+    served = extract(reader_stub, FLORENCE_BEAMS, image_items(), task="<OCR>", max_new_tokens=1, num_beams=8)
+    for data, encoded in zip(served, PAGES, strict=True):
+        image = Image.open(io.BytesIO(encoded)).convert("RGB")
+        with torch.inference_mode():
+            ids = model.generate(**processor(text="<OCR>", images=image, return_tensors="pt"), max_new_tokens=1, num_beams=8)
+        text = processor.batch_decode(ids, skip_special_tokens=False)[0]
+        assert data == {"text": processor.post_process_generation(text, task="<OCR>", image_size=image.size)["<OCR>"]}
+
+
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_donut_beam_search_from_a_request_equals_generate(reader_stub, directories: dict[str, Path], num_beams: int) -> None:
     """Two questions of one prompt length generate together; with 3 beams one answer ends a step before the other
