@@ -36,6 +36,13 @@ DONUT = "test/tiny-donut"
 # The Donut replica with a generation config that ends every answer with </s_answer> (forced at the last step), so a
 # DocVQA answer has the shape the real checkpoint's do: <s_answer> ... </s_answer>.
 DONUT_DOCVQA = "test/tiny-donut-docvqa"
+# The Florence-2 replica with the real checkpoints' generation config (3 beams, no repeated 3-grams, early stopping) ...
+FLORENCE_BEAMS = "test/tiny-florence2-beams"
+# ... and one whose generation config asks for more beams than the bound.
+FLORENCE_HUGE_BEAMS = "test/tiny-florence2-huge-beams"
+# The Donut replica with an end-of-text it can generate (a random output row): answers end at different steps, so
+# items leave a beam search while others go on.
+DONUT_ENDING = "test/tiny-donut-ending"
 READER = "inputs: [text, image]\ntasks: [extract]\nprofiles:\n  default:\n    adapter: document_reader\n"
 MAX_NEW_TOKENS = 12
 
@@ -54,20 +61,43 @@ PAGES = [page(0), page(1)]
 def directories(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("document-readers")
     donut = build_tiny_donut(root / "donut")
+    florence = build_tiny_florence2(root / "florence2")
     return {
-        FLORENCE: build_tiny_florence2(root / "florence2"),
+        FLORENCE: florence,
         DONUT: donut,
         DONUT_DOCVQA: with_forced_answer_end(donut, root / "donut-docvqa"),
+        FLORENCE_BEAMS: with_generation_config(
+            florence, root / "florence2-beams", num_beams=3, no_repeat_ngram_size=3, early_stopping=True
+        ),
+        DONUT_ENDING: with_reachable_end(donut, root / "donut-ending"),
+        FLORENCE_HUGE_BEAMS: with_generation_config(florence, root / "florence2-huge-beams", num_beams=100),
     }
+
+
+def with_generation_config(source: Path, directory: Path, **settings: Any) -> Path:
+    """A copy of a replica with `settings` in its generation config."""
+    shutil.copytree(source, directory)
+    config = json.loads((directory / "generation_config.json").read_text())
+    (directory / "generation_config.json").write_text(json.dumps({**config, **settings}))
+    return directory
 
 
 def with_forced_answer_end(donut: Path, directory: Path) -> Path:
     """A copy of the Donut replica whose generation config forces </s_answer> as the last token generated."""
-    shutil.copytree(donut, directory)
-    config = json.loads((directory / "generation_config.json").read_text())
     tokenizer = AutoProcessor.from_pretrained(donut).tokenizer
-    config["forced_eos_token_id"] = tokenizer.convert_tokens_to_ids("</s_answer>")
-    (directory / "generation_config.json").write_text(json.dumps(config))
+    return with_generation_config(donut, directory, forced_eos_token_id=tokenizer.convert_tokens_to_ids("</s_answer>"))
+
+
+def with_reachable_end(donut: Path, directory: Path) -> Path:
+    """A copy of the Donut replica whose end-of-text output row is random (the replicas zero it), scaled so that
+    generations end after a few tokens or run to the limit, depending on the question."""
+    shutil.copytree(donut, directory)
+    model = VisionEncoderDecoderModel.from_pretrained(directory).eval()
+    rows = model.decoder.get_output_embeddings().weight
+    eos = AutoProcessor.from_pretrained(directory).tokenizer.eos_token_id
+    with torch.no_grad():
+        rows[eos] = torch.randn(rows.shape[1], generator=torch.Generator().manual_seed(2)) * rows.std() * 2.5
+    model.save_pretrained(directory)
     return directory
 
 
@@ -76,8 +106,9 @@ def reader_stub(
     services: Services, directories: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
     configs = tmp_path_factory.mktemp("document-reader-configs")
-    write_config(configs, FLORENCE, f"path: {directories[FLORENCE]}\n{READER}    run_options: {{decode_steps: 5}}\n")
-    for model in (DONUT, DONUT_DOCVQA):
+    for model in (FLORENCE, FLORENCE_BEAMS, FLORENCE_HUGE_BEAMS):
+        write_config(configs, model, f"path: {directories[model]}\n{READER}    run_options: {{decode_steps: 5}}\n")
+    for model in (DONUT, DONUT_DOCVQA, DONUT_ENDING):
         write_config(
             configs,
             model,
@@ -124,6 +155,70 @@ def test_florence2_answers_generates_tokens_post_processed(
         assert data == ({"text": expected} if isinstance(expected, str) else expected)
         if task == "<OCR>":
             assert len(expected) > 5
+
+
+@pytest.mark.parametrize("num_beams", [None, 1, 2, 5])
+def test_florence2_beam_search_equals_generate(reader_stub, directories: dict[str, Path], num_beams: int | None) -> None:
+    """The generation config's 3 beams when the request names none (as the Florence-2 cards' num_beams=3), and a
+    request's own: the tokens of generate() with those beams, run in slices of 5 steps."""
+    processor = AutoProcessor.from_pretrained(directories[FLORENCE_BEAMS])
+    model = Florence2ForConditionalGeneration.from_pretrained(directories[FLORENCE_BEAMS]).eval()
+    assert model.generation_config.num_beams == 3
+    options = {} if num_beams is None else {"num_beams": num_beams}
+    served = extract(reader_stub, FLORENCE_BEAMS, image_items(), task="<OCR>", max_new_tokens=MAX_NEW_TOKENS, **options)
+    for data, encoded in zip(served, PAGES, strict=True):
+        image = Image.open(io.BytesIO(encoded)).convert("RGB")
+        inputs = processor(text="<OCR>", images=image, return_tensors="pt")
+        with torch.inference_mode():
+            ids = model.generate(**inputs, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, **options)[0].tolist()
+        text = processor.batch_decode([ids], skip_special_tokens=False)[0]
+        assert data == {"text": processor.post_process_generation(text, task="<OCR>", image_size=image.size)["<OCR>"]}
+
+
+def test_a_beam_search_of_one_token_equals_generate(reader_stub, directories: dict[str, Path]) -> None:
+    """max_new_tokens 1: every beam hits the length limit at the first step."""
+    processor = AutoProcessor.from_pretrained(directories[FLORENCE_BEAMS])
+    model = Florence2ForConditionalGeneration.from_pretrained(directories[FLORENCE_BEAMS]).eval()
+    served = extract(reader_stub, FLORENCE_BEAMS, image_items(), task="<OCR>", max_new_tokens=1, num_beams=8)
+    for data, encoded in zip(served, PAGES, strict=True):
+        image = Image.open(io.BytesIO(encoded)).convert("RGB")
+        with torch.inference_mode():
+            ids = model.generate(**processor(text="<OCR>", images=image, return_tensors="pt"), max_new_tokens=1, num_beams=8)
+        text = processor.batch_decode(ids, skip_special_tokens=False)[0]
+        assert data == {"text": processor.post_process_generation(text, task="<OCR>", image_size=image.size)["<OCR>"]}
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_donut_beam_search_from_a_request_equals_generate(reader_stub, directories: dict[str, Path], num_beams: int) -> None:
+    """Two questions of one prompt length generate together; with 3 beams one answer ends a step before the other
+    and leaves the search while the other goes on."""
+    processor = AutoProcessor.from_pretrained(directories[DONUT_ENDING])
+    model = VisionEncoderDecoderModel.from_pretrained(directories[DONUT_ENDING]).eval()
+    questions = ["what is the total?", "what is the price?"]
+    items = [
+        types_pb2.Item(id=str(row), images=[types_pb2.Image(data=data)], text=question)
+        for row, (data, question) in enumerate(zip(PAGES, questions, strict=True))
+    ]
+    served = extract(reader_stub, DONUT_ENDING, items, num_beams=num_beams)
+    lengths = []
+    for data, encoded, question in zip(served, PAGES, questions, strict=True):
+        prompt = f"{DONUT_TASK}<s_question>{question}</s_question><s_answer>"
+        prompt_ids = processor.tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        pixels = processor(images=Image.open(io.BytesIO(encoded)).convert("RGB"), return_tensors="pt").pixel_values
+        with torch.inference_mode():
+            ids = model.generate(pixel_values=pixels, decoder_input_ids=prompt_ids, max_new_tokens=32, num_beams=num_beams)
+        assert data == donut_card_parse(processor, ids[0].tolist())
+        lengths.append(ids.shape[1] - prompt_ids.shape[1])
+    if num_beams == 3:  # the answers end at different steps, before the limit
+        assert len(set(lengths)) == 2 and max(lengths) < 32, lengths
+
+
+def test_a_generation_config_asking_for_too_many_beams_fails_to_load(reader_stub) -> None:
+    with pytest.raises(grpc.RpcError) as raised:
+        extract(reader_stub, FLORENCE_HUGE_BEAMS, image_items())
+    assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
+    assert "num_beams 100 is not 1 to 8; set run_options.num_beams" in raised.value.details()
 
 
 def test_the_timing_of_a_generation_counts_every_slice(reader_stub) -> None:
@@ -190,6 +285,10 @@ def test_a_donut_question_with_field_markup_is_invalid_item(reader_stub, questio
         ({"max_new_tokens": 0}, "options: max_new_tokens: must be a whole number from 1 to 1024"),
         ({"max_new_tokens": 1025}, "options: max_new_tokens: must be a whole number from 1 to 1024"),
         ({"task": "<NOT_A_TASK>"}, "options: task: '<NOT_A_TASK>' is not a task of this model"),
+        ({"num_beams": 0}, "options: num_beams: must be a whole number from 1 to 8"),
+        ({"num_beams": 9}, "options: num_beams: must be a whole number from 1 to 8"),
+        ({"num_beams": 10**9}, "options: num_beams: must be a whole number from 1 to 8"),
+        ({"num_beams": 2.5}, "options: num_beams: must be a whole number from 1 to 8"),
     ],
 )
 def test_options_out_of_bounds_are_invalid_options(reader_stub, options: dict[str, Any], message: str) -> None:
@@ -204,7 +303,7 @@ def test_an_option_it_does_not_read_and_labels_are_refused(reader_stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         extract(reader_stub, FLORENCE, image_items(), temperature=0.7)
     assert error_info(raised.value).reason == "UNKNOWN_OPTION"
-    assert "reads no option 'temperature' for extract; it reads: task, max_new_tokens" in raised.value.details()
+    assert "reads no option 'temperature' for extract; it reads: task, max_new_tokens, num_beams" in raised.value.details()
     request = inference_pb2.ExtractRequest(model=FLORENCE, items=image_items(), labels=["total"])
     with pytest.raises(grpc.RpcError) as raised:
         reader_stub.Extract(request, timeout=60)

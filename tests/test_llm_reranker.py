@@ -62,6 +62,8 @@ CATALOG_MXBAI = [
 BAD_TOKEN = "test/tiny-llm-reranker-bad-token"
 # ... its chat template is made for chat (user / assistant): it would drop a pair's query and document.
 CHAT_ONLY = "test/tiny-llm-reranker-chat-only-template"
+# ... its template in pieces holds one that is not a text.
+BAD_PIECES = "test/tiny-llm-reranker-bad-template-pieces"
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +113,12 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         configs,
         BAD_TOKEN,
         f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n    load_options: {{true_token: certainly}}\n",
+    )
+    write_config(
+        configs,
+        BAD_PIECES,
+        f"path: {qwen3}\ntasks: [score]\nprofiles:\n  default:\n    adapter: llm_reranker\n"
+        f"    load_options: {json.dumps({'template': ['{query}', 7, '{document}']})}\n",
     )
     chat_only = root / "chat-only"
     shutil.copytree(plain_pairs, chat_only)
@@ -209,6 +217,7 @@ def test_left_and_right_padding_give_the_same_scores(reranker_stub) -> None:
     [
         (BAD_TOKEN, "'certainly' is not one token"),  # a score token outside the vocabulary
         (CHAT_ONLY, "does not render 'query' and 'document' messages"),  # a chat template without the pair roles
+        (BAD_PIECES, "load_options.template must be a text or a list of texts"),
     ],
 )
 def test_a_model_that_cannot_score_pairs_is_a_load_failure(reranker_stub, model: str, cause: str) -> None:

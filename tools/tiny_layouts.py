@@ -185,7 +185,7 @@ def build_opensearch_sparse(directory: Path, *, seed: int = 0) -> Path:
     tokens = sorted(tokenizer.get_vocab(), key=tokenizer.convert_tokens_to_ids)
     idf = {token: round(rng.uniform(0.1, 8.0), 4) for token in tokens if rng.random() < 0.9}
     # Real idf tables weigh [UNK] (an emoji's token) and the other special tokens too.
-    idf.update({token: 3.25 for token in tokenizer.all_special_tokens})
+    idf.update(dict.fromkeys(tokenizer.all_special_tokens, 3.25))
     _write_json(directory / "idf.json", idf)
     return directory
 

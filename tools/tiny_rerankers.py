@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -94,13 +94,31 @@ _CORPUS = [
     "What is the capital of France? Paris is the capital and most populous city of France.",
     "yes no yes no 0 1",
 ]
+# Punctuation before a newline, for the merges Qwen2's vocabulary has ("?\n", ".\n").
+_NEWLINES = ["how do plants make energy?\ndocument: Paris.\nRelevance?\n"]
 
 
-def chatml_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE of a few hundred tokens with the ChatML special tokens of Qwen models."""
+# Qwen2's pre-tokenizer split: unlike GPT-2's, punctuation keeps the newlines after it ("?\n" is one piece).
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def chatml_tokenizer(max_length: int, *, qwen2_split: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of a few hundred tokens with the ChatML special tokens of Qwen models; with `qwen2_split`,
+    Qwen2's pre-tokenizer, so that `?` or `.` and a newline after them become one token, as in Qwen2's vocabulary."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        if qwen2_split
+        else pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=600,
@@ -108,10 +126,12 @@ def chatml_tokenizer(max_length: int) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS * 20, trainer)
+    tokenizer.train_from_iterator((_CORPUS + (_NEWLINES if qwen2_split else [])) * 20, trainer)
     tokenizer.add_tokens(["<think>", "</think>"])
     for token in ("yes", "no", "0", "1"):
         assert tokenizer.token_to_id(token) is not None, token
+    if qwen2_split:
+        assert tokenizer.token_to_id("?Ċ") is not None and tokenizer.token_to_id(".Ċ") is not None
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=max_length
     )
@@ -165,7 +185,7 @@ def build_tiny_mxbai_reranker(
     from sentence_transformers.cross_encoder.modules import LogitScore, Transformer
 
     plain = directory / "plain"
-    tokenizer = chatml_tokenizer(max_length)
+    tokenizer = chatml_tokenizer(max_length, qwen2_split=True)
     tokenizer.save_pretrained(plain)
     torch.manual_seed(seed)
     Qwen2ForCausalLM(_decoder_config(Qwen2Config, tokenizer)).save_pretrained(plain)

@@ -1,20 +1,22 @@
 """Document readers: Florence-2 and Donut-style models that generate text or JSON from a page image.
 
-Decoding is greedy, with the logits processors `generate()` would apply under the model's generation config (forced
-end-of-text at the length limit, n-gram bans, ...), so the tokens are `generate(do_sample=False, num_beams=1)`'s.
-It runs in slices of `decode_steps` steps: after a slice, an item still going answers `Continued`, and the pipeline
-queues it again behind the batches that arrived meanwhile (docs/batching.md, "How generation shares the device");
-the encoder outputs, the KV cache and the ids so far stay in the slice's state. Items that end (end-of-text or
-`max_new_tokens`) leave the state at once.
+Decoding is greedy, or beam search where the model's generation config asks for beams (Florence-2's: 3) or the
+profile or request does, with the logits processors `generate()` would apply under the model's generation config
+(forced end-of-text at the length limit, n-gram bans, ...), so the tokens are `generate(do_sample=False,
+num_beams=n)`'s (beam steps: sie_worker.adapters.layers.beam_search). It runs in slices of `decode_steps` steps:
+after a slice, an item still going answers `Continued`, and the pipeline queues it again behind the batches that
+arrived meanwhile (docs/batching.md, "How generation shares the device"); the encoder outputs, the KV cache and the
+ids or beams so far stay in the slice's state. Items that end (end-of-text, `max_new_tokens`, or, with beams, no
+better hypothesis possible) leave the state at once.
 
 run_options: `task` (the default prompt: a Florence-2 task token such as "<OCR>", or Donut's task start token such
-as "<s_cord-v2>"), `max_new_tokens` (default for requests, 256), `decode_steps` (steps per slice, 32).
-Request options: `task` and `max_new_tokens` (1 to MAX_NEW_TOKENS).
+as "<s_cord-v2>"), `max_new_tokens` (default for requests, 256), `num_beams` (default: the generation config's),
+`decode_steps` (steps per slice, 32).
+Request options: `task`, `max_new_tokens` (1 to MAX_NEW_TOKENS) and `num_beams` (1 to MAX_NUM_BEAMS).
 """
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,11 +30,13 @@ from transformers import (
     Florence2ForConditionalGeneration,
     VisionEncoderDecoderModel,
 )
+from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.modeling_outputs import BaseModelOutput
 
 from sie_worker.adapters.contract import Continued, Input, LoadContext, Prepared, Query
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.items import Extraction
+from sie_worker.adapters.layers.beam_search import BeamSearch
 from sie_worker.adapters.spec import AdapterSpec, Option, whole_number
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -43,6 +47,8 @@ MAX_DECODE_STEPS = 1024
 # Upper bound of a prompt's tokens (the task and the item's text), checked before any work.
 MAX_PROMPT_TOKENS = 512
 MAX_TASK_CHARS = 128
+# Upper bound of num_beams, in a model's generation config, run_options and requests: every beam holds its own KV cache.
+MAX_NUM_BEAMS = 8
 # What token2json reads as a field's start or end, in any case.
 _DONUT_MARKUP = re.compile(r"</?s_", re.IGNORECASE)
 
@@ -55,6 +61,7 @@ class _Page:
     encoder_ids: list[int]
     prompt: list[int]
     max_new_tokens: int
+    num_beams: int
     task: str
     image_size: tuple[int, int]
 
@@ -63,15 +70,15 @@ class _Page:
 class _Generation:
     """The items of one batch that share a prompt length, generating together."""
 
-    rows: list[int]  # the live rows' ids (positions in the first batch)
-    encoded: torch.Tensor  # encoder last hidden state of the live rows
+    rows: list[int]  # the live items' ids (positions in the first batch)
+    encoded: torch.Tensor  # encoder last hidden state of the live items (of each of their beams)
     mask: torch.Tensor | None  # encoder attention mask (Florence-2)
-    ids: torch.Tensor  # decoder ids so far: prompt + generated
+    ids: torch.Tensor  # greedy: decoder ids so far, prompt + generated
     prompt_length: int
     max_new_tokens: int
     processors: Any
+    beams: BeamSearch | None = None  # beam search (num_beams > 1): the beams' ids and scores
     cache: Any = None
-    logits: torch.Tensor | None = None  # next-token logits of the live rows
     done: dict[int, list[int]] = field(default_factory=dict)
 
 
@@ -86,6 +93,11 @@ class DocumentReader(HfAdapter):
                 "max_new_tokens",
                 f"most tokens generated, 1 to {MAX_NEW_TOKENS}",
                 lambda value: whole_number(value, "max_new_tokens", 1, MAX_NEW_TOKENS),
+            ),
+            Option(
+                "num_beams",
+                f"beams of the beam search, 1 (greedy) to {MAX_NUM_BEAMS}",
+                lambda value: whole_number(value, "num_beams", 1, MAX_NUM_BEAMS),
             ),
         ),
     )
@@ -119,10 +131,24 @@ class DocumentReader(HfAdapter):
         self.decode_steps = whole_number(
             run.get("decode_steps", DEFAULT_DECODE_STEPS), "run_options.decode_steps", 1, MAX_DECODE_STEPS
         )
+        self.num_beams = self._default_beams(run)
         eos = self.generator.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos])
         size = self.processor.image_processor.size
         self._resized = int(size["height"]) * int(size["width"])
+
+    def _default_beams(self, run: Any) -> int:
+        """run_options.num_beams, else the model's generation config's (Florence-2's asks for 3), within the bound."""
+        if "num_beams" in run:
+            return whole_number(run["num_beams"], "run_options.num_beams", 1, MAX_NUM_BEAMS)
+        beams = self.generator.generation_config.num_beams
+        if beams is None:  # unset: transformers' default, greedy
+            return 1
+        if not isinstance(beams, int) or isinstance(beams, bool) or not 1 <= beams <= MAX_NUM_BEAMS:
+            raise ValueError(
+                f"generation_config.json: num_beams {beams!r} is not 1 to {MAX_NUM_BEAMS}; set run_options.num_beams"
+            )
+        return beams
 
     def _check_task(self, task: Any, where: str) -> None:
         if not isinstance(task, str) or not task or len(task) > MAX_TASK_CHARS:
@@ -150,6 +176,7 @@ class DocumentReader(HfAdapter):
             raise ValueError("a document reader reads a page image; the item has none")
         task: str = query.options.get("task", self.task)
         max_new_tokens = int(query.options.get("max_new_tokens", self.max_new_tokens))
+        num_beams = int(query.options.get("num_beams", self.num_beams))
         image = item.image.convert("RGB")
         if self.florence:
             inputs = self.processor(text=task + (item.text or ""), images=image, return_tensors="pt")
@@ -169,8 +196,9 @@ class DocumentReader(HfAdapter):
         image_token = getattr(self.generator.config, "image_token_id", None)
         if sum(token != image_token for token in encoder_ids) + len(prompt) > MAX_PROMPT_TOKENS:
             raise ValueError(f"the prompt is over {MAX_PROMPT_TOKENS} tokens; send a shorter text")
-        page = _Page(inputs["pixel_values"][0], encoder_ids, prompt, max_new_tokens, task, image.size)
-        return Prepared(page, len(encoder_ids) + len(prompt) + max_new_tokens)
+        page = _Page(inputs["pixel_values"][0], encoder_ids, prompt, max_new_tokens, num_beams, task, image.size)
+        # Each beam holds the prompt's and the generated tokens' cache.
+        return Prepared(page, (len(encoder_ids) + len(prompt) + max_new_tokens) * num_beams)
 
     def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per item, its generated ids once it ends, else `Continued` after one slice of decode steps."""
@@ -212,22 +240,35 @@ class DocumentReader(HfAdapter):
         else:
             encoded = self.generator.encoder(pixel_values=pixels).last_hidden_state
         prompt = torch.tensor([page.prompt for page in pages], device=self.device)
-        max_new_tokens = pages[0].max_new_tokens  # one query per batch
-        config = copy.deepcopy(self.generator.generation_config)
-        config.update(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens)
+        max_new_tokens, num_beams = pages[0].max_new_tokens, pages[0].num_beams  # one query per batch
+        # generate()'s own preparation of the generation config (the model's, then transformers' defaults), the
+        # special tokens, logits processors and stopping criteria, so the tokens are its.
+        config, _ = self.generator._prepare_generation_config(
+            None, do_sample=False, num_beams=num_beams, num_return_sequences=1, max_new_tokens=max_new_tokens
+        )
         config.max_length = prompt.shape[1] + max_new_tokens
-        # generate()'s own preparation of the special tokens and logits processors, so the tokens are its.
         self.generator._prepare_special_tokens(config, kwargs_has_attention_mask=mask is not None, device=self.device)
         processors = self.generator._get_logits_processor(
             generation_config=config, input_ids_seq_length=prompt.shape[1], device=str(self.device)
         )
-        return _Generation(list(rows), encoded, mask, prompt, prompt.shape[1], max_new_tokens, processors)
+        state = _Generation(list(rows), encoded, mask, prompt, prompt.shape[1], max_new_tokens, processors)
+        if num_beams > 1:  # every beam of an item reads its encoder output, as generate() expands it
+            state.encoded = encoded.repeat_interleave(num_beams, dim=0)
+            state.mask = None if mask is None else mask.repeat_interleave(num_beams, dim=0)
+            stopping = self.generator._get_stopping_criteria(
+                generation_config=config, stopping_criteria=StoppingCriteriaList()
+            )
+            state.beams = BeamSearch(self.generator, config, prompt, stopping)
+        return state
 
     def _slice(self, state: _Generation) -> None:
-        """Up to `decode_steps` greedy steps; rows that end move to `state.done`."""
+        """Up to `decode_steps` greedy or beam search steps; items that end move to `state.done`."""
         for _ in range(self.decode_steps):
             if not state.rows:
                 return
+            if state.beams is not None:
+                self._beam_step(state, state.beams)
+                continue
             step_ids = state.ids if state.cache is None else state.ids[:, -1:]
             out = self.generator(
                 encoder_outputs=BaseModelOutput(last_hidden_state=state.encoded),
@@ -250,6 +291,25 @@ class DocumentReader(HfAdapter):
                 for position in ended:
                     state.done[state.rows[position]] = state.ids[position].tolist()
                 _keep(state, [row for position, row in enumerate(state.rows) if position not in ended])
+
+    def _beam_step(self, state: _Generation, beams: BeamSearch) -> None:
+        """One beam search step of every live item: generate()'s, from the log-softmax of the logits."""
+        ids = beams.flat_ids()
+        out = self.generator(
+            encoder_outputs=BaseModelOutput(last_hidden_state=state.encoded),
+            attention_mask=state.mask,
+            decoder_input_ids=ids if state.cache is None else ids[:, -1:],
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        state.cache = out.past_key_values
+        log_probs = torch.nn.functional.log_softmax(out.logits[:, -1, :].float(), dim=-1)
+        reorder, ended = beams.step(state.processors(ids, log_probs))
+        state.cache.reorder_cache(reorder)
+        if any(ended):
+            for position in [position for position, end in enumerate(ended) if end]:
+                state.done[state.rows[position]] = beams.best(position)
+            _keep(state, [row for row, end in zip(state.rows, ended, strict=True) if not end])
 
     def finish(self, item: Input, prepared: Any, output: Any, query: Query) -> Extraction:
         page: _Page = prepared
@@ -278,6 +338,8 @@ def _keep(state: _Generation, rows: list[int]) -> None:
     index = torch.tensor([state.rows.index(row) for row in rows], device=state.ids.device, dtype=torch.long)
     state.rows = list(rows)
     state.ids = state.ids[index]
+    if state.beams is not None:  # the per-row tensors and the cache hold each item's beams
+        index = state.beams.keep(index)
     state.encoded = state.encoded[index]
     if state.mask is not None:
         state.mask = state.mask[index]

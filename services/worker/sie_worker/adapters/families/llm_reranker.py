@@ -94,9 +94,7 @@ class LlmReranker(HfAdapter):
         tail = self._template_tail(self.template, instruction)
         # A prompt that fills the model's length before the document (a long query or instruction, a template
         # longer than the model reads) would give every document the same score: no token of it is read.
-        around = len(
-            self.untruncated.encode(self.template.render(query, "", instruction), add_special_tokens=False).ids
-        )
+        around = len(self._encode([self.template.render(query, "", instruction)])[0])
         if around >= self.max_sequence_length:
             raise AdapterError(
                 f"the prompt around the document (template, instruction and query) is {around} tokens, and the model "
@@ -106,10 +104,7 @@ class LlmReranker(HfAdapter):
                 metadata={"limit": str(self.max_sequence_length)},
             )
         rendered = [self.template.render(query, document, instruction) for document in documents]
-        return [
-            TokenizedText(self._truncate(encoding.ids, tail))
-            for encoding in self.untruncated.encode_batch(rendered, add_special_tokens=False)
-        ]
+        return [TokenizedText(self._truncate(ids, tail)) for ids in self._encode(rendered)]
 
     def run(self, batch: Sequence[TokenizedText], query: Query) -> np.ndarray:
         return np.array(by_length(batch, self.device, self._score), dtype=np.float32)
@@ -125,16 +120,20 @@ class LlmReranker(HfAdapter):
     def _template_tail(self, template: PairTemplate, instruction: str | None) -> list[int]:
         """The template's tokens after the document: the common token tail of two renders that differ only in
         content."""
-        first, second = (
-            self.untruncated.encode(template.render(filler, filler, instruction), add_special_tokens=False).ids
-            for filler in _FILLERS
-        )
+        first, second = self._encode([template.render(filler, filler, instruction) for filler in _FILLERS])
         common = 0
         for left, right in zip(reversed(first), reversed(second), strict=False):
             if left != right:
                 break
             common += 1
         return first[len(first) - common :] if 0 < common < min(len(first), len(second)) else []
+
+    def _encode(self, prompts: list[list[str]]) -> list[list[int]]:
+        """Each prompt's tokens: its pieces tokenized one by one (no special tokens added), joined in order."""
+        encodings = iter(
+            self.untruncated.encode_batch([piece for pieces in prompts for piece in pieces], add_special_tokens=False)
+        )
+        return [[token for _ in pieces for token in next(encodings).ids] for pieces in prompts]
 
     def _truncate(self, ids: list[int], tail: list[int]) -> list[int]:
         limit = self.max_sequence_length
@@ -183,7 +182,7 @@ def _template(
     directory: Path, options: Mapping[str, Any], run_options: Mapping[str, Any], tokenizer: Any
 ) -> PairTemplate | None:
     if "template" in options:
-        return TextTemplate(str(options["template"]), str(run_options.get("instruction_prompt", "{instruction}")))
+        return TextTemplate(options["template"], str(run_options.get("instruction_prompt", "{instruction}")))
     if getattr(tokenizer, "chat_template", None):
         modality = read_json(directory / "sentence_bert_config.json").get("modality_config") or {}
         message = modality.get("message") if isinstance(modality, dict) else None

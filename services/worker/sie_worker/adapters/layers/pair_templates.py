@@ -18,29 +18,37 @@ MAX_CHAT_TEMPLATE_CHARS = 64 * 1024
 
 
 class PairTemplate(Protocol):
-    def render(self, query: str, document: str, instruction: str | None) -> str:
-        """The whole model input of one pair as text. Thread-safe."""
+    def render(self, query: str, document: str, instruction: str | None) -> list[str]:
+        """The whole model input of one pair as texts, each tokenized on its own and the tokens joined in order (one
+        text, unless the template is written in pieces). Thread-safe."""
 
 
 class TextTemplate:
     """A text with `{query}` and `{document}` (once each) and optionally `{instruction}`, where a request's
     instruction goes through `instruction_prompt` (`{instruction}` where it goes); no instruction leaves it empty.
-    Placeholders are filled in one pass, so braces in the texts stay as they are."""
+    Placeholders are filled in one pass, so braces in the texts stay as they are.
 
-    def __init__(self, template: str, instruction_prompt: str = "{instruction}") -> None:
+    The template may be a list of texts, its pieces: each is tokenized on its own, as a library that tokenizes its
+    prompt in parts does (mxbai-rerank: the query part, each separator, the document part, the task apart), so
+    tokens never join across two pieces (Qwen2's tokenizer makes one token of `?` and a newline after it)."""
+
+    def __init__(self, template: str | list[str], instruction_prompt: str = "{instruction}") -> None:
+        pieces = [template] if isinstance(template, str) else template
+        if not isinstance(pieces, list) or not pieces or not all(isinstance(piece, str) for piece in pieces):
+            raise ValueError("load_options.template must be a text or a list of texts")
         for name in ("query", "document"):
-            if template.count("{" + name + "}") != 1:
+            if sum(piece.count("{" + name + "}") for piece in pieces) != 1:
                 raise ValueError(f"load_options.template must contain {{{name}}} exactly once")
-        self.template = template
+        self.pieces = list(pieces)
         self.instruction_prompt = instruction_prompt
 
-    def render(self, query: str, document: str, instruction: str | None) -> str:
+    def render(self, query: str, document: str, instruction: str | None) -> list[str]:
         values = {
             "instruction": self.instruction_prompt.replace("{instruction}", instruction) if instruction else "",
             "query": query,
             "document": document,
         }
-        return _PLACEHOLDER.sub(lambda match: values[match.group(1)], self.template)
+        return [_PLACEHOLDER.sub(lambda match: values[match.group(1)], piece) for piece in self.pieces]
 
 
 class ChatTemplate:
@@ -53,7 +61,7 @@ class ChatTemplate:
         self.flat = flat
         # A chat template made for chat drops these roles (or refuses them): scores would be silently wrong.
         try:
-            probe = self.render(_PROBES[0], _PROBES[1], None)
+            probe = self.render(_PROBES[0], _PROBES[1], None)[0]
         except Exception as error:  # the template's own error (jinja raise_exception, a missing key)
             raise ValueError(
                 f"the model's chat template cannot render a query/document pair ({error}); set load_options.template"
@@ -68,10 +76,10 @@ class ChatTemplate:
                 f"{MAX_CHAT_TEMPLATE_CHARS})"
             )
 
-    def render(self, query: str, document: str, instruction: str | None) -> str:
+    def render(self, query: str, document: str, instruction: str | None) -> list[str]:
         system = [self._message("system", instruction)] if instruction else []
         messages = [*system, self._message("query", query), self._message("document", document)]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return [self.tokenizer.apply_chat_template(messages, tokenize=False)]
 
     def _message(self, role: str, text: str) -> dict[str, Any]:
         return {"role": role, "content": text if self.flat else [{"type": "text", "text": text}]}
