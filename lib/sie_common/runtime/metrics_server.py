@@ -63,6 +63,8 @@ ANSWER_STALL_S = 2.0
 # Connections accepted per turn of the loop, between reads of the heads that have arrived (a head that came with
 # its connection is read before MAX_CONNECTIONS newer connections could close it).
 ACCEPTS_PER_TURN = 16
+# A pause after an accept that failed (no file descriptor left) before the next.
+ACCEPT_RETRY_S = 0.05
 # Connections closed for others are logged at most this often (with how many since the last line).
 DROP_LOG_EVERY_S = 60.0
 
@@ -136,6 +138,7 @@ class MetricsServer:
                 return
             except OSError as error:  # out of file descriptors, or the client gave up in the backlog
                 log.debug("metrics port: accept failed: %s", error)
+                time.sleep(ACCEPT_RETRY_S)  # the connection waits in the backlog: do not spin on it
                 return
             if len(self._connections) >= MAX_CONNECTIONS and not self._evict_one():
                 self._drops.dropped("refused", peer)
