@@ -10,13 +10,14 @@ import asyncio
 import gc
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2_grpc
 
+import foreign_servers
 from sie.v1 import inference_pb2_grpc
 from sie_client import AuthError, ServerError, SIEClient
 from sie_common.edge.auth import Authorize, inference_checks
@@ -28,13 +29,8 @@ TRIES = 40
 
 @pytest.fixture
 def health_only_server() -> Iterator[str]:
-    """A real gRPC server that serves grpc.health.v1 and nothing else: what a client meets at a wrong port."""
-    server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    with foreign_servers.health_only_server() as target:
+        yield target
 
 
 def test_a_stream_to_a_server_that_is_not_sie_is_unimplemented_every_time(health_only_server: str, caplog) -> None:
@@ -90,3 +86,31 @@ def test_a_stream_refused_for_its_token_says_so_every_time(token_checking_server
                 client.encode("test/tiny-mean", ITEMS)
             reasons.append((raised.value.grpc_code, raised.value.reason))
     assert reasons == [(grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")] * TRIES, reasons
+
+
+class _FailsLikeGrpc(inference_pb2_grpc.InferenceServicer):
+    """Ends every EncodeStream at once with the very code and message grpc.aio gives a failed write."""
+
+    def EncodeStream(self, request_iterator, context):
+        context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+
+
+def test_a_server_that_sends_grpcs_own_internal_text_is_reported_at_once() -> None:
+    """Only grpc's debug string tells its replacement from a server's status: the server's is not waited past."""
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    inference_pb2_grpc.add_InferenceServicer_to_server(_FailsLikeGrpc(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    slowest = 0.0
+    try:
+        with SIEClient(f"http://127.0.0.1:{port}") as client:
+            for _ in range(10):
+                started = time.monotonic()
+                with pytest.raises(ServerError) as raised:
+                    client.encode("test/tiny-mean", ITEMS)
+                slowest = max(slowest, time.monotonic() - started)
+                assert raised.value.grpc_code == grpc.StatusCode.INTERNAL
+                assert "Internal error from Core" in str(raised.value)
+    finally:
+        server.stop(grace=None)
+    assert slowest < 2, f"{slowest:.1f} s to report the server's INTERNAL"

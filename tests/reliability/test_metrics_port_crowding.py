@@ -22,18 +22,16 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import REGISTRY
 
-from sie_common.runtime.metrics_server import MAX_CONNECTIONS, MetricsServer
+from foreign_servers import metrics_port
+from sie_common.runtime.metrics_server import MAX_CONNECTIONS
 
 HALF_HEAD = b"GET /metrics HTTP/1.1\r\nhost: x\r\n"  # no blank line: the head never ends
 
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    server = MetricsServer("127.0.0.1", 0, lambda: True).start()
-    try:
-        yield server.port
-    finally:
-        server.stop()
+    with metrics_port() as serving:
+        yield serving
 
 
 @contextlib.contextmanager
@@ -136,16 +134,12 @@ def _ipv6_loopback() -> bool:
 @pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
 def test_the_port_serves_ipv6_and_stays_answerable_there() -> None:
     """SIE_HOST may be an IPv6 address: http.server's server took IPv4 only (`::1` failed to bind)."""
-    server = MetricsServer("::1", 0, lambda: True).start()
-    try:
-        with reconnecting_half_heads(server.port, 2 * MAX_CONNECTIONS, host="::1") as made:
-            deadline = time.monotonic() + 10
-            while made[0] < 4 * MAX_CONNECTIONS and time.monotonic() < deadline:
-                time.sleep(0.05)
-            statuses = [get(server.port, "/healthz", host="[::1]")[0] for _ in range(10)]
-        assert statuses == [200] * 10
-    finally:
-        server.stop()
+    with metrics_port("::1") as port, reconnecting_half_heads(port, 2 * MAX_CONNECTIONS, host="::1") as made:
+        deadline = time.monotonic() + 10
+        while made[0] < 4 * MAX_CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        statuses = [get(port, "/healthz", host="[::1]")[0] for _ in range(10)]
+    assert statuses == [200] * 10
 
 
 def test_a_header_flood_within_the_head_bound_is_answered(port) -> None:

@@ -92,8 +92,12 @@ def call_status(error: grpc.RpcError) -> CallStatus:
     return status_from_trailers(code, message, trailers)  # type: ignore[arg-type]
 
 
-# The status grpc.aio gives a call of its own when a write fails as the call ends (grpc/grpc#36066).
+# The status grpc.aio gives a call of its own when a write fails as the call ends (grpc/grpc#36066): INTERNAL, these
+# details, and a debug string naming the failed batch (a server's own status names the peer instead).
 WRITE_FAILED_DETAILS = "Internal error from Core"
+WRITE_FAILED_DEBUG = 'Failed "execute_batch"'
+# How long to wait for the status grpc replaced: it has arrived, and grpc sets it within milliseconds.
+DELIVERED_STATUS_WAIT_S = 5.0
 
 
 class DeliveredStatus:
@@ -116,25 +120,28 @@ class DeliveredStatus:
         if code is None:
             return
         details = _settled(call.details()) or code.name
-        if _replaced(code, details):
+        # grpc.aio's Call has debug_error_string(), though its type stubs leave it out.
+        if _replaced(code, details, _settled(call.debug_error_string()) or ""):  # type: ignore[attr-defined]
             return
         trailers = _settled(call.trailing_metadata()) or ()
         self._status = status_from_trailers(code, details, trailers)
         self._arrived.set()
 
-    async def of(self, error: grpc.aio.AioRpcError, wait_s: float) -> CallStatus:
+    async def of(self, error: grpc.aio.AioRpcError) -> CallStatus:
         """The status `error` ended the call with, or, where grpc replaced it, the one delivered (waited for up to
-        `wait_s`: grpc sets it once it has read it)."""
+        DELIVERED_STATUS_WAIT_S: grpc sets it once it has read it)."""
         status = call_status(error)
-        if not _replaced(status.code, status.message):
+        if not _replaced(status.code, status.message, error.debug_error_string() or ""):
             return status
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._arrived.wait(), wait_s)
+            await asyncio.wait_for(self._arrived.wait(), DELIVERED_STATUS_WAIT_S)
         return self._status or status
 
 
-def _replaced(code: grpc.StatusCode, details: str) -> bool:
-    return code == grpc.StatusCode.INTERNAL and details == WRITE_FAILED_DETAILS
+def _replaced(code: grpc.StatusCode, details: str, debug: str) -> bool:
+    """Whether a status is the one grpc gives a call whose write failed (a server may send the same code and details,
+    never that debug string)."""
+    return code == grpc.StatusCode.INTERNAL and details == WRITE_FAILED_DETAILS and debug.startswith(WRITE_FAILED_DEBUG)
 
 
 def _settled(coroutine: Coroutine[Any, Any, T]) -> T | None:

@@ -78,7 +78,7 @@ async def encode_streamed(
             if remaining == 0:
                 outgoing.put_nowait(None)
     except grpc.aio.AioRpcError as error:
-        raise explained(await delivered.of(error, site.timeout_s), site).error() from None
+        raise explained(await delivered.of(error), site).error() from None
     finally:
         feeder.cancel()
         outgoing.put_nowait(None)  # ends stream_requests, and so grpc's task that reads it (else left pending)
