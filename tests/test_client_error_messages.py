@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2_grpc
 
+import foreign_servers
 from client_observation import requests_answered
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_client import ServerError, SIEClient
@@ -39,13 +39,8 @@ def test_score_without_a_query_names_the_query(worker) -> None:
 
 @pytest.fixture
 def health_only_server() -> Iterator[str]:
-    """A real gRPC server that serves grpc.health.v1 and nothing else: what a client meets at a wrong port."""
-    server = grpc.server(ThreadPoolExecutor(max_workers=2))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    with foreign_servers.health_only_server() as target:
+        yield target
 
 
 def test_a_server_that_is_not_sie_is_named_as_such(health_only_server: str) -> None:

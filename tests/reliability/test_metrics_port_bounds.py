@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from edge_load import held_connections
 
-from sie_common.runtime.metrics_server import MetricsServer
+from foreign_servers import metrics_port
 
 # The bounds the port keeps (sie_common.runtime.metrics_server; literals, so this test runs against code without them).
 MAX_CONNECTIONS = 16
@@ -25,11 +25,8 @@ REQUEST_HEAD_S = 10.0
 
 @pytest.fixture
 def port() -> Iterator[int]:
-    server = MetricsServer("127.0.0.1", 0, lambda: True).start()
-    try:
-        yield server.port
-    finally:
-        server.stop()
+    with metrics_port() as serving:
+        yield serving
 
 
 def closed_by_server(sender: socket.socket, within_s: float) -> bool:

@@ -13,7 +13,7 @@ import grpc
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_client.progress import Progress
 from sie_client.retry import Metadata, RetryPolicy, delay_or_raise
-from sie_client.status import CallSite, call_status, explained, status_from_proto
+from sie_client.status import CallSite, DeliveredStatus, explained, status_from_proto
 
 T = TypeVar("T")
 
@@ -51,6 +51,7 @@ async def encode_streamed(
             outgoing.put_nowait(request)
 
     call = stub.EncodeStream(stream_requests(), metadata=metadata)
+    delivered = DeliveredStatus(call)
     feeder = asyncio.create_task(feed())
     remaining = len(requests)
     retries_due = loop.time()
@@ -77,9 +78,10 @@ async def encode_streamed(
             if remaining == 0:
                 outgoing.put_nowait(None)
     except grpc.aio.AioRpcError as error:
-        raise explained(call_status(error), site).error() from None
+        raise explained(await delivered.of(error), site).error() from None
     finally:
         feeder.cancel()
+        outgoing.put_nowait(None)  # ends stream_requests, and so grpc's task that reads it (else left pending)
         call.cancel()
     return [answer for answer in answers if answer is not None]
 

@@ -44,60 +44,157 @@ class BodyLimits:
 
 
 class BodyBudget:
-    """The body bytes all requests in flight may hold at once. Each request's lease grows by the bytes of its body
-    as they arrive (never by what it announces, so a sender that stalls holds only what it sent) and is returned
-    when it is answered; a chunk that does not fit refuses its request at once (503 OVERLOADED)."""
+    """The body bytes all requests in flight may hold at once, and what one caller may hold of them.
 
-    def __init__(self, limit: int) -> None:
+    Each request's lease grows by the bytes of its body as they arrive (never by what it announces, so a sender that
+    stalls holds only what it sent) and is returned when it is answered. A chunk that takes its caller (a bearer
+    token) past `caller_limit` refuses its request (503 OVERLOADED): one caller, however many connections it opens,
+    leaves the rest of the budget to the others. A chunk that does not fit the whole budget first drops the bodies
+    that have been arriving for `evict_after_s` or longer and are still not complete, oldest first, until it fits
+    (each answered 408); only when none is left to drop is its own request refused (503 OVERLOADED). So bodies that
+    stall part-sent cannot hold the budget against callers who send theirs at once; a body that has all arrived is
+    never dropped."""
+
+    def __init__(self, limit: int, caller_limit: int, evict_after_s: float) -> None:
         self.limit = limit
+        self.caller_limit = caller_limit
+        self.evict_after_s = evict_after_s
         self.held = 0
+        self._callers: dict[str, int] = {}  # bytes held per caller that holds any
+        self._reading: dict[BodyLease, float] = {}  # leases whose bodies are arriving -> since when, oldest first
 
     @contextlib.contextmanager
-    def lease(self) -> Iterator[BodyLease]:
-        lease = BodyLease(self)
+    def lease(self, caller: str | None) -> Iterator[BodyLease]:
+        """A lease for one request of `caller` (its bearer token; None: a caller without one, bound by the whole
+        budget only)."""
+        lease = BodyLease(self, caller)
         try:
             yield lease
         finally:
-            self.held -= lease.size
+            self._release(lease)
+
+    def held_by(self, caller: str) -> int:
+        return self._callers.get(caller, 0)
+
+    def take(self, lease: BodyLease, size: int) -> None:
+        """Grow `lease` by `size` bytes, or refuse its request (AdapterError)."""
+        if lease.evicted:
+            raise _evicted(self.evict_after_s)
+        if lease.caller is not None and self.held_by(lease.caller) + size > self.caller_limit:
+            raise _overloaded(
+                f"the adapter holds as many bytes of this caller's request bodies as one caller may "
+                f"({self.caller_limit} bytes, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES): wait for answers "
+                "before sending more; retry"
+            )
+        if self.held + size > self.limit:
+            self._evict_stalled(lease, self.held + size - self.limit)
+        if self.held + size > self.limit:
+            raise _overloaded(
+                f"the adapter holds as many request bodies as it may ({self.limit} bytes, "
+                "SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES); retry"
+            )
+        self.held += size
+        lease.size += size
+        if lease.caller is not None:
+            self._callers[lease.caller] = self.held_by(lease.caller) + size
+
+    @contextlib.contextmanager
+    def arriving(self, lease: BodyLease) -> Iterator[None]:
+        """While `lease`'s body arrives (and so may be dropped)."""
+        self._reading[lease] = asyncio.get_running_loop().time()
+        try:
+            yield
+        finally:
+            self._reading.pop(lease, None)
+
+    def _evict_stalled(self, taker: BodyLease, needed: int) -> None:
+        """Drop bodies arriving for evict_after_s or longer, oldest first, until `needed` bytes are free."""
+        loop = asyncio.get_running_loop()
+        oldest_allowed = loop.time() - self.evict_after_s
+        for lease, since in list(self._reading.items()):
+            if needed <= 0 or since > oldest_allowed:
+                return
+            if lease is taker or lease.size == 0:
+                continue
+            needed -= lease.size
+            self._release(lease)
+            lease.evict(loop.time())
+
+    def _release(self, lease: BodyLease) -> None:
+        self._reading.pop(lease, None)
+        self.held -= lease.size
+        if lease.caller is not None:
+            left = self.held_by(lease.caller) - lease.size
+            if left > 0:
+                self._callers[lease.caller] = left
+            else:
+                self._callers.pop(lease.caller, None)
+        lease.size = 0
 
 
 class BodyLease:
     """One request's share of the BodyBudget."""
 
-    def __init__(self, budget: BodyBudget) -> None:
+    def __init__(self, budget: BodyBudget, caller: str | None) -> None:
         self.budget = budget
+        self.caller = caller
         self.size = 0
+        self.evicted = False
+        self._deadline: asyncio.Timeout | None = None
+
+    @contextlib.contextmanager
+    def reading(self, deadline: asyncio.Timeout) -> Iterator[None]:
+        """While the body arrives under `deadline`, which an eviction brings to now."""
+        self._deadline = deadline
+        try:
+            with self.budget.arriving(self):
+                yield
+        finally:
+            self._deadline = None
 
     def grow(self, size: int) -> None:
-        budget = self.budget
-        if budget.held + size > budget.limit:
-            raise AdapterError(
-                503,
-                "OVERLOADED",
-                f"the adapter holds as many request bodies as it may ({budget.limit} bytes, "
-                "SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES); retry",
-                retry_after_s=1.0,
-                code=grpc.StatusCode.UNAVAILABLE,
-            )
-        budget.held += size
-        self.size += size
+        self.budget.take(self, size)
+
+    def evict(self, now: float) -> None:
+        self.evicted = True
+        if self._deadline is not None:
+            self._deadline.reschedule(now)
+
+
+def _overloaded(message: str) -> AdapterError:
+    return AdapterError(503, "OVERLOADED", message, retry_after_s=1.0, code=grpc.StatusCode.UNAVAILABLE)
+
+
+def _evicted(evict_after_s: float) -> AdapterError:
+    return AdapterError(
+        408,
+        "REQUEST_TIMEOUT",
+        f"the body was still arriving {evict_after_s:g} s after it began (SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S) when "
+        "the adapter's body budget was full: it was dropped to make room for bodies sent at once. Send the body "
+        "without pausing, or retry",
+        retry_after_s=1.0,
+        code=grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
 
 
 async def read_body(request: web.Request, limits: BodyLimits, lease: BodyLease) -> bytearray:
     """The whole body: 413 from its content-length before reading, or once more than the limit has come; each chunk
-    leased as it arrives; 408 unless it has all come within limits.read_timeout_s."""
+    leased as it arrives; 408 unless it has all come within limits.read_timeout_s, or when the budget dropped it."""
     announced = request.content_length
     if announced is not None and announced > limits.max_bytes:
         raise _too_large(announced, limits)
     body = bytearray()
     try:
-        async with asyncio.timeout(limits.read_timeout_s):
-            async for chunk in request.content.iter_any():
-                if len(body) + len(chunk) > limits.max_bytes:
-                    raise _too_large(None, limits)
-                lease.grow(len(chunk))
-                body += chunk
+        async with asyncio.timeout(limits.read_timeout_s) as deadline:
+            with lease.reading(deadline):
+                async for chunk in request.content.iter_any():
+                    if len(body) + len(chunk) > limits.max_bytes:
+                        raise _too_large(None, limits)
+                    lease.grow(len(chunk))
+                    body += chunk
     except TimeoutError:
+        if lease.evicted:
+            raise _evicted(lease.budget.evict_after_s) from None
         raise AdapterError(
             408,
             "REQUEST_TIMEOUT",

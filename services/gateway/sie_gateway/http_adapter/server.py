@@ -71,7 +71,11 @@ async def start_http_adapter(settings: GatewaySettings, socket: InternalSocket) 
     adapter = Adapter(
         GatewayCalls(socket.target, channel_options),
         limits,
-        BodyBudget(settings.http_max_body_budget_bytes),
+        BodyBudget(
+            settings.http_max_body_budget_bytes,
+            settings.http_max_body_budget_per_caller_bytes,
+            settings.http_body_evict_after_s,
+        ),
         settings.max_items_per_request,
         inference_checks(settings.auth_mode, settings.auth_tokens).get(INFERENCE_CALLS),
     )
@@ -109,7 +113,7 @@ def _dispatch(wires: list[Wire], adapter: Adapter) -> Callable[[web.Request], Aw
                     metadata={"parameter": parameter},
                 )
             refuse_content_encoding(request)
-            with adapter.budget.lease() as lease:
+            with adapter.budget.lease(adapter.caller(request)) as lease:
                 request[BODY_LEASE] = lease
                 return await wire.serve(request, adapter)
         except AdapterError as error:

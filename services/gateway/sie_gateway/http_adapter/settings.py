@@ -35,6 +35,19 @@ class HttpAdapterSettings:
         help="body bytes the HTTP adapter holds for all requests at once (each counts the bytes of its body that "
         "have arrived, until it is answered); past it: 503 OVERLOADED with Retry-After",
     )
+    http_max_body_budget_per_caller_bytes: int = setting(
+        64 * 2**20,
+        env="SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES",
+        help="body bytes of one caller (one bearer token, with SIE_AUTH_MODE=static) the HTTP adapter holds at once, "
+        "however many connections it opens; past it: 503 OVERLOADED with Retry-After. At least "
+        "SIE_GATEWAY_HTTP_MAX_BODY_BYTES",
+    )
+    http_body_evict_after_s: float = setting(
+        5.0,
+        env="SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S",
+        help="seconds after which a body still arriving may be dropped (408 REQUEST_TIMEOUT) when the body budget is "
+        "full and another request's bytes need room, oldest first; a body that has all arrived is never dropped",
+    )
     http_body_timeout_s: float = setting(
         30.0,
         env="SIE_GATEWAY_HTTP_BODY_TIMEOUT_S",
@@ -63,3 +76,9 @@ class HttpAdapterSettings:
             value = getattr(self, field.name)
             if field.name.startswith(("http_max_", "http_body_")) and value <= 0:
                 raise SettingsError(f"{field.metadata['env']}={value}: must be positive")
+        if self.http_max_body_budget_per_caller_bytes < self.http_max_body_bytes:
+            raise SettingsError(
+                f"SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES={self.http_max_body_budget_per_caller_bytes}: at "
+                f"least SIE_GATEWAY_HTTP_MAX_BODY_BYTES ({self.http_max_body_bytes}), or no caller could send its "
+                "largest body"
+            )

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from sie_common.edge.auth import Check
+from sie_common.edge.auth import Check, bearer_token
 from sie_common.edge.errors import SieError
 from sie_gateway.http_adapter.bodies import (
     JSON_TYPE,
@@ -59,9 +59,17 @@ class Adapter:
         if self.token_check is None:
             return
         try:
-            self.token_check([("authorization", value) for value in request.headers.getall("authorization", ())])
+            self.token_check(_authorization(request))
         except SieError as error:
             raise from_sie_error(error) from None
+
+    def caller(self, request: web.Request) -> str | None:
+        """Who sends `request`, for its share of the body budget: its bearer token when the gateway checks tokens
+        (authorize has accepted it); None without a token check, where every caller comes from Envoy's address and
+        none can be told apart."""
+        if self.token_check is None:
+            return None
+        return bearer_token(_authorization(request))
 
     async def json(self, request: web.Request) -> Any:
         """The JSON body (415 unless sent as application/json)."""
@@ -77,3 +85,8 @@ class Adapter:
     async def _read(self, request: web.Request) -> bytearray:
         lease: BodyLease = request[BODY_LEASE]
         return await read_body(request, self.limits, lease)
+
+
+def _authorization(request: web.Request) -> list[tuple[str, str]]:
+    """The request's authorization headers, as the gRPC metadata the token check reads."""
+    return [("authorization", value) for value in request.headers.getall("authorization", ())]
