@@ -394,6 +394,13 @@ def _local_replies() -> dict[str, Any]:
             _local_reply(_cut("OVERLOADED"), _UNAVAILABLE, *_BODIES_OVERLOADED, retry, status=503),
             _local_reply(_cut("BODY_TOO_LARGE"), _INVALID_ARGUMENT, *_BODY_TOO_LARGE, status=413),
             _local_reply(
+                _cut("BODY_NOT_ALLOWED"),
+                _INVALID_ARGUMENT,
+                "BODY_NOT_ALLOWED",
+                "this route takes no body (its fields travel in the path; docs/http.md): send it without one",
+                status=400,
+            ),
+            _local_reply(
                 _cut("CHUNKS_TOO_SMALL"),
                 _INVALID_ARGUMENT,
                 "CHUNKS_TOO_SMALL",

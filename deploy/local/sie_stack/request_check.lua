@@ -561,9 +561,10 @@ local function release(lease)
   end
 end
 
--- The client's address without its port (one peer's requests share PEER_BUDGET).
+-- The client's address without its port (one peer's requests share PEER_BUDGET): the connection's own peer, not the
+-- address Envoy takes from x-forwarded-for (any client may send one; a new value per connection was a new peer).
 local function peer_of(handle)
-  local address = handle:streamInfo():downstreamRemoteAddress()
+  local address = handle:streamInfo():downstreamDirectRemoteAddress()
   return address:match("^(.*):%d+$") or address
 end
 
@@ -724,6 +725,16 @@ function envoy_on_request(handle)
     handle:streamInfo():dynamicMetadata():set(NAMESPACE, "checking", true)
     check_chunks(handle, route, lease)
     return
+  end
+  -- A route without a body (GET, DELETE): the transcoder would still read one, its fields over the path's (`DELETE
+  -- /v1/pools/a` with {"name": "b"} deleted pool b), so the first byte of one ends the request: 400 BODY_NOT_ALLOWED.
+  -- Nothing is kept, so nothing is leased; a request without a body ends at its headers and goes on at once.
+  handle:streamInfo():dynamicMetadata():set(NAMESPACE, "checking", true)
+  for chunk in handle:bodyChunks() do
+    if chunk:length() > 0 then
+      cut(handle, chunk, "BODY_NOT_ALLOWED")
+      return
+    end
   end
   handle:streamInfo():dynamicMetadata():set(NAMESPACE, "rpc", route[4])
 end
