@@ -166,6 +166,16 @@ def render(
     if not 0 < peer_body_share <= 1:
         raise ValueError(f"peer_body_share must be in (0, 1], not {peer_body_share}")
     budget = int(max_heap_bytes * BODY_BUDGET_SHARE) // worker_threads
+    # A body must fit what one peer may hold and what large bodies may hold together (request_check.lua's LARGE_BUDGET,
+    # three quarters): one that never could would be refused 503 OVERLOADED with retry-after on an idle Envoy, for ever.
+    room = min(int(budget * peer_body_share), budget * 3 // 4)
+    if room < max_request_bytes:
+        raise ValueError(
+            f"a body of max_request_bytes ({max_request_bytes}) would never fit the {room} bytes one client may hold "
+            f"of a thread's body budget (a third of max_heap_bytes over {worker_threads} threads, times "
+            "peer_body_share and at most three quarters): raise max_heap_bytes or peer_body_share, or lower "
+            "max_request_bytes"
+        )
     admission = BodyAdmission(
         limit=max_request_bytes,
         budget=budget,
