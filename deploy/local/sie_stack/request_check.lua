@@ -357,8 +357,11 @@ walk = function(s, i, spec, depth, no_null)
   return nil, {at = i}
 end
 
--- `text` as a JSON string (control characters, quotes and backslashes escaped).
+-- `text` as a JSON string (control characters, quotes and backslashes escaped; a byte past ASCII as '?': a caller's
+-- key or parameter may not be UTF-8, which made the refusal's body no JSON at all, and every name of the contract is
+-- ASCII).
 local function json_string(text)
+  text = text:gsub("[\128-\255]", "?")
   return '"' .. (text:gsub('[%c"\\]', function(ch) return string.format("\\u%04x", ch:byte()) end)) .. '"'
 end
 
