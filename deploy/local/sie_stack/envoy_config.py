@@ -166,6 +166,16 @@ def render(
     if not 0 < peer_body_share <= 1:
         raise ValueError(f"peer_body_share must be in (0, 1], not {peer_body_share}")
     budget = int(max_heap_bytes * BODY_BUDGET_SHARE) // worker_threads
+    # A body must fit what one peer may hold and what large bodies may hold together (request_check.lua's LARGE_BUDGET,
+    # three quarters): one that never could would be refused 503 OVERLOADED with retry-after on an idle Envoy, for ever.
+    room = min(int(budget * peer_body_share), budget * 3 // 4)
+    if room < max_request_bytes:
+        raise ValueError(
+            f"a body of max_request_bytes ({max_request_bytes}) would never fit the {room} bytes one client may hold "
+            f"of a thread's body budget (a third of max_heap_bytes over {worker_threads} threads, times "
+            "peer_body_share and at most three quarters): raise max_heap_bytes or peer_body_share, or lower "
+            "max_request_bytes"
+        )
     admission = BodyAdmission(
         limit=max_request_bytes,
         budget=budget,
@@ -393,6 +403,13 @@ def _local_replies() -> dict[str, Any]:
         "mappers": [
             _local_reply(_cut("OVERLOADED"), _UNAVAILABLE, *_BODIES_OVERLOADED, retry, status=503),
             _local_reply(_cut("BODY_TOO_LARGE"), _INVALID_ARGUMENT, *_BODY_TOO_LARGE, status=413),
+            _local_reply(
+                _cut("BODY_NOT_ALLOWED"),
+                _INVALID_ARGUMENT,
+                "BODY_NOT_ALLOWED",
+                "this route takes no body (its fields travel in the path; docs/http.md): send it without one",
+                status=400,
+            ),
             _local_reply(
                 _cut("CHUNKS_TOO_SMALL"),
                 _INVALID_ARGUMENT,

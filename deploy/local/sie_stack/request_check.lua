@@ -357,8 +357,11 @@ walk = function(s, i, spec, depth, no_null)
   return nil, {at = i}
 end
 
--- `text` as a JSON string (control characters, quotes and backslashes escaped).
+-- `text` as a JSON string (control characters, quotes and backslashes escaped; a byte past ASCII as '?': a caller's
+-- key or parameter may not be UTF-8, which made the refusal's body no JSON at all, and every name of the contract is
+-- ASCII).
 local function json_string(text)
+  text = text:gsub("[\128-\255]", "?")
   return '"' .. (text:gsub('[%c"\\]', function(ch) return string.format("\\u%04x", ch:byte()) end)) .. '"'
 end
 
@@ -561,9 +564,10 @@ local function release(lease)
   end
 end
 
--- The client's address without its port (one peer's requests share PEER_BUDGET).
+-- The client's address without its port (one peer's requests share PEER_BUDGET): the connection's own peer, not the
+-- address Envoy takes from x-forwarded-for (any client may send one; a new value per connection was a new peer).
 local function peer_of(handle)
-  local address = handle:streamInfo():downstreamRemoteAddress()
+  local address = handle:streamInfo():downstreamDirectRemoteAddress()
   return address:match("^(.*):%d+$") or address
 end
 
@@ -724,6 +728,16 @@ function envoy_on_request(handle)
     handle:streamInfo():dynamicMetadata():set(NAMESPACE, "checking", true)
     check_chunks(handle, route, lease)
     return
+  end
+  -- A route without a body (GET, DELETE): the transcoder would still read one, its fields over the path's (`DELETE
+  -- /v1/pools/a` with {"name": "b"} deleted pool b), so the first byte of one ends the request: 400 BODY_NOT_ALLOWED.
+  -- Nothing is kept, so nothing is leased; a request without a body ends at its headers and goes on at once.
+  handle:streamInfo():dynamicMetadata():set(NAMESPACE, "checking", true)
+  for chunk in handle:bodyChunks() do
+    if chunk:length() > 0 then
+      cut(handle, chunk, "BODY_NOT_ALLOWED")
+      return
+    end
   end
   handle:streamInfo():dynamicMetadata():set(NAMESPACE, "rpc", route[4])
 end
