@@ -4,6 +4,7 @@
 #               make test-fast (the in-process tier: the tests that start no process, in about a minute)
 # One worker alone: make serve
 # Both create .venv and install what they need on first use.
+# The images: make images (then `sie up --images`, docs/deployment.md; no .venv needed to build them).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
@@ -89,3 +90,10 @@ bench: $(INSTALLED)
 	$(PYTHON) bench/run.py $(ARGS)
 	$(PYTHON) bench/decoder_embedder.py
 	$(PYTHON) bench/llm_reranker.py
+
+.PHONY: images
+# The images: sie-config, sie-gateway, sie-worker-cpu, sie-envoy (and sie-worker-cuda where its base is available),
+# with podman, else docker; a Debian base made here where no registry answers (deploy/docker/build-images, which
+# prints each image's size and build time). Needs no .venv. ARGS: targets, e.g. ARGS="gateway config".
+images:
+	deploy/docker/build-images $(ARGS)

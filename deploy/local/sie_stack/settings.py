@@ -31,6 +31,15 @@ class StackSettings:
         env="SIE_STACK_HTTP_ADAPTER_PORT",
         help="the gateway's HTTP adapter port, behind Envoy (the reference SDK's wire, rerank, TEI); 0: a free one",
     )
+    images: bool = setting(
+        False,
+        env="SIE_STACK_IMAGES",
+        help="run the config service, the workers, the gateway and Envoy from their images (`make images`), each a "
+        "container on the host's network; etcd stays a process",
+    )
+    container_engine: str | None = setting(
+        None, env="SIE_CONTAINER_ENGINE", help="with --images: podman or docker (unset: podman, else docker)"
+    )
     log_level: str = setting("INFO", env="SIE_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = setting(
         None,

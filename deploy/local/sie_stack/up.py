@@ -32,6 +32,7 @@ from sie_common.cluster.config_messages import config_to_message
 from sie_common.cluster.etcd_access import CONFIG_USER, GATEWAY_USER
 from sie_common.cluster.model_config import ModelConfig, parse_model_config
 from sie_common.edge.auth import bearer_metadata
+from sie_stack.containers import ContainerEngine, StackContainers
 from sie_stack.envoy_config import render
 from sie_stack.etcd_credentials import StackEtcdCredentials, worker_user
 from sie_stack.etcd_tls import StackEtcdTls
@@ -107,6 +108,10 @@ class Stack:
         )
         self.etcd_tls = StackEtcdTls(self.state / "etcd-tls")
         self.standby: Standby | None = None
+        # --images: the services and Envoy run from their images (containers.py).
+        self.containers = (
+            StackContainers(ContainerEngine.find(settings.container_engine), self.state) if settings.images else None
+        )
 
     def up(self) -> None:
         """Start every process and wait until a request through Envoy can be served."""
@@ -117,6 +122,8 @@ class Stack:
                 f"ports already in use on 127.0.0.1: {', '.join(taken)}. Another `sie up` or an orphaned process "
                 "holds them; stop it, or move this stack with the flags named"
             )
+        if self.containers is not None:
+            self.containers.check_images()
         self.logs.mkdir(parents=True, exist_ok=True)
         # etcd takes connections only with the run's client certificate, and requests only from its users.
         self.etcd_tls.create()
@@ -180,21 +187,32 @@ class Stack:
                     gateway=gateway.address,
                     config=config.address,
                     adapter=f"127.0.0.1:{adapter_port}",
+                    inline_descriptor=self.containers is not None,  # a container does not see this machine's files
                 ),
                 indent=2,
             )
         )
-        envoy = EnvoyProcess(envoy_config, self.logs / "envoy.log", s.envoy_admin_port)
+        envoy = (
+            self.containers.envoy(envoy_config, self.logs / "envoy.log", s.http_port, s.envoy_admin_port)
+            if self.containers is not None
+            else EnvoyProcess(envoy_config, self.logs / "envoy.log", s.envoy_admin_port)
+        )
         self.started.append(envoy)
         envoy.wait_ready()
         _wait_until_served(gateway.address, bearer_metadata(s.auth_tokens[0]) if s.auth_mode == "static" else ())
-        if workers:  # a crashed worker is replaced by a process that has done its imports (standby.py)
+        # A crashed worker is replaced by a process that has done its imports (standby.py); not a container's.
+        if workers and self.containers is None:
             self.standby = Standby("sie_worker", workers[0].env, self.state / "worker-standby.ready")
             for worker in workers:
                 worker.standby = self.standby
 
     def _service(self, module: str, port: int, env: dict[str, str], log_name: str | None = None) -> ServiceProcess:
-        process = ServiceProcess(env, self.logs / f"{log_name or module}.log", module=module, port=port)
+        log_path = self.logs / f"{log_name or module}.log"
+        process = (
+            self.containers.service(module, port, env, log_path)
+            if self.containers is not None
+            else ServiceProcess(env, log_path, module=module, port=port)
+        )
         self.started.append(process)
         self.services.append(process)
         process.wait_serving()
@@ -229,6 +247,7 @@ class Stack:
             f"users' passwords in {self.etcd_credentials.directory})\n"
             f"  metrics             {self._metrics_endpoints()}   (/metrics, /healthz, /readyz)\n"
             f"  state and logs      {self.state}\n"
+            f"{f'  images              {self.containers.description()}{chr(10)}' if self.containers else ''}"
             f"{self._token_lines()}"
             "Try:\n"
             f'  curl -s{token} http://127.0.0.1:{s.http_port}/v1/encode/{DEMO_MODEL} -d \'{{"items": [{{"text": '

@@ -28,6 +28,7 @@ from sie_worker.models.catalog import read_catalog
 from sie_worker.models.device import configure_kernels, select_device
 from sie_worker.models.registry import ModelRegistry
 from sie_worker.settings import WorkerSettings
+from sie_worker.weights.cache import check_local_cache_writable
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ STOP_GRACE_S = 1.0
 
 
 async def serve(settings: WorkerSettings) -> None:
+    check_local_cache_writable(settings)
     transport = ServerTransport.of(settings)
     device = select_device(settings.device)
     configure_kernels(device)

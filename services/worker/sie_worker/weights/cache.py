@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from huggingface_hub import constants as hf_constants
+
 from sie_common.cluster.model_config import ModelConfig
+from sie_worker.settings import WorkerSettings
 from sie_worker.weights.s3 import S3Location, S3Store
 
 log = logging.getLogger(__name__)
@@ -31,6 +35,31 @@ DiskUsage = Callable[[Path], tuple[int, int]]  # path -> (total bytes, used byte
 def weights_key(config: ModelConfig) -> str:
     """One folder name per (weights repository, revision); never a path with separators."""
     return f"{config.hf_id or config.id}@{config.revision or 'main'}".replace("/", "--")
+
+
+def local_cache_root(settings: WorkerSettings) -> Path:
+    """The local weight cache: SIE_LOCAL_CACHE, else the Hugging Face hub cache."""
+    return Path(settings.local_cache) if settings.local_cache else Path(hf_constants.HF_HUB_CACHE)
+
+
+def check_local_cache_writable(settings: WorkerSettings) -> None:
+    """At start, an OSError that says what to change when the worker will need to write weights to its local cache
+    (downloads from the Hub or copies from the cluster cache land there) and cannot: a read-only file system or
+    volume, or a directory of another user's. A read-only cache of complete weights is fine without either source."""
+    if not (settings.hf_fallback or settings.cluster_cache):
+        return
+    root = local_cache_root(settings)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".sie-write-check-"):
+            pass
+    except OSError as error:
+        raise OSError(
+            f"the local weight cache {root} (SIE_LOCAL_CACHE) is not writable: {error.strerror or error}. The worker "
+            "writes the weights it downloads there: mount a writable volume at that path or point SIE_LOCAL_CACHE at "
+            "a writable directory (a read-only cache of complete weights needs SIE_HF_FALLBACK=false and no "
+            "SIE_CLUSTER_CACHE)"
+        ) from error
 
 
 def _disk_usage(path: Path) -> tuple[int, int]:

@@ -13,13 +13,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import constants as hf_constants
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
 
 from sie_common.cluster.model_config import ModelConfig, weight_packages
 from sie_worker.settings import WorkerSettings
-from sie_worker.weights.cache import ClusterCache, LocalCache, weights_key
+from sie_worker.weights.cache import ClusterCache, LocalCache, local_cache_root, weights_key
 from sie_worker.weights.roots import WeightRoots, bundled_directory, default_roots
 from sie_worker.weights.s3 import S3Location, S3Store
 
@@ -52,9 +51,10 @@ class WeightResolver:
     def __init__(self, settings: WorkerSettings, roots: WeightRoots | None = None) -> None:
         self.roots = roots or WeightRoots(default_roots(settings, ()))
         self._hf_cache = settings.local_cache
-        root = Path(settings.local_cache) if settings.local_cache else Path(hf_constants.HF_HUB_CACHE)
         self.local = LocalCache(
-            root, lru_enabled=settings.disk_cache_enabled, pressure_percent=settings.disk_pressure_threshold_percent
+            local_cache_root(settings),
+            lru_enabled=settings.disk_cache_enabled,
+            pressure_percent=settings.disk_pressure_threshold_percent,
         )
         self.cluster = (
             ClusterCache(S3Store(settings.s3_endpoint_url), S3Location.parse(settings.cluster_cache))

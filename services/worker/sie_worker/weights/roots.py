@@ -17,11 +17,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from huggingface_hub import constants as hf_constants
-
 from sie_common.cluster.model_config import ModelConfig, weight_packages
 from sie_common.edge.errors import FailedPrecondition
 from sie_worker.settings import WorkerSettings
+from sie_worker.weights.cache import local_cache_root
 from sie_worker.weights.s3 import is_s3_url
 
 
@@ -29,7 +28,7 @@ def default_roots(settings: WorkerSettings, builtin: Iterable[ModelConfig]) -> l
     """SIE_WEIGHT_ROOTS, else the local cache, a local SIE_MODELS_DIR and the built-in models' package directories."""
     if settings.weight_roots:
         return [Path(root) for root in settings.weight_roots]
-    roots = [Path(settings.local_cache) if settings.local_cache else Path(hf_constants.HF_HUB_CACHE)]
+    roots = [local_cache_root(settings)]
     if not is_s3_url(settings.models_dir):
         roots.append(Path(settings.models_dir))
     allowed = weight_packages(settings.weight_packages)
