@@ -29,6 +29,7 @@ from pathlib import Path
 import grpc
 import pytest
 import sie_stack.processes
+from service_zygote import Zygote
 from sie.v1 import inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
 from sie_stack.processes import ChildProcess, EtcdProcess
@@ -182,10 +183,14 @@ class ProcessInAnInProcessTest(AssertionError):
 _RUNNING: dict[str, pytest.Item | None] = {"item": None}
 _LAUNCHES = LaunchCount()
 _spawn = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+# The services the tests start (`python -m sie_worker|sie_gateway|sie_config`) are forks of one process per test
+# process that has imported them (tools/service_zygote.py): a worker's imports (torch, transformers) cost 4-8 s of
+# CPU, and the suite starts over a hundred. SIE_TEST_FORK_SERVICES=0 spawns each one as a fresh interpreter.
+_ZYGOTE = Zygote() if os.environ.get("SIE_TEST_FORK_SERVICES", "1") != "0" else None
 
 
-def _guarded_spawn(self: subprocess.Popen, args, *rest, **options):  # type: ignore[no-untyped-def]
-    """Count each process the tests start; refuse one started by a test not marked `process`."""
+def _guarded_spawn(self: subprocess.Popen, args, *rest):  # type: ignore[no-untyped-def]
+    """Count each process the tests start; refuse one started by a test not marked `process`; fork the services."""
     item = _RUNNING["item"]
     argv = [os.fspath(arg) for arg in args] if isinstance(args, (list, tuple)) else [os.fspath(args)]
     if item is not None and item.get_closest_marker("process") is None:
@@ -193,9 +198,10 @@ def _guarded_spawn(self: subprocess.Popen, args, *rest, **options):  # type: ign
             f"{item.nodeid} started {argv[:4]} but is not marked `process`: use a process fixture "
             f"({', '.join(sorted(PROCESS_FIXTURES))}) or mark it @pytest.mark.process"
         )
+    forked = _ZYGOTE is not None and _ZYGOTE.execute_child(self, args, *rest)
     if item is not None:
-        _LAUNCHES.add(argv, item.nodeid)
-    return _spawn(self, args, *rest, **options)
+        _LAUNCHES.add(argv, item.nodeid, forked=forked)
+    return None if forked else _spawn(self, args, *rest)
 
 
 subprocess.Popen._execute_child = _guarded_spawn  # type: ignore[attr-defined]
@@ -225,6 +231,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _ZYGOTE is not None:
+        _ZYGOTE.stop()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # a pytest-xdist worker: its rows and launches go to the controller
         workeroutput["reliability_rows"] = _REPORT.dumps()
