@@ -38,6 +38,8 @@ MODULES = ("sie_worker", "sie_gateway", "sie_config")
 LATE_PREFIXES = ("SIE_", "AWS_", "PYTEST_")
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_REQUEST = 1 << 20
+# How long a launch waits for the zygote's answer (a fork takes milliseconds; a busy machine, seconds).
+_REPLY_TIMEOUT_S = 120
 # subprocess.Popen._execute_child's arguments after `self` and `args` (Python 3.11 to 3.13).
 _EXECUTE_CHILD_ARGUMENTS = 22
 
@@ -204,6 +206,7 @@ class Zygote:
         try:
             request = {"module": module, "args": list(args), "env": env, "cwd": cwd or os.getcwd()}
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                connection.settimeout(_REPLY_TIMEOUT_S)  # a zygote that stopped answering fails the launch
                 try:
                     connection.connect(self._socket_path)
                 except (FileNotFoundError, ConnectionRefusedError):  # the zygote has gone: nothing was forked
