@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from pathlib import Path
 import grpc
 import pytest
 import sie_stack.processes
+from service_zygote import Zygote
 from sie.v1 import inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
 from sie_stack.processes import ChildProcess, EtcdProcess
@@ -47,7 +49,7 @@ from worker_process import Services, WorkerProcess, free_port, stop_all
 
 from edge_helpers import AUTH_TOKEN, Edge, running_edge
 from launches import LaunchCount
-from parallel_files import GROUPS_FILE, FileGroupScheduling, write_groups
+from parallel_files import FILE_SECONDS, GROUPS_FILE, FileGroupScheduling, longest_first, write_groups
 from reliability.report import ReliabilityReport
 
 # The suite compares what workers serve with the reference libraries at float32 tolerances, so every worker and
@@ -115,9 +117,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("process")
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
-        _longest_files_first(items)
+        groups = _file_groups(items)
+        _longest_files_first(config, items, groups)
         if GROUPS_FILE in workerinput:
-            write_groups(Path(workerinput[GROUPS_FILE]), _file_groups(items))
+            write_groups(Path(workerinput[GROUPS_FILE]), groups)
 
 
 def _file_groups(items: list[pytest.Item]) -> dict[str, str]:
@@ -158,21 +161,36 @@ def _groups_file(config: pytest.Config) -> Path:
     return Path(tempfile.gettempdir()) / f"sie-test-file-groups-{os.getpid()}.json"
 
 
-def _longest_files_first(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (files are handed out in collection order, --no-loadscope-reorder): files with slow tests
-    first, then those that start clusters, then other processes, in-process files last, each file's own order kept,
-    so the longest files do not start last."""
+def _longest_files_first(config: pytest.Config, items: list[pytest.Item], groups: dict[str, str]) -> None:
+    """Under pytest-xdist (files are handed out in collection order, --no-loadscope-reorder): the files that took
+    longest in the last run first (tests/parallel_files.py), each file's own order kept, so the run does not end with
+    one process alone on a long file. A file not timed yet counts by its tier: it has slow tests, starts a cluster,
+    starts other processes, or none."""
 
-    def weight(item: pytest.Item) -> int:
+    def tier(item: pytest.Item) -> int:
         return next(
             (rank for rank, mark in enumerate(("slow", "cluster", "process")) if item.get_closest_marker(mark)), 3
         )
 
-    by_file: dict[Path, int] = {}
+    tiers: dict[str, int] = {}
     for item in items:
-        by_file[item.path] = min(by_file.get(item.path, 3), weight(item))
-    order = {path: index for index, path in enumerate(by_file)}
-    items.sort(key=lambda item: (by_file[item.path], order[item.path]))
+        path = _file_of(item)
+        tiers[path] = min(tiers.get(path, 3), tier(item))
+    seconds = config.cache.get(FILE_SECONDS, {}) if config.cache is not None else {}
+    order = {path: index for index, path in enumerate(longest_first(list(tiers), tiers, groups, seconds))}
+    items.sort(key=lambda item: order[_file_of(item)])
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+_FILE_SECONDS: Counter[str] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Time each file (its tests' setup, call and teardown), for the next run's order."""
+    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
 
 
 class ProcessInAnInProcessTest(AssertionError):
@@ -182,10 +200,14 @@ class ProcessInAnInProcessTest(AssertionError):
 _RUNNING: dict[str, pytest.Item | None] = {"item": None}
 _LAUNCHES = LaunchCount()
 _spawn = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+# The services the tests start (`python -m sie_worker|sie_gateway|sie_config`) are forks of one process per test
+# process that has imported them (tools/service_zygote.py): a worker's imports (torch, transformers) cost 4-8 s of
+# CPU, and the suite starts over a hundred. SIE_TEST_FORK_SERVICES=0 spawns each one as a fresh interpreter.
+_ZYGOTE = Zygote() if os.environ.get("SIE_TEST_FORK_SERVICES", "1") != "0" else None
 
 
-def _guarded_spawn(self: subprocess.Popen, args, *rest, **options):  # type: ignore[no-untyped-def]
-    """Count each process the tests start; refuse one started by a test not marked `process`."""
+def _guarded_spawn(self: subprocess.Popen, args, *rest):  # type: ignore[no-untyped-def]
+    """Count each process the tests start; refuse one started by a test not marked `process`; fork the services."""
     item = _RUNNING["item"]
     argv = [os.fspath(arg) for arg in args] if isinstance(args, (list, tuple)) else [os.fspath(args)]
     if item is not None and item.get_closest_marker("process") is None:
@@ -193,9 +215,10 @@ def _guarded_spawn(self: subprocess.Popen, args, *rest, **options):  # type: ign
             f"{item.nodeid} started {argv[:4]} but is not marked `process`: use a process fixture "
             f"({', '.join(sorted(PROCESS_FIXTURES))}) or mark it @pytest.mark.process"
         )
+    forked = _ZYGOTE is not None and _ZYGOTE.execute_child(self, args, *rest)
     if item is not None:
-        _LAUNCHES.add(argv, item.nodeid)
-    return _spawn(self, args, *rest, **options)
+        _LAUNCHES.add(argv, item.nodeid, forked=forked)
+    return None if forked else _spawn(self, args, *rest)
 
 
 subprocess.Popen._execute_child = _guarded_spawn  # type: ignore[attr-defined]
@@ -225,12 +248,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _ZYGOTE is not None:
+        _ZYGOTE.stop()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # a pytest-xdist worker: its rows and launches go to the controller
         workeroutput["reliability_rows"] = _REPORT.dumps()
         workeroutput["launches"] = _LAUNCHES.dumps()
-    else:
-        _groups_file(session.config).unlink(missing_ok=True)
+        return
+    _groups_file(session.config).unlink(missing_ok=True)
+    cache = session.config.cache
+    if cache is not None and _FILE_SECONDS and session.config.getoption("dist", default="no") != "no":
+        # Timed under pytest-xdist only: the order is make test's, and the in-process tier runs part of a file.
+        cache.set(FILE_SECONDS, {**cache.get(FILE_SECONDS, {}), **_FILE_SECONDS})
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -3,7 +3,8 @@ services (workers, gateways, config services, `sie up`, etcd, Envoy, the S3 serv
 grpcurl, buf, kustomize, ...).
 
 Each test process (every pytest-xdist worker) counts what its tests start; the workers' counts are merged into the
-controller's. A `sie up` counts as one: the services it starts are its children, not the suite's.
+controller's. A `sie up` counts as one: the services it starts are its children, not the suite's. The services
+forked from the suite's zygote (tools/service_zygote.py) instead of spawned are counted apart too.
 Set SIE_TEST_LAUNCH_LOG to a file to have every launch appended to it (a JSON line: the test and the command).
 """
 
@@ -39,19 +40,23 @@ def kind(argv: list[str]) -> str:
 class LaunchCount:
     def __init__(self) -> None:
         self.kinds: Counter[str] = Counter()
+        self.forked = 0
         self._log = os.environ.get("SIE_TEST_LAUNCH_LOG")
 
-    def add(self, argv: list[str], test: str) -> None:
+    def add(self, argv: list[str], test: str, forked: bool = False) -> None:
         self.kinds[kind(argv)] += 1
+        self.forked += forked
         if self._log:
             with open(self._log, "a") as log:
-                log.write(json.dumps({"test": test, "argv": argv[:6]}) + "\n")
+                log.write(json.dumps({"test": test, "argv": argv[:6], "forked": forked}) + "\n")
 
     def dumps(self) -> str:
-        return json.dumps(self.kinds)
+        return json.dumps({"kinds": self.kinds, "forked": self.forked})
 
     def merge(self, dumped: str) -> None:
-        self.kinds.update(json.loads(dumped))
+        counts = json.loads(dumped)
+        self.kinds.update(counts.get("kinds", {}))
+        self.forked += counts.get("forked", 0)
 
     def summarize(self, terminal: pytest.TerminalReporter) -> None:
         if not self.kinds:
@@ -64,4 +69,5 @@ class LaunchCount:
             if kinds:
                 counts = ", ".join(f"{name} {count}" for name, count in kinds)
                 parts.append(f"{sum(count for _, count in kinds)} {label} ({counts})")
-        terminal.write_line(f"processes started by the tests: {'; '.join(parts)}")
+        forked = f" ({self.forked} of the services forked from a zygote)" if self.forked else ""
+        terminal.write_line(f"processes started by the tests: {'; '.join(parts)}{forked}")

@@ -6,12 +6,18 @@ also keeps together the files of one group: each worker writes, once it has coll
 has one (tests/conftest.py decides them from the fixtures the file's tests use), and the controller reads that when
 it hands out the work, after every worker has collected. (pytest-xdist's --dist loadgroup would need the group in
 each node id, which it writes to an attribute pytest 9 no longer reads.)
+
+The files are handed out in collection order, and tests/conftest.py collects them longest first (`longest_first`):
+by the seconds each file took the last time it ran (pytest's cache, `FILE_SECONDS`), a group's files as one unit, so
+the run does not end with one process alone on a long file. A file not timed yet counts as a typical file of its tier.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,11 @@ from xdist.scheduler import LoadFileScheduling
 
 # The key of workerinput that names the file the workers write the groups to.
 GROUPS_FILE = "sie_file_groups"
+# The key of pytest's cache that holds each file's seconds (its tests' setup, call and teardown) in the last run.
+FILE_SECONDS = "sie/file-seconds"
+# What a file not timed yet is taken to last, by its tier (tests/conftest.py): it has slow tests, starts a cluster,
+# starts other processes, or none (the averages of a run on two busy cores, rounded).
+TIER_SECONDS = (60.0, 30.0, 10.0, 1.0)
 
 
 class FileGroupScheduling(LoadFileScheduling):
@@ -42,3 +53,24 @@ def write_groups(path: Path, groups: dict[str, str]) -> None:
     partial = path.with_name(f"{path.name}.{os.getpid()}")
     partial.write_text(json.dumps(groups))
     partial.replace(path)
+
+
+def longest_first(
+    files: Sequence[str], tiers: Mapping[str, int], groups: Mapping[str, str], seconds: Mapping[str, float]
+) -> list[str]:
+    """`files` (in collection order) reordered so the units (a group's files, or a file) that take longest come
+    first: by their seconds in the last run, or their tier's TIER_SECONDS if not timed; ties keep collection order,
+    and a group's files stay together in their own order."""
+    unit_seconds: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    for index, path in enumerate(files):
+        unit = groups.get(path, path)
+        unit_seconds[unit] += seconds.get(path, TIER_SECONDS[tiers[path]])
+        first.setdefault(unit, index)
+    position = {path: index for index, path in enumerate(files)}
+
+    def key(path: str) -> tuple[float, int, int]:
+        unit = groups.get(path, path)
+        return -unit_seconds[unit], first[unit], position[path]
+
+    return sorted(files, key=key)

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from parallel_files import FileGroupScheduling, write_groups
+from parallel_files import TIER_SECONDS, FileGroupScheduling, longest_first, write_groups
 
 COLLECTION = [
     "tests/a.py::test_one",
@@ -99,3 +99,23 @@ def test_groups_are_written_whole_and_replace_the_last_ones(tmp_path: Path) -> N
     assert scheduler._split_scope("tests/d.py::t") == "auth_edge"
     assert scheduler._split_scope("tests/b.py::t") == "tests/b.py"
     assert [entry.name for entry in tmp_path.iterdir()] == ["groups.json"]  # no partial file left behind
+
+
+def test_the_files_that_took_longest_go_first_a_group_as_one_and_untimed_ones_by_their_tier() -> None:
+    files = ["tests/a.py", "tests/b.py", "tests/c.py", "tests/d.py", "tests/e.py", "tests/f.py"]
+    tiers = {"tests/a.py": 3, "tests/b.py": 2, "tests/c.py": 2, "tests/d.py": 2, "tests/e.py": 1, "tests/f.py": 3}
+    groups = {"tests/b.py": "edge", "tests/d.py": "edge"}  # 8 s + 9 s: 17 s as one unit, b before d
+    seconds = {"tests/a.py": 2.0, "tests/b.py": 8.0, "tests/c.py": 12.0, "tests/d.py": 9.0, "tests/f.py": 2.0}
+    assert longest_first(files, tiers, groups, seconds) == [
+        "tests/e.py",  # not timed yet: a cluster file, TIER_SECONDS[1]
+        "tests/b.py",
+        "tests/d.py",
+        "tests/c.py",
+        "tests/a.py",  # a tie with f: collection order
+        "tests/f.py",
+    ]
+    assert TIER_SECONDS[1] > 8.0 + 9.0
+    # Nothing timed: by tier, collection order within one.
+    assert longest_first(files, tiers, {}, {}) == [
+        "tests/e.py", "tests/b.py", "tests/c.py", "tests/d.py", "tests/a.py", "tests/f.py",
+    ]  # fmt: skip

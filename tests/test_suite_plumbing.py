@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import worker_process
 from worker_process import BLOCK_PORTS, LOWEST_PORT, PortBlock
 
 from launches import SERVICES, LaunchCount, kind
@@ -22,7 +23,9 @@ def test_the_workers_of_one_run_take_blocks_of_their_own_below_the_ephemeral_ran
     assert PortBlock(3, "run-1", 32768).first == blocks[3].first  # the same worker of the same run: the same block
 
 
-def test_a_block_hands_out_each_port_once_before_it_wraps_round() -> None:
+def test_a_block_hands_out_each_port_once_before_it_wraps_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every port of the block free, whatever else runs on this host (a port in use is skipped: the next test).
+    monkeypatch.setattr(worker_process, "port_in_use", lambda port: False)
     block = PortBlock(0, "run-2", 32768)
     taken = [block.take() for _ in range(BLOCK_PORTS)]
     assert len(set(taken)) == BLOCK_PORTS
@@ -97,8 +100,9 @@ def test_launches_are_counted_by_kind(argv: list[str], expected: str) -> None:
 def test_the_count_merges_processes_and_tells_services_from_tools() -> None:
     count, other = LaunchCount(), LaunchCount()
     count.add(["python", "-m", "sie_worker", "serve"], "t")
-    other.add(["python", "-m", "sie_worker", "serve"], "t")
+    other.add(["python", "-m", "sie_worker", "serve"], "t", forked=True)
     other.add(["curl"], "t")
     count.merge(other.dumps())
     assert count.kinds == {"worker": 2, "curl": 1}
+    assert count.forked == 1
     assert "worker" in SERVICES and "curl" not in SERVICES

@@ -13,7 +13,7 @@ import grpc
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
 from sie_stack.up import wait_for_leader
-from worker_process import WorkerProcess
+from worker_process import WorkerProcess, stop_all
 
 T = TypeVar("T")
 
@@ -76,8 +76,8 @@ class Cluster:
         return gateway
 
     def stop(self) -> None:
-        for process in self.processes:
-            process.stop()
+        """Stop the workers and gateways together (each one's drain and grace overlap the others')."""
+        stop_all(self.processes)
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 30, what: str = "condition") -> None:
