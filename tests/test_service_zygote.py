@@ -113,3 +113,20 @@ def test_a_launch_with_a_variable_read_at_import_is_spawned(popen) -> None:
     )  # fmt: skip
     assert process.wait(timeout=120) == 2
     assert not process.forked
+
+
+def test_a_change_of_this_process_s_own_environment_is_followed_by_a_new_zygote(
+    popen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library of the test process sets a variable (transformers' pipelines set TOKENIZERS_PARALLELISM): the
+    launches after it still fork, from a zygote started with the new environment."""
+    monkeypatch.setenv(
+        "TOKENIZERS_PARALLELISM", "false" if os.environ.get("TOKENIZERS_PARALLELISM") != "false" else "true"
+    )
+    for _ in range(2):
+        process = popen(
+            [sys.executable, "-m", "sie_worker", "serve", "--no-such-flag"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert process.forked
+        assert process.wait(timeout=60) == 2

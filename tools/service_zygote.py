@@ -195,11 +195,16 @@ class Zygote:
         self, module: str, args: Sequence[str], env: dict[str, str], cwd: str | None, streams: Sequence[int]
     ) -> int | None:
         """Fork `python -m module args` with standard streams `streams`; its pid, a child of this process, or None
-        when `env` differs from the zygote's in a variable read at import."""
+        when `env` differs from this process's environment in a variable read at import."""
         with self._lock:
             self._start()
             if _early(self._environ) != _early(env):
-                return None
+                if _early(env) != _early(os.environ) or self._subreaper_users:  # a variable of its own: spawn
+                    return None
+                # This process's own environment changed since the zygote started (a library set a variable):
+                # a zygote with the new one, once no launch is being handed over by the old one.
+                self._stop()
+                self._start()
             self._subreaper_users += 1
             if self._subreaper_users == 1:
                 _set_subreaper(True)
@@ -245,16 +250,19 @@ class Zygote:
 
     def stop(self) -> None:
         with self._lock:
-            if self._process is None:
-                return
-            self._process.terminate()
-            self._process.wait()
-            assert self._process.stdout is not None
-            self._process.stdout.close()
-            self._process = None
-            Path(self._socket_path).unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                Path(self._socket_path).parent.rmdir()
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        self._process.wait()
+        assert self._process.stdout is not None
+        self._process.stdout.close()
+        self._process = None
+        Path(self._socket_path).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            Path(self._socket_path).parent.rmdir()
 
 
 def _parent_of(pid: int) -> int:

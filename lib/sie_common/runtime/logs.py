@@ -111,13 +111,27 @@ class JsonFormatter(logging.Formatter):
         return _JSON_UNESCAPED.sub(lambda match: f"\\u{ord(match[0]):04x}", json.dumps(line, ensure_ascii=False))
 
 
+def _turn_off_imported_progress_bars() -> None:
+    """huggingface_hub and transformers read HF_HUB_DISABLE_PROGRESS_BARS once, when imported: where they already
+    are (a process forked after its imports, as the test suite's services are), turn their bars off directly."""
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").upper() not in {"1", "ON", "YES", "TRUE"}:
+        return
+    hub = sys.modules.get("huggingface_hub.utils")
+    if hub is not None:
+        hub.disable_progress_bars()
+    transformers_logging = sys.modules.get("transformers.utils.logging")
+    if transformers_logging is not None:
+        transformers_logging.disable_progress_bar()
+
+
 def configure_logging(level: str, *, json_lines: bool) -> None:
     """Send every logger's records (and Python warnings) to stderr at `level`, as text or JSON lines.
 
     With JSON lines, Hugging Face progress bars are turned off (they are not log records and would
-    break the one-object-per-line stream); call this before transformers is imported."""
+    break the one-object-per-line stream), unless HF_HUB_DISABLE_PROGRESS_BARS says otherwise."""
     if json_lines:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        _turn_off_imported_progress_bars()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
