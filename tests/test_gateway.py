@@ -26,6 +26,16 @@ def request(model: str, text: str) -> inference_pb2.EncodeRequest:
     return inference_pb2.EncodeRequest(model=model, request_id=text, items=[types_pb2.Item(text=text)])
 
 
+def pool_in_mirror(stub, name: str) -> inference_pb2.Pool | None:
+    """The pool as the gateway's mirror has it, or None while the mirror has not seen it yet (GetPool: NOT_FOUND)."""
+    try:
+        return stub.GetPool(inference_pb2.GetPoolRequest(name=name)).pool
+    except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+
+
 def workers_seen(stub, model: str, count: int, loaded_on: tuple[str, ...] = ()) -> None:
     def ready() -> bool:
         info = gateway_model(stub, model)
@@ -142,7 +152,7 @@ def test_pool_requests_reach_only_its_workers_and_an_unrenewed_pool_expires(clus
         assert pool.ready and len(pool.workers) == 1
         member = pool.workers[0]
         other = ({"p1", "p2"} - {member}).pop()
-        wait_until(lambda: stub.GetPool(inference_pb2.GetPoolRequest(name="tenant-a")).pool.workers == [member], what="pool in mirror")
+        wait_until(lambda: (found := pool_in_mirror(stub, "tenant-a")) is not None and found.workers == [member], what="pool in mirror")
         in_pool = (("x-sie-pool", "tenant-a"),)
         assert {served_by(stub.Encode.with_call(request(MEAN, f"in{n}"), metadata=in_pool, timeout=30)) for n in range(8)} == {member}
         assert {served_by(stub.Encode.with_call(request(MEAN, f"out{n}"), timeout=30)) for n in range(8)} == {other}
@@ -245,7 +255,7 @@ def test_a_pool_for_a_bundle_reserves_only_that_bundles_workers(tmp_path, etcd_s
             workers_seen(stub, MEAN, 2, loaded_on=("a-default", "b-other"))
             pool = stub.CreatePool(inference_pb2.CreatePoolRequest(name="other-pool", gpus={"default": 1}, ttl_s=30, bundle="other")).pool
             assert (list(pool.workers), pool.bundle, pool.ready) == (["b-other"], "other", True)
-            wait_until(lambda: stub.GetPool(inference_pb2.GetPoolRequest(name="other-pool")).pool.bundle == "other", what="pool in mirror")
+            wait_until(lambda: (found := pool_in_mirror(stub, "other-pool")) is not None and found.bundle == "other", what="pool in mirror")
             in_pool = (("x-sie-pool", "other-pool"),)
             assert {served_by(stub.Encode.with_call(request(MEAN, f"in{n}"), metadata=in_pool, timeout=30)) for n in range(4)} == {"b-other"}
             with pytest.raises(grpc.RpcError) as unknown:
