@@ -10,7 +10,6 @@ request has its own client span and carries its trace context to the worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -72,8 +71,9 @@ class _Stream:
     async def close(self) -> None:
         self.outgoing.put_nowait(None)
         self.call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.reader
+        # Wait for the reader without taking a cancellation of this task for the reader's own: the workers' mirror
+        # closes links from its task, and the gateway's shutdown cancels that task and waits for it to end.
+        await asyncio.wait([self.reader])
 
 
 # address -> a channel to that worker (plaintext, or TLS as the gateway's settings say).
