@@ -20,7 +20,7 @@ TEST_PROCESSES ?= 3
 # it sets the same for the processes it starts, for a plain pytest run). Not for make bench or make up.
 TEST_ENV := OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE}
 
-.PHONY: up serve test test-fast lint dists constraints protos proto-check proto-lint proto-breaking bench manifests manifests-check
+.PHONY: up serve test test-fast test-durations lint dists constraints protos proto-check proto-lint proto-breaking bench manifests manifests-check
 
 # Every distribution's pyproject.toml: a dependency added to any of them reinstalls.
 PYPROJECTS := pyproject.toml contract/python/pyproject.toml lib/pyproject.toml clients/python/pyproject.toml \
@@ -41,6 +41,11 @@ serve: $(INSTALLED)
 # Every test (CI runs this); the markers only order the files: slow ones, then clusters, then other processes.
 test: $(INSTALLED)
 	$(TEST_ENV) $(PYTHON) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# Record the last make test's seconds per file (pytest's cache) in tests/file_seconds.json: a clean clone (CI) has no
+# cache and hands out the longest files first by these. Run after a make test on 2 cores when files came or went.
+test-durations: $(INSTALLED)
+	$(PYTHON) tests/parallel_files.py
 
 # The in-process tier: every test that starts no process (a worker, etcd, Envoy or any other), but the slow ones.
 test-fast: $(INSTALLED)

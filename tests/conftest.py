@@ -49,7 +49,7 @@ from worker_process import Services, WorkerProcess, free_port, stop_all
 
 from edge_helpers import AUTH_TOKEN, Edge, running_edge
 from launches import LaunchCount
-from parallel_files import FILE_SECONDS, GROUPS_FILE, FileGroupScheduling, longest_first, write_groups
+from parallel_files import FILE_SECONDS, GROUPS_FILE, FileGroupScheduling, file_seconds, longest_first, write_groups
 from reliability.report import ReliabilityReport
 
 # The suite compares what workers serve with the reference libraries at float32 tolerances, so every worker and
@@ -163,9 +163,9 @@ def _groups_file(config: pytest.Config) -> Path:
 
 def _longest_files_first(config: pytest.Config, items: list[pytest.Item], groups: dict[str, str]) -> None:
     """Under pytest-xdist (files are handed out in collection order, --no-loadscope-reorder): the files that took
-    longest in the last run first (tests/parallel_files.py), each file's own order kept, so the run does not end with
-    one process alone on a long file. A file not timed yet counts by its tier: it has slow tests, starts a cluster,
-    starts other processes, or none."""
+    longest in the last run here, else in the recorded run (tests/file_seconds.json), first (tests/parallel_files.py),
+    each file's own order kept, so the run does not end with one process alone on a long file. A file timed in
+    neither counts by its tier: it has slow tests, starts a cluster, starts other processes, or none."""
 
     def tier(item: pytest.Item) -> int:
         return next(
@@ -176,7 +176,7 @@ def _longest_files_first(config: pytest.Config, items: list[pytest.Item], groups
     for item in items:
         path = _file_of(item)
         tiers[path] = min(tiers.get(path, 3), tier(item))
-    seconds = config.cache.get(FILE_SECONDS, {}) if config.cache is not None else {}
+    seconds = file_seconds(config.cache.get(FILE_SECONDS, {}) if config.cache is not None else {})
     order = {path: index for index, path in enumerate(longest_first(list(tiers), tiers, groups, seconds))}
     items.sort(key=lambda item: order[_file_of(item)])
 

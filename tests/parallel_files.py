@@ -8,8 +8,10 @@ it hands out the work, after every worker has collected. (pytest-xdist's --dist 
 each node id, which it writes to an attribute pytest 9 no longer reads.)
 
 The files are handed out in collection order, and tests/conftest.py collects them longest first (`longest_first`):
-by the seconds each file took the last time it ran (pytest's cache, `FILE_SECONDS`), a group's files as one unit, so
-the run does not end with one process alone on a long file. A file not timed yet counts as a typical file of its tier.
+by the seconds each file took the last time it ran here (pytest's cache, `FILE_SECONDS`), else in the run recorded in
+tests/file_seconds.json (`KNOWN_SECONDS`, what a clean clone such as CI's orders by; `make test-durations` rewrites it
+from this checkout's last `make test`), a group's files as one unit, so the run does not end with one process alone on
+a long file. A file timed in neither counts as a typical file of its tier.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from xdist.scheduler import LoadFileScheduling
 GROUPS_FILE = "sie_file_groups"
 # The key of pytest's cache that holds each file's seconds (its tests' setup, call and teardown) in the last run.
 FILE_SECONDS = "sie/file-seconds"
+# Each file's seconds in a recorded `make test` run, committed: the order of a run with nothing in its cache.
+KNOWN_SECONDS = Path(__file__).with_name("file_seconds.json")
 # What a file not timed yet is taken to last, by its tier (tests/conftest.py): it has slow tests, starts a cluster,
 # starts other processes, or none (the averages of a run on two busy cores, rounded).
 TIER_SECONDS = (60.0, 30.0, 10.0, 1.0)
@@ -55,6 +59,22 @@ def write_groups(path: Path, groups: dict[str, str]) -> None:
     partial.replace(path)
 
 
+def file_seconds(cached: Mapping[str, float], known: Path = KNOWN_SECONDS) -> dict[str, float]:
+    """Each file's seconds: this checkout's last run (`cached`, pytest's cache) where it has the file, else the
+    recorded run's (`known`)."""
+    recorded = json.loads(known.read_text()) if known.exists() else {}
+    return {**recorded, **cached}
+
+
+def record_seconds(cached: Mapping[str, float], root: Path, known: Path = KNOWN_SECONDS) -> None:
+    """Write `cached` (a run's seconds per file, pytest's cache) as the recorded run, one file a line, sorted: the
+    files still under `root` (the cache keeps a deleted or renamed file's last time)."""
+    rows = [
+        f"  {json.dumps(path)}: {seconds:.1f}" for path, seconds in sorted(cached.items()) if (root / path).exists()
+    ]
+    known.write_text("{\n" + ",\n".join(rows) + "\n}\n")
+
+
 def longest_first(
     files: Sequence[str], tiers: Mapping[str, int], groups: Mapping[str, str], seconds: Mapping[str, float]
 ) -> list[str]:
@@ -74,3 +94,11 @@ def longest_first(
         return -unit_seconds[unit], first[unit], position[path]
 
     return sorted(files, key=key)
+
+
+if __name__ == "__main__":  # make test-durations: this checkout's last make test becomes the recorded run
+    root = Path(__file__).resolve().parent.parent
+    cache = root / ".pytest_cache" / "v" / FILE_SECONDS
+    if not cache.exists():
+        raise SystemExit(f"no timings in {cache}: run make test first")
+    record_seconds(json.loads(cache.read_text()), root)

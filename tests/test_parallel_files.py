@@ -3,12 +3,20 @@ real scheduler, driven by two stand-in worker processes that record what they ar
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from parallel_files import TIER_SECONDS, FileGroupScheduling, longest_first, write_groups
+from parallel_files import (
+    TIER_SECONDS,
+    FileGroupScheduling,
+    file_seconds,
+    longest_first,
+    record_seconds,
+    write_groups,
+)
 
 COLLECTION = [
     "tests/a.py::test_one",
@@ -119,3 +127,18 @@ def test_the_files_that_took_longest_go_first_a_group_as_one_and_untimed_ones_by
     assert longest_first(files, tiers, {}, {}) == [
         "tests/e.py", "tests/b.py", "tests/c.py", "tests/d.py", "tests/a.py", "tests/f.py",
     ]  # fmt: skip
+
+
+def test_this_checkouts_last_run_orders_first_and_the_recorded_run_fills_in(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    for name in ("a.py", "b.py"):
+        (tmp_path / "tests" / name).touch()
+    known = tmp_path / "file_seconds.json"
+    record_seconds({"tests/a.py": 3.04, "tests/b.py": 40.0, "tests/gone.py": 9.0}, tmp_path, known)
+    assert json.loads(known.read_text()) == {"tests/a.py": 3.0, "tests/b.py": 40.0}  # a deleted file left out
+    assert file_seconds({"tests/b.py": 5.0, "tests/c.py": 7.0}, known) == {
+        "tests/a.py": 3.0,
+        "tests/b.py": 5.0,
+        "tests/c.py": 7.0,
+    }
+    assert file_seconds({}, tmp_path / "absent.json") == {}
