@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -50,6 +51,7 @@ from worker_process import Services, WorkerProcess, free_port, stop_all
 from edge_helpers import AUTH_TOKEN, Edge, running_edge
 from launches import LaunchCount
 from parallel_files import FILE_SECONDS, GROUPS_FILE, FileGroupScheduling, file_seconds, longest_first, write_groups
+from reference_sdk import prepare as prepare_reference_environments
 from reliability.report import ReliabilityReport
 
 # The suite compares what workers serve with the reference libraries at float32 tolerances, so every worker and
@@ -157,6 +159,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-
     return None
 
 
+_PREPARING: dict[str, threading.Thread | None] = {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """Once the first worker has collected, the controller makes the reference SDK's environments the collected files
+    ask for (tests/reference_sdk.py) while the workers run the files: on a clean clone that is a minute or two of pip
+    no test process waits through."""
+    if "thread" not in _PREPARING:
+        _PREPARING["thread"] = prepare_reference_environments({nodeid.split("::")[0] for nodeid in ids})
+
+
 def _groups_file(config: pytest.Config) -> Path:
     return Path(tempfile.gettempdir()) / f"sie-test-file-groups-{os.getpid()}.json"
 
@@ -256,6 +270,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         workeroutput["launches"] = _LAUNCHES.dumps()
         return
     _groups_file(session.config).unlink(missing_ok=True)
+    preparing = _PREPARING.get("thread")
+    if preparing is not None:  # no pip left running after the run (a short one may end before it is done)
+        preparing.join()
     cache = session.config.cache
     if cache is not None and _FILE_SECONDS and session.config.getoption("dist", default="no") != "no":
         # Timed under pytest-xdist only: the order is make test's, and the in-process tier runs part of a file.

@@ -1,7 +1,11 @@
 """The reference SDK (sie-sdk 0.10.1 from PyPI) in a virtual environment of its own under .pytest_cache/, for the
 tests that compare sie_client with it. It needs Python 3.12; `reference_python()` finds one or says why not (the
 tests skip with that reason). The first call creates the environment (about a minute: pip from PyPI), later calls
-reuse it. Extra requirements get an environment of their own (the plain one stays as the SDK alone installs it)."""
+reuse it. Extra requirements get an environment of their own (the plain one stays as the SDK alone installs it).
+
+On a clean clone (CI) making them is a minute or two of pip: under pytest-xdist the controller makes the ones the
+collected files ask for (ENVIRONMENTS) while its workers run other files (tests/conftest.py), and a test that asks
+meanwhile waits for it on the same lock instead of making it again."""
 
 from __future__ import annotations
 
@@ -11,12 +15,26 @@ import hashlib
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_SDK = "sie-sdk==0.10.1"
 # Under .pytest_cache (ignored by git, hidden from tests/test_docs.py's look at the top-level folders).
 VENV = ROOT / ".pytest_cache" / "reference-sdk" / "sie-sdk-0.10.1"
+# What tests/test_reference_integrations.py's suites import beyond this project's test environment, and what they need
+# in the reference SDK's venv: the frameworks at this project's versions (CONSTRAINTS).
+VECTOR_STORES = ("langchain-chroma==1.1.0", "llama-index-vector-stores-chroma==0.6.0")
+SUITE_REQUIREMENTS = ("pytest", "pytest-asyncio", "langchain-core", "llama-index-core", "chromadb", *VECTOR_STORES)
+CONSTRAINTS = ROOT / "constraints.txt"
+# Test file -> the environment it asks for (reference_python's extra requirements; with CONSTRAINTS when any).
+ENVIRONMENTS: dict[str, tuple[str, ...]] = {
+    "tests/test_client_reference_behaviour.py": (),
+    "tests/test_client_reference_surface.py": (),
+    "tests/test_http_adapter_reference_sdk.py": (),
+    "tests/test_reference_integrations.py": SUITE_REQUIREMENTS,
+}
 
 
 def python312() -> str | None:
@@ -58,3 +76,24 @@ def reference_python(*extra: str, constraints: Path | None = None) -> tuple[str 
                     return None, f"could not install {REFERENCE_SDK}: {' '.join(step[-3:])}: {done.stderr[-500:]}"
             marker.touch()
     return str(venv / "bin" / "python"), ""
+
+
+def suite_python() -> tuple[str | None, str]:
+    """reference_python for the integration suites (SUITE_REQUIREMENTS within CONSTRAINTS)."""
+    return reference_python(*SUITE_REQUIREMENTS, constraints=CONSTRAINTS)
+
+
+def prepare(files: Iterable[str]) -> threading.Thread | None:
+    """Make the environments that `files` (test files, relative to the checkout) ask for, in a thread of this
+    process, one after another; None when they ask for none. What fails is left for the test to find and report."""
+    wanted = sorted({ENVIRONMENTS[path] for path in files if path in ENVIRONMENTS})
+    if not wanted:
+        return None
+
+    def make() -> None:
+        for extra in wanted:
+            reference_python(*extra, constraints=CONSTRAINTS if extra else None)
+
+    thread = threading.Thread(target=make, name="reference-sdk-environments", daemon=True)
+    thread.start()
+    return thread

@@ -25,7 +25,7 @@ import pytest
 
 from local_cluster import wait_until
 from reference_integration_models import standin_configs
-from reference_sdk import reference_python
+from reference_sdk import VECTOR_STORES, suite_python
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2, inference_pb2_grpc
 from stack_process import stop_stack
 from test_stack_up import read_until
@@ -38,10 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".pytest_cache" / "reference-integrations"  # ignored by git, as reference_sdk.VENV
 SUITES = {"sie-langchain": "sie_langchain", "sie-llamaindex": "sie_llamaindex", "sie-chroma": "sie_chroma"}
 VERSION = "0.10.1"
-# What the suites import beyond this project's test environment (the integrations themselves need nothing else).
-VECTOR_STORES = ("langchain-chroma==1.1.0", "llama-index-vector-stores-chroma==0.6.0")
-# What the suites need in the reference SDK's venv: the frameworks at this project's versions (constraints.txt).
-SUITE_REQUIREMENTS = ("pytest", "pytest-asyncio", "langchain-core", "llama-index-core", "chromadb", *VECTOR_STORES)
 ADMIN_TOKEN = "integrations-admin"
 # The plain module alias: `import sie_sdk` (and `sie_sdk.types`, ...) gives sie_client's modules themselves.
 ALIAS = '''"""sie_sdk is sie_client: the reference's integrations run on it with nothing else changed."""
@@ -124,7 +120,7 @@ def suite_runtime(sdk: str) -> tuple[str, tuple[Path, ...]]:
     """The Python that runs the suites with `sdk` as their sie_sdk, and what goes on its path before each suite."""
     if sdk == "sie_client":
         return sys.executable, (CACHE / "alias", CACHE / "site")
-    python, why_not = reference_python(*SUITE_REQUIREMENTS, constraints=ROOT / "constraints.txt")
+    python, why_not = suite_python()
     if python is None:
         pytest.skip(why_not)
     return python, ()
