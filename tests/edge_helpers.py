@@ -57,14 +57,17 @@ def running_edge(tmp: Path, etcd_endpoint: str, tiny_models: dict[str, Path], **
     cluster = Cluster(tmp, etcd_endpoint, prefix, models, start_config, admin_token=ADMIN_TOKEN)
     envoy = None
     try:
-        cluster.start_worker("edge-worker", SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP, SPLADE]))
+        # The worker (its preloads), the gateway and Envoy start up together.
+        worker = cluster.start_worker("edge-worker", wait=False, SIE_PRELOAD_MODELS=",".join([MEAN, RERANKER, NER, CLIP, SPLADE]))
         adapter_port = free_port()  # the gateway's HTTP adapter (the foreign wires), behind Envoy
-        gateway = cluster.start_gateway(SIE_GATEWAY_CONFIGURED_GPUS="l4", SIE_GATEWAY_HTTP_PORT=str(adapter_port), **gateway_env)
+        gateway = cluster.start_gateway(wait=False, SIE_GATEWAY_CONFIGURED_GPUS="l4", SIE_GATEWAY_HTTP_PORT=str(adapter_port), **gateway_env)
         port, admin_port = free_port(), free_port()
         config_path = tmp / "envoy.json"
         config_path.write_text(json.dumps(render(listen_port=port, admin_port=admin_port, gateway=gateway.address, config=cluster.config.address, adapter=f"127.0.0.1:{adapter_port}")))
         envoy = EnvoyProcess(config_path, tmp / "envoy.log", admin_port)
+        gateway.wait_serving(timeout_s=60)
         envoy.wait_ready()
+        worker.wait_serving()
         token = gateway_env.get("SIE_AUTH_TOKENS", "").split(",")[0]
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         with grpc.insecure_channel(gateway.address) as channel:

@@ -51,8 +51,9 @@ class Cluster:
     def _env(self) -> dict[str, str]:
         return {"SIE_ETCD_ENDPOINTS": self.etcd_endpoint, "SIE_ETCD_PREFIX": self.prefix}
 
-    def start_worker(self, name: str, **env: str) -> WorkerProcess:
-        """A cluster-mode worker with id `name`; it serves only what the config service holds."""
+    def start_worker(self, name: str, *, wait: bool = True, **env: str) -> WorkerProcess:
+        """A cluster-mode worker with id `name`; it serves only what the config service holds. Once it serves,
+        unless `wait` is False (then call its wait_serving(): several started first start up together)."""
         defaults = {
             **self._env(),
             "SIE_WORKER_ID": name,
@@ -63,16 +64,19 @@ class Cluster:
         }
         worker = WorkerProcess({**defaults, **env}, self._tmp / f"{name}.log")
         self.processes.append(worker)
-        worker.wait_serving()
+        if wait:
+            worker.wait_serving()
         return worker
 
-    def start_gateway(self, port: int | None = None, **env: str) -> WorkerProcess:
-        """A gateway on `port` (default: a free one), e.g. the port of one it replaces."""
+    def start_gateway(self, port: int | None = None, *, wait: bool = True, **env: str) -> WorkerProcess:
+        """A gateway on `port` (default: a free one), e.g. the port of one it replaces; once it serves, unless `wait`
+        is False."""
         gateway = WorkerProcess(
             {**self._env(), **env}, self._tmp / f"gateway-{len(self.processes)}.log", module="sie_gateway", port=port
         )
         self.processes.append(gateway)
-        gateway.wait_serving(timeout_s=60)
+        if wait:
+            gateway.wait_serving(timeout_s=60)
         return gateway
 
     def stop(self) -> None:
