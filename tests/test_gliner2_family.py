@@ -174,6 +174,17 @@ def test_an_entity_span_is_the_text_it_names(stub) -> None:
         ),
         ({"classifications": [{"task": "t", "labels": ["only"], "threshold": 2}]}, "options.schema:"),
         ({"structures": {"s": {"fields": [{"name": "f", "dtype": "float"}]}}}, "options.schema:"),
+        # Before: answered under one key, the entities (or the other task) silently lost.
+        ({"classifications": [{"task": "entities", "labels": ["a", "b"]}]}, "'entities' names two answers"),
+        (
+            {
+                "classifications": [{"task": "s", "labels": ["a", "b"]}],
+                "structures": {"s": {"fields": [{"name": "f"}]}},
+            },
+            "'s' names two answers",
+        ),
+        # Before: IndexError in GLiNER2's decoding, INTERNAL.
+        ({"relations": {"works_for": "who [E] works for whom"}}, "holds one of GLiNER2's prompt tokens"),
     ],
 )
 def test_a_schema_out_of_bounds_is_invalid_options(stub, schema: Any, message: str) -> None:
@@ -201,6 +212,15 @@ def test_a_schema_over_the_options_bound_is_options_too_large(stub) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         extract(stub, TEXTS[:1], LABELS, schema={"relations": {"r": "x" * 17000}})
     assert error_info(raised.value).reason == "OPTIONS_TOO_LARGE"
+
+
+@pytest.mark.parametrize("label", ["[E] person", "company [SEP_TEXT]", "[p]"])
+def test_a_label_holding_a_prompt_token_is_invalid_label(stub, label: str) -> None:
+    """Before: GLiNER2 read it as part of its prompt and failed decoding with an IndexError (INTERNAL)."""
+    with pytest.raises(grpc.RpcError) as raised:
+        extract(stub, TEXTS[:1], ["person", label])
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error_info(raised.value).reason, error_info(raised.value).metadata["label"]) == ("INVALID_LABEL", "1")
 
 
 def test_no_labels_and_an_unknown_option_are_refused(stub) -> None:

@@ -15,7 +15,7 @@ run_options: `threshold` (the default when a request sets none, 0.5 as GLiNER2's
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ DEFAULT_THRESHOLD = 0.5
 # Words of a text GLiNER2 reads when neither the model config (max_sequence_length) nor the checkpoint (max_len) says.
 DEFAULT_MAX_WORDS = 512
 SCHEMA_KEYS = ("classifications", "structures", "relations")
+# Keys of GLiNER2's answer besides the classification tasks' and structures' own names.
+ANSWER_KEYS = ("entities", "relation_extraction")
 # Bounds on options.schema, checked before any work (its size is the options' own bound, SIE_MAX_OPTIONS_BYTES): its
 # tasks (classification tasks, structures and relation types together) and the labels of a classification task or
 # fields of a structure.
@@ -60,6 +62,13 @@ def read_schema(value: Any) -> dict[str, Any]:
     for where, choices in _choices(value):
         if len(choices) > MAX_SCHEMA_CHOICES:
             raise ValueError(f"options.schema.{where}: {len(choices)} entries; at most {MAX_SCHEMA_CHOICES}")
+    names = _answer_names(value)
+    for name in names:
+        if names.count(name) > 1 or name in ANSWER_KEYS:
+            raise ValueError(
+                f"options.schema: {clipped(repr(name))} names two answers: classification tasks and structures need "
+                f"names of their own, not {' or '.join(ANSWER_KEYS)} (GLiNER2 answers each under its name)"
+            )
     normalized: dict[str, Any] = _whole_numbers(value)
     return normalized
 
@@ -78,6 +87,31 @@ def _choices(schema: Mapping[str, Any]) -> list[tuple[str, Choices]]:
             if isinstance(structure, dict) and isinstance(structure.get("fields"), list):
                 found.append((f"structures.{clipped(str(name))}.fields", structure["fields"]))
     return found
+
+
+def _answer_names(schema: Mapping[str, Any]) -> list[Any]:
+    """The names GLiNER2 answers the classification tasks and structures under."""
+    classifications = schema.get("classifications")
+    tasks = (
+        [task.get("task") for task in classifications if isinstance(task, dict)]
+        if isinstance(classifications, list)
+        else []
+    )
+    structures = schema.get("structures")
+    return tasks + (list(structures) if isinstance(structures, dict) else [])
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def _whole_numbers(value: Any) -> Any:
@@ -136,10 +170,32 @@ class Gliner2Extractor(Adapter):
             context.profile.run_options.get("threshold", DEFAULT_THRESHOLD), "run_options.threshold"
         )
         self.split_words = self.extractor.processor.word_splitter
+        # The tokens GLiNER2 builds its prompt of ([P], [E], [SEP_TEXT], ...): in a label they shift its positions.
+        self.special_tokens = tuple(self.extractor.processor.SPECIAL_TOKENS)
+
+    def _holds_special(self, text: str) -> bool:
+        folded = text.casefold()
+        return any(token.casefold() in folded for token in self.special_tokens)
 
     def check(self, query: Query) -> None:
-        """GLiNER2's own validation of the whole schema (its field types, dtypes, thresholds), and the length of the
-        prompt it makes (GLiNER2's own record for an empty text)."""
+        """No label or schema text holding one of the prompt's special tokens; GLiNER2's own validation of the whole
+        schema (its field types, dtypes, thresholds); and the length of the prompt it makes (GLiNER2's own record for
+        an empty text)."""
+        for index, label in enumerate(query.labels):
+            if self._holds_special(label):
+                raise AdapterError(
+                    f"labels[{index}]: {clipped(repr(label))} holds one of GLiNER2's prompt tokens "
+                    f"({', '.join(self.special_tokens)}), which would break its prompt; send labels without them",
+                    reason="INVALID_LABEL",
+                    metadata={"label": str(index)},
+                )
+        if any(self._holds_special(text) for text in _strings(query.options.get("schema", {}))):
+            raise AdapterError(
+                f"options.schema: a name, label or description holds one of GLiNER2's prompt tokens "
+                f"({', '.join(self.special_tokens)}), which would break its prompt; send it without them",
+                reason="INVALID_OPTIONS",
+                metadata={"option": "schema"},
+            )
         tokens = len(self.extractor.processor.transform_record("", self._schema(query)).input_ids)
         if tokens > MAX_PROMPT_TOKENS:
             raise AdapterError(
