@@ -196,7 +196,7 @@ class Gliner2Extractor(Adapter):
                 reason="INVALID_OPTIONS",
                 metadata={"option": "schema"},
             )
-        tokens = len(self.extractor.processor.transform_record("", self._schema(query)).input_ids)
+        tokens = self._prompt_tokens(query)
         if tokens > MAX_PROMPT_TOKENS:
             raise AdapterError(
                 f"labels: the labels and options.schema make a prompt of {tokens} tokens; this model reads at most "
@@ -215,16 +215,23 @@ class Gliner2Extractor(Adapter):
                 f"options.schema: {clipped(str(error))}", reason="INVALID_OPTIONS", metadata={"option": "schema"}
             ) from None
 
-    def prepare_one(self, item: Input, query: Query) -> Prepared:
-        """The part of the text GLiNER2 reads (its first max_sequence_length words), at the cost of its words and the
-        schema's size."""
-        text = item.text or ""
+    def _prompt_tokens(self, query: Query) -> int:
+        """Tokens of the prompt the labels and schema make: GLiNER2's own record for an empty text."""
+        return len(self.extractor.processor.transform_record("", self._schema(query)).input_ids)
+
+    def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        """Each text as far as GLiNER2 reads it (its first max_sequence_length words; the rest is never split), at the
+        cost of the encoder's input: the prompt's tokens and the text's words."""
+        prompt = self._prompt_tokens(query)
+        return [self._read_part(item.text or "", prompt) for item in items]
+
+    def _read_part(self, text: str, prompt: int) -> Prepared:
         words = 0
         for words, (_, _, end) in enumerate(self.split_words(text), start=1):
             if words == self.max_sequence_length:
                 text = text[:end]
                 break
-        return Prepared(text, words + 1 + len(json.dumps(dict(query.options))) // 8)
+        return Prepared(text, prompt + words)
 
     def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per text, GLiNER2's formatted answer (confidences and character offsets kept)."""
