@@ -65,9 +65,9 @@ def extract(stub: inference_pb2_grpc.InferenceStub, question: str) -> dict:
 def test_fullwidth_field_markup_in_a_question_is_invalid_item(reader) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         extract(reader, FULLWIDTH_MARKUP)
-    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error_info(raised.value).reason == "INVALID_ITEM"
-    assert "may not hold the prompt's field markup" in raised.value.details()
+    refusal = (raised.value.code(), error_info(raised.value).reason, raised.value.details())
+    assert refusal[:2] == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ITEM"), refusal
+    assert "may not hold the prompt's field markup" in refusal[2]
 
 
 def test_a_fullwidth_question_without_markup_is_answered(reader) -> None:
