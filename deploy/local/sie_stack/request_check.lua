@@ -527,12 +527,13 @@ local function allocated(bytes, now)
   end
 end
 
--- Whether `lease` could grow by `bytes` at `now`, purging first if it could not (at most every PURGE_GAP_MS).
+-- Whether `lease` could grow by `bytes` at `now`, purging first if it could not (at most every PURGE_GAP_MS; and
+-- when the clock went back, which would otherwise put the next purge off by as much).
 local function room(lease, bytes, now)
   if fits(lease, bytes) then
     return true
   end
-  if now >= last_purge + PURGE_GAP_MS then
+  if now >= last_purge + PURGE_GAP_MS or now < last_purge then
     last_purge = now
     purge(now)
   end
