@@ -462,7 +462,8 @@ end
 -- LARGE bytes may hold at most three quarters of the budget together, so slow senders of big bodies
 -- leave room for everyone's small ones, and the bodies of one peer (one client address) at most
 -- PEER_BUDGET, so one client cannot take it all. A request waiting for its body costs Envoy some 30 KB
--- however little it sends, so at most MAX_BODIES bodies (PEER_BODIES of one peer) arrive at once.
+-- however little it sends, so at most MAX_BODIES bodies (PEER_BODIES of one peer) arrive at once, and
+-- RESERVED_BODIES more for addresses holding almost none.
 -- A lease is keyed by its request's coroutine, weakly: when a request ends without a word (reset,
 -- timed out) Envoy drops its coroutine and the next purge (a full collection, when a lease does not
 -- fit, at most every PURGE_GAP_MS, and after every COLLECT_EVERY bytes leased) returns its bytes;
@@ -481,6 +482,11 @@ local last_purge, since_collect = 0, 0
 -- before comes back that much late at most (it was up to a second), and a flood of refused requests
 -- costs at most 1000 / PURGE_GAP_MS full collections a second.
 local PURGE_GAP_MS = 20
+-- Places for bodies past MAX_BODIES, each address RESERVE_PER_PEER of them at most, for addresses that hold fewer than
+-- that: two addresses filling their PEER_BODIES each took every place (a third's 1 KB body was 503 OVERLOADED until
+-- Envoy's request timeout); now they must be joined by RESERVED_BODIES / RESERVE_PER_PEER more addresses.
+local RESERVED_BODIES = math.floor(MAX_BODIES / 4)
+local RESERVE_PER_PEER = 8
 
 -- Whether `lease` may grow by `bytes` (and, while it is not yet `open`, be one more body).
 local function fits(lease, bytes)
@@ -488,7 +494,8 @@ local function fits(lease, bytes)
   if held + bytes > BODY_BUDGET or peer.bytes + bytes > PEER_BUDGET then
     return false
   end
-  if not lease.open and (bodies >= MAX_BODIES or peer.bodies >= PEER_BODIES) then
+  if not lease.open and (peer.bodies >= PEER_BODIES or bodies >= MAX_BODIES + RESERVED_BODIES
+      or (bodies >= MAX_BODIES and peer.bodies >= RESERVE_PER_PEER)) then
     return false
   end
   return lease.bytes + bytes < LARGE or held_large + bytes + (lease.bytes < LARGE and lease.bytes or 0) <= LARGE_BUDGET
