@@ -23,7 +23,7 @@ def config(**body: Any) -> Any:
 def test_every_family_is_found_by_its_own_name() -> None:
     assert sorted(ADAPTERS) == sorted(
         [
-            "bge_m3", "clip", "colbert", "colpali", "cross_encoder", "document_reader", "gliclass", "gliner", "glirel",
+            "bge_m3", "clip", "colbert", "colpali", "cross_encoder", "document_reader", "gliclass", "gliner", "gliner2", "glirel",
             "llm_reranker", "nli_zero_shot", "sentence_transformer", "splade", "text_classifier", "token_classifier",
             "zero_shot_detector",
         ]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import shutil
 import threading
 import time
@@ -27,7 +26,7 @@ from transformers import AutoProcessor, Florence2ForConditionalGeneration, Visio
 from conftest import MINILM
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tiny_document_readers import DONUT_TASK, build_tiny_donut, build_tiny_florence2
+from tiny_document_readers import DONUT_TASK, build_tiny_donut, build_tiny_florence2, donut_card_parse
 from tiny_models import write_config
 from worker_process import Services
 
@@ -229,14 +228,6 @@ def test_the_timing_of_a_generation_counts_every_slice(reader_stub) -> None:
     batches = response.timing.batches
     assert len(batches) == 3 and len({batch.batch_id for batch in batches}) == 3
     assert response.timing.inference_ms == pytest.approx(sum(batch.inference_ms for batch in batches), rel=1e-6)
-
-
-def donut_card_parse(processor: Any, sequence: list[int]) -> Any:
-    """The Donut model cards' parse of a generated sequence (prompt included), written out as they give it."""
-    text = processor.batch_decode([sequence])[0]
-    text = text.replace(processor.tokenizer.eos_token, "").replace(processor.tokenizer.pad_token, "")
-    text = re.sub(r"<.*?>", "", text, count=1).strip()  # remove the first task start token
-    return processor.token2json(text)
 
 
 @pytest.mark.parametrize("model", [DONUT, DONUT_DOCVQA])

@@ -104,7 +104,12 @@ async def test_one_token_holds_its_share_and_another_token_is_still_served() -> 
 
 
 async def test_bodies_stalled_past_the_eviction_age_are_dropped_for_a_body_sent_at_once() -> None:
-    env = {**BOUNDS, "SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S": "1"}  # no tokens: every caller is one, as behind Envoy
+    # One client address holding the whole budget: as every caller is behind a proxy that hides their addresses.
+    env = {
+        **BOUNDS,
+        "SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES": str(4 * MiB),
+        "SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S": "1",
+    }
     async with running_adapter(Gateway(), env) as url, stalled_bodies() as opened:
         for _ in range(4):
             opened.append(await Stalled.open(url))

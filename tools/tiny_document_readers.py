@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,9 @@ def _never_ends(model: Any, eos: int) -> None:
         model.get_output_embeddings().weight[eos].zero_()
 
 
-def build_tiny_florence2(directory: Path, *, seed: int = 0) -> Path:
-    """A random Florence2ForConditionalGeneration (2-stage DaViT, 2-layer BART), with its processor."""
+def build_tiny_florence2(directory: Path, *, seed: int = 0, generation: dict[str, Any] | None = None) -> Path:
+    """A random Florence2ForConditionalGeneration (2-stage DaViT, 2-layer BART), with its processor; `generation`:
+    settings of its generation config (the real checkpoints': num_beams 3, no_repeat_ngram_size 3, early_stopping)."""
     from transformers import (
         CLIPImageProcessorPil,
         Florence2Config,
@@ -106,6 +108,8 @@ def build_tiny_florence2(directory: Path, *, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Florence2ForConditionalGeneration(config).eval()
     _never_ends(model, tokenizer.eos_token_id)
+    for name, value in (generation or {}).items():
+        setattr(model.generation_config, name, value)
     model.save_pretrained(directory)
     image_processor = CLIPImageProcessorPil(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
@@ -120,9 +124,12 @@ def build_tiny_florence2(directory: Path, *, seed: int = 0) -> Path:
     return directory
 
 
-def build_tiny_donut(directory: Path, *, seed: int = 0) -> Path:
+def build_tiny_donut(
+    directory: Path, *, seed: int = 0, task: str = DONUT_TASK, extra_tokens: tuple[str, ...] = ()
+) -> Path:
     """A random VisionEncoderDecoderModel (2-stage DonutSwin encoder, 2-layer MBart decoder), with a
-    DonutProcessor whose tokenizer knows the task token and a few field tokens."""
+    DonutProcessor whose tokenizer knows the task token, a few field tokens and `extra_tokens` (RVL-CDIP's
+    `<s_class>` and class tokens such as `<letter/>`)."""
     from transformers import (
         DonutImageProcessorPil,
         DonutProcessor,
@@ -133,7 +140,7 @@ def build_tiny_donut(directory: Path, *, seed: int = 0) -> Path:
     )
 
     fields = [token for name in DONUT_FIELDS for token in (f"<s_{name}>", f"</s_{name}>")]
-    tokenizer = _tokenizer([DONUT_TASK, "<sep/>", *fields])
+    tokenizer = _tokenizer([task, "<sep/>", *fields, *extra_tokens])
     encoder = DonutSwinConfig(
         image_size=IMAGE_SIZE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=2
     )
@@ -142,7 +149,7 @@ def build_tiny_donut(directory: Path, *, seed: int = 0) -> Path:
     config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
-    config.decoder_start_token_id = tokenizer.convert_tokens_to_ids(DONUT_TASK)
+    config.decoder_start_token_id = tokenizer.convert_tokens_to_ids(task)
     torch.manual_seed(seed)
     model = VisionEncoderDecoderModel(config=config).eval()
     _never_ends(model, tokenizer.eos_token_id)
@@ -152,3 +159,12 @@ def build_tiny_donut(directory: Path, *, seed: int = 0) -> Path:
     )
     DonutProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(directory)
     return directory
+
+
+def donut_card_parse(processor: Any, sequence: list[int]) -> Any:
+    """The Donut model cards' parse of a generated sequence (prompt included), written out as they give it: the
+    reference the tests compare served Donut answers with."""
+    text = processor.batch_decode([sequence])[0]
+    text = text.replace(processor.tokenizer.eos_token, "").replace(processor.tokenizer.pad_token, "")
+    text = re.sub(r"<.*?>", "", text, count=1).strip()  # remove the first task start token
+    return processor.token2json(text)

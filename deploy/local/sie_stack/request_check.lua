@@ -462,18 +462,31 @@ end
 -- LARGE bytes may hold at most three quarters of the budget together, so slow senders of big bodies
 -- leave room for everyone's small ones, and the bodies of one peer (one client address) at most
 -- PEER_BUDGET, so one client cannot take it all. A request waiting for its body costs Envoy some 30 KB
--- however little it sends, so at most MAX_BODIES bodies (PEER_BODIES of one peer) arrive at once.
+-- however little it sends, so at most MAX_BODIES bodies (PEER_BODIES of one peer) arrive at once, and
+-- RESERVED_BODIES more for addresses holding almost none.
 -- A lease is keyed by its request's coroutine, weakly: when a request ends without a word (reset,
 -- timed out) Envoy drops its coroutine and the next purge (a full collection, when a lease does not
--- fit, at most once a second, and after every COLLECT_EVERY bytes leased) returns its bytes; LEASE_S
--- bounds a lease in any case. The collections also free the chunks of bodies that are done, which
--- would otherwise wait for Lua's own collector.
+-- fit, at most every PURGE_GAP_MS, and after every COLLECT_EVERY bytes leased) returns its bytes;
+-- LEASE_S bounds a lease in any case. Envoy's Lua has no hook at a stream's end (only
+-- envoy_on_request and envoy_on_response, and a reset stream gets no response), so a collection is
+-- the only way to learn that one ended. Times are Envoy's clock in milliseconds (handle:timestamp()).
+-- The collections also free the chunks of bodies that are done, which would otherwise wait for Lua's
+-- own collector.
 local LARGE = 65536
 local LARGE_BUDGET = BODY_BUDGET * 3 / 4
 local COLLECT_EVERY = math.max(BODY_BUDGET / 8, LARGE)
 local leases = setmetatable({}, {__mode = "k"}) -- coroutine -> {bytes =, peer =, expiry =, open =}
 local held, held_large, bodies, by_peer = 0, 0, 0, {} -- by_peer: peer -> {bytes =, bodies =}
 local last_purge, since_collect = 0, 0
+-- A purge when a lease does not fit waits this long after the last one: a lease of a request reset just
+-- before comes back that much late at most (it was up to a second), and a flood of refused requests
+-- costs at most 1000 / PURGE_GAP_MS full collections a second.
+local PURGE_GAP_MS = 20
+-- Places for bodies past MAX_BODIES, each address RESERVE_PER_PEER of them at most, for addresses that hold fewer than
+-- that: two addresses filling their PEER_BODIES each took every place (a third's 1 KB body was 503 OVERLOADED until
+-- Envoy's request timeout); now they must be joined by RESERVED_BODIES / RESERVE_PER_PEER more addresses.
+local RESERVED_BODIES = math.floor(MAX_BODIES / 4)
+local RESERVE_PER_PEER = 8
 
 -- Whether `lease` may grow by `bytes` (and, while it is not yet `open`, be one more body).
 local function fits(lease, bytes)
@@ -481,7 +494,8 @@ local function fits(lease, bytes)
   if held + bytes > BODY_BUDGET or peer.bytes + bytes > PEER_BUDGET then
     return false
   end
-  if not lease.open and (bodies >= MAX_BODIES or peer.bodies >= PEER_BODIES) then
+  if not lease.open and (peer.bodies >= PEER_BODIES or bodies >= MAX_BODIES + RESERVED_BODIES
+      or (bodies >= MAX_BODIES and peer.bodies >= RESERVE_PER_PEER)) then
     return false
   end
   return lease.bytes + bytes < LARGE or held_large + bytes + (lease.bytes < LARGE and lease.bytes or 0) <= LARGE_BUDGET
@@ -511,21 +525,22 @@ local function purge(now)
   end
 end
 
--- `bytes` more allocated in this Lua state (chunks, a whole body): a full collection after every COLLECT_EVERY.
-local function allocated(bytes)
+-- `bytes` more allocated in this Lua state (chunks, a whole body) at `now`: a full collection after every
+-- COLLECT_EVERY.
+local function allocated(bytes, now)
   since_collect = since_collect + bytes
   if since_collect >= COLLECT_EVERY then
-    purge(os.time())
+    purge(now)
   end
 end
 
--- Whether `lease` could grow by `bytes` now, purging first if it could not (at most once a second).
-local function room(lease, bytes)
+-- Whether `lease` could grow by `bytes` at `now`, purging first if it could not (at most every PURGE_GAP_MS; and
+-- when the clock went back, which would otherwise put the next purge off by as much).
+local function room(lease, bytes, now)
   if fits(lease, bytes) then
     return true
   end
-  local now = os.time()
-  if now > last_purge then
+  if now >= last_purge + PURGE_GAP_MS or now < last_purge then
     last_purge = now
     purge(now)
   end
@@ -533,10 +548,10 @@ local function room(lease, bytes)
 end
 
 -- A lease of nothing for the running request's body, from `peer`, when the thread (and the peer) may take one more
--- body and has room for `bytes` of it now; nil when not.
-local function open_lease(peer, bytes)
-  local lease = {bytes = 0, peer = peer, expiry = os.time() + LEASE_S}
-  if not room(lease, bytes) then
+-- body and has room for `bytes` of it at `now`; nil when not.
+local function open_lease(peer, bytes, now)
+  local lease = {bytes = 0, peer = peer, expiry = now + LEASE_S * 1000}
+  if not room(lease, bytes, now) then
     return nil
   end
   lease.open = true
@@ -545,15 +560,15 @@ local function open_lease(peer, bytes)
   return lease
 end
 
--- Grows `lease` by `bytes` (true), or nil when they do not fit.
-local function grow(lease, bytes)
-  if not room(lease, bytes) then
+-- Grows `lease` by `bytes` at `now` (true), or nil when they do not fit.
+local function grow(lease, bytes, now)
+  if not room(lease, bytes, now) then
     return nil
   end
   count(lease, -1)
   lease.bytes = lease.bytes + bytes
   count(lease, 1)
-  allocated(bytes)
+  allocated(bytes, now)
   return true
 end
 
@@ -621,7 +636,7 @@ local function check_chunks(handle, route, lease)
         cut(handle, chunk, "CHUNKS_TOO_SMALL")
         return
       end
-      if not grow(lease, n) then
+      if not grow(lease, n, handle:timestamp()) then
         release(lease)
         cut(handle, chunk, "OVERLOADED")
         return
@@ -655,7 +670,7 @@ local function check_chunks(handle, route, lease)
     last:setBytes(text)
   end
   text = nil
-  allocated(size)
+  allocated(size, handle:timestamp())
 end
 
 function envoy_on_request(handle)
@@ -719,7 +734,7 @@ function envoy_on_request(handle)
     end
     -- Refused at once while the thread (or this peer) has as many bodies coming as it may, or no room for the start
     -- of this one.
-    local lease = open_lease(peer_of(handle), math.min(announced or LARGE, LARGE))
+    local lease = open_lease(peer_of(handle), math.min(announced or LARGE, LARGE), handle:timestamp())
     if lease == nil then
       handle:streamInfo():dynamicMetadata():set(NAMESPACE, "answered", true)
       handle:respond({[":status"] = "503", ["content-type"] = "application/json", ["retry-after"] = "1"}, OVERLOADED)

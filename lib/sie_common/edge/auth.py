@@ -21,6 +21,10 @@ AUTH_MODES = ("none", "static")
 INFERENCE_CALLS = "/sie.v1.Inference/"
 WORK_CALLS = "/sie.v1.Worker/"
 
+# The header in which Envoy names a request's client address on its routes to the gateway's HTTP adapter, replacing
+# any the client sent: who a caller without a token is, for its share of the adapter's body budget.
+CLIENT_ADDRESS_HEADER = "x-sie-client-address"
+
 Metadata = Iterable[tuple[str, str | bytes]] | None
 # Raises a SieError when the call may not go ahead.
 Check = Callable[[Metadata], None]

@@ -48,12 +48,12 @@ class BodyBudget:
 
     Each request's lease grows by the bytes of its body as they arrive (never by what it announces, so a sender that
     stalls holds only what it sent) and is returned when it is answered. A chunk that takes its caller (a bearer
-    token) past `caller_limit` refuses its request (503 OVERLOADED): one caller, however many connections it opens,
-    leaves the rest of the budget to the others. A chunk that does not fit the whole budget first drops the bodies
-    that have been arriving for `evict_after_s` or longer and are still not complete, oldest first, until it fits
-    (each answered 408); only when none is left to drop is its own request refused (503 OVERLOADED). So bodies that
-    stall part-sent cannot hold the budget against callers who send theirs at once; a body that has all arrived is
-    never dropped."""
+    token, or a client address where no token is checked) past `caller_limit` refuses its request (503 OVERLOADED):
+    one caller, however many connections it opens, leaves the rest of the budget to the others. A chunk that does not
+    fit (its caller's share, or the whole budget) first drops the bodies (that caller's, or anyone's) that have been
+    arriving for `evict_after_s` or longer and are still not complete, oldest first, until it fits (each answered
+    408); only when none is left to drop is its own request refused (503 OVERLOADED). So bodies that stall part-sent
+    cannot hold the budget against callers who send theirs at once; a body that has all arrived is never dropped."""
 
     def __init__(self, limit: int, caller_limit: int, evict_after_s: float) -> None:
         self.limit = limit
@@ -64,9 +64,8 @@ class BodyBudget:
         self._reading: dict[BodyLease, float] = {}  # leases whose bodies are arriving -> since when, oldest first
 
     @contextlib.contextmanager
-    def lease(self, caller: str | None) -> Iterator[BodyLease]:
-        """A lease for one request of `caller` (its bearer token; None: a caller without one, bound by the whole
-        budget only)."""
+    def lease(self, caller: str) -> Iterator[BodyLease]:
+        """A lease for one request of `caller` (its bearer token, or its client's address without a token check)."""
         lease = BodyLease(self, caller)
         try:
             yield lease
@@ -80,7 +79,9 @@ class BodyBudget:
         """Grow `lease` by `size` bytes, or refuse its request (AdapterError)."""
         if lease.evicted:
             raise _evicted(self.evict_after_s)
-        if lease.caller is not None and self.held_by(lease.caller) + size > self.caller_limit:
+        if self.held_by(lease.caller) + size > self.caller_limit:
+            self._evict_stalled(lease, self.held_by(lease.caller) + size - self.caller_limit, lease.caller)
+        if self.held_by(lease.caller) + size > self.caller_limit:
             raise _overloaded(
                 f"the adapter holds as many bytes of this caller's request bodies as one caller may "
                 f"({self.caller_limit} bytes, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES): wait for answers "
@@ -95,8 +96,7 @@ class BodyBudget:
             )
         self.held += size
         lease.size += size
-        if lease.caller is not None:
-            self._callers[lease.caller] = self.held_by(lease.caller) + size
+        self._callers[lease.caller] = self.held_by(lease.caller) + size
 
     @contextlib.contextmanager
     def arriving(self, lease: BodyLease) -> Iterator[None]:
@@ -107,14 +107,15 @@ class BodyBudget:
         finally:
             self._reading.pop(lease, None)
 
-    def _evict_stalled(self, taker: BodyLease, needed: int) -> None:
-        """Drop bodies arriving for evict_after_s or longer, oldest first, until `needed` bytes are free."""
+    def _evict_stalled(self, taker: BodyLease, needed: int, caller: str | None = None) -> None:
+        """Drop bodies arriving for evict_after_s or longer (of `caller` only, when given), oldest first, until
+        `needed` bytes are free."""
         loop = asyncio.get_running_loop()
         oldest_allowed = loop.time() - self.evict_after_s
         for lease, since in list(self._reading.items()):
             if needed <= 0 or since > oldest_allowed:
                 return
-            if lease is taker or lease.size == 0:
+            if lease is taker or lease.size == 0 or caller not in (None, lease.caller):
                 continue
             needed -= lease.size
             self._release(lease)
@@ -123,19 +124,18 @@ class BodyBudget:
     def _release(self, lease: BodyLease) -> None:
         self._reading.pop(lease, None)
         self.held -= lease.size
-        if lease.caller is not None:
-            left = self.held_by(lease.caller) - lease.size
-            if left > 0:
-                self._callers[lease.caller] = left
-            else:
-                self._callers.pop(lease.caller, None)
+        left = self.held_by(lease.caller) - lease.size
+        if left > 0:
+            self._callers[lease.caller] = left
+        else:
+            self._callers.pop(lease.caller, None)
         lease.size = 0
 
 
 class BodyLease:
     """One request's share of the BodyBudget."""
 
-    def __init__(self, budget: BodyBudget, caller: str | None) -> None:
+    def __init__(self, budget: BodyBudget, caller: str) -> None:
         self.budget = budget
         self.caller = caller
         self.size = 0

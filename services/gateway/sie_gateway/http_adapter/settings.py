@@ -29,18 +29,21 @@ class HttpAdapterSettings:
         env="SIE_GATEWAY_HTTP_MAX_BODY_BYTES",
         help="largest request body the HTTP adapter reads (refused from its content-length before reading: 413)",
     )
+    # A body in flight costs the gateway about 7 times its bytes (decoded, as a message, and the gateway's copy of
+    # it; tests/test_http_adapter_memory.py): 96 MiB keeps that within the Kubernetes base's 1 GiB.
     http_max_body_budget_bytes: int = setting(
-        256 * 2**20,
+        96 * 2**20,
         env="SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES",
         help="body bytes the HTTP adapter holds for all requests at once (each counts the bytes of its body that "
-        "have arrived, until it is answered); past it: 503 OVERLOADED with Retry-After",
+        "have arrived, until it is answered; each costs the gateway about 7 times that); past it: 503 OVERLOADED "
+        "with Retry-After",
     )
     http_max_body_budget_per_caller_bytes: int = setting(
-        64 * 2**20,
+        32 * 2**20,
         env="SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES",
-        help="body bytes of one caller (one bearer token, with SIE_AUTH_MODE=static) the HTTP adapter holds at once, "
-        "however many connections it opens; past it: 503 OVERLOADED with Retry-After. At least "
-        "SIE_GATEWAY_HTTP_MAX_BODY_BYTES",
+        help="body bytes of one caller (one bearer token with SIE_AUTH_MODE=static, else one client address as Envoy "
+        "sees it) the HTTP adapter holds at once, however many connections it opens; past it: 503 OVERLOADED with "
+        "Retry-After. At least SIE_GATEWAY_HTTP_MAX_BODY_BYTES",
     )
     http_body_evict_after_s: float = setting(
         5.0,

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from sie_common.edge.auth import Check, bearer_token
+from sie_common.edge.auth import CLIENT_ADDRESS_HEADER, Check, bearer_token
 from sie_common.edge.errors import SieError
 from sie_gateway.http_adapter.bodies import (
     JSON_TYPE,
@@ -63,13 +63,14 @@ class Adapter:
         except SieError as error:
             raise from_sie_error(error) from None
 
-    def caller(self, request: web.Request) -> str | None:
+    def caller(self, request: web.Request) -> str:
         """Who sends `request`, for its share of the body budget: its bearer token when the gateway checks tokens
-        (authorize has accepted it); None without a token check, where every caller comes from Envoy's address and
-        none can be told apart."""
-        if self.token_check is None:
-            return None
-        return bearer_token(_authorization(request))
+        (authorize has accepted it); without a token check, its client's address, which Envoy writes in
+        CLIENT_ADDRESS_HEADER over whatever the client sent (every connection here comes from Envoy's address), or
+        the connection's own peer for a request that did not come through Envoy."""
+        if self.token_check is not None:
+            return f"token {bearer_token(_authorization(request))}"
+        return f"address {request.headers.get(CLIENT_ADDRESS_HEADER) or request.remote or ''}"
 
     async def json(self, request: web.Request) -> Any:
         """The JSON body (415 unless sent as application/json)."""

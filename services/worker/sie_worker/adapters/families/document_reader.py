@@ -184,7 +184,7 @@ class DocumentReader(HfAdapter):
             prompt = [int(self.generator.generation_config.decoder_start_token_id)]
         else:
             inputs = self.processor(images=image, return_tensors="pt")
-            if item.text is not None and _DONUT_MARKUP.search(item.text):
+            if item.text is not None and self._holds_markup(item.text):
                 raise ValueError(
                     "a Donut question may not hold the prompt's field markup ('<s_' or '</s_'): it would end the "
                     "question early or make fields of the answer; send the question without it"
@@ -318,6 +318,13 @@ class DocumentReader(HfAdapter):
         text = self.tokenizer.decode(output, skip_special_tokens=False)
         parsed = self.processor.post_process_generation(text, task=page.task, image_size=page.image_size)[page.task]
         return Extraction(data={"text": parsed} if isinstance(parsed, str) else _plain(parsed))
+
+    def _holds_markup(self, question: str) -> bool:
+        """Whether a question holds field markup, as sent or as the tokenizer reads it: a tokenizer that normalises
+        (NFKC, as Donut's sentencepiece one does) reads fullwidth '<', 's', '_' (U+FF1C, U+FF53, U+FF3F) as their
+        ASCII forms, so the decoded prompt would hold markup that token2json parses."""
+        read = self.tokenizer.decode(self.tokenizer(question, add_special_tokens=False)["input_ids"])
+        return any(_DONUT_MARKUP.search(text) for text in (question, read))
 
     def _donut_sequence(self, ids: list[int]) -> str:
         """The Donut model cards' parse of a generation (the DocVQA pipeline's too): the whole sequence, prompt
