@@ -40,7 +40,9 @@ def test_machine_kind_from_cpuinfo() -> None:
         "AMD EPYC family 25 model 17 (avx512f, avx512_bf16, avx512_vnni; no AMX)",
         "amd-epyc-family-25-model-17-avx512f-avx512-bf16-avx512-vnni-no-amx",
     )
-    assert slug(intel.kind) == "intel-xeon-family-6-model-143-avx512f-avx512-bf16-avx512-vnni-avx-vnni-amx-bf16-amx-int8-amx"
+    assert slug(intel.kind) == (
+        "intel-xeon-family-6-model-143-avx512f-avx512-bf16-avx512-vnni-avx-vnni-amx-bf16-amx-int8-amx"
+    )
     # Two EPYCs with the same flags but of different families are machines of different kinds.
     assert newer_amd.kind != amd.kind and "family 26 model 2" in newer_amd.kind
     assert amd.isa == ["avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
