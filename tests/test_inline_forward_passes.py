@@ -218,3 +218,10 @@ async def test_minilm_vectors_inline_match_the_device_threads(
         np.testing.assert_allclose(answers[True], answers[False], atol=1e-5)
     finally:
         await engine.stop()
+
+
+async def test_a_stopped_engine_leaves_the_event_loops_thread_on_all_torch_threads(tmp_path: Path) -> None:
+    before = torch.get_num_threads()
+    async with fake_engine(tmp_path):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

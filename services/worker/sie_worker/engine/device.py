@@ -153,6 +153,12 @@ class DeviceLoop:
         await asyncio.get_running_loop().run_in_executor(self._device_thread, pin_threads, self._device_threads)
         self._pinned = True
 
+    def unpin_threads(self) -> None:
+        """The event loop's thread back on all torch threads (an engine stopped in a process that goes on)."""
+        if self._pinned:
+            self._pinned = False
+            pin_threads(self._device_threads)
+
     def work(self, model: LoadedModel, lora: str, forward: Forward) -> DeviceWork:
         """`forward` on `model` with `lora`, under the model's batch policy."""
         policy = self._policies.get(model)

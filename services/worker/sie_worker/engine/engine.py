@@ -86,6 +86,7 @@ class Engine:
                 await task
         self._preparation.stop()
         self._device_thread.shutdown(wait=True)
+        self._device.unpin_threads()
 
     @property
     def in_flight(self) -> int:
