@@ -1,8 +1,9 @@
 """The machine a benchmark ran on: CPU model, cores, the ISA flags that decide matmul speed, and its *kind*.
 
-The kind ("AMD EPYC, no AMX", "Intel Xeon, AMX") keys the result files and the
-sections of docs/benchmarks.md: figures from different kinds of machine are
-never compared with, or written over, one another.
+The kind ("AMD EPYC family 25 model 17 (avx512f, avx512_bf16, avx512_vnni; no AMX)") keys the result files and
+the sections of docs/benchmarks.md: figures from different kinds of machine are never compared with, or written
+over, one another. It names the CPU family and model, not only the product line: two AMD EPYCs of families 25 and
+26, both "no AMX", differed about 2x in fp32 matmul rate, so one section mixed two machines.
 """
 
 from __future__ import annotations
@@ -25,18 +26,29 @@ _LINES = ("EPYC", "Ryzen", "Threadripper", "Xeon", "Core")
 _VENDORS = {"AuthenticAMD": "AMD", "GenuineIntel": "Intel"}
 
 
+# The flags a kind names (avx2 is on every machine the benchmark runs on; amx_tile is said as "AMX").
+_KIND_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+
+
 @dataclass(frozen=True)
 class Cpu:
     model: str
     vendor: str
     flags: frozenset[str]
+    # /proc/cpuinfo's "cpu family" and "model" (the microarchitecture), "" where it does not say.
+    family: str = ""
+    model_number: str = ""
 
     @property
     def kind(self) -> str:
-        """e.g. "AMD EPYC, no AMX": vendor, product line, and whether AMX is there (the largest difference in
-        reduced-precision matmul speed between the machines the benchmark runs on)."""
+        """e.g. "AMD EPYC family 25 model 17 (avx512f, avx512_bf16, avx512_vnni; no AMX)": vendor, product line, CPU
+        family and model, the ISA flags that decide matmul kernels, and whether AMX is there."""
         line = next((name for name in _LINES if re.search(rf"\b{name}\b", self.model, re.I)), "")
-        return f"{' '.join(filter(None, (self.vendor, line)))}, {'AMX' if self.amx else 'no AMX'}"
+        name = " ".join(filter(None, (self.vendor, line)))
+        if self.family:
+            name += f" family {self.family} model {self.model_number or '?'}"
+        flags = [flag for flag in _KIND_FLAGS if flag in self.flags]
+        return f"{name} ({', '.join(flags) or 'no AVX-512'}; {'AMX' if self.amx else 'no AMX'})"
 
     @property
     def amx(self) -> bool:
@@ -58,12 +70,13 @@ class Cpu:
 
 
 def slug(kind: str) -> str:
-    """A kind as a file-name and section-marker piece: "AMD EPYC, no AMX" -> "amd-epyc-no-amx"."""
+    """A kind as a file-name and section-marker piece: "AMD EPYC family 25 model 17 (avx512f; no AMX)" ->
+    "amd-epyc-family-25-model-17-avx512f-no-amx"."""
     return re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-")
 
 
 def parse_cpuinfo(text: str) -> Cpu:
-    """The first processor's model name, vendor and flags from /proc/cpuinfo's text."""
+    """The first processor's model name, vendor, family, model and flags from /proc/cpuinfo's text."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
@@ -73,7 +86,13 @@ def parse_cpuinfo(text: str) -> Cpu:
     vendor = _VENDORS.get(vendor_id) or next(
         (name for name in _VENDORS.values() if name.lower() in model.lower()), vendor_id
     )
-    return Cpu(model=model, vendor=vendor, flags=frozenset(fields.get("flags", "").split()))
+    return Cpu(
+        model=model,
+        vendor=vendor,
+        flags=frozenset(fields.get("flags", "").split()),
+        family=fields.get("cpu family", ""),
+        model_number=fields.get("model", ""),
+    )
 
 
 def this_cpu() -> Cpu:
@@ -96,6 +115,8 @@ def describe(device: str) -> dict[str, Any]:
     described: dict[str, Any] = {
         "cpu": cpu.model,
         "vendor": cpu.vendor,
+        "family": cpu.family,
+        "model": cpu.model_number,
         "kind": cpu.kind,
         "isa": cpu.isa,
         "cores": os.cpu_count(),

@@ -23,17 +23,28 @@ INTEL_FLAGS = (
 )
 
 
-def cpuinfo(vendor: str, model: str, flags: str) -> str:
-    block = f"processor\t: {{n}}\nvendor_id\t: {vendor}\nmodel name\t: {model}\nflags\t\t: {flags}\n"
+def cpuinfo(vendor: str, model: str, flags: str, family: int = 25, number: int = 17) -> str:
+    block = (
+        f"processor\t: {{n}}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {number}\n"
+        f"model name\t: {model}\nflags\t\t: {flags}\n"
+    )
     return "\n".join(block.format(n=n) for n in range(2))
 
 
 def test_machine_kind_from_cpuinfo() -> None:
     amd = parse_cpuinfo(cpuinfo("AuthenticAMD", "AMD EPYC", AMD_FLAGS))
-    intel = parse_cpuinfo(cpuinfo("GenuineIntel", "Intel(R) Xeon(R) Platinum 8480+", INTEL_FLAGS))
+    intel = parse_cpuinfo(cpuinfo("GenuineIntel", "Intel(R) Xeon(R) Platinum 8480+", INTEL_FLAGS, 6, 143))
+    newer_amd = parse_cpuinfo(cpuinfo("AuthenticAMD", "AMD EPYC", AMD_FLAGS, 26, 2))
 
-    assert (amd.kind, slug(amd.kind)) == ("AMD EPYC, no AMX", "amd-epyc-no-amx")
-    assert (intel.kind, slug(intel.kind)) == ("Intel Xeon, AMX", "intel-xeon-amx")
+    assert (amd.kind, slug(amd.kind)) == (
+        "AMD EPYC family 25 model 17 (avx512f, avx512_bf16, avx512_vnni; no AMX)",
+        "amd-epyc-family-25-model-17-avx512f-avx512-bf16-avx512-vnni-no-amx",
+    )
+    assert slug(intel.kind) == (
+        "intel-xeon-family-6-model-143-avx512f-avx512-bf16-avx512-vnni-avx-vnni-amx-bf16-amx-int8-amx"
+    )
+    # Two EPYCs with the same flags but of different families are machines of different kinds.
+    assert newer_amd.kind != amd.kind and "family 26 model 2" in newer_amd.kind
     assert amd.isa == ["avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
     assert intel.isa == [
         "avx2",
@@ -47,7 +58,7 @@ def test_machine_kind_from_cpuinfo() -> None:
     ]
     assert (amd.bf16, amd.vnni, amd.amx) == (True, True, False)
     old = parse_cpuinfo(cpuinfo("GenuineIntel", "Intel(R) Core(TM) i7-6700", "sse avx avx2"))
-    assert (old.kind, old.bf16, old.vnni) == ("Intel Core, no AMX", False, False)
+    assert (old.kind, old.bf16, old.vnni) == ("Intel Core family 25 model 17 (no AVX-512; no AMX)", False, False)
 
 
 def test_flops_per_token_of_a_minilm_layout() -> None:

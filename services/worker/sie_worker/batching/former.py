@@ -172,6 +172,12 @@ class BatchFormer(Generic[P]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
+    def take_ready(self) -> Batch[P] | None:
+        """The batch `next_batch` would return now, if a group is ready now; else None (nothing waits)."""
+        now = time.monotonic()
+        ready, _ = self._ready(now, None)
+        return None if ready is None else self._take(*ready, now)
+
     def give_back(self, batch: Batch[P], limits: LimitSource) -> None:
         """Queue again, as they were, the items of a batch that did not run (another was run in its place), but for
         those whose caller went away while it waited (their futures are done: `discard` could not reach them)."""

@@ -6,6 +6,11 @@ was formed takes its place (fair queuing, sie_worker.batching.former). Each load
 (sie_worker.batching.adaptive, made when the model first batches) sets the wait and token budget its batches are
 formed under. Out of memory, or failing on an item, a batch is retried in halves (sie_worker.models.batch_retry);
 a generation that pauses after a slice (`Continued`) is queued again, behind the batches queued meanwhile.
+
+On a CPU, a lone small request that finds nothing queued and the device thread idle, with its batch ready at once
+(the model's batch wait is 0), may run its forward pass right away on the event loop's thread, on one torch thread,
+where its model measured that faster at its size than the device thread (sie_worker.engine.threads): no thread
+hop either way. Its batch goes through the former and is answered as any other.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -31,6 +37,7 @@ from sie_worker.batching.adaptive import BatchPolicy, batching_for
 from sie_worker.batching.former import Batch, BatchFormer, BatchLimits, PendingItem
 from sie_worker.batching.stats import BatchStats, describe, publish_setting, record
 from sie_worker.engine.batch_key import BatchKey
+from sie_worker.engine.threads import DEVICE, INLINE, InlineChoice, pin_threads
 from sie_worker.metrics import QUEUE_DEPTH, record_batch
 from sie_worker.models.batch_retry import blame_item, run_isolating_failures
 from sie_worker.models.build import LoadedModel
@@ -48,12 +55,42 @@ Forward = Callable[[Sequence[Any]], Sequence[Any] | np.ndarray]
 @dataclass(frozen=True)
 class DeviceWork:
     """What a batch runs: `forward` over its items' prepared values, with one LoRA adapter active, under the model's
-    batch policy."""
+    batch policy; on a CPU, with the model's measurements of where its small passes run faster."""
 
     model: LoadedModel
     policy: BatchPolicy
     lora: str
     forward: Forward
+    inline: InlineChoice | None = None
+
+
+class DeviceThread(ThreadPoolExecutor):
+    """The one thread that runs device work (forward passes, LoRA loads), knowing whether any is submitted and not
+    finished."""
+
+    def __init__(self) -> None:
+        super().__init__(1, thread_name_prefix="sie-device")
+        self._lock = threading.Lock()
+        self._unfinished = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        with self._lock:
+            self._unfinished += 1
+        try:
+            submitted = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._finished(None)
+            raise
+        submitted.add_done_callback(self._finished)
+        return submitted
+
+    @property
+    def idle(self) -> bool:
+        return self._unfinished == 0
+
+    def _finished(self, _: Future | None) -> None:
+        with self._lock:
+            self._unfinished -= 1
 
 
 @dataclass(frozen=True)
@@ -90,20 +127,49 @@ class _Handed:
 class DeviceLoop:
     """Forms batches of queued items and runs them on the device thread, at most PIPELINE_DEPTH at a time."""
 
-    def __init__(self, settings: WorkerSettings, device_thread: ThreadPoolExecutor) -> None:
+    def __init__(self, settings: WorkerSettings, device_thread: DeviceThread, device: torch.device) -> None:
         self._settings = settings
         self._device_thread = device_thread
         self._former: BatchFormer[DeviceItem] = BatchFormer()
         # Each loaded model's batch policy, for as long as it stays loaded (a reload starts afresh).
         self._policies: weakref.WeakKeyDictionary[LoadedModel, BatchPolicy] = weakref.WeakKeyDictionary()
+        # On a CPU, each loaded model's measurements of where its small passes run (None: not measured here).
+        self._inline: weakref.WeakKeyDictionary[LoadedModel, InlineChoice] | None = (
+            weakref.WeakKeyDictionary() if device.type == "cpu" else None
+        )
+        self._device_threads = torch.get_num_threads()
+        self._pinned = False
+        self._slots = asyncio.Semaphore(PIPELINE_DEPTH)
+        # Batches handed to the device thread whose outputs have not been fanned out yet.
+        self._handed = 0
         self._batches = 0
+
+    async def pin_threads(self) -> None:
+        """On a CPU, before anything runs: torch on one thread on the event loop's thread, on all of them on the
+        device thread (set last, so threads started later, such as model builds', start with all of them)."""
+        if self._inline is None:
+            return
+        pin_threads(1)
+        await asyncio.get_running_loop().run_in_executor(self._device_thread, pin_threads, self._device_threads)
+        self._pinned = True
+
+    def unpin_threads(self) -> None:
+        """The event loop's thread back on all torch threads (an engine stopped in a process that goes on)."""
+        if self._pinned:
+            self._pinned = False
+            pin_threads(self._device_threads)
 
     def work(self, model: LoadedModel, lora: str, forward: Forward) -> DeviceWork:
         """`forward` on `model` with `lora`, under the model's batch policy."""
         policy = self._policies.get(model)
         if policy is None:
             policy = self._policies[model] = batching_for(self._settings, model.config.profile(model.profile))
-        return DeviceWork(model, policy, lora, forward)
+        inline = None
+        if self._inline is not None:
+            inline = self._inline.get(model)
+            if inline is None:
+                inline = self._inline[model] = InlineChoice(self._device_threads)
+        return DeviceWork(model, policy, lora, forward, inline)
 
     async def run(
         self, work: DeviceWork, key: BatchKey, values: Sequence[Any], costs: Sequence[int]
@@ -115,6 +181,10 @@ class DeviceLoop:
             for value, cost in zip(values, costs, strict=True)
         ]
         self._former.add(pending, work.policy)
+        if self._runs_inline(work, pending):
+            batch = self._former.take_ready()
+            if batch is not None:
+                self._run_inline(work, batch)
         QUEUE_DEPTH.set(self._former.pending)
         try:
             results = list(await asyncio.gather(*(item.future for item in pending)))
@@ -128,10 +198,29 @@ class DeviceLoop:
             _record_device_spans(pending, results)
         return results
 
+    def _runs_inline(self, work: DeviceWork, pending: Sequence[PendingItem[DeviceItem]]) -> bool:
+        """Whether `pending`, one request's items just queued, run now on the event loop (module docstring): nothing
+        else is queued, handed or on the device thread, and the model measured it faster at their size."""
+        if work.inline is None or not self._pinned or self._handed or not self._device_thread.idle:
+            return False
+        if self._former.pending != len(pending):
+            return False
+        return work.inline.inline(len(pending) * max(item.cost for item in pending))
+
+    def _run_inline(self, work: DeviceWork, batch: Batch[DeviceItem]) -> None:
+        """Run `batch` on this thread (the event loop's) and answer its items."""
+        self._batches += 1
+        running: Future = Future()
+        try:
+            running.set_result(_forward(work, batch, INLINE))
+        except Exception as error:  # noqa: BLE001 - answered per item, as a pass on the device thread
+            running.set_exception(error)
+        self._deliver(work, batch, self._batches, running)
+
     async def serve(self) -> None:
         """Form batches and hand them to the device thread, at most PIPELINE_DEPTH at a time (a background task)."""
         loop = asyncio.get_running_loop()
-        slots = asyncio.Semaphore(PIPELINE_DEPTH)
+        slots = self._slots
         behind: _Handed | None = None
         while True:
             if (
@@ -147,10 +236,17 @@ class DeviceLoop:
             QUEUE_DEPTH.set(self._former.pending)
             work = batch[0].payload.work
             self._batches += 1
-            running = self._device_thread.submit(_forward, work, batch)
-            deliver = functools.partial(self._deliver, work, batch, self._batches, slots)
+            self._handed += 1
+            running = self._device_thread.submit(_forward, work, batch, DEVICE)
+            deliver = functools.partial(self._delivered, work, batch, self._batches)
             running.add_done_callback(functools.partial(_deliver_unless_cancelled, loop, deliver))
             behind = _Handed(work, batch, running)
+
+    def _delivered(self, work: DeviceWork, batch: Batch[DeviceItem], batch_id: int, running: Future) -> None:
+        """A batch back from the device thread: its slot free again, its outputs fanned out."""
+        self._slots.release()
+        self._handed -= 1
+        self._deliver(work, batch, batch_id, running)
 
     async def _instead_of(self, behind: _Handed, slots: asyncio.Semaphore) -> Batch[DeviceItem]:
         """The next batch to hand over while `behind` waits for the device behind the running batch, with a slot
@@ -167,6 +263,7 @@ class DeviceLoop:
                     task.cancel()
         if newer.done() and not newer.cancelled():
             if behind.running.cancel():
+                self._handed -= 1  # its delivery will not come
                 self._former.give_back(behind.batch, behind.work.policy)
                 if slot.done() and not slot.cancelled():
                     slots.release()  # the batch given back holds a slot already, now this one's
@@ -175,13 +272,11 @@ class DeviceLoop:
             return newer.result()
         return await self._former.next_batch()
 
-    def _deliver(
-        self, work: DeviceWork, batch: Batch[DeviceItem], batch_id: int, slots: asyncio.Semaphore, running: Future
-    ) -> None:
+    def _deliver(self, work: DeviceWork, batch: Batch[DeviceItem], batch_id: int, running: Future) -> None:
         """Fan a finished forward pass out to its items; should that fail, its items fail INTERNAL rather than wait
         for ever (a callback's exception reaches no caller)."""
         try:
-            self._fan_out(work, batch, batch_id, slots, running)
+            self._fan_out(work, batch, batch_id, running)
         except Exception as error:
             log.exception("answering a forward pass of %d items on %s failed", len(batch), work.model.config.id)
             for item in batch:
@@ -190,11 +285,8 @@ class DeviceLoop:
                         Internal(f"answering the forward pass failed: {error}", reason="INFERENCE_FAILED")
                     )
 
-    def _fan_out(
-        self, work: DeviceWork, batch: Batch[DeviceItem], batch_id: int, slots: asyncio.Semaphore, running: Future
-    ) -> None:
+    def _fan_out(self, work: DeviceWork, batch: Batch[DeviceItem], batch_id: int, running: Future) -> None:
         """Fan a finished forward pass out to its items, and tell the model's batch policy how it went."""
-        slots.release()
         model = work.model
         if running.cancelled():
             for item in batch:
@@ -250,9 +342,10 @@ def _deliver_unless_cancelled(loop: asyncio.AbstractEventLoop, deliver: Callable
         loop.call_soon_threadsafe(deliver, done)
 
 
-def _forward(work: DeviceWork, batch: Batch[DeviceItem]) -> tuple[Sequence[Any], float, float]:
-    """Run one batch on the device thread, under torch.inference_mode: its outputs (or, for an item the pass failed
-    on, the error) and when the pass started and finished (time.monotonic)."""
+def _forward(work: DeviceWork, batch: Batch[DeviceItem], way: str) -> tuple[Sequence[Any], float, float]:
+    """Run one batch, under torch.inference_mode, `way` (on the device thread, or INLINE on the event loop's): its
+    outputs (or, for an item the pass failed on, the error) and when the pass started and finished
+    (time.monotonic)."""
     started = time.monotonic()
     with torch.inference_mode():
         outputs = run_isolating_failures(
@@ -261,7 +354,10 @@ def _forward(work: DeviceWork, batch: Batch[DeviceItem]) -> tuple[Sequence[Any],
             is_oom=is_cuda_oom,
             recover=release_cuda_cache,
         )
-    return outputs, started, time.monotonic()
+    finished = time.monotonic()
+    if work.inline is not None:
+        work.inline.observe(batch.padded_tokens, way, finished - started)
+    return outputs, started, finished
 
 
 def _answer_for(error: BaseException, model: LoadedModel, items: int) -> SieError:

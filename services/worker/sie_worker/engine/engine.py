@@ -17,14 +17,13 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from sie_common.edge.errors import FailedPrecondition
 from sie_common.runtime.tracing import span
 from sie_worker.engine.admission import Admission
 from sie_worker.engine.answer import encoded, finished, ranked
-from sie_worker.engine.device import DeviceLoop, ItemResult
+from sie_worker.engine.device import DeviceLoop, DeviceThread, ItemResult
 from sie_worker.engine.jobs import (
     EncodeJob,
     EncodeOutcome,
@@ -56,15 +55,16 @@ class Engine:
         self.limits = Limits.from_settings(settings)
         self._admission = Admission(settings.max_concurrent_requests)
         # One inference thread per device serializes device work (forward passes and LoRA loads).
-        self._device_thread = ThreadPoolExecutor(1, thread_name_prefix="sie-device")
+        self._device_thread = DeviceThread()
         self._planner = Planner(registry, self.limits, settings.max_send_message_bytes, self._device_thread)
         self._preparation = Preparation(
             self.limits, settings.max_send_message_bytes, settings.preprocessor_workers, settings.image_workers
         )
-        self._device = DeviceLoop(settings, self._device_thread)
+        self._device = DeviceLoop(settings, self._device_thread, registry.device)
         self._background: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        await self._device.pin_threads()
         self._background = [
             asyncio.create_task(self._device.serve(), name="sie-device-loop"),
             asyncio.create_task(self.registry.monitor(), name="sie-memory-monitor"),
@@ -86,6 +86,7 @@ class Engine:
                 await task
         self._preparation.stop()
         self._device_thread.shutdown(wait=True)
+        self._device.unpin_threads()
 
     @property
     def in_flight(self) -> int:
