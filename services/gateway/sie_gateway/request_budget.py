@@ -61,12 +61,9 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
-        # Only RejectMalformedRequests's handlers take raw bytes (intake_interceptors lists it after this one).
-        if (
-            handler is None
-            or handler.request_deserializer is not None
-            or not handler_call_details.method.startswith(INFERENCE_CALLS)
-        ):
+        inference = handler_call_details.method.startswith(INFERENCE_CALLS)
+        # RejectMalformedRequests's handlers take the raw bytes (intake_interceptors lists it after this one).
+        if not inference or handler is None or handler.request_deserializer is not None:
             return handler
         metadata = handler_call_details.invocation_metadata
         serialize = handler.response_serializer
