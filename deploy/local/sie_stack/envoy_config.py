@@ -272,7 +272,12 @@ def _http_connection_manager(
                                 "match": {"prefix": "/sie.v1.ConfigService/", "grpc": {}},
                                 "route": {"cluster": "config", "timeout": "0s"},
                             },
-                            {"match": {"prefix": "/", "grpc": {}}, "route": {"cluster": "gateway", "timeout": "0s"}},
+                            {
+                                "match": {"prefix": "/", "grpc": {}},
+                                "route": {"cluster": "gateway", "timeout": "0s"},
+                                # The gateway's key for a caller without a token (its request-bytes budget).
+                                "request_headers_to_add": [_client_address()],
+                            },
                             *(_adapter_routes() if adapter else []),
                             *(_alive(path) for path in LIVENESS_PATHS),
                             *(_method_not_allowed(path, methods) for path, methods in bindings.items()),
@@ -321,6 +326,14 @@ ADAPTER_ROUTES: tuple[dict[str, Any], ...] = (
 )
 
 
+def _client_address() -> dict[str, Any]:
+    """CLIENT_ADDRESS_HEADER set to the connection's own peer, over any value the client sent."""
+    return {
+        "header": {"key": CLIENT_ADDRESS_HEADER, "value": CLIENT_ADDRESS},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
+
+
 def _adapter_routes() -> list[dict[str, Any]]:
     """ADAPTER_ROUTES to the adapter cluster, untranscoded (the transcoder is off on them)."""
     return [
@@ -331,15 +344,7 @@ def _adapter_routes() -> list[dict[str, Any]]:
             "metadata": {"filter_metadata": {LUA_FILTER_NAME: {"adapter": True}}},
             # The client's address, over any the client sent: the adapter's key for the share of its body budget a
             # caller without a token may hold.
-            "request_headers_to_add": [
-                {
-                    "header": {
-                        "key": CLIENT_ADDRESS_HEADER,
-                        "value": "%DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT%",
-                    },
-                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-                }
-            ],
+            "request_headers_to_add": [_client_address()],
             "typed_per_filter_config": {
                 "envoy.filters.http.grpc_json_transcoder": {
                     "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",

@@ -10,18 +10,17 @@ import grpc
 
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
-from sie_common.edge.auth import Authorize, inference_checks
-from sie_common.edge.malformed_requests import RejectMalformedRequests
 from sie_common.runtime.grpc_server import add_health_and_reflection, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
 from sie_common.runtime.transport import ServerTransport
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher
-from sie_gateway.http_adapter.server import InternalSocket, start_http_adapter
+from sie_gateway.http_adapter.server import InternalSocket, body_budget, start_http_adapter
 from sie_gateway.inference_api import GatewayInference
 from sie_gateway.metrics import register_gateway
 from sie_gateway.pools import PoolManager
+from sie_gateway.request_budget import intake_interceptors
 from sie_gateway.settings import GatewaySettings
 from sie_gateway.worker_link import worker_connector
 
@@ -45,8 +44,9 @@ async def serve(settings: GatewaySettings) -> None:
     view = ClusterView(etcd, on_workers_changed=dispatcher.workers_changed)
     api = GatewayInference(settings, view, dispatcher, PoolManager(etcd, view, settings), demand)
 
-    authorize = Authorize(inference_checks(settings.auth_mode, settings.auth_tokens))
-    server = grpc.aio.server(interceptors=[authorize, RejectMalformedRequests()], options=transport.server_options())
+    # The request bytes of gRPC calls and of the HTTP adapter's bodies in flight, from one budget.
+    budget = body_budget(settings)
+    server = grpc.aio.server(interceptors=intake_interceptors(settings, budget), options=transport.server_options())
     inference_pb2_grpc.add_InferenceServicer_to_server(api, server)
     health = await add_health_and_reflection(server, [INFERENCE_SERVICE])
     listen = f"{settings.host}:{settings.port}"
@@ -61,7 +61,7 @@ async def serve(settings: GatewaySettings) -> None:
     await view.start()  # readiness: SERVING only once the mirror is synced
     adapter = None
     if internal is not None:
-        adapter = await start_http_adapter(settings, internal)
+        adapter = await start_http_adapter(settings, internal, budget)
     await set_serving(health, [INFERENCE_SERVICE], True)
     log.info(
         "sie-gateway serving sie.v1.Inference on %s (etcd %s; %d models, %d workers)",

@@ -54,8 +54,21 @@ class HttpAdapter:
         await self._adapter.calls.close()
 
 
-async def start_http_adapter(settings: GatewaySettings, socket: InternalSocket) -> HttpAdapter:
-    """Serve every wire on settings.http_host:settings.http_port, calling the gateway on `socket`."""
+def body_budget(settings: GatewaySettings) -> BodyBudget:
+    """The gateway's budget of request bytes in flight (SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_*): the adapter's bodies and
+    the gRPC calls' messages (sie_gateway.request_budget) share it."""
+    return BodyBudget(
+        settings.http_max_body_budget_bytes,
+        settings.http_max_body_budget_per_caller_bytes,
+        settings.http_body_evict_after_s,
+    )
+
+
+async def start_http_adapter(
+    settings: GatewaySettings, socket: InternalSocket, budget: BodyBudget | None = None
+) -> HttpAdapter:
+    """Serve every wire on settings.http_host:settings.http_port, calling the gateway on `socket`; its bodies leased
+    from `budget` (the gateway's, shared with its gRPC calls; a budget of its own when None)."""
     # The channel takes what the gateway may send and sends what it may receive.
     channel_options = [
         ("grpc.max_receive_message_length", settings.max_send_message_bytes),
@@ -71,11 +84,7 @@ async def start_http_adapter(settings: GatewaySettings, socket: InternalSocket) 
     adapter = Adapter(
         GatewayCalls(socket.target, channel_options),
         limits,
-        BodyBudget(
-            settings.http_max_body_budget_bytes,
-            settings.http_max_body_budget_per_caller_bytes,
-            settings.http_body_evict_after_s,
-        ),
+        budget or body_budget(settings),
         settings.max_items_per_request,
         inference_checks(settings.auth_mode, settings.auth_tokens).get(INFERENCE_CALLS),
     )

@@ -36,14 +36,15 @@ class HttpAdapterSettings:
         env="SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES",
         help="body bytes the HTTP adapter holds for all requests at once (each counts the bytes of its body that "
         "have arrived, until it is answered; each costs the gateway about 7 times that); past it: 503 OVERLOADED "
-        "with Retry-After",
+        "with Retry-After. The gateway's gRPC messages share it (RESOURCE_EXHAUSTED OVERLOADED past it)",
     )
     http_max_body_budget_per_caller_bytes: int = setting(
         32 * 2**20,
         env="SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES",
         help="body bytes of one caller (one bearer token with SIE_AUTH_MODE=static, else one client address as Envoy "
         "sees it) the HTTP adapter holds at once, however many connections it opens; past it: 503 OVERLOADED with "
-        "Retry-After. At least SIE_GATEWAY_HTTP_MAX_BODY_BYTES",
+        "Retry-After. Shared with the caller's gRPC messages (one larger than it is always refused). At least "
+        "SIE_GATEWAY_HTTP_MAX_BODY_BYTES",
     )
     http_body_evict_after_s: float = setting(
         5.0,
