@@ -25,16 +25,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 # Smoothing exponent: 0.5 splits an input channel's range evenly between the activation and the weight.
 SMOOTHING_ALPHA = 0.5
 _TINY = 1e-8
+Outputs = TypeVar("Outputs")
 
 
 class Int8Linear(torch.nn.Module):
     """`linear` with an int8 weight (one scale per output channel) and its input quantised per row."""
+
+    weight_int8: torch.Tensor
+    weight_scale: torch.Tensor
+    input_divisor: torch.Tensor | None
+    bias: torch.Tensor | None
 
     def __init__(self, linear: torch.nn.Linear, smoothing: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -114,7 +121,7 @@ class Calibration:
 
 
 def calibrate(
-    model: torch.nn.Module, run: Callable[[], object], disagreement: Callable[[object], float]
+    model: torch.nn.Module, run: Callable[[], Outputs], disagreement: Callable[[Outputs], float]
 ) -> Calibration:
     """`run()` feeds the calibration probe through `model` (float32) and returns its outputs; `disagreement(outputs)`
     says how far they are from float32's. Each Linear goes to int8 alone, is measured, and comes back."""
