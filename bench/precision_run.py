@@ -1,6 +1,6 @@
 """Reduced precision side by side: the worker's float32, bfloat16 and int8 models against ONNX Runtime's int8, one run.
 
-    python bench/precision_run.py [--runs 5] [--texts 2000] [--batch 64] [--no-onnxruntime] [--name NAME]
+    python bench/precision_run.py [--runs 5] [--texts 2000] [--batch 64] [--no-onnxruntime] [--no-quality] [--name NAME]
 
 Every path is all-MiniLM-L6-v2 built the way the worker builds it
 (sie_worker.models.cpu_precision.load_on_cpu, the load-time check on at the
@@ -13,8 +13,9 @@ default bar, the CPU's own flags), in this process:
 - onnxruntime-int8: ONNX Runtime's quantize_dynamic graph (bench/onnxrt.py), its fastest graph and setting.
 
 The paths take turns pass by pass over the bulk texts (bench/workloads.py),
-`--runs` times after a warm-up, and report the median items/s and its ratio
-to fp32's; a busy machine slows them alike. Quality against fp32
+`--runs` times after a warm-up, and report the median items/s and the median
+of each pass's ratio to the fp32 pass of the same turn; a busy machine slows
+a turn's paths alike. Quality against fp32
 (bench/precision.py): min and mean cosine on the bulk texts, and the retrieval
 set's queries that keep their top 10. Writes
 bench/results/<date>-<arch>-<machine kind>-<cores>cores-precision[-NAME].json and prints the table.
@@ -133,17 +134,19 @@ def measure(encoders: dict[str, Encode], texts: list[str], runs: int) -> dict[st
     rates: dict[str, list[float]] = {name: [] for name in encoders}
     for encode in encoders.values():
         encode(texts[:256])
-    for _ in range(runs):
+    for run in range(runs):
         for name, encode in encoders.items():
             started = time.perf_counter()
             encode(texts)
             rates[name].append(len(texts) / (time.perf_counter() - started))
-    baseline = statistics.median(rates["fp32"])
+        print(f"bench: pass {run + 1}: " + ", ".join(f"{n} {r[-1]:.0f}/s" for n, r in rates.items()), flush=True)
+    # The speed-up is the median of per-pass ratios, each pass against the fp32 pass of the same turn: on a shared
+    # machine whose load moves between turns, the medians of the rates alone mix different minutes.
     return {
         name: {
             "items_per_s": round(statistics.median(values), 1),
             "range": [round(min(values), 1), round(max(values), 1)],
-            "speedup": round(statistics.median(values) / baseline, 3),
+            "speedup": round(statistics.median(v / f for v, f in zip(values, rates["fp32"], strict=True)), 3),
         }
         for name, values in rates.items()
     }
@@ -186,6 +189,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=2000, help="bulk texts a pass (of bench/workloads.py's 2,000)")
     parser.add_argument("--batch", type=int, default=64, help="texts a forward pass")
     parser.add_argument("--no-onnxruntime", dest="onnxruntime", action="store_false")
+    parser.add_argument("--no-quality", dest="quality", action="store_false", help="speeds only")
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
     started = time.monotonic()
@@ -198,7 +202,7 @@ def main() -> None:
             "args": vars(args),
             "notes": notes,
             "speed": measure(encoders, texts, args.runs),
-            "quality": quality(encoders, texts),
+            "quality": quality(encoders, texts) if args.quality else {},
         }
     result["duration_s"] = round(time.monotonic() - started)
     kind = machine.slug(result["machine"]["kind"])
