@@ -211,6 +211,13 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
         help="a reduced-precision CPU model whose probe outputs have a cosine to float32's below this (a "
         "cross-encoder's: a correlation) is loaded in float32 instead",
     )
+    int8_max_drift: float = setting(
+        1e-5,
+        env="SIE_INT8_MAX_DRIFT",
+        help="int8 on a CPU: how far (summed 1 - cosine to float32 on the calibration probe) the Linear layers put "
+        "in int8 may move a model's outputs; layers are taken least harmful first, the rest run bfloat16 matmuls "
+        "(float32 without AVX512-BF16/AMX); 0: none in int8",
+    )
     max_loras_per_model: int = setting(
         10,
         env="SIE_MAX_LORAS_PER_MODEL",
@@ -327,6 +334,8 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
             )
         if not -1 <= self.precision_min_cosine <= 1:  # NaN too: `agreement < NaN` would pass every probe
             raise SettingsError(f"SIE_PRECISION_MIN_COSINE={self.precision_min_cosine}: must be a cosine, -1 to 1")
+        if not 0 <= self.int8_max_drift <= 2:  # NaN too
+            raise SettingsError(f"SIE_INT8_MAX_DRIFT={self.int8_max_drift}: must be 0 to 2 (1 - cosine)")
         if self.max_image_aspect_ratio < 1:
             raise SettingsError(f"SIE_MAX_IMAGE_ASPECT_RATIO={self.max_image_aspect_ratio}: must be at least 1")
         if not self.worker_id:

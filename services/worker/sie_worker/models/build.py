@@ -98,6 +98,7 @@ class ModelBuilder:
                 build,
                 onednn=self._settings.cpu_onednn,
                 min_agreement=self._settings.precision_min_cosine,
+                int8_max_drift=self._settings.int8_max_drift,
                 has_loras=bool(config.loras),
             ).adapter
         else:

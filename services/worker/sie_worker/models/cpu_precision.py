@@ -3,9 +3,21 @@
 A CPU runs bfloat16 matmuls fast only with AVX512-BF16 or AMX-BF16, and int8
 ones only with VNNI (AVX512-VNNI, AVX-VNNI or AMX-INT8); elsewhere the math is
 emulated, slower than float32, so the model runs in float32 and the log says
-why. bfloat16 loads the weights in bfloat16; int8 quantises every `nn.Linear`
-of the model dynamically (int8 weights, activations quantised per batch), on
-plain float32 layers rather than oneDNN-packed ones.
+why.
+
+bfloat16 keeps the model in float32 and runs its Linear layers' matmuls in
+bfloat16 (oneDNN-packed bfloat16 weights, float32 accumulation, float32 out,
+sie_worker.kernels.onednn): the residual stream, LayerNorms, attention and
+GELU stay float32. On all-MiniLM-L6-v2 that moves the embeddings about a tenth
+as far as the whole model in bfloat16 (weights, residual stream and all), which
+cost 8 of 100 retrieval queries their top 10 (docs/benchmarks.md). A model
+whose Linear layers oneDNN cannot pack runs wholly in bfloat16 instead.
+
+int8 quantises the Linear layers that a calibration probe says can take it
+(sie_worker.kernels.int8: per-token activations, per-channel weights,
+SmoothQuant-style smoothing measured on the probe), least harmful first, while
+their summed drift stays within SIE_INT8_MAX_DRIFT; the others run bfloat16
+matmuls where the CPU has them, float32 otherwise.
 
 A reduced-precision model is checked once at load against float32 on a fixed
 probe: the float32 model is built and probed first, freed, then the reduced one
@@ -28,6 +40,8 @@ import numpy as np
 import torch
 
 from sie_worker.adapters.contract import Adapter, Input, Query
+from sie_worker.kernels import int8
+from sie_worker.kernels.onednn import use_onednn
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +60,17 @@ PROBE_TEXTS = (
     "ok",
 )
 PROBE_QUERY = "which city is the capital of france"
+# What int8 calibrates on: other texts than the check's probe, so that the check does not grade its own homework.
+CALIBRATION_TEXTS = (
+    "how do I reset a forgotten password",
+    "The train to the airport leaves every twenty minutes from the second platform.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in the leaves of green plants.",
+    "SELECT name, count(*) FROM orders GROUP BY name ORDER BY 2 DESC;",
+    "Le chat dort sur le canapé depuis ce matin.",
+    "Returns the number of items in the list; raises TypeError if the argument is not a sequence.",
+    "best pizza near me open late",
+    "In 1969 two astronauts walked on the Moon while a third orbited above them, waiting to bring them home.",
+)
 
 
 def cpu_flags(override: str | None = None) -> frozenset[str]:
@@ -89,10 +114,34 @@ def cpu_precision(requested: str, flags: frozenset[str]) -> tuple[str, str | Non
 
 
 def quantize_linears(model: torch.nn.Module) -> None:
-    """Replace every plain `nn.Linear` of `model` with a dynamically quantised int8 one, in place."""
+    """Replace every plain `nn.Linear` of `model` with a dynamically quantised int8 one (per-tensor scales), in
+    place: the int8 of old, which SIE_INT8_MAX_DRIFT=2 all but reproduces with better scales; kept for the
+    benchmark's comparison (bench/precision_run.py)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization warns of its deprecation on every call
         torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def use_bf16_matmuls(adapter: Adapter) -> bool:
+    """Give a float32 adapter's model bfloat16 matmuls (float32 everywhere else); False where oneDNN cannot pack
+    its Linear layers (the model is then unchanged)."""
+    return use_onednn(adapter.model, torch.bfloat16) > 0
+
+
+def use_int8(adapter: Adapter, max_drift: float, *, bf16: bool) -> tuple[int, int]:
+    """Quantise the Linear layers of a float32 adapter's model that the calibration probe lets into int8 within
+    `max_drift`; the others get bfloat16 matmuls where `bf16`, oneDNN-packed float32 ones otherwise. Returns
+    (layers in int8, Linear layers)."""
+    reference = probe(adapter, CALIBRATION_TEXTS)
+
+    def run() -> Probe:
+        return probe(adapter, CALIBRATION_TEXTS)
+
+    calibration = int8.calibrate(adapter.model, run, lambda outputs: 1.0 - compare(reference, outputs))
+    total = len(int8.linears(adapter.model))
+    quantized = int8.quantize(adapter.model, calibration, int8.plan(calibration.drift, max_drift))
+    use_onednn(adapter.model, torch.bfloat16 if bf16 else torch.float32)
+    return quantized, total
 
 
 @dataclass(frozen=True)
@@ -120,6 +169,7 @@ def load_on_cpu(
     onednn: bool,
     min_agreement: float,
     has_loras: bool,
+    int8_max_drift: float = 1e-5,
 ) -> CpuBuild:
     """The model in the `requested` precision where this CPU (`flags`) runs it and the probe agrees with float32 to
     `min_agreement`; float32 otherwise, with a log line naming the model (`name`) and why."""
@@ -129,10 +179,17 @@ def load_on_cpu(
 
     def at(chosen: str) -> Adapter:
         if chosen == "bfloat16":
+            adapter = build(torch.float32, cpu_onednn=False)  # packed here, in bfloat16
+            if use_bf16_matmuls(adapter):
+                return adapter
+            del adapter
             return build(torch.bfloat16, cpu_onednn=False)
         if chosen == "int8":
-            adapter = build(torch.float32, cpu_onednn=False)  # int8 layers replace the ones oneDNN would pack
-            quantize_linears(adapter.model)
+            adapter = build(torch.float32, cpu_onednn=False)  # int8 layers replace some of those oneDNN would pack
+            quantized, total = use_int8(adapter, int8_max_drift, bf16=bool(flags & _BF16_FLAGS))
+            log.info(
+                "%s: %d of %d Linear layers in int8 (SIE_INT8_MAX_DRIFT %g)", name, quantized, total, int8_max_drift
+            )
             return adapter
         return build(torch.float32, cpu_onednn=onednn)
 
@@ -183,15 +240,16 @@ def _unsupported(adapter: Adapter, precision: str, has_loras: bool) -> str | Non
 Probe = list[np.ndarray]
 
 
-def probe(adapter: Adapter) -> Probe:
-    """The adapter's outputs on the probe texts, as float64 vectors to compare: one per dense embedding, per
-    multivector row and per sparse embedding (densified); a cross-encoder's scores as one vector, centred on their
-    mean, so that its cosine is their correlation: a shared offset does not hide a change in their order."""
+def probe(adapter: Adapter, texts: tuple[str, ...] = PROBE_TEXTS) -> Probe:
+    """The adapter's outputs on `texts` (the probe's by default), as float64 vectors to compare: one per dense
+    embedding, per multivector row and per sparse embedding (densified); a cross-encoder's scores as one vector,
+    centred on their mean, so that its cosine is their correlation: a shared offset does not hide a change in their
+    order."""
     spec = adapter.spec
     if not (spec.outputs or spec.pairs):
         raise TypeError(f"no probe for {type(adapter).__name__}")
     query = Query("score") if spec.pairs else Query("encode", outputs=spec.outputs)
-    items = [Input(text, pair=PROBE_QUERY if spec.pairs else None) for text in PROBE_TEXTS]
+    items = [Input(text, pair=PROBE_QUERY if spec.pairs else None) for text in texts]
     with torch.inference_mode():
         outputs = adapter.run([prepared.value for prepared in adapter.prepare(items, query)], query)
     if spec.pairs:
