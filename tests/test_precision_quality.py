@@ -190,6 +190,7 @@ def test_an_int8_model_that_drifts_is_refused_at_load(caplog: pytest.LogCaptureF
     assert not any(isinstance(module, int8.Int8Linear) for module in built.adapter.model.modules())
 
 
+@pytest.mark.slow
 def test_int8_without_bf16_keeps_the_other_layers_in_float32() -> None:
     """No AVX512-BF16: the layers left out of int8 stay packed float32; a zero budget leaves every layer whose int8
     moves the outputs at all in float32, so the model answers as float32 does."""
