@@ -49,6 +49,8 @@ POOL_HEADER = "x-sie-pool"
 WORKER_TRAILER = "x-sie-worker"
 # Envoy's gRPC-JSON transcoder sets it on the calls it made from HTTP/JSON requests.
 TRANSCODED_HEADER = "x-envoy-original-path"
+# Seconds a caller is told to wait while the gateway's view of the cluster is first read (a second or so).
+STARTING_RETRY_S = 0.5
 
 
 class GatewayInference(inference_pb2_grpc.InferenceServicer):
@@ -113,7 +115,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
     async def ListModels(
         self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.ListModelsResponse:
-        models = await self._guarded(context, lambda: [self._describe(model) for model in sorted(self._view.models)])
+        models = await self._guarded(context, self._describe_all)
         return inference_pb2.ListModelsResponse(models=models)
 
     async def GetModel(
@@ -280,9 +282,20 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
             metadata={"machine_profile": profile, "pool": pool},
         )
 
+    def _require_synced(self) -> None:
+        """The server answers while the view still reads etcd (its health says NOT_SERVING): models without their
+        bundles or workers would read as permanent failures."""
+        if not self._view.synced:
+            raise Unavailable(
+                "this gateway is still reading the cluster's models and workers; retry",
+                reason="GATEWAY_STARTING",
+                retry_after_s=STARTING_RETRY_S,
+            )
+
     def _config(self, model: str) -> Any:
         if not model:
             raise InvalidArgument("model is required", reason="MISSING_MODEL")
+        self._require_synced()
         config = self._view.models.get(model)
         if config is None:
             raise NotFound(
@@ -291,6 +304,10 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                 metadata={"model": model},
             )
         return config
+
+    def _describe_all(self) -> list[inference_pb2.Model]:
+        self._require_synced()
+        return [self._describe(model) for model in sorted(self._view.models)]
 
     def _describe_named(self, model_id: str) -> inference_pb2.Model:
         """The model a caller named: the name within SIE_MAX_NAME_BYTES before an error quotes it."""
