@@ -1,8 +1,9 @@
 """A gateway's gRPC server answers before its view of the cluster is read from etcd (its health says NOT_SERVING
 until then). A call in that window found a model's config but not yet its bundles and was refused for good:
 FAILED_PRECONDITION NO_BUNDLE_FOR_MODEL to 8 of 51 calls right after a gateway restart (test_faults'
-test_gateway_restart). Until the view is read, every model lookup is UNAVAILABLE GATEWAY_STARTING with a retry delay,
-which the client waits out; after, the same call reads the view."""
+test_gateway_restart); CreatePool answered BUNDLE_NOT_FOUND "bundles: none". Until the view is read, every call
+that reads it (models and pools) is UNAVAILABLE GATEWAY_STARTING with a retry delay, which the client waits out;
+after, the same call reads the view."""
 
 from __future__ import annotations
 
@@ -52,6 +53,8 @@ async def test_calls_before_the_view_is_read_are_told_to_retry(gateway) -> None:
         stub.Score(inference_pb2.ScoreRequest(model="m", query=items(["q"])[0], items=items(["d"]))),
         stub.ListModels(inference_pb2.ListModelsRequest()),
         stub.GetModel(inference_pb2.GetModelRequest(model="m")),
+        stub.CreatePool(inference_pb2.CreatePoolRequest(name="p", bundle="b", gpus={"cpu": 1})),
+        stub.ListPools(inference_pb2.ListPoolsRequest()),
     ]
     for call in calls:
         with pytest.raises(grpc.aio.AioRpcError) as raised:

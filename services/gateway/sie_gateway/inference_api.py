@@ -115,7 +115,7 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
     async def ListModels(
         self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.ListModelsResponse:
-        models = await self._guarded(context, self._describe_all)
+        models = await self._guarded(context, lambda: [self._describe(model) for model in sorted(self._view.models)])
         return inference_pb2.ListModelsResponse(models=models)
 
     async def GetModel(
@@ -169,8 +169,10 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
         return inference_pb2.DeletePoolResponse()
 
     async def _guarded(self, context: grpc.aio.ServicerContext, call: Callable[[], Any]) -> Any:
-        """Run `call` (awaiting what it returns if needed); SieErrors end the call with their status."""
+        """Run `call` (awaiting what it returns if needed) once the view is read; SieErrors end the call with their
+        status."""
         try:
+            self._require_synced()
             result = call()
             return await result if inspect.isawaitable(result) else result
         except SieError as error:
@@ -304,10 +306,6 @@ class GatewayInference(inference_pb2_grpc.InferenceServicer):
                 metadata={"model": model},
             )
         return config
-
-    def _describe_all(self) -> list[inference_pb2.Model]:
-        self._require_synced()
-        return [self._describe(model) for model in sorted(self._view.models)]
 
     def _describe_named(self, model_id: str) -> inference_pb2.Model:
         """The model a caller named: the name within SIE_MAX_NAME_BYTES before an error quotes it."""
