@@ -105,14 +105,15 @@ class Planner:
         muvera = muvera_params(model, job.options) if "dense" in outputs and model.adapter.spec.uses_muvera else None
         if muvera is not None:
             check_muvera(muvera, self.limits)
-        if job.dims is not None and "dense" in outputs and job.dims > dense_dims(model, job.options):
+        width = dense_dims(model, job.options)
+        if job.dims is not None and "dense" in outputs and job.dims > width:
             raise InvalidArgument(
-                f"dims {job.dims} exceeds the {dense_dims(model, job.options)} dimensions of {job.model}",
+                f"dims {job.dims} exceeds the {width} dimensions of {job.model}",
                 reason="DIMS_TOO_LARGE",
                 metadata={"dims": str(job.dims)},
             )
-        if dense_dims(model, job.options) != config.dims:
-            self._check_answer_estimate(job, outputs, dense_dims(model, job.options))
+        if width != config.dims:
+            self._check_answer_estimate(job, outputs, width)
         _check_one_input_per_item(model, job.items)
         query = Query("encode", outputs=needed, is_query=job.is_query, instruction=job.instruction, options=job.options)
         _check_query(model, "encode", query)
