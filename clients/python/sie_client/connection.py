@@ -19,7 +19,7 @@ import grpc
 
 from sie.v1 import inference_pb2_grpc
 from sie_client.errors import NotSupportedError, SIEConnectionError
-from sie_client.retry import Metadata, Response, RetryPolicy, call_with_retries
+from sie_client.retry import DEFAULT_POLICY, Metadata, Response, RetryPolicy, call_with_retries
 from sie_client.status import CallSite, rpc_name
 from sie_client.target import parse_target
 from sie_client.types import PoolSpec
@@ -181,7 +181,7 @@ class Connection:
         self,
         method: Callable[..., Awaitable[Response]],
         request: Any,
-        policy: RetryPolicy,
+        policy: RetryPolicy = DEFAULT_POLICY,
         metadata: Metadata | None = None,
     ) -> Response:
         """A unary call with the client's deadline and routing (or `metadata`), retried as `policy` says."""

@@ -17,7 +17,6 @@ from sie.v1 import inference_pb2
 from sie_client import messages
 from sie_client.connection import Connection
 from sie_client.errors import NotFoundError, NotSupportedError, PoolError, ProvisioningTimeoutError, SIEError
-from sie_client.retry import RetryPolicy
 from sie_client.types import CapacityInfo, ModelInfo, PoolInfo, WorkerInfo
 
 NO_WORKER_PROFILES = (
@@ -45,13 +44,13 @@ class PoolMethods(Connection):
 
     async def list_models(self) -> list[ModelInfo]:
         """Each model as ModelInfo (state "loaded", profiles by name, last_error, ...) plus the server's own fields."""
-        response = await self._call(self._stub.ListModels, inference_pb2.ListModelsRequest(), RetryPolicy())
+        response = await self._call(self._stub.ListModels, inference_pb2.ListModelsRequest())
         return [messages.model_info(model) for model in response.models]
 
     async def get_model(self, model: str) -> ModelInfo:
         """One model as list_models() gives it ("model@profile" names the model); NotFoundError for an unknown one."""
         name = model.rpartition("@")[0] or model
-        response = await self._call(self._stub.GetModel, inference_pb2.GetModelRequest(model=name), RetryPolicy())
+        response = await self._call(self._stub.GetModel, inference_pb2.GetModelRequest(model=name))
         return messages.model_info(response.model)
 
     async def create_pool(
@@ -94,7 +93,7 @@ class PoolMethods(Connection):
         if min_workers > sum(gpus.values()):
             raise ValueError(f"min_workers={min_workers} is more than the {sum(gpus.values())} workers gpus= asks for")
         request = inference_pb2.CreatePoolRequest(name=name, gpus=gpus, ttl_s=ttl_s, bundle=bundle or "")
-        response = await self._call(self._stub.CreatePool, request, RetryPolicy())
+        response = await self._call(self._stub.CreatePool, request)
         self._stop_renewing(name)
         self._renewals[name] = asyncio.create_task(self._renew(name, max(ttl_s / 3, 0.2)))
         pool = messages.pool_info(response.pool)
@@ -123,7 +122,7 @@ class PoolMethods(Connection):
         if not name:
             return None
         try:
-            response = await self._call(self._stub.GetPool, inference_pb2.GetPoolRequest(name=name), RetryPolicy())
+            response = await self._call(self._stub.GetPool, inference_pb2.GetPoolRequest(name=name))
         except NotFoundError as missing:
             if missing.reason == "POOL_NOT_FOUND":
                 return None
@@ -137,7 +136,7 @@ class PoolMethods(Connection):
             return False
         self._stop_renewing(name)
         try:
-            await self._call(self._stub.DeletePool, inference_pb2.DeletePoolRequest(name=name), RetryPolicy())
+            await self._call(self._stub.DeletePool, inference_pb2.DeletePoolRequest(name=name))
         except NotFoundError as missing:
             if missing.reason == "POOL_NOT_FOUND":
                 return False
@@ -175,7 +174,7 @@ class PoolMethods(Connection):
             raise NotSupportedError(f"get_capacity(gpu={gpu!r}): {NO_WORKER_PROFILES}")
         models = [cast(dict[str, Any], model) for model in await self.list_models()]  # with the server's own keys
         try:
-            pools = (await self._call(self._stub.ListPools, inference_pb2.ListPoolsRequest(), RetryPolicy())).pools
+            pools = (await self._call(self._stub.ListPools, inference_pb2.ListPoolsRequest())).pools
             standalone = False
         except SIEError as error:
             if error.grpc_code != grpc.StatusCode.UNIMPLEMENTED:  # a standalone worker has no pools

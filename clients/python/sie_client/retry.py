@@ -83,6 +83,10 @@ class RetryPolicy:
         return ceiling * random.uniform(0.5, 1.0)  # jitter: callers that failed together retry apart
 
 
+# The policy of calls that take no per-call settings (model lookups, pools): every default.
+DEFAULT_POLICY = RetryPolicy()
+
+
 async def call_with_retries(
     method: Callable[..., Awaitable[Response]],
     request: Any,
