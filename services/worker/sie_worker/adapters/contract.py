@@ -13,7 +13,8 @@ later batch.
 
 What a family serves is declared once, in its class's `spec` (sie_worker.adapters.spec), checked when the class is
 defined. Adapters raise ValueError for what a request asks that the model cannot do, and AdapterError where the
-refusal has a reason of its own; the engine alone turns them into the statuses callers see.
+refusal has a reason of its own; a model that needs a package the worker lacks raises MissingPackage as it loads. The
+engine and the registry alone turn them into the statuses callers see.
 """
 
 from __future__ import annotations
@@ -114,6 +115,17 @@ class AdapterError(ValueError):
         self.reason = reason
         self.metadata = dict(metadata or {})
         self.item = item
+
+
+class MissingPackage(Exception):
+    """A model that cannot load in this worker because a package its family needs does not import (a load error,
+    not a request's): the registry answers it as FAILED_PRECONDITION ADAPTER_DEPENDENCY_MISSING, with `metadata`,
+    until the worker runs with the package."""
+
+    def __init__(self, message: str, *, model: str, package: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata = {"model": model, "package": package}
 
 
 class Adapter:

@@ -13,6 +13,7 @@ from safetensors import SafetensorError
 
 from sie_common.cluster.model_config import ModelConfigError
 from sie_common.edge.errors import FailedPrecondition
+from sie_worker.adapters.contract import MissingPackage
 from sie_worker.weights.resolver import WeightsNotFound
 
 # Cool-downs after retryable failures double up to this.
@@ -48,6 +49,7 @@ _TRANSIENT_ERRNOS = frozenset(
 # a zero that it divides by).
 _PERMANENT = (
     FailedPrecondition,
+    MissingPackage,
     ModelConfigError,
     ImportError,
     ValueError,
@@ -104,10 +106,20 @@ def _import_error_in(error: BaseException) -> ImportError | None:
 def describe_failure(error: BaseException) -> str:
     """The cause of a load failure for callers: our own errors as they are, others with their type (and a
     missing dependency behind them)."""
-    if isinstance(error, (FailedPrecondition, ModelConfigError, WeightsNotFound)):
+    if isinstance(error, (FailedPrecondition, MissingPackage, ModelConfigError, WeightsNotFound)):
         return str(error)
     described = f"{type(error).__name__}: {error}"
     missing = _import_error_in(error)
     if missing is not None and missing is not error:
         described += f" (caused by {type(missing).__name__}: {missing})"
     return described
+
+
+def refusal_of(error: BaseException) -> FailedPrecondition | None:
+    """The precise refusal a load failure is answered with, where it has one (else the registry's MODEL_LOAD_FAILED
+    or MODEL_LOAD_BACKOFF): a FAILED_PRECONDITION the load raised itself, or a package the model's family needs."""
+    if isinstance(error, FailedPrecondition):
+        return error
+    if isinstance(error, MissingPackage):
+        return FailedPrecondition(error.message, reason="ADAPTER_DEPENDENCY_MISSING", metadata=error.metadata)
+    return None

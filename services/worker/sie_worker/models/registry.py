@@ -30,7 +30,14 @@ from sie_worker.adapters import ADAPTERS
 from sie_worker.adapters.contract import Adapter
 from sie_worker.models.build import LoadedModel, ModelBuilder, ModelStats
 from sie_worker.models.catalog import Catalog
-from sie_worker.models.load_errors import FAILURE_CHARS, MAX_COOLDOWN_S, LoadFailure, describe_failure, is_permanent
+from sie_worker.models.load_errors import (
+    FAILURE_CHARS,
+    MAX_COOLDOWN_S,
+    LoadFailure,
+    describe_failure,
+    is_permanent,
+    refusal_of,
+)
 from sie_worker.models.memory import Key, MemoryPressure, ResidentModels, weight_file_bytes
 from sie_worker.models.passing_thread import in_passing_thread
 from sie_worker.settings import WorkerSettings
@@ -239,7 +246,7 @@ class ModelRegistry:
         attempts = (previous.attempts if previous else 0) + 1
         permanent = is_permanent(error)
         cooldown = min(MAX_COOLDOWN_S, self._settings.load_retry_cooldown_s * 2 ** (attempts - 1))
-        refusal = error if isinstance(error, FailedPrecondition) else None
+        refusal = refusal_of(error)
         described = describe_failure(error)
         self._failures[key] = LoadFailure(
             clipped(described, FAILURE_CHARS), attempts, permanent, time.monotonic() + cooldown, refusal

@@ -9,23 +9,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sie_common.edge.errors import FailedPrecondition
+from sie_worker.adapters.contract import MissingPackage
 
 
 def require_package(package: str, model_id: str, install: str) -> None:
-    """FAILED_PRECONDITION, saying what to install, when `package` or a module it imports is missing.
+    """MissingPackage, saying what to install, when `package` or a module it imports is missing.
 
     `install`: the commands that install it, e.g. "pip install '.[gliclass]'"."""
     try:
         importlib.import_module(package)
     except ModuleNotFoundError as missing:
         module = missing.name or package
-        raise FailedPrecondition(
+        raise MissingPackage(
             f"model {model_id} needs the {package!r} package, which cannot be imported in this worker (missing module "
             f"{module!r}); install the engine's {package} extra ({install}, see docs/models.md) or serve the model "
             "from a worker image that has it",
-            reason="ADAPTER_DEPENDENCY_MISSING",
-            metadata={"model": model_id, "package": module},
+            model=model_id,
+            package=module,
         ) from None
 
 
