@@ -143,10 +143,10 @@ class Planner:
         model = self._model(holds, config, job.profile, "score", job.lora, [job.query, *job.items])
         adapter = model.adapter
         items = (job.query, *job.items)
-        _check_query(model, "score", Query("score", instruction=job.instruction, options=job.options))
+        asked = Query("score", instruction=job.instruction, options=job.options)
+        _check_query(model, "score", asked)
         if adapter.spec.pairs:
-            query = Query("score", instruction=job.instruction, options=job.options)
-            pairs = _parts(model, job.lora, job.items, query, first_row=1, pair=job.query.text or "")
+            pairs = _parts(model, job.lora, job.items, asked, first_row=1, pair=job.query.text or "")
             return RequestPlan(model, "score", job.lora, items, pairs, top_k=job.top_k)
         outputs, similarity = _similarity(model, job)
         _check_one_input_per_item(model, [job.query])
