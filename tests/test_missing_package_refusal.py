@@ -50,9 +50,9 @@ class NeedsPackage(Adapter):
 def registry_of(directory: Path) -> ModelRegistry:
     weights = directory / "weights"
     weights.mkdir()
+    profiles = {"default": {"adapter": "needs_package"}}
     config = parse_model_config(
-        {"id": MODEL, "path": str(weights), "tasks": ["extract"], "profiles": {"default": {"adapter": "needs_package"}}},
-        source=MODEL,
+        {"id": MODEL, "path": str(weights), "tasks": ["extract"], "profiles": profiles}, source=MODEL
     )
     settings = WorkerSettings(models_dir=str(directory / "no-configs"), weight_roots=(str(directory),))
     catalog = Catalog(Bundle("needs", ("needs_package",)), {MODEL: config}, weight_roots=WeightRoots([directory]))
