@@ -101,6 +101,9 @@ class Senders:
     worker_tiny: Send
     gateway_tiny: Send
     worker_address: str
+    gateway_address: str
+    # Envoy's HTTP/JSON port on loopback.
+    http_port: int
     # What a Work stream to that worker must present (the stack's SIE_WORKER_TOKEN).
     worker_token: str
 
@@ -183,6 +186,8 @@ def stack(tmp: Path, tiny_weights: Path, env: dict[str, str]) -> Iterator[Sender
             worker_tiny=grpc_sender(worker, TINY),
             gateway_tiny=grpc_sender(gateway, TINY),
             worker_address=worker,
+            gateway_address=gateway,
+            http_port=settings.http_port,
             worker_token=running.worker_token,
         )
     finally:

@@ -68,7 +68,7 @@ def test_the_faster_way_runs_and_the_other_every_explore_every_th_pass() -> None
     assert explored.count(True) == 2
 
 
-def test_the_choice_follows_the_machine_and_a_pass_too_long_for_the_loop_never_runs_there() -> None:
+def test_the_choice_follows_the_machine_and_a_pass_too_long_for_the_loop_is_not_chosen_there() -> None:
     choice = InlineChoice(device_threads=2)
     warmed(choice, 8, device_s=0.010, inline_s=0.002)
     assert choice.inline(8)

@@ -9,8 +9,10 @@ all-MiniLM-L6-v2 request took 15-30 ms with its pass on one thread and 200-320 m
 an idle machine two threads may still win at a few dozen tokens. So the device loop measures: per model and per size
 (padded tokens, in powers of two, up to MAX_INLINE_TOKENS) it keeps a moving average of each way's seconds per
 token, runs the faster, and every EXPLORE_EVERY-th pass of a size the other, so the choice follows the machine's
-load. The loop serves no one else meanwhile, so a pass runs there only at sizes whose passes there took at most
-MAX_INLINE_S (tried only where the device thread's took at most MAX_TRIED_S).
+load. The loop serves no one else meanwhile, so a pass runs there by choice only at sizes whose passes there took at
+most MAX_INLINE_S (tried only where the device thread's took at most MAX_TRIED_S); a size over it is still measured
+there every EXPLORE_EVERY-th pass, or one stall of the process on a loaded machine would send every later pass of
+that size to the device thread for good (seen: 200 ms passes on two threads where one took 20 ms).
 
 The event loop's thread runs torch on one thread and the device thread on all (`pin_threads`), set once: torch
 starts each new thread with the count set last, so switching back and forth would leave model builds in new
@@ -68,12 +70,14 @@ class InlineChoice:
             return False
         device_s = size.per_token_s[DEVICE] * padded_tokens
         inline_s = size.per_token_s.get(INLINE, 0.0) * padded_tokens
+        explore = sum(size.passes.values()) % EXPLORE_EVERY == 0
         if inline_s > MAX_INLINE_S:
-            return False
+            # Only to measure again: one stall of the process (a loaded machine) may have made the average, and
+            # a way never tried again would keep it, and every pass of this size on the device thread, for good.
+            return explore
         if not size.warm(INLINE):
             return device_s <= MAX_TRIED_S
         faster = inline_s <= device_s
-        explore = sum(size.passes.values()) % EXPLORE_EVERY == 0
         return faster != explore
 
     def observe(self, padded_tokens: int, way: str, seconds: float) -> None:
@@ -87,7 +91,10 @@ class InlineChoice:
             return  # first-time allocations, not the way's speed
         per_token = seconds / padded_tokens
         average = size.per_token_s.get(way)
-        size.per_token_s[way] = per_token if average is None else average + SMOOTHING * (per_token - average)
+        if average is None or (way == INLINE and average * padded_tokens > MAX_INLINE_S):
+            size.per_token_s[way] = per_token  # measured again after a stall: the stall's average is not kept
+        else:
+            size.per_token_s[way] = average + SMOOTHING * (per_token - average)
 
 
 def _size_of(padded_tokens: int) -> int:

