@@ -49,6 +49,8 @@ from workloads import MODEL, SINGLE_TEXT, Send, alternating_latencies_ms, percen
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
 PATHS = ("onnxruntime", "worker", "bare-proxy", "gateway", "envoy-native", "envoy-openai")
+# The same hops on bench/tiny-mean (2 layers, 32 wide): what each adds, with little forward pass to vary beside it.
+TINY_PATHS = ("worker-tiny", "bare-proxy-tiny", "gateway-tiny", "envoy-native-tiny", "envoy-openai-tiny")
 BASELINE_SOURCES = ("services/worker", "lib", "contract/python")
 
 
@@ -81,30 +83,35 @@ def senders(tmp: Path, baseline: Path | None) -> Iterator[tuple[dict[str, Send],
     with contextlib.ExitStack() as running:
         stack = running.enter_context(ours.stack(tmp, tiny, {"SIE_DEVICE": "cpu", "SIE_WEIGHT_ROOTS": roots}))
         proxy = running.enter_context(grpc_hop_floor.serving("stream", stack.worker_address, stack.worker_token))
-        gateway = stack.gateway_address
-        http = stack.http_port
         extra: dict[str, Send] = {}
         if baseline is not None:
             path = os.pathsep.join(str(baseline / source) for source in BASELINE_SOURCES)
             env = {"SIE_DEVICE": "cpu", "PYTHONPATH": path}
             extra["worker-baseline"] = running.enter_context(ours.standalone_worker(tmp, weights, env, "baseline")).send
+        hops = {
+            **_hops(stack, proxy, MODEL),
+            **{f"{path}-tiny": send for path, send in _hops(stack, proxy, ours.TINY).items()},
+        }
         yield (
-            {
-                **extra,
-                "onnxruntime": lambda texts: len(encoder.encode(texts)),
-                "worker": stack.worker,
-                "bare-proxy": ours.grpc_sender(proxy, MODEL),
-                "gateway": ours.grpc_sender(gateway, MODEL),
-                "envoy-native": json_sender(
-                    http, f"/v1/encode/{MODEL}", lambda texts: {"items": [{"text": t} for t in texts]}, "results"
-                ),
-                "envoy-openai": json_sender(
-                    http, "/v1/embeddings", lambda texts: {"model": MODEL, "input": list(texts)}, "data"
-                ),
-            },
+            {**extra, "onnxruntime": lambda texts: len(encoder.encode(texts)), **hops},
             stack.worker_address,
             peer.notes,
         )
+
+
+def _hops(stack: ours.Senders, proxy: str, model: str) -> dict[str, Send]:
+    """`model` straight to the worker, through the bare proxy, the gateway, and Envoy's two JSON routes."""
+    return {
+        "worker": ours.grpc_sender(stack.worker_address, model),
+        "bare-proxy": ours.grpc_sender(proxy, model),
+        "gateway": ours.grpc_sender(stack.gateway_address, model),
+        "envoy-native": json_sender(
+            stack.http_port, f"/v1/encode/{model}", lambda texts: {"items": [{"text": t} for t in texts]}, "results"
+        ),
+        "envoy-openai": json_sender(
+            stack.http_port, "/v1/embeddings", lambda texts: {"model": model, "input": list(texts)}, "data"
+        ),
+    }
 
 
 def main() -> None:
@@ -120,8 +127,11 @@ def main() -> None:
         rounds = []
         for _ in range(args.rounds):
             times = alternating_latencies_ms([sends[path] for path in paths], args.requests, SINGLE_TEXT)
-            p50 = {path: percentile(measured, 0.5) for path, measured in zip(paths, times)}
-            p99 = {path: percentile(measured, 0.99) for path, measured in zip(paths, times)}
+            times += alternating_latencies_ms([sends[path] for path in TINY_PATHS], args.requests, SINGLE_TEXT)
+            p50 = {path: percentile(measured, 0.5) for path, measured in zip((*paths, *TINY_PATHS), times, strict=True)}
+            p99 = {
+                path: percentile(measured, 0.99) for path, measured in zip((*paths, *TINY_PATHS), times, strict=True)
+            }
             stages = worker_stages(worker_address, args.requests // 2)
             rounds.append({"p50_ms": p50, "p99_ms": p99, "worker_stages_ms": stages, "loadavg": os.getloadavg()[0]})
             print(
@@ -131,7 +141,7 @@ def main() -> None:
                 "| load %.2f" % os.getloadavg()[0],
                 flush=True,
             )
-    p50 = {path: statistics.median(r["p50_ms"][path] for r in rounds) for path in paths}
+    p50 = {path: statistics.median(r["p50_ms"][path] for r in rounds) for path in (*paths, *TINY_PATHS)}
     result = {
         "machine": machine.describe("cpu"),
         "cores": os.cpu_count(),
@@ -148,23 +158,19 @@ def main() -> None:
         "gateway_added_ms": p50["gateway"] - p50["worker"],
         "envoy_native_added_ms": p50["envoy-native"] - p50["gateway"],
         "envoy_openai_added_ms": p50["envoy-openai"] - p50["gateway"],
+        **{
+            f"tiny_{hop.replace('-', '_')}_added_ms": p50[f"{hop}-tiny"] - p50[f"{base}-tiny"]
+            for hop, base in (
+                ("bare-proxy", "worker"),
+                ("gateway", "worker"),
+                ("envoy-native", "gateway"),
+                ("envoy-openai", "gateway"),
+            )
+        },
     }
     print(
         json.dumps(
-            {
-                key: result[key]
-                for key in (
-                    "p50_ms_median_of_rounds",
-                    "worker_over_onnxruntime",
-                    "bare_proxy_added_ms",
-                    "gateway_added_ms",
-                    "envoy_native_added_ms",
-                    "envoy_openai_added_ms",
-                    "loadavg_before",
-                    "loadavg_after",
-                )
-            },
-            indent=1,
+            {key: value for key, value in result.items() if key not in ("machine", "onnxruntime", "rounds")}, indent=1
         )
     )
     if args.out:

