@@ -124,3 +124,17 @@ def test_a_size_whose_inline_average_went_over_the_limit_is_measured_again_and_r
     assert again < threads.EXPLORE_EVERY
     assert ways[again : again + threads.EXPLORE_EVERY] == [True] * threads.EXPLORE_EVERY  # fast there: chosen
     assert ways[-threads.EXPLORE_EVERY :].count(True) == threads.EXPLORE_EVERY - 1  # chosen again
+
+
+def test_a_size_over_the_limit_inline_is_not_run_there_again_while_the_device_thread_is_fast() -> None:
+    """Measuring again would hold the event loop longer than a pass on the device thread takes: not done."""
+    choice = InlineChoice(device_threads=2)
+    for _ in range(threads.WARM_PASSES + 1):
+        choice.observe(8, DEVICE, 0.010)
+        choice.observe(8, INLINE, 0.005)
+    choice.observe(8, INLINE, 5.0)  # a stall
+    ways = []
+    for _ in range(threads.EXPLORE_EVERY * 4):
+        ways.append(choice.inline(8))
+        choice.observe(8, INLINE if ways[-1] else DEVICE, 0.005 if ways[-1] else 0.010)
+    assert not any(ways)

@@ -10,8 +10,8 @@ an idle machine two threads may still win at a few dozen tokens. So the device l
 (padded tokens, in powers of two, up to MAX_INLINE_TOKENS) it keeps a moving average of each way's seconds per
 token, runs the faster, and every EXPLORE_EVERY-th pass of a size the other, so the choice follows the machine's
 load. The loop serves no one else meanwhile, so a pass runs there by choice only at sizes whose passes there took at
-most MAX_INLINE_S (tried only where the device thread's took at most MAX_TRIED_S); a size over it is still measured
-there every EXPLORE_EVERY-th pass, or one stall of the process on a loaded machine would send every later pass of
+most MAX_INLINE_S (tried only where the device thread's took at most MAX_TRIED_S); a size over it whose device
+passes take over MAX_INLINE_S too is still measured there every EXPLORE_EVERY-th pass, or one stall of the process on a loaded machine would send every later pass of
 that size to the device thread for good (seen: 200 ms passes on two threads where one took 20 ms).
 
 The event loop's thread runs torch on one thread and the device thread on all (`pin_threads`), set once: torch
@@ -72,9 +72,10 @@ class InlineChoice:
         inline_s = size.per_token_s.get(INLINE, 0.0) * padded_tokens
         explore = sum(size.passes.values()) % EXPLORE_EVERY == 0
         if inline_s > MAX_INLINE_S:
-            # Only to measure again: one stall of the process (a loaded machine) may have made the average, and
-            # a way never tried again would keep it, and every pass of this size on the device thread, for good.
-            return explore
+            # Only to measure again, where the device thread's passes take that long too: one stall of the process
+            # (a loaded machine) may have made the average, and a way never tried again would keep it, and every
+            # pass of this size on the device thread, for good.
+            return explore and device_s > MAX_INLINE_S
         if not size.warm(INLINE):
             return device_s <= MAX_TRIED_S
         faster = inline_s <= device_s
