@@ -10,9 +10,10 @@ an idle machine two threads may still win at a few dozen tokens. So the device l
 (padded tokens, in powers of two, up to MAX_INLINE_TOKENS) it keeps a moving average of each way's seconds per
 token, runs the faster, and every EXPLORE_EVERY-th pass of a size the other, so the choice follows the machine's
 load. The loop serves no one else meanwhile, so a pass runs there by choice only at sizes whose passes there took at
-most MAX_INLINE_S (tried only where the device thread's took at most MAX_TRIED_S); a size over it whose device
-passes take over MAX_INLINE_S too is still measured there every EXPLORE_EVERY-th pass, or one stall of the process on a loaded machine would send every later pass of
-that size to the device thread for good (seen: 200 ms passes on two threads where one took 20 ms).
+most MAX_INLINE_S (tried only where the device thread's took at most MAX_TRIED_S). A size over it whose device
+passes take over MAX_INLINE_S too is still measured there every EXPLORE_EVERY-th pass: one stall of the process on
+a loaded machine would otherwise send every later pass of that size to the device thread for good (seen: 200 ms
+passes on two threads where one took 20 ms).
 
 The event loop's thread runs torch on one thread and the device thread on all (`pin_threads`), set once: torch
 starts each new thread with the count set last, so switching back and forth would leave model builds in new
