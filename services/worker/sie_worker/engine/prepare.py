@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -66,11 +66,8 @@ class Preparation:
         whole request, such as its images' pixels, before any item's). Then the multivector bounds."""
         started = time.perf_counter()
         with span("tokenization"):
-            steps = [self._part(plan.model.adapter, part, plan.items) for part in plan.parts]
-            # One part (a query, or documents alone) is awaited here: gather would run it as a task of its own, a
-            # turn of the event loop more for every request.
-            outcomes = (
-                [await _settled(steps[0])] if len(steps) == 1 else await asyncio.gather(*steps, return_exceptions=True)
+            outcomes = await asyncio.gather(
+                *(self._part(plan.model.adapter, part, plan.items) for part in plan.parts), return_exceptions=True
             )
         clock.tokenization_ms += ms_since(started)
         refused = [outcome for outcome in outcomes if isinstance(outcome, _Refused)]
@@ -144,14 +141,6 @@ class Preparation:
             if "multivector" in plan.outputs:
                 check_dense_estimate(total, dims, plan.output_dtype, self._max_send_bytes, MAX_SEND_SETTING)
             check_held_multivectors(total, dims, self._limits, plan.task)
-
-
-async def _settled(step: Awaitable[T]) -> T | Exception:
-    """What `step` returned, or the Exception it raised (as asyncio.gather(return_exceptions=True) gives it)."""
-    try:
-        return await step
-    except Exception as error:  # noqa: BLE001 - handed back as gather hands it back
-        return error
 
 
 class _Refused(Exception):
