@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import types
 import typing
@@ -35,6 +36,16 @@ _FALSE = {"0", "false", "no", "off"}
 
 class SettingsError(ValueError):
     """A flag or environment variable that cannot be parsed; names the source."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether SIE_HOST `host` listens on loopback only (127.0.0.0/8, ::1, localhost): no other machine reaches it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def setting(default: Any, *, env: str, help: str) -> Any:
