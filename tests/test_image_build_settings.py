@@ -67,9 +67,12 @@ def test_no_pip_build_setting_is_in_any_image_history_or_file(images) -> None:
         environment = in_image(image, "env")
         assert not [name for name in PIP_SETTINGS if name in environment], image
         # The secret was mounted for the steps that install and is not in any layer.
-        assert in_image(image, "sh", "-c", "ls /etc/pip.conf /etc/xdg/pip /opt/venv/pip.conf 2>&1 || true").count(
-            "No such file"
-        ) == 3, image
+        assert (
+            in_image(image, "sh", "-c", "ls /etc/pip.conf /etc/xdg/pip /opt/venv/pip.conf 2>&1 || true").count(
+                "No such file"
+            )
+            == 3
+        ), image
 
 
 def test_every_image_runs_as_user_and_group_10001_and_the_weight_cache_is_theirs(images) -> None:

@@ -27,13 +27,14 @@ ENGINE = engine_or_skip()
 SLOW_S = 6.0
 # When the stop comes: well into the request.
 STOP_AFTER_S = 2.0
+EXTENSIONS = "type.googleapis.com/envoy.extensions"
 
 
 class Backend(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     arrived = threading.Event()
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         if self.path == "/slow":
             Backend.arrived.set()
             time.sleep(SLOW_S)
@@ -52,12 +53,12 @@ def envoy_config(listen: int, admin: int, backend: int) -> dict[str, Any]:
         return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
 
     manager = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "@type": f"{EXTENSIONS}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "edge",
         "http_filters": [
             {
                 "name": "envoy.filters.http.router",
-                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                "typed_config": {"@type": f"{EXTENSIONS}.filters.http.router.v3.Router"},
             }
         ],
         "route_config": {
@@ -78,7 +79,11 @@ def envoy_config(listen: int, admin: int, backend: int) -> dict[str, Any]:
                     "name": "edge",
                     "address": address(listen),
                     "filter_chains": [
-                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
+                            ]
+                        }
                     ],
                 }
             ],
@@ -118,59 +123,10 @@ def get(url: str, timeout: float = 60) -> tuple[int, bytes]:
         return reply.status, reply.read()
 
 
-def test_a_request_in_flight_survives_a_stop_of_the_envoy_image(images, backend: int, tmp_path: Path) -> None:
-    listen, admin = free_port(), free_port()
-    config = tmp_path / "envoy.json"
-    config.write_text(json.dumps(envoy_config(listen, admin, backend)))
-    config.chmod(0o644)
-    tmp_path.chmod(0o755)
-    name = f"sie-envoy-drain-{listen}"
-    subprocess.run(
-        [ENGINE.binary, "run", "-d", "--rm", "--name", name, "--network", "host", *ENGINE.run_flags(),
-         "--volume", f"{config}:/etc/envoy/envoy.json:ro", IMAGES["envoy"], "-c", "/etc/envoy/envoy.json",
-         "--log-level", "warn", "--use-dynamic-base-id"],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                assert get(f"http://127.0.0.1:{listen}/fast", timeout=5) == (200, b"all of it")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "Envoy in the image did not start"
-                time.sleep(0.5)
-        answer: dict[str, Any] = {}
-
-        def slow() -> None:
-            try:
-                answer["reply"] = get(f"http://127.0.0.1:{listen}/slow")
-            except OSError as error:
-                answer["error"] = error
-            answer["at"] = time.monotonic()
-
-        client = threading.Thread(target=slow)
-        client.start()
-        assert Backend.arrived.wait(30)
-        time.sleep(STOP_AFTER_S)
-        began = time.monotonic()
-        stop = subprocess.run(
-            [ENGINE.binary, "stop", "--time", "40", name], capture_output=True, text=True, timeout=90, check=False
-        )
-        stopped = time.monotonic()
-        client.join(60)
-        assert answer.get("reply") == (200, b"all of it"), answer
-        # The stop waited for the request (it ended before the container did), and did not need its kill.
-        assert began < answer["at"] <= stopped, (began, answer["at"], stopped)
-        assert stopped - began < 30, stop.stderr
-        gone = subprocess.run([ENGINE.binary, "container", "exists", name], capture_output=True, timeout=60)
-        assert gone.returncode == 1, "the container outlived its stop"
-    finally:
-        subprocess.run([ENGINE.binary, "rm", "--force", name], capture_output=True, timeout=60, check=False)
-
-
-def test_an_idle_envoy_image_stops_at_once(images, backend: int, tmp_path: Path) -> None:
-    """Nothing in flight: the drain ends at once (the stack's Ctrl-C does not wait for it)."""
+@pytest.fixture
+def envoy(images, backend: int, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, int]]:
+    """The sie-envoy image in front of the backend, as `sie up --images` runs it (`run` in the foreground, which passes
+    SIGTERM on): the `run` process, the container's name and the listener's port, once Envoy answers."""
     listen, admin = free_port(), free_port()
     config = tmp_path / "envoy.json"
     config.write_text(json.dumps(envoy_config(listen, admin, backend)))
@@ -187,16 +143,49 @@ def test_an_idle_envoy_image_stops_at_once(images, backend: int, tmp_path: Path)
         deadline = time.monotonic() + 60
         while True:
             try:
-                assert get(f"http://127.0.0.1:{listen}/fast", timeout=5)[0] == 200
+                assert get(f"http://127.0.0.1:{listen}/fast", timeout=5) == (200, b"all of it")
                 break
             except OSError:
-                assert time.monotonic() < deadline, "Envoy in the image did not start"
+                assert run.poll() is None and time.monotonic() < deadline, "Envoy in the image did not start"
                 time.sleep(0.5)
-        began = time.monotonic()
-        run.terminate()  # as `sie up --images` stops it: SIGTERM to `run`, which passes it on
-        code = run.wait(60)
-        assert code == 0, run.stderr.read() if run.stderr else ""
-        assert time.monotonic() - began < 10
+        yield run, name, listen
     finally:
         run.kill()
         subprocess.run([ENGINE.binary, "rm", "--force", name], capture_output=True, timeout=60, check=False)
+
+
+def test_a_request_in_flight_survives_a_stop_of_the_envoy_image(envoy) -> None:
+    run, name, listen = envoy
+    answer: dict[str, Any] = {}
+
+    def slow() -> None:
+        try:
+            answer["reply"] = get(f"http://127.0.0.1:{listen}/slow")
+        except OSError as error:
+            answer["error"] = error
+        answer["at"] = time.monotonic()
+
+    client = threading.Thread(target=slow)
+    client.start()
+    assert Backend.arrived.wait(30)
+    time.sleep(STOP_AFTER_S)
+    began = time.monotonic()
+    stop = subprocess.run(
+        [ENGINE.binary, "stop", "--time", "40", name], capture_output=True, text=True, timeout=90, check=False
+    )
+    stopped = time.monotonic()
+    client.join(60)
+    assert answer.get("reply") == (200, b"all of it"), answer
+    # The stop waited for the request (it ended before the container did), and did not need its kill.
+    assert began < answer["at"] <= stopped, (began, answer["at"], stopped)
+    assert stopped - began < 30, stop.stderr
+    assert run.wait(30) == 0
+
+
+def test_an_idle_envoy_image_stops_at_once(envoy) -> None:
+    """Nothing in flight: the drain ends at once (the stack's Ctrl-C does not wait for it)."""
+    run, _, _ = envoy
+    began = time.monotonic()
+    run.terminate()  # as `sie up --images` stops it: SIGTERM to `run`, which passes it on
+    assert run.wait(60) == 0, run.stderr.read() if run.stderr else ""
+    assert time.monotonic() - began < 10

@@ -5,14 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sie_common.cluster.model_config import weight_packages_setting
-from sie_common.runtime.settings import (
-    ServiceSettings,
-    SettingsError,
-    is_loopback_host,
-    metrics_port_setting,
-    port_setting,
-    setting,
-)
+from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
+from sie_common.runtime.settings import is_loopback_host
 
 # etcd refuses a request over 1.5 MiB by default: a stored config, with the write's other keys, stays well under it.
 MAX_MODEL_CONFIG_BYTES = 1024 * 1024

@@ -9,14 +9,8 @@ from sie_common.cluster.model_config import weight_packages_setting
 from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.encode_stream import EncodeStreamSettings
 from sie_common.edge.request_bounds import RequestBoundSettings
-from sie_common.runtime.settings import (
-    ServiceSettings,
-    SettingsError,
-    is_loopback_host,
-    metrics_port_setting,
-    port_setting,
-    setting,
-)
+from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
+from sie_common.runtime.settings import is_loopback_host
 
 # What SIE_CPU_COMPUTE_PRECISION takes (sie_worker.models.cpu_precision).
 CPU_PRECISIONS = ("auto", "float32", "bfloat16", "int8")
