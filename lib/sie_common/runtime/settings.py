@@ -38,16 +38,6 @@ class SettingsError(ValueError):
     """A flag or environment variable that cannot be parsed; names the source."""
 
 
-def is_loopback_host(host: str) -> bool:
-    """Whether SIE_HOST `host` listens on loopback only (127.0.0.0/8, ::1, localhost): no other machine reaches it."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def setting(default: Any, *, env: str, help: str) -> Any:
     """A settings field: its default, the environment variable it reads, its help text."""
     if isinstance(default, list):
@@ -137,6 +127,16 @@ class ServiceSettings:
         env="SIE_TRACING_ENABLED",
         help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)",
     )
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether SIE_HOST is a loopback address (127.0.0.0/8, ::1, localhost): no other machine reaches the port."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
 
 def add_flags(parser: argparse.ArgumentParser, settings_type: type) -> None:

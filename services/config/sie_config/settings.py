@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from sie_common.cluster.model_config import weight_packages_setting
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
-from sie_common.runtime.settings import is_loopback_host
 
 # etcd refuses a request over 1.5 MiB by default: a stored config, with the write's other keys, stays well under it.
 MAX_MODEL_CONFIG_BYTES = 1024 * 1024
@@ -68,7 +67,7 @@ class ConfigSettings(ServiceSettings):
                 f"SIE_MAX_MODEL_CONFIG_BYTES must be 1024 to {MAX_MODEL_CONFIG_BYTES} (etcd refuses larger writes), "
                 f"got {self.max_model_config_bytes}"
             )
-        if self.allow_unauthenticated_admin and not is_loopback_host(self.host):
+        if self.allow_unauthenticated_admin and not self.loopback_only:
             raise SettingsError(
                 f"SIE_ALLOW_UNAUTHENTICATED_ADMIN=true opens model writes to anyone who reaches the port, so it "
                 f"needs a loopback"

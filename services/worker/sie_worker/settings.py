@@ -10,7 +10,6 @@ from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.encode_stream import EncodeStreamSettings
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
-from sie_common.runtime.settings import is_loopback_host
 
 # What SIE_CPU_COMPUTE_PRECISION takes (sie_worker.models.cpu_precision).
 CPU_PRECISIONS = ("auto", "float32", "bfloat16", "int8")
@@ -320,7 +319,7 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
                 " (and the same on the gateways), or SIE_TLS_CLIENT_CA_FILE for mutual TLS"
             )
         protected = self.worker_token or self.tls_client_ca_file or self.allow_open_work_stream
-        if not protected and not is_loopback_host(self.host):
+        if not protected and not self.loopback_only:
             raise SettingsError(
                 f"SIE_HOST={self.host} lets other machines reach this worker, but nothing protects its Work stream "
                 "(the gateways' link, which runs any request): set SIE_WORKER_TOKEN (the same on the gateways) or "
