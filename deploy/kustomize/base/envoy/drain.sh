@@ -5,17 +5,21 @@
 #   drain.sh ADMIN_ADDRESS MIN_WAIT_S MAX_WAIT_S
 # 1. POST /healthcheck/fail: the listener's /readyz answers 503, so the pod leaves the Service's endpoints.
 # 2. POST /drain_listeners?graceful&inboundonly: each connection is told to close after its request (HTTP/1.1
-#    `connection: close`, HTTP/2 GOAWAY); the listener still accepts (a client that has not seen the endpoint change
+#    `connection: close`, HTTP/2 GOAWAY; all at once with --drain-strategy immediate); the listener still accepts (a client that has not seen the endpoint change
 #    yet is served).
 # 3. Waits MIN_WAIT_S (for the endpoint change to reach every node), then until no request is in flight (the
 #    http.*.downstream_rq_active gauges, the admin's own left out), MAX_WAIT_S at most.
 set -u
 admin=$1 min_wait_s=$2 max_wait_s=$3
 
-admin_request() {  # METHOD PATH: Envoy's answer, headers included; nothing when the admin does not answer
+admin_request() {  # METHOD PATH: Envoy's answer, headers included; nothing when the admin does not answer (each line
+  # within 2 s: a wedged Envoy does not hold the drain past MAX_WAIT_S)
+  local line
   exec 3<>"/dev/tcp/${admin%:*}/${admin##*:}" || return 0
   printf '%s %s HTTP/1.1\r\nhost: %s\r\nconnection: close\r\n\r\n' "$1" "$2" "$admin" >&3
-  cat <&3
+  while IFS= read -r -t 2 line <&3; do
+    printf '%s\n' "$line"
+  done
   exec 3<&-
 }
 
