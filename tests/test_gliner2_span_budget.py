@@ -15,7 +15,9 @@ import pytest
 from sie_worker.adapters.families.gliner2_spans import SpanBudget
 from tiny_families import build_tiny_gliner2
 
-WORDS = "Apple Paris Tim Cook sells the iPhone in Cupertino , . and Marie Curie 🚀 文字 Ünïcödé [E] \u200b".split()
+# Words of the texts: a zero-width space and a prompt token among them.
+WORDS = ["Apple", "Paris", "Tim", "Cook", "sells", "the", "iPhone", "in", "Cupertino", ",", ".", "and", "Marie"]
+WORDS += ["Curie", "🚀", "文字", "Ünïcödé", "[E]", "\u200b"]
 SCHEMA = {
     "classifications": [{"task": "sentiment", "labels": ["positive", "negative"]}],
     "structures": {
