@@ -20,7 +20,7 @@ from google.protobuf import json_format
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tiny_families import build_tiny_gliner2
+from tiny_families import build_tiny_gliner2, gliner2_answers
 from tiny_models import write_config
 from worker_process import Services, inference_stub
 
@@ -98,17 +98,9 @@ def extract(stub, texts: list[str], labels: list[str], **options: Any) -> infere
 def reference(
     replica: Path, texts: list[str], labels: list[str], schema: dict[str, Any], threshold: float, words: int
 ) -> list[dict[str, Any]]:
-    from gliner2 import GLiNER2, Schema
+    from gliner2 import GLiNER2
 
-    model = GLiNER2.from_pretrained(str(replica))
-    return model.batch_extract(
-        texts,
-        Schema.from_dict({"entities": labels, **schema}),
-        threshold=threshold,
-        include_confidence=True,
-        include_spans=True,
-        max_len=words,
-    )
+    return gliner2_answers(GLiNER2.from_pretrained(str(replica)), texts, labels, schema, threshold, words)
 
 
 def assert_close(served: Any, expected: Any, where: str = "") -> None:
