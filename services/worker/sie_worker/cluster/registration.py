@@ -108,10 +108,9 @@ class LeaseKeeper:
         self._name = name
         self._ttl_s = ttl_s
         self._step_s = ttl_s / KEEP_ALIVES_PER_TTL
-        # Calls give up in time for the next keep-alive to land within the TTL.
-        self._etcd = Etcd(
-            etcd.endpoints, etcd.prefix, credentials=etcd.credentials, tls=etcd.tls, timeout_s=self._step_s
-        )
+        # A call gives up after a third of the TTL: a slow etcd gets that long to answer, and a call lost on a broken
+        # connection leaves time for another try before the lease runs out.
+        self._etcd = Etcd(etcd.endpoints, etcd.prefix, credentials=etcd.credentials, tls=etcd.tls, timeout_s=ttl_s / 3)
         self._connected = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sie-worker-lease", daemon=True)
