@@ -7,8 +7,12 @@ its Work streams open for the requests already on them) and revokes the lease on
 
 The lease is kept alive by a thread of its own, with its own event loop and etcd connection (`LeaseKeeper`), so a
 worker whose event loop is busy (a long synchronous step, many requests on two cores) does not lose its
-registration: only the lease is time-critical, and that thread does nothing else. If the lease is found expired
-anyway (etcd unreachable longer than the TTL), that thread registers again at once, with the record last
+registration: only the lease is time-critical, and that thread does nothing else. It renews four times per TTL,
+each call giving up after a third of the TTL, and tries a failed renewal again 0.25 s later, so one slow or lost
+call never costs the lease. (The keep-alive used to be a task on the event loop, every third of the TTL with
+5 s calls and a whole third of the TTL between a failure and the next try: with the default 10 s TTL, one
+keep-alive that hung cost the lease, as did the event loop being held for a TTL.) If the lease is found
+expired anyway (etcd unreachable longer than the TTL), that thread registers again at once, with the record last
 published.
 """
 
@@ -93,6 +97,8 @@ class Registration:
                 await self.publish()
             except EtcdUnavailable as error:  # the lease may have just been replaced: the next refresh uses the new
                 log.warning("worker registration: %s; retrying", error)
+            except Exception:  # nothing may end the refreshes: gateways would route on a stale record
+                log.exception("worker registration failed unexpectedly; retrying")
 
 
 class LeaseKeeper:
@@ -158,4 +164,6 @@ class LeaseKeeper:
             return True
         except EtcdUnavailable as error:
             log.warning("worker lease keep-alive failed after %.1f s: %s; retrying", time.monotonic() - started, error)
-            return False
+        except Exception:  # nothing may end the keep-alives: the registration would be lost for good
+            log.exception("worker lease keep-alive failed unexpectedly; retrying")
+        return False
