@@ -9,6 +9,7 @@ signal lands.
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -59,6 +60,16 @@ class Call:
         assert self.error is None, (self.error.code(), self.error.details())
         assert self.response is not None
         return np.stack([from_tensor(result.dense) for result in self.response.results])
+
+
+def timed_encode(stub: inference_pb2_grpc.InferenceStub, index: int, text: str) -> tuple[float, float, object]:
+    """One Encode of `text`: when it was sent, when it ended, and (index, its vector) or the error."""
+    sent = time.monotonic()
+    try:
+        response = stub.Encode(encode_request(MODEL, [text]), timeout=30)
+        return sent, time.monotonic(), (index, from_tensor(response.results[0].dense))
+    except grpc.RpcError as error:
+        return sent, time.monotonic(), error
 
 
 def vectors(stub: inference_pb2_grpc.InferenceStub, texts: list[str] = TEXTS) -> np.ndarray:

@@ -17,7 +17,7 @@ import numpy as np
 
 from grpc_helpers import encode_request, error_info
 from local_cluster import gateway_model, wait_until
-from reliability.slow_worker import MODEL
+from reliability.slow_worker import MODEL, timed_encode
 from sie.v1 import inference_pb2_grpc
 from sie_contract.tensors import from_tensor
 
@@ -44,15 +44,10 @@ def test_sigterm_on_the_only_worker_under_load_answers_or_refuses_each_request(c
         def client(index: int) -> None:
             refusals = 0
             while refusals < 3:  # a few after the worker is gone, then stop
-                sent = time.monotonic()
-                try:
-                    response = stub.Encode(encode_request(MODEL, [TEXTS[index]]), timeout=30)
-                    result: object = (index, from_tensor(response.results[0].dense))
-                except grpc.RpcError as error:
-                    result = error
-                    refusals += 1
+                outcome = timed_encode(stub, index, TEXTS[index])
+                refusals += isinstance(outcome[2], grpc.RpcError)
                 with lock:
-                    outcomes.append((sent, time.monotonic(), result))
+                    outcomes.append(outcome)
 
         threads = [threading.Thread(target=client, args=(index,)) for index in range(CLIENTS)]
         for thread in threads:
