@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from grpc_helpers import encode_request
 from local_cluster import etcd_call, gateway_model, wait_until
@@ -89,6 +90,19 @@ def in_flight_on(worker, minimum: int = 1) -> None:  # type: ignore[no-untyped-d
         return False
 
     wait_until(busy, timeout_s=30, what="a request in flight on the worker")
+
+
+def unavailable_answers(metrics_url: str, model: str) -> float:
+    """How many encode requests of `model` a worker answered UNAVAILABLE (from its metrics)."""
+    with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=10) as reply:
+        families = text_string_to_metric_families(reply.read().decode())
+    return sum(
+        sample.value
+        for family in families
+        for sample in family.samples
+        if sample.name == "sie_worker_requests_total"
+        and sample.labels == {"model": model, "operation": "encode", "status": "UNAVAILABLE"}
+    )
 
 
 def registered(cluster) -> dict[str, WorkerRecord]:  # type: ignore[no-untyped-def]
