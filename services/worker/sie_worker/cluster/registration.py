@@ -7,13 +7,13 @@ its Work streams open for the requests already on them) and revokes the lease on
 
 The lease is kept alive by a thread of its own, with its own event loop and etcd connection (`LeaseKeeper`), so a
 worker whose event loop is busy (a long synchronous step, many requests on two cores) does not lose its
-registration: only the lease is time-critical, and that thread does nothing else. It renews four times per TTL,
-each call giving up after a third of the TTL, and tries a failed renewal again 0.25 s later, so one slow or lost
-call never costs the lease. (The keep-alive used to be a task on the event loop, every third of the TTL with
-5 s calls and a whole third of the TTL between a failure and the next try: with the default 10 s TTL, one
-keep-alive that hung cost the lease, as did the event loop being held for a TTL.) If the lease is found
-expired anyway (etcd unreachable longer than the TTL), that thread registers again at once, with the record last
-published.
+registration: only the lease is time-critical, and that thread does nothing else. It renews four times per TTL, each
+call giving up after a third of the TTL, and tries a failed renewal again 0.25 s later (then at doubling intervals
+up to a quarter of the TTL), so one slow or lost call never costs the lease. (The keep-alive used to be a task on
+the event loop, every third of the TTL with 5 s calls and a whole third of the TTL between a failure and the next
+try: with the default 10 s TTL, one keep-alive that hung cost the lease, as did the event loop being held for a
+TTL.) If the lease is found expired anyway (etcd unreachable longer than the TTL), that thread registers again at
+once, with the record last published.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 # Keep-alives per TTL: one may fail (or take its whole timeout) and the next still lands in time.
 KEEP_ALIVES_PER_TTL = 4
-# After a failed keep-alive, the next try comes this soon (not a whole step later).
+# After a failed keep-alive, the next try comes this soon (not a whole step later), then at doubling intervals up to
+# a step (a long etcd outage is not a flood of tries and warnings).
 RETRY_S = 0.25
 
 
@@ -144,8 +145,10 @@ class LeaseKeeper:
     async def _keep_alive(self) -> None:
         while True:
             await asyncio.sleep(self._step_s)
+            delay = RETRY_S
             while not await self._refreshed():
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, self._step_s)
 
     async def _refreshed(self) -> bool:
         """One keep-alive (a new lease and the record again if it had expired); False if etcd did not answer."""
