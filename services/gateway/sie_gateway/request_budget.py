@@ -122,13 +122,15 @@ class MessageReads:
             await abort(context, self._late())
         if raw is None and not stream:
             await abort(context, NO_MESSAGE)
+        if not stream and self.budget.held - self._reading_total + self.largest > self.budget.limit:
+            await abort(context, self._not_kept(len(raw or b"")))
         return raw
 
     async def _room(self, lease: BodyLease, context: grpc.aio.ServicerContext, stream: bool) -> None:
         """Hold `largest` bytes on `lease` once its caller's share and the budget have room, its caller's reads
         waiting in turn (oldest first)."""
         caller = lease.caller
-        if caller not in self._waiting and self._hold(lease):
+        if caller not in self._waiting and self._hold(lease, stream):
             return
         if not stream and self._full(caller):
             await abort(context, self._refusal(caller))
@@ -147,7 +149,7 @@ class MessageReads:
                         async with asyncio.timeout(RECHECK_S):
                             await turn.wait()
                     turn.clear()
-                    if self._hold(lease):
+                    if self._hold(lease, stream):
                         return
                     if not stream and self._full(caller):
                         await abort(context, self._refusal(caller))
@@ -163,9 +165,12 @@ class MessageReads:
             elif first:
                 queue[0].set()
 
-    def _hold(self, lease: BodyLease) -> bool:
+    def _hold(self, lease: BodyLease, stream: bool) -> bool:
         """Grow `lease` by `largest` bytes if the caller's share and the budget have room (dropping reads that have
-        stalled long enough to make it, BodyBudget.take); whether it did."""
+        stalled long enough to make it, BodyBudget.take); whether it did. An EncodeStream's message, which is kept
+        once read, also needs the budget to keep room for one more read after it."""
+        if stream and self.budget.held + 2 * self.largest > self.budget.limit:
+            return False
         try:
             lease.grow(self.largest)
         except AdapterError:
@@ -202,6 +207,16 @@ class MessageReads:
             )
         return ResourceExhausted(
             f"this message was not read: the gateway holds {held}; retry",
+            reason="OVERLOADED",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    def _not_kept(self, size: int) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"this message of {size} bytes was read but not kept: the gateway's request budget "
+            f"({self.budget.limit} bytes, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES) keeps room to read one more message "
+            f"of up to {self.largest} bytes (SIE_MAX_RECEIVE_MESSAGE_BYTES), so that small calls are still read "
+            "while large ones fill it; retry, or send smaller requests",
             reason="OVERLOADED",
             retry_after_s=RETRY_AFTER_S,
         )
