@@ -25,11 +25,10 @@ from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.edge.auth import CLIENT_ADDRESS_HEADER, bearer_metadata
 from sie_common.edge.encode_stream import EncodeStreams
 from sie_common.edge.errors import status_reason
-from sie_common.runtime.settings import SettingsError, load_settings
-from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.settings import load_settings
 from sie_gateway.http_adapter.bodies import BodyBudget
 from sie_gateway.http_adapter.server import body_budget
-from sie_gateway.request_budget import intake_interceptors, peer_host
+from sie_gateway.request_budget import gateway_transport, intake_interceptors, peer_host
 from sie_gateway.settings import GatewaySettings
 from sie_stack.processes import free_port
 
@@ -80,7 +79,7 @@ async def serving(
     interceptors = intake_interceptors(settings, budget)
     if not intake:
         interceptors = [interceptors[0], interceptors[2]]
-    server = grpc.aio.server(interceptors=interceptors, options=ServerTransport.of(settings).server_options())
+    server = grpc.aio.server(interceptors=interceptors, options=gateway_transport(settings).server_options())
     servicer = HeldCalls(settings)
     inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
     port = port or free_port()
@@ -265,9 +264,14 @@ def test_peer_host_drops_the_port() -> None:
     assert peer_host("ipv6:[::1]:41234") == "::1"
 
 
-def test_the_receive_limit_fits_in_one_callers_share() -> None:
-    with pytest.raises(SettingsError, match="SIE_MAX_RECEIVE_MESSAGE_BYTES"):
-        load_settings(GatewaySettings, environ={**SMALL_BUDGET, "SIE_MAX_RECEIVE_MESSAGE_BYTES": str(5 * MiB)})
+async def test_a_message_larger_than_one_callers_share_is_refused_unread() -> None:
+    """grpc receives messages up to the smaller of the receive limit and one caller's share."""
+    async with serving({**SMALL_BUDGET, "SIE_MAX_RECEIVE_MESSAGE_BYTES": str(5 * MiB)}) as (channel, servicer, budget):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await inference_pb2_grpc.InferenceStub(channel).Encode(encode_request(9 * MiB // 2))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "4194304" in caught.value.details()  # grpc's own message names its limit
+        assert servicer.entered == 0 and budget.held == 0
 
 
 @pytest.mark.process

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -46,6 +47,7 @@ from sie_common.edge.malformed_requests import (
     StreamBehaviour,
     UnaryBehaviour,
 )
+from sie_common.runtime.transport import ServerTransport
 from sie_gateway.client_address import ClientAddresses
 from sie_gateway.http_adapter.bodies import BodyBudget, BodyLease
 from sie_gateway.http_adapter.errors import AdapterError
@@ -62,11 +64,20 @@ RECHECK_S = 0.05
 NO_MESSAGE = InvalidArgument("the call ended without its request message; send one", reason="MALFORMED_REQUEST")
 
 
+def gateway_transport(settings: GatewaySettings) -> ServerTransport:
+    """How the gateway listens: grpc receives messages up to SIE_MAX_RECEIVE_MESSAGE_BYTES, or one caller's share of
+    the request budget where that is smaller (a larger message could never be read)."""
+    transport = ServerTransport.of(settings)
+    largest = min(transport.max_receive_message_bytes, settings.http_max_body_budget_per_caller_bytes)
+    return dataclasses.replace(transport, max_receive_message_bytes=largest)
+
+
 def intake_interceptors(settings: GatewaySettings, budget: BodyBudget) -> list[grpc.aio.ServerInterceptor]:
     """The gateway's gRPC interceptors, in order: the token check, then reading each message within `budget`, then
     parsing (INVALID_ARGUMENT for a malformed message)."""
     checks = inference_checks(settings.auth_mode, settings.auth_tokens)
-    reads = MessageReads(budget, settings.max_receive_message_bytes, settings.http_body_timeout_s)
+    largest = gateway_transport(settings).max_receive_message_bytes
+    reads = MessageReads(budget, largest, settings.http_body_timeout_s)
     addresses = ClientAddresses(settings.trusted_proxies)
     return [Authorize(checks), LeaseRequestBytes(reads, bool(checks), addresses), RejectMalformedRequests()]
 

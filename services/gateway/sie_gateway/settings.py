@@ -138,12 +138,6 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
         self._check_worker_token_recipients()
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
         trusted_networks(self.trusted_proxies)
-        if self.max_receive_message_bytes > self.http_max_body_budget_per_caller_bytes:
-            raise SettingsError(
-                f"SIE_MAX_RECEIVE_MESSAGE_BYTES={self.max_receive_message_bytes}: at most "
-                f"SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES ({self.http_max_body_budget_per_caller_bytes}): "
-                "the gateway reads a message only once its caller's share has room for the largest one"
-            )
         for name in (
             "pool_default_ttl_s",
             "pool_max_workers",
