@@ -4,8 +4,8 @@ although 52 of the 64 were refused: grpc had received each whole message before 
 
 The gateway's interceptors and server options over the stand-in servicer of test_gateway_grpc_budget (which holds each
 request it gets, parsed and serialized, until the end) in a process of their own, so that its memory is its own;
-meanwhile another caller's small calls are answered. `python -m reliability.test_gateway_grpc_memory CHANNELS CALLS CALLERS`
-(from tests/) prints the same measurement."""
+meanwhile another caller's small calls are answered. From tests/,
+`python -m reliability.test_gateway_grpc_memory CHANNELS CALLS CALLERS` prints the same measurement."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def test_large_messages_on_many_channels_cost_at_most_the_budget(
 
 
 async def attack(channels: int, calls_per_channel: int, callers: int) -> dict[str, object]:
-    """`channels` channels from `callers` clients each sending `calls_per_channel` 16,000,000-byte Encode messages at once
-    to the stand-in gateway in a process of its own, while another client sends small calls one after another: the
+    """`channels` channels from `callers` clients, each sending `calls_per_channel` 16,000,000-byte Encode messages at
+    once to the stand-in gateway in a process of its own, while another client sends small calls one after another: the
     gateway's growth at its peak, how many large calls it read and what the others were answered."""
     tests = str(Path(__file__).parents[1])
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
