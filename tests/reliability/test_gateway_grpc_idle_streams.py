@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -14,13 +15,14 @@ import pytest
 from grpc_helpers import error_reason, retry_delay_s
 from reliability.test_gateway_grpc_budget import (
     LARGEST,
+    QUICK_MODEL,
     SMALL_BUDGET,
     encode_request,
     from_address,
     serving,
     until,
 )
-from sie.v1 import inference_pb2_grpc
+from sie.v1 import inference_pb2, inference_pb2_grpc
 
 MiB = 2**20
 EVICT_AFTER_S = 1.0
@@ -76,3 +78,34 @@ async def test_a_call_cancelled_while_it_waits_for_room_holds_nothing() -> None:
 
 def held_bytes(servicer: object) -> int:
     return sum(len(serialized) for _, serialized in servicer.held)  # type: ignore[attr-defined]
+
+
+async def test_a_unary_message_that_never_comes_times_out_holding_nothing() -> None:
+    async with serving({**BUDGET, "SIE_GATEWAY_HTTP_BODY_TIMEOUT_S": "1"}) as (channel, servicer, budget):
+
+        async def nothing() -> AsyncIterator[bytes]:
+            await asyncio.Event().wait()
+            yield b""
+
+        # Encode called as a client stream that never sends its message (and never half-closes).
+        silent = channel.stream_unary("/sie.v1.Inference/Encode")(nothing(), metadata=from_address("10.0.0.1"))
+        await until(lambda: budget.held == LARGEST)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(silent, 10)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert error_reason(caught.value) == "REQUEST_TIMEOUT"
+        assert "SIE_GATEWAY_HTTP_BODY_TIMEOUT_S" in caught.value.details()
+        assert servicer.entered == 0
+        await until(lambda: budget.held == 0)
+
+
+async def test_a_unary_call_of_two_messages_is_answered_for_its_first() -> None:
+    async with serving(BUDGET) as (channel, _, budget):
+
+        async def two() -> AsyncIterator[bytes]:
+            for model in (QUICK_MODEL, "other"):
+                yield inference_pb2.EncodeRequest(model=model).SerializeToString()
+
+        answer = await channel.stream_unary("/sie.v1.Inference/Encode")(two(), metadata=from_address("10.0.0.1"))
+        assert inference_pb2.EncodeResponse.FromString(answer).model == QUICK_MODEL
+        await until(lambda: budget.held == 0)
