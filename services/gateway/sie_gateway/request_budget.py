@@ -14,12 +14,14 @@ Each message is charged to its caller: the bearer token when the gateway checks 
 (the x-sie-client-address Envoy writes, from a trusted proxy's connection only; SIE_GATEWAY_TRUSTED_PROXIES), else
 the connection's peer address. A unary call whose caller's share is full of messages already read is refused with
 RESOURCE_EXHAUSTED/OVERLOADED and a retry delay, unread; one that only waits for other messages to arrive waits (at
-most MAX_WAITING_READS_PER_CALLER of a caller's calls, MAX_WAITING_READS in all, then OVERLOADED). An EncodeStream
-reads its next message once there is room: it waits for its own answers rather than being refused. A message that
-has not all arrived SIE_GATEWAY_HTTP_BODY_TIMEOUT_S after its read began (a unary call), or is still awaited
-SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S after its read began when another message needs the room, ends its call
-UNAVAILABLE/OVERLOADED with a retry delay. Calls on the adapter's own Unix socket are not charged again: the adapter
-leased their bodies."""
+most MAX_WAITING_READS_PER_CALLER of a caller's calls, MAX_WAITING_READS in all, then OVERLOADED). The budget keeps room
+to read one more message: a unary message that would leave less is read but not kept (OVERLOADED), so that small
+calls are still read while large ones fill it. An EncodeStream reads its next message once there is room: it waits
+for its own answers rather than being refused. A unary message that has not all arrived SIE_GATEWAY_HTTP_BODY_TIMEOUT_S
+after its read began ends its call DEADLINE_EXCEEDED/REQUEST_TIMEOUT; one still awaited
+SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S after its read began when another message needs the room (an idle EncodeStream's
+too) ends its call UNAVAILABLE/OVERLOADED with a retry delay. Calls on the adapter's own Unix socket are not charged
+again: the adapter leased their bodies."""
 
 from __future__ import annotations
 
