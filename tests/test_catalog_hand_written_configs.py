@@ -119,7 +119,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def stub(
+def catalog_stub(
     services: Services, replicas: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[inference_pb2_grpc.InferenceStub]:
     configs = tmp_path_factory.mktemp("catalog-configs")
@@ -129,24 +129,24 @@ def stub(
     worker = services.worker(
         {"SIE_MODELS_DIR": str(configs), "SIE_PRELOAD_MODELS": ",".join(REPLICA_OF)}, name="catalog-configs"
     )
-    with inference_stub(worker) as stub:
-        listed = stub.ListModels(inference_pb2.ListModelsRequest())
+    with inference_stub(worker) as catalog_stub:
+        listed = catalog_stub.ListModels(inference_pb2.ListModelsRequest())
         assert list(listed.config_problems) == []
         assert set(REPLICA_OF) <= {model.id for model in listed.models}
-        yield stub
+        yield catalog_stub
 
 
-def encode(stub, model: str, texts: list[str], **fields: Any) -> list[types_pb2.EncodeResult]:
+def encode(catalog_stub, model: str, texts: list[str], **fields: Any) -> list[types_pb2.EncodeResult]:
     request = inference_pb2.EncodeRequest(
         model=model, items=[types_pb2.Item(id=str(i), text=t) for i, t in enumerate(texts)], **fields
     )
-    response, _ = call_until_loaded(lambda: stub.Encode(request, timeout=120))
+    response, _ = call_until_loaded(lambda: catalog_stub.Encode(request, timeout=120))
     return list(response.results)
 
 
-def extract(stub, model: str, items: list[types_pb2.Item], **fields: Any) -> inference_pb2.ExtractResponse:
+def extract(catalog_stub, model: str, items: list[types_pb2.Item], **fields: Any) -> inference_pb2.ExtractResponse:
     request = inference_pb2.ExtractRequest(model=model, items=items, **fields)
-    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=120))
+    response, _ = call_until_loaded(lambda: catalog_stub.Extract(request, timeout=120))
     return response
 
 
@@ -177,20 +177,22 @@ def page_items(texts: list[str | None] | None = None) -> list[types_pb2.Item]:
 
 
 @pytest.mark.parametrize("is_query", [False, True], ids=["documents", "queries"])
-def test_modernbert_base_equals_sentence_transformer(stub, replicas: dict[str, Path], is_query: bool) -> None:
+def test_modernbert_base_equals_sentence_transformer(catalog_stub, replicas: dict[str, Path], is_query: bool) -> None:
     """Mean pooling, not normalized (the norms agree too), as SentenceTransformer reads a bare directory."""
     from sentence_transformers import SentenceTransformer
 
     texts = [*TEXTS, OVERLONG]
     expected = SentenceTransformer(str(replicas["modernbert"]), device="cpu").encode(texts, convert_to_numpy=True)
-    served = np.stack([from_tensor(result.dense) for result in encode(stub, MODERNBERT, texts, is_query=is_query)])
+    served = np.stack(
+        [from_tensor(result.dense) for result in encode(catalog_stub, MODERNBERT, texts, is_query=is_query)]
+    )
     assert served.shape == expected.shape
     assert row_cosines(served, expected).min() >= 0.9999
     np.testing.assert_allclose(np.linalg.norm(served, axis=1), np.linalg.norm(expected, axis=1), rtol=1e-4)
     assert abs(np.linalg.norm(served[0]) - 1) > 0.01  # not normalized
 
 
-def test_clip_vit_h_equals_clip_model(stub, replicas: dict[str, Path]) -> None:
+def test_clip_vit_h_equals_clip_model(catalog_stub, replicas: dict[str, Path]) -> None:
     """Texts (cut at 77 tokens) and images, 1,024 wide (the config's dims, checked at load)."""
     from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
@@ -206,7 +208,7 @@ def test_clip_vit_h_equals_clip_model(stub, replicas: dict[str, Path]) -> None:
         image_features = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
     items = [types_pb2.Item(id=f"t{i}", text=text) for i, text in enumerate(texts)] + page_items()
     response, _ = call_until_loaded(
-        lambda: stub.Encode(inference_pb2.EncodeRequest(model=CLIP_H, items=items), timeout=120)
+        lambda: catalog_stub.Encode(inference_pb2.EncodeRequest(model=CLIP_H, items=items), timeout=120)
     )
     served = np.stack([from_tensor(result.dense) for result in response.results])
     assert served.shape == (len(texts) + len(PAGES), 1024)
@@ -214,7 +216,7 @@ def test_clip_vit_h_equals_clip_model(stub, replicas: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize("model_id", list(SPARSE))
-def test_splade_configs_equal_sparse_encoder(stub, replicas: dict[str, Path], model_id: str) -> None:
+def test_splade_configs_equal_sparse_encoder(catalog_stub, replicas: dict[str, Path], model_id: str) -> None:
     """Queries and documents alike through the masked-LM: the same indices, weights within 1e-4 (documents past
     the 512-token limit cut there)."""
     from sentence_transformers import SparseEncoder
@@ -222,7 +224,7 @@ def test_splade_configs_equal_sparse_encoder(stub, replicas: dict[str, Path], mo
     reference = SparseEncoder(str(replicas[SPARSE[model_id]]), device="cpu")
     for is_query, texts in ((False, [*TEXTS, OVERLONG]), (True, TEXTS)):
         expected = (reference.encode_query if is_query else reference.encode_document)(texts).to_dense().numpy()
-        results = encode(stub, model_id, texts, is_query=is_query)
+        results = encode(catalog_stub, model_id, texts, is_query=is_query)
         for result, row in zip(results, expected, strict=True):
             assert result.sparse.dims == row.shape[0]
             assert list(result.sparse.indices) == list(np.flatnonzero(row)), (is_query, result.id)
@@ -231,7 +233,9 @@ def test_splade_configs_equal_sparse_encoder(stub, replicas: dict[str, Path], mo
 
 
 @pytest.mark.parametrize("is_query", [False, True], ids=["documents", "queries"])
-def test_mxbai_edge_colbert_equals_multi_vector_encoder(stub, replicas: dict[str, Path], is_query: bool) -> None:
+def test_mxbai_edge_colbert_equals_multi_vector_encoder(
+    catalog_stub, replicas: dict[str, Path], is_query: bool
+) -> None:
     """Every token vector (cosine >= 0.9999) and their counts: queries cut at 48 tokens and never padded with
     [MASK], documents cut at 512, punctuation dropped from documents."""
     from sentence_transformers import MultiVectorEncoder
@@ -239,7 +243,7 @@ def test_mxbai_edge_colbert_equals_multi_vector_encoder(stub, replicas: dict[str
     reference = MultiVectorEncoder(str(replicas["edge-colbert"]), device="cpu")
     texts = [*TEXTS, OVERLONG]
     expected = (reference.encode_query if is_query else reference.encode_document)(texts, convert_to_numpy=True)
-    results = encode(stub, EDGE_COLBERT, texts, output_types=["multivector"], is_query=is_query)
+    results = encode(catalog_stub, EDGE_COLBERT, texts, output_types=["multivector"], is_query=is_query)
     for result, vectors in zip(results, expected, strict=True):
         served = from_tensor(result.multivector)
         assert served.shape == vectors.shape, result.id
@@ -253,7 +257,7 @@ def test_mxbai_edge_colbert_equals_multi_vector_encoder(stub, replicas: dict[str
 
 
 @pytest.mark.parametrize("classification_type", ["multi-label", "single-label"])
-def test_gliclass_v3_equals_its_pipeline(stub, replicas: dict[str, Path], classification_type: str) -> None:
+def test_gliclass_v3_equals_its_pipeline(catalog_stub, replicas: dict[str, Path], classification_type: str) -> None:
     from gliclass import GLiClassModel, ZeroShotClassificationPipeline
     from transformers import AutoTokenizer
 
@@ -274,7 +278,7 @@ def test_gliclass_v3_equals_its_pipeline(stub, replicas: dict[str, Path], classi
         threshold=0.0,
     )
     request.options.update({"classification_type": classification_type})
-    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=120))
+    response, _ = call_until_loaded(lambda: catalog_stub.Extract(request, timeout=120))
     for result, found in zip(response.results, expected, strict=True):
         best_first = sorted(found, key=lambda prediction: -prediction["score"])
         assert [c.label for c in result.classifications] == [p["label"] for p in best_first]
@@ -286,13 +290,13 @@ def test_gliclass_v3_equals_its_pipeline(stub, replicas: dict[str, Path], classi
         assert len(scores) == len(NLI_TEXTS) * len(NLI_LABELS) and max(scores) - min(scores) > 0.05
 
 
-def test_donut_rvlcdip_answers_as_the_model_card_parses_them(stub, replicas: dict[str, Path]) -> None:
+def test_donut_rvlcdip_answers_as_the_model_card_parses_them(catalog_stub, replicas: dict[str, Path]) -> None:
     from transformers import AutoProcessor, VisionEncoderDecoderModel
 
     directory = replicas["donut-rvlcdip"]
     processor = AutoProcessor.from_pretrained(directory)
     model = VisionEncoderDecoderModel.from_pretrained(directory).eval()
-    served = [json_format.MessageToDict(result.data) for result in extract(stub, RVLCDIP, page_items()).results]
+    served = [json_format.MessageToDict(result.data) for result in extract(catalog_stub, RVLCDIP, page_items()).results]
     prompt = processor.tokenizer("<s_rvlcdip>", add_special_tokens=False, return_tensors="pt").input_ids
     for data, encoded in zip(served, PAGES, strict=True):
         pixels = processor(images=Image.open(io.BytesIO(encoded)).convert("RGB"), return_tensors="pt").pixel_values
@@ -305,7 +309,7 @@ def test_donut_rvlcdip_answers_as_the_model_card_parses_them(stub, replicas: dic
 
 @pytest.mark.parametrize(("model_id", "task"), [*((model_id, "<OCR>") for model_id in FLORENCE), (FLORENCE[0], "<OD>")])
 def test_florence2_configs_equal_generate_with_the_checkpoints_beams(
-    stub, replicas: dict[str, Path], model_id: str, task: str
+    catalog_stub, replicas: dict[str, Path], model_id: str, task: str
 ) -> None:
     """Each config's default task (OCR, the request naming none) and a structured one, with the generation config's
     3 beams: the tokens of generate(), post-processed as the processor does."""
@@ -318,7 +322,7 @@ def test_florence2_configs_equal_generate_with_the_checkpoints_beams(
     options = {} if task == "<OCR>" else {"task": task}
     request = inference_pb2.ExtractRequest(model=model_id, items=page_items())
     request.options.update({**options, "max_new_tokens": 12})
-    response, _ = call_until_loaded(lambda: stub.Extract(request, timeout=120))
+    response, _ = call_until_loaded(lambda: catalog_stub.Extract(request, timeout=120))
     for result, encoded in zip(response.results, PAGES, strict=True):
         image = Image.open(io.BytesIO(encoded)).convert("RGB")
         with torch.inference_mode():

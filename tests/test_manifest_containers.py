@@ -58,7 +58,7 @@ IMAGE_STANDINS = {
     "sie-worker-cuda": f"sie-worker-cpu:{IMAGE_VERSION}",
 }
 # The order a cluster settles in: each component needs those before it (the services refuse etcd without
-# authentication, which the etcd-access Job turns on; Envoy's readiness needs nothing, the demo-model Job needs Envoy).
+# authentication, which the etcd-access Job turns on; Envoy's readiness needs a gateway, the demo-model Job Envoy).
 ORDER = ("etcd", "etcd-access", "config", "gateway", "worker", "envoy", "add-demo-model")
 # The Secrets the manifests name, with test values (the overlays expect them created beforehand).
 SECRETS = {
@@ -445,6 +445,59 @@ def test_every_container_runs_against_its_image_with_its_probes_passing(
         )
         answer = run_engine("exec", namespace.helper, "python", "-c", script, timeout=90)
         assert answer.stdout.strip() == "384"
+        envoy_workload, envoy = one_container(objects, "Deployment", "sie-envoy")
+        check_prestop_drains(namespace, holding[ports_of(envoy)["http"]], envoy_workload, envoy)
+
+
+# Run in the helper: a POST of an encode whose body stops halfway for argv[1] seconds (a request in flight at Envoy),
+# then its status and the vector's length.
+SLOW_ENCODE = """
+import http.client, json, socket, sys, time
+body = json.dumps({"items": [{"text": "hello"}]}).encode()
+sock = socket.create_connection(("127.0.0.1", 8080), timeout=120)
+sock.sendall(b"POST /v1/encode/sentence-transformers/all-MiniLM-L6-v2 HTTP/1.1\\r\\nhost: sie-envoy\\r\\n"
+             b"content-type: application/json\\r\\ncontent-length: %d\\r\\n\\r\\n" % len(body) + body[:10])
+print("sent", flush=True)
+time.sleep(float(sys.argv[1]))
+sock.sendall(body[10:])
+reply = http.client.HTTPResponse(sock)
+reply.begin()
+print(reply.status, len(json.load(reply)["results"][0]["dense"]["values"]), flush=True)
+"""
+# How long the request above waits halfway: longer than the preStop's shortest wait, so only waiting for the request
+# in flight keeps the preStop running until it is answered.
+SLOW_ENCODE_PAUSE_S = 8
+
+
+def check_prestop_drains(namespace: Namespace, name: str, workload: dict[str, Any], container: dict[str, Any]) -> None:
+    """Envoy's preStop, run as the kubelet runs it when the pod is deleted, with a request in flight: it returns only
+    once that request is answered (in full), the pod's readiness fails from its start, and the grace period covers
+    it; Envoy then stops on SIGTERM. (Envoy alone closes every connection at once on SIGTERM.)"""
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    longest_s = int(command[-1])  # drain.sh's MAX_WAIT_S
+    grace_s = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace_s >= longest_s + 10, f"terminationGracePeriodSeconds {grace_s}: the preStop may take {longest_s} s"
+    client = subprocess.Popen(
+        [engine().binary, "exec", namespace.helper, "python", "-c", SLOW_ENCODE, str(SLOW_ENCODE_PAUSE_S)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert client.stdout is not None and client.stdout.readline().strip() == "sent", client.stderr
+        began = time.monotonic()
+        prestop = run_engine("exec", name, *command, timeout=longest_s + 30, check=False)
+        took_s = time.monotonic() - began
+        assert prestop.returncode == 0, prestop.stdout + prestop.stderr
+        out, err = client.communicate(timeout=30)
+        assert out.split() == ["200", "384"], out + err
+        assert took_s >= SLOW_ENCODE_PAUSE_S - 2, f"the preStop returned after {took_s:.1f} s, before the request ended"
+        assert took_s < longest_s, f"the preStop took {took_s:.1f} s: it did not see the request end"
+        assert namespace.probe("httpGet", ports_of(container)["http"], container["readinessProbe"]["httpGet"]["path"])[
+            0
+        ] is False, "readiness still passes after the preStop"
+    finally:
+        client.kill()
+    stopped = run_engine("stop", "--time", str(grace_s), name, timeout=grace_s + 30)
+    assert stopped.returncode == 0 and not namespace.running(name)
 
 
 # -- hostile starts: each fails at once, saying what is wrong ------------------------------------
@@ -524,6 +577,10 @@ def test_the_check_fails_a_manifest_naming_a_flag_a_variable_or_a_port_its_image
     flag = {**envoy, "args": [*envoy["args"], "--no-such-flag"]}
     with pytest.raises(AssertionError, match="exited before its readinessProbe passed"):
         wait_ready(namespace, run_container(namespace, workload, flag, objects), flag)
-    port = {**envoy, "ports": [*envoy["ports"], {"name": "bogus", "containerPort": 8099}]}
+    # No gateway in this namespace: Envoy's readiness (/readyz, which needs one) is left out here.
+    port = {
+        **{key: value for key, value in envoy.items() if key != "readinessProbe"},
+        "ports": [*envoy["ports"], {"name": "bogus", "containerPort": 8099}],
+    }
     with pytest.raises(AssertionError, match=r"port bogus \(8099\) does not listen"):
         wait_ready(namespace, run_container(namespace, workload, port, objects), port)

@@ -147,7 +147,14 @@ def test_envoy_loads_its_config_and_reaches_every_gateway_and_config_pod(rendere
     assert config == envoy_config()
     (listener,) = config["static_resources"]["listeners"]
     assert listener["address"]["socket_address"]["port_value"] == ports_of(container)["http"]
-    assert config["admin"]["address"]["socket_address"]["port_value"] == ports_of(container)["admin"]
+    # The admin can stop Envoy: loopback only; the preStop drains through it from inside the pod (drain.sh, from the
+    # same ConfigMap), and readiness goes through the listener.
+    admin = config["admin"]["address"]["socket_address"]
+    assert admin["address"] == "127.0.0.1" and "admin" not in ports_of(container)
+    prestop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert prestop[1:3] == [f"{mount['mountPath']}/drain.sh", f"127.0.0.1:{admin['port_value']}"]
+    assert "drain.sh" in config_map["data"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     for cluster in config["static_resources"]["clusters"]:
         (endpoint,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
         address = endpoint["endpoint"]["address"]["socket_address"]

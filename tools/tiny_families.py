@@ -277,6 +277,25 @@ def build_tiny_gliner2(directory: Path, *, seed: int = 0) -> Path:
 GLINER2_MAX_WIDTH = 4
 
 
+def gliner2_answers(
+    model: Any, texts: list[str], labels: list[str], schema: dict[str, Any], threshold: float, words: int
+) -> list[dict[str, Any]]:
+    """GLiNER2's own answers (the parity oracle): the labels as entity types beside `schema`'s tasks, with confidences
+    and character offsets, each text read up to `words` words."""
+    from gliner2 import Schema
+
+    return list(
+        model.batch_extract(
+            texts,
+            Schema.from_dict({"entities": labels, **schema}),
+            threshold=threshold,
+            include_confidence=True,
+            include_spans=True,
+            max_len=words,
+        )
+    )
+
+
 # --- GLiREL ---------------------------------------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 # The worker for NVIDIA GPUs (the node needs the NVIDIA driver and container
 # toolkit; Kubernetes, the NVIDIA device plugin). Build from the repository root:
 #   docker build -f deploy/docker/worker-cuda.Dockerfile -t sie-worker-cuda:0.1.0 .
+# pip's settings (a mirror): the build secret pip.conf, as in deploy/docker/Dockerfile.
 
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
@@ -13,16 +14,20 @@ ENV PATH=/opt/venv/bin:$PATH
 # torch first and pinned: the Linux wheel on PyPI is the CUDA build (its CUDA
 # libraries come as nvidia-* wheels), so installing the worker never pulls another.
 ARG TORCH=torch==2.13.0
-RUN pip install "${TORCH}"
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
+    pip install "${TORCH}"
 WORKDIR /opt/sie
 COPY contract/python contract/python
 COPY lib lib
 COPY services/worker services/worker
 COPY bundles bundles
-RUN pip install ./contract/python ./lib ./services/worker \
- && useradd --system --uid 10001 --home-dir /var/lib/sie --create-home sie
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
+    pip install ./contract/python ./lib ./services/worker \
+ && groupadd --system --gid 10001 sie \
+ && useradd --system --uid 10001 --gid sie --home-dir /var/lib/sie --create-home sie
 USER 10001
-ENV SIE_BUNDLES_DIR=/opt/sie/bundles SIE_DEVICE=cuda
+# Every address of the container: it needs SIE_WORKER_TOKEN to start (deploy/docker/Dockerfile, worker-cpu).
+ENV SIE_BUNDLES_DIR=/opt/sie/bundles SIE_DEVICE=cuda SIE_HOST=0.0.0.0
 EXPOSE 50061 9095
 ENTRYPOINT ["sie-worker"]
 CMD ["serve"]

@@ -196,7 +196,9 @@ def render(
         "max_response_body_size": max_response_bytes,
     }
     return {
-        "admin": {"address": _address(host, admin_port)},
+        # Loopback only, whatever `host` is: the admin can stop Envoy and fail its health; probes use the listener's
+        # /readyz, and a pod's preStop drains through the admin from inside (deploy/kustomize/base/envoy/drain.sh).
+        "admin": {"address": _address("127.0.0.1", admin_port)},
         "overload_manager": _overload_manager(max_heap_bytes, max_connections),
         "static_resources": {
             "listeners": [

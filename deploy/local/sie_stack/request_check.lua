@@ -617,9 +617,18 @@ local function cut(handle, chunk, reason)
   chunk:setBytes(UNREADABLE)
 end
 
+-- An AddModel the check refuses that carries no credential gets the config service's own answer to a call without
+-- one (401 MISSING_TOKEN), not the body's faults: authentication comes first (the config service checks the token
+-- before it reads a request; the check here cannot tell a right token from a wrong one).
+local ADD_MODEL = "/sie.v1.ConfigService/AddModel"
+local MISSING_ADMIN_TOKEN = '{"code": 16, "message": "add models needs an \'authorization: Bearer <token>\' header '
+  .. '(the config service\'s SIE_ADMIN_TOKEN)", "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", '
+  .. '"reason": "MISSING_TOKEN", "domain": "sie", "metadata": {}}]}'
+
 -- Reads the body of `route` chunk by chunk, each leased as it arrives and drained (the transcoder behind gets nothing
 -- until the check has all of it), checks it, and hands it on whole; a refusal goes to the route guard.
-local function check_chunks(handle, route, lease)
+-- `anonymous`: the request has no authorization header.
+local function check_chunks(handle, route, lease, anonymous)
   local parts, pieces, size, last = {}, 0, 0, nil
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
@@ -663,6 +672,8 @@ local function check_chunks(handle, route, lease)
   if not ok then -- a fault of this script: nothing unchecked goes on
     refuse_later(handle, "500", error_body("the request check failed: " .. tostring(refused):sub(1, 200),
       "EDGE_ERROR", {}))
+  elseif refused ~= nil and anonymous and route[4] == ADD_MODEL then
+    refuse_later(handle, "401", MISSING_ADMIN_TOKEN)
   elseif refused ~= nil then
     refuse_later(handle, "400", refused)
   else
@@ -741,7 +752,7 @@ function envoy_on_request(handle)
       return
     end
     handle:streamInfo():dynamicMetadata():set(NAMESPACE, "checking", true)
-    check_chunks(handle, route, lease)
+    check_chunks(handle, route, lease, headers:get("authorization") == nil)
     return
   end
   -- A route without a body (GET, DELETE): the transcoder would still read one, its fields over the path's (`DELETE

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
 import grpc
-from google.protobuf import duration_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 ERROR_DOMAIN = "sie"
@@ -149,6 +149,47 @@ def status_reason(status: status_pb2.Status) -> str:
     return next((info.reason for detail in status.details if detail.Unpack(info)), "")
 
 
+# The most bytes of the trailers that carry an error (grpc-message percent-encoded, grpc-status-details-bin in base64):
+# a message of MAX_MESSAGE_CHARS characters that are not ASCII would take 3-4 times that, past what callers accept.
+MAX_STATUS_TRAILER_BYTES = 4096
+
+
+def fitted(status: status_pb2.Status) -> status_pb2.Status:
+    """`status` with its message shortened until its trailers take at most MAX_STATUS_TRAILER_BYTES; if that is not
+    enough, without its ErrorInfo metadata too (its code, reason and retry delay are always kept)."""
+    for details in (status.details, _essential(status.details)):
+        limit = MAX_MESSAGE_CHARS
+        while True:
+            fitting = status_pb2.Status(code=status.code, message=bounded(status.message, limit), details=details)
+            if status_trailer_bytes(fitting) <= MAX_STATUS_TRAILER_BYTES or limit <= SHOWN_CHARS:
+                break
+            limit //= 2
+        if status_trailer_bytes(fitting) <= MAX_STATUS_TRAILER_BYTES:
+            break
+    return fitting
+
+
+def _essential(details: Iterable[any_pb2.Any]) -> list[any_pb2.Any]:
+    """ErrorInfo without its metadata, and RetryInfo; nothing else."""
+    kept = []
+    for detail in details:
+        info, retry = error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()
+        if detail.Unpack(info):
+            info = error_details_pb2.ErrorInfo(reason=info.reason[:SHOWN_CHARS], domain=info.domain[:SHOWN_CHARS])
+        elif not detail.Unpack(retry):
+            continue
+        packed = any_pb2.Any()
+        packed.Pack(info if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR) else retry)
+        kept.append(packed)
+    return kept
+
+
+def status_trailer_bytes(status: status_pb2.Status) -> int:
+    """The bytes of the trailers that carry `status` (grpc-message percent-encoded, grpc-status-details-bin)."""
+    encoded = sum(1 if 0x20 <= byte <= 0x7E and byte != 0x25 else 3 for byte in status.message.encode())
+    return encoded + (len(status.SerializeToString()) + 2) // 3 * 4
+
+
 def status_trailers(status: status_pb2.Status) -> tuple[tuple[str, str | bytes], ...]:
     """Trailing metadata carrying a rich status (and `retry-after` when it has a RetryInfo)."""
     trailers: list[tuple[str, str | bytes]] = [("grpc-status-details-bin", status.SerializeToString())]
@@ -166,11 +207,8 @@ async def abort(context: grpc.aio.ServicerContext, error: SieError) -> NoReturn:
 
 
 async def abort_with_status(context: grpc.aio.ServicerContext, status: status_pb2.Status) -> NoReturn:
-    """End the call with a google.rpc.Status as it is (e.g. one a worker answered with), its message bounded."""
+    """End the call with a google.rpc.Status as it is (e.g. one a worker answered with), its trailers bounded."""
     code = next((c for c in grpc.StatusCode if c.value[0] == status.code), grpc.StatusCode.UNKNOWN)
-    if len(status.message) > MAX_MESSAGE_CHARS:
-        status = status_pb2.Status(
-            code=status.code, message=bounded(status.message, MAX_MESSAGE_CHARS), details=status.details
-        )
+    status = fitted(status)
     await context.abort(code, status.message, trailing_metadata=status_trailers(status))
     raise AssertionError("context.abort returned")  # it raises; this tells type checkers so

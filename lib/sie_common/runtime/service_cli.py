@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -43,9 +44,22 @@ def serve_main(
     except ValueError as error:
         parser.error(str(error))
     serve = load_serve()
+    return asyncio.run(_run(serve(settings), tuple(startup_errors), logging.getLogger(prog.replace("-", "_"))))
+
+
+async def _run(
+    serving: Coroutine[Any, Any, None], startup_errors: tuple[type[BaseException], ...], log: logging.Logger
+) -> int:
+    """Run the service; a `startup_errors` exception is logged as one line and gives 1. It is caught inside the event
+    loop, and what the failed start left (a gRPC server that was started: its finaliser schedules a shutdown on the
+    loop) is collected while the loop still runs: collected after asyncio.run had closed the loop, the server printed
+    an "Event loop is closed" traceback under that line."""
     try:
-        asyncio.run(serve(settings))
-    except tuple(startup_errors) as error:
-        logging.getLogger(prog.replace("-", "_")).error("%s", error)
-        return 1
-    return 0
+        await serving
+    except startup_errors as error:
+        log.error("%s", error)
+    else:
+        return 0
+    gc.collect()
+    await asyncio.sleep(0)
+    return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import types
 import typing
@@ -126,6 +127,16 @@ class ServiceSettings:
         env="SIE_TRACING_ENABLED",
         help="export OpenTelemetry traces, set up by the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, ...)",
     )
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether SIE_HOST is a loopback address (127.0.0.0/8, ::1, localhost): no other machine reaches the port."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
 
 def add_flags(parser: argparse.ArgumentParser, settings_type: type) -> None:

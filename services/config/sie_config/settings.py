@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 from sie_common.cluster.model_config import weight_packages_setting
@@ -68,18 +67,9 @@ class ConfigSettings(ServiceSettings):
                 f"SIE_MAX_MODEL_CONFIG_BYTES must be 1024 to {MAX_MODEL_CONFIG_BYTES} (etcd refuses larger writes), "
                 f"got {self.max_model_config_bytes}"
             )
-        if self.allow_unauthenticated_admin and not _is_loopback(self.host):
+        if self.allow_unauthenticated_admin and not self.loopback_only:
             raise SettingsError(
                 f"SIE_ALLOW_UNAUTHENTICATED_ADMIN=true opens model writes to anyone who reaches the port, so it "
                 f"needs a loopback"
                 f" SIE_HOST (127.0.0.1, ::1 or localhost), not {self.host!r}; set SIE_ADMIN_TOKEN instead"
             )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

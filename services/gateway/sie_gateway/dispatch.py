@@ -2,17 +2,19 @@
 
 Inference is idempotent, so a request whose worker dies before answering, or
 refuses it because it is shutting down (it drains what it accepted, but the
-gateway may not have seen it deregister yet), is sent again to the next best
-eligible worker; the caller still gets exactly one answer. So is a request
+gateway may not have read its record saying so yet), is sent again to the next
+best eligible worker; the caller still gets exactly one answer. So is a request
 refused with MODEL_LOADING (or MODEL_LOAD_BACKOFF) while another eligible
 worker has the model loaded: a worker's record can say a model is loaded that
 its process no longer has (a restarted process preloading, an eviction not yet
 published).
 
-A worker whose stream broke is out of routing at once, not when its lease
-runs out: it comes back when its health check answers SERVING again (a
-restarted process does once its preloads are done and it has registered), or
-when it registers another address. While every eligible worker is out, they
+A worker whose stream broke, or that answered SHUTTING_DOWN, is out of
+routing at once, not when its lease runs out or its record says it drains
+(a gateway cut off from etcd would otherwise send every request there first
+for the whole drain): it comes back when its health check answers SERVING
+again (a restarted process does once its preloads are done and it has
+registered), or when it registers another address. While every eligible worker is out, they
 are tried anyway.
 """
 
@@ -109,11 +111,12 @@ class Dispatcher:
                     response = await self._link(worker).call(task, message, timeout_s=timeout_s)
             except WorkerLost:
                 tried.add(worker.worker_id)
-                self._lose(worker.worker_id)
+                self._lose(worker.worker_id, "its Work stream broke")
                 continue
             tried.add(worker.worker_id)
             reason = status_reason(response.error) if response.WhichOneof("outcome") == "error" else ""
             if reason == SHUTTING_DOWN:
+                self._lose(worker.worker_id, "it is draining (SHUTTING_DOWN)")
                 continue
             if reason in NOT_LOADED_HERE and self._warm(candidates(tried), model):
                 cold_answer = response
@@ -127,11 +130,11 @@ class Dispatcher:
         """Whether one of `workers`, not lost, has `model` loaded."""
         return any(model in worker.loaded_models and worker.worker_id not in self._lost for worker in workers)
 
-    def _lose(self, worker_id: str) -> None:
-        """Take a worker whose stream broke out of routing until its health check answers SERVING."""
+    def _lose(self, worker_id: str, why: str) -> None:
+        """Take a worker out of routing until its health check answers SERVING (or it leaves the registry)."""
         link = self._links.get(worker_id)
         if link is not None and worker_id not in self._lost:
-            log.warning("worker %s is out of routing: its Work stream broke", worker_id)
+            log.warning("worker %s is out of routing: %s", worker_id, why)
             self._lost[worker_id] = asyncio.create_task(self._until_serving(worker_id, link))
 
     async def _until_serving(self, worker_id: str, link: WorkerLink) -> None:

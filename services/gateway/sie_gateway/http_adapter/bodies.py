@@ -98,6 +98,17 @@ class BodyBudget:
         lease.size += size
         self._callers[lease.caller] = self.held_by(lease.caller) + size
 
+    def shrink(self, lease: BodyLease, size: int) -> None:
+        """Lower `lease` to `size` bytes (at most what it holds): it held room for a larger body than came."""
+        freed = lease.size - min(size, lease.size)
+        self.held -= freed
+        lease.size -= freed
+        left = self.held_by(lease.caller) - freed
+        if left > 0:
+            self._callers[lease.caller] = left
+        else:
+            self._callers.pop(lease.caller, None)
+
     @contextlib.contextmanager
     def arriving(self, lease: BodyLease) -> Iterator[None]:
         """While `lease`'s body arrives (and so may be dropped)."""
@@ -123,13 +134,7 @@ class BodyBudget:
 
     def _release(self, lease: BodyLease) -> None:
         self._reading.pop(lease, None)
-        self.held -= lease.size
-        left = self.held_by(lease.caller) - lease.size
-        if left > 0:
-            self._callers[lease.caller] = left
-        else:
-            self._callers.pop(lease.caller, None)
-        lease.size = 0
+        self.shrink(lease, 0)
 
 
 class BodyLease:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from sie_common.edge.auth import INFERENCE_CALLS, inference_checks
+from sie_gateway.client_address import ClientAddresses
 from sie_gateway.http_adapter.bodies import BodyBudget, BodyLimits, refuse_content_encoding
 from sie_gateway.http_adapter.errors import AdapterError
 from sie_gateway.http_adapter.gateway_calls import GatewayCalls
@@ -86,6 +87,7 @@ async def start_http_adapter(
         limits,
         budget or body_budget(settings),
         settings.max_items_per_request,
+        ClientAddresses(settings.trusted_proxies),
         inference_checks(settings.auth_mode, settings.auth_tokens).get(INFERENCE_CALLS),
     )
     app = web.Application(client_max_size=limits.max_bytes)

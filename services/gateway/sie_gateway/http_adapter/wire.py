@@ -10,6 +10,7 @@ from aiohttp import web
 
 from sie_common.edge.auth import CLIENT_ADDRESS_HEADER, Check, bearer_token
 from sie_common.edge.errors import SieError
+from sie_gateway.client_address import ClientAddresses
 from sie_gateway.http_adapter.bodies import (
     JSON_TYPE,
     MSGPACK_TYPE,
@@ -51,6 +52,7 @@ class Adapter:
     limits: BodyLimits
     budget: BodyBudget
     max_items: int
+    addresses: ClientAddresses
     token_check: Check | None = None
 
     def authorize(self, request: web.Request) -> None:
@@ -65,12 +67,12 @@ class Adapter:
 
     def caller(self, request: web.Request) -> str:
         """Who sends `request`, for its share of the body budget: its bearer token when the gateway checks tokens
-        (authorize has accepted it); without a token check, its client's address, which Envoy writes in
-        CLIENT_ADDRESS_HEADER over whatever the client sent (every connection here comes from Envoy's address), or
-        the connection's own peer for a request that did not come through Envoy."""
+        (authorize has accepted it); without a token check, its client's address: the one Envoy writes in
+        CLIENT_ADDRESS_HEADER over whatever the client sent, from a trusted proxy (SIE_GATEWAY_TRUSTED_PROXIES), else
+        the connection's own peer."""
         if self.token_check is not None:
             return f"token {bearer_token(_authorization(request))}"
-        return f"address {request.headers.get(CLIENT_ADDRESS_HEADER) or request.remote or ''}"
+        return f"address {self.addresses.client(request.remote or '', request.headers.get(CLIENT_ADDRESS_HEADER))}"
 
     async def json(self, request: web.Request) -> Any:
         """The JSON body (415 unless sent as application/json)."""

@@ -68,6 +68,8 @@ class AdapterSpec:
     options: tuple[Option, ...] = ()
     # Whether an extract request names the labels (zero-shot): it must then name at least one.
     labels: bool = False
+    # An option that may stand in for the labels (the adapter's check says whether what it holds is enough).
+    labels_or_option: str = ""
     # Whether it scores (query, item) pairs itself (a cross-encoder) rather than comparing embeddings.
     pairs: bool = False
 
@@ -94,6 +96,8 @@ class AdapterSpec:
             found.append("a pair scorer does score only")
         if self.labels and "extract" not in self.tasks:
             found.append("labels are an extractor's")
+        if self.labels_or_option and (not self.labels or self.labels_or_option not in self.option_names("extract")):
+            found.append("labels_or_option must be an extract option of an adapter that reads labels")
         names = [option.name for option in self.options]
         if len(names) != len(set(names)):
             found.append(f"options {names} name one option twice")

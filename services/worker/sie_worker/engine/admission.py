@@ -1,4 +1,8 @@
-"""Admission: at most SIE_MAX_CONCURRENT_REQUESTS requests in flight (QUEUE_FULL beyond), none once draining."""
+"""Admission: at most SIE_MAX_CONCURRENT_REQUESTS requests in flight (QUEUE_FULL beyond), none once draining.
+
+A drain waits for the requests admitted and for the calls still answering (`answering`: from a call's arrival
+until its answer is built, which outlasts the admission by the building of the answer).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ class Admission:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._in_flight = 0
+        self._answering = 0
         self._draining = False
 
     @property
@@ -42,10 +47,21 @@ class Admission:
         finally:
             self._in_flight -= 1
 
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Count a call until its answer is built, so that a drain waits for it (it is refused if it comes after
+        the drain began)."""
+        self._answering += 1
+        try:
+            yield
+        finally:
+            self._answering -= 1
+
     async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests and wait for those in flight; False if the deadline passed first."""
+        """Refuse new requests and wait for those in flight and the calls answering; False if the deadline passed
+        first."""
         self._draining = True
         deadline = time.monotonic() + timeout_s
-        while self._in_flight and time.monotonic() < deadline:
+        while (self._in_flight or self._answering) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return self._in_flight == 0
+        return not (self._in_flight or self._answering)

@@ -76,8 +76,13 @@ class Engine:
                 log.error("preloading %s failed: %s", model_id, error)
 
     async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests (UNAVAILABLE) and wait for those in flight; False if the deadline passed first."""
+        """Refuse new requests (UNAVAILABLE) and wait for those in flight (`answering` ones included); False if the
+        deadline passed first."""
         return await self._admission.drain(timeout_s)
+
+    def answering(self) -> contextlib.AbstractContextManager[None]:
+        """Hold a drain until the call is answered (Admission.answering)."""
+        return self._admission.answering()
 
     async def stop(self) -> None:
         for task in self._background:

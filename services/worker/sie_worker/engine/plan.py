@@ -167,13 +167,14 @@ class Planner:
     def _extract(self, job: ExtractJob, holds: contextlib.ExitStack) -> RequestPlan:
         config = self.registry.config(job.model)
         model = self._model(holds, config, job.profile, "extract", job.lora, job.items)
-        if model.adapter.spec.labels and not job.labels:
+        spec = model.adapter.spec
+        if spec.labels and not job.labels and not (spec.labels_or_option and spec.labels_or_option in job.options):
             raise InvalidArgument(
                 f"labels: model {job.model} extracts zero-shot and needs at least one label", reason="NO_LABELS"
             )
-        if job.labels and not model.adapter.spec.labels:
+        if job.labels and not spec.labels:
             raise InvalidArgument(
-                f"labels: model {job.model} (adapter {model.adapter.spec.name}) finds labels of its own and reads none "
+                f"labels: model {job.model} (adapter {spec.name}) finds labels of its own and reads none "
                 "from the request; send no labels",
                 reason="LABELS_NOT_READ",
                 metadata={"model": job.model},

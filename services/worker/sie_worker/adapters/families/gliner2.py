@@ -9,6 +9,10 @@ every other task's answer in `data`, as `GLiNER2.batch_extract(..., include_conf
 gives it. The model loads from its resolved local directory (config.json, encoder_config/, model.safetensors and
 its tokenizer); a saved config that names shipped code (`auto_map`) is refused unless the profile trusts it.
 
+Each task's spans are decoded within `options.max_spans` (gliner2_spans): at a threshold near 0 GLiNER2 would find
+up to words x labels entities, and take seconds of Python to decode them. A request whose schema has a task may send
+no labels: GLiNER2 then answers the schema's tasks alone, as it does for a schema without entities.
+
 run_options: `threshold` (the default when a request sets none, 0.5 as GLiNER2's).
 """
 
@@ -21,9 +25,10 @@ from typing import Any
 
 from sie_common.edge.errors import clipped
 from sie_worker.adapters.contract import Adapter, AdapterError, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.families.gliner2_spans import DEFAULT_MAX_SPANS, MAX_SPANS, SpanBudget
 from sie_worker.adapters.items import Entity, Extraction
 from sie_worker.adapters.layers.optional_packages import auto_map_in, require_package
-from sie_worker.adapters.spec import AdapterSpec, Option, probability
+from sie_worker.adapters.spec import AdapterSpec, Option, probability, whole_number
 
 DEFAULT_THRESHOLD = 0.5
 # Words of a text GLiNER2 reads when neither the model config (max_sequence_length) nor the checkpoint (max_len) says.
@@ -151,7 +156,13 @@ class Gliner2Extractor(Adapter):
                 "GLiNER2's classifications, structures and relations beside the labels' entity types",
                 read_schema,
             ),
+            Option(
+                "max_spans",
+                "most spans each task keeps, its best: the entity types together, a structure's list fields together",
+                lambda value: whole_number(value, "max_spans", 1, MAX_SPANS),
+            ),
         ),
+        labels_or_option="schema",
     )
 
     def __init__(self, context: LoadContext) -> None:
@@ -162,6 +173,13 @@ class Gliner2Extractor(Adapter):
             refuse_remote_code(context.weights)
         self.extractor = GLiNER2.from_pretrained(str(context.weights), map_location=str(context.device))
         self.extractor.eval()
+        architecture = getattr(self.extractor, "architecture", "span")
+        if architecture != "span":
+            raise ValueError(
+                f"{context.weights}: a GLiNER2 checkpoint of the {architecture!r} architecture; this adapter serves "
+                "the span architecture (fastino/gliner2-base-v1's), whose decoding it bounds"
+            )
+        self.span_budget = SpanBudget(self.extractor)
         self.model = self.extractor
         self.max_sequence_length = int(
             context.config.max_sequence_length or self.extractor.config.max_len or DEFAULT_MAX_WORDS
@@ -178,9 +196,15 @@ class Gliner2Extractor(Adapter):
         return any(token.casefold() in folded for token in self.special_tokens)
 
     def check(self, query: Query) -> None:
-        """No label or schema text holding one of the prompt's special tokens; GLiNER2's own validation of the whole
-        schema (its field types, dtypes, thresholds); and the length of the prompt it makes (GLiNER2's own record for
-        an empty text)."""
+        """Labels, or a schema with a task; no label or schema text holding one of the prompt's special tokens;
+        GLiNER2's own validation of the whole schema (its field types, dtypes, thresholds); and the length of the
+        prompt it makes (GLiNER2's own record for an empty text)."""
+        if not query.labels and not any(query.options.get("schema", {}).get(key) for key in SCHEMA_KEYS):
+            raise AdapterError(
+                "labels: send at least one label (an entity type), or an options.schema with a classification task, "
+                "structure or relation",
+                reason="NO_LABELS",
+            )
         for index, label in enumerate(query.labels):
             if self._holds_special(label):
                 raise AdapterError(
@@ -209,7 +233,8 @@ class Gliner2Extractor(Adapter):
         from gliner2 import Schema
 
         try:
-            return Schema.from_dict({"entities": list(query.labels), **query.options.get("schema", {})})
+            entities = {"entities": list(query.labels)} if query.labels else {}
+            return Schema.from_dict({**entities, **query.options.get("schema", {})})
         except ValueError as error:  # pydantic's ValidationError is one
             raise AdapterError(
                 f"options.schema: {clipped(str(error))}", reason="INVALID_OPTIONS", metadata={"option": "schema"}
@@ -234,7 +259,9 @@ class Gliner2Extractor(Adapter):
         return Prepared(text, prompt + words)
 
     def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
-        """Per text, GLiNER2's formatted answer (confidences and character offsets kept)."""
+        """Per text, GLiNER2's formatted answer (confidences and character offsets kept), each task's spans within
+        options.max_spans."""
+        self.span_budget.spans = int(query.options.get("max_spans", DEFAULT_MAX_SPANS))
         return list(
             self.extractor.batch_extract(
                 list(batch),

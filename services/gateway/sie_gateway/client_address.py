@@ -1,0 +1,50 @@
+"""Whose request a connection carries, for its share of the request budget: the client address a trusted proxy names in
+x-sie-client-address (Envoy writes it over whatever its client sent), else the connection's own peer.
+
+Applications may reach the gateway's ports without Envoy; a header from them is not believed, or each name it made up
+would be a caller with a share of its own (one client held the whole budget that way, issue 32)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+from sie_common.runtime.settings import SettingsError
+
+# Longest client address kept from the header (an IPv6 address with a zone is under 64 characters).
+MAX_CLIENT_ADDRESS_CHARS = 64
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def trusted_networks(entries: Iterable[str]) -> tuple[Network, ...]:
+    """SIE_GATEWAY_TRUSTED_PROXIES's addresses and CIDR ranges; SettingsError naming an entry that is neither."""
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise SettingsError(
+                f"SIE_GATEWAY_TRUSTED_PROXIES: {entry[:80]!r} is not an IP address or CIDR range (e.g. 10.0.0.0/8)"
+            ) from None
+    return tuple(networks)
+
+
+class ClientAddresses:
+    """The client address of a connection from `peer`, trusting the named address only from `trusted` proxies."""
+
+    def __init__(self, trusted: Iterable[str]) -> None:
+        self._trusted = trusted_networks(trusted)
+
+    def client(self, peer: str, named: object) -> str:
+        """`named` (the header's value) when `peer` (an IP address, without port) is a trusted proxy and names one;
+        else `peer`."""
+        if isinstance(named, str) and named and self.trusts(peer):
+            return named[:MAX_CLIENT_ADDRESS_CHARS]
+        return peer
+
+    def trusts(self, peer: str) -> bool:
+        try:
+            address = ipaddress.ip_address(peer)
+        except ValueError:
+            return False
+        return any(address in network for network in self._trusted)
