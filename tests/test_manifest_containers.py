@@ -619,3 +619,29 @@ def test_every_container_is_unprivileged_and_keeps_its_secrets_out_of_its_argume
             named = {m for part in container.get("command", []) + container.get("args", [])
                      for m in SECRET_IN_ARGUMENTS.findall(part)}  # fmt: skip
             assert not secret & named, f"{where}: a Secret's value in the process's arguments: {sorted(secret & named)}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_gets_to_finish_its_drain_before_the_kubelet_kills_it(rendered, overlay: str) -> None:
+    """terminationGracePeriodSeconds covers the service's own drain with room to spare: the gateway's equalled it (30 s
+    each), so a drain that used its time was SIGKILLed before the gateway had closed its etcd mirror."""
+    from sie_config.server import DRAIN_GRACE_S as CONFIG_DRAIN_S
+    from sie_gateway.server import DRAIN_GRACE_S as GATEWAY_DRAIN_S
+    from sie_worker.settings import WorkerSettings
+
+    worker_drain_s = WorkerSettings.__dataclass_fields__["drain_timeout_s"].default
+    for workload in rendered[overlay]:
+        if workload["kind"] != "Deployment":
+            continue
+        spec = workload["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        drain_s = {
+            "sie-config": CONFIG_DRAIN_S,
+            "sie-gateway": GATEWAY_DRAIN_S,
+            "sie-worker-cpu": float(env.get("SIE_DRAIN_TIMEOUT_S") or worker_drain_s),
+            "sie-worker-cuda": float(env.get("SIE_DRAIN_TIMEOUT_S") or worker_drain_s),
+        }.get(container["image"].rsplit(":", 1)[0])
+        if drain_s is not None:
+            where = f"{overlay} {workload['metadata']['name']}"
+            assert spec.get("terminationGracePeriodSeconds", 30) >= drain_s + 5, where
