@@ -308,7 +308,8 @@ def security_flags(workload: dict[str, Any], container: dict[str, Any], image: s
     spec = workload["spec"]["template"]["spec"]
     pod, own = spec.get("securityContext", {}), container.get("securityContext", {})
     user = own.get("runAsUser", pod.get("runAsUser"))
-    flags = ["--user", str(user)] if user is not None else []
+    group = own.get("runAsGroup", pod.get("runAsGroup"))
+    flags = ["--user", f"{user}:{group}" if group is not None else str(user)] if user is not None else []
     if own.get("runAsNonRoot", pod.get("runAsNonRoot")):
         image_user = run_engine("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
         effective = str(user) if user is not None else image_user.split(":")[0]
@@ -323,7 +324,8 @@ def security_flags(workload: dict[str, Any], container: dict[str, Any], image: s
     if own.get("allowPrivilegeEscalation") is False:
         flags += ["--security-opt", "no-new-privileges"]
     if own.get("readOnlyRootFilesystem"):
-        flags += ["--read-only"]
+        # As the kubelet has it: no tmpfs at /tmp, /var/tmp or /run (podman's --read-only adds them; docker's does not).
+        flags += ["--read-only", *(["--read-only-tmpfs=false"] if engine().is_podman else [])]
     if memory := container.get("resources", {}).get("limits", {}).get("memory"):
         flags += ["--memory", memory.replace("Gi", "g").replace("Mi", "m")]
     return flags
@@ -394,8 +396,9 @@ def unknown_variables(container: dict[str, Any]) -> list[str]:
     """The SIE_* variables the container sets that its service's settings (in its image) do not read."""
     image = local_image(container["image"])
     entrypoint = run_engine("image", "inspect", "--format", "{{json .Config.Entrypoint}}", image).stdout
-    script = (json.loads(entrypoint) or [""])[0]
-    if "command" in container or not script.startswith("sie-"):
+    # The service's command, after the init that runs it (dumb-init ... -- sie-worker).
+    script = next((part for part in json.loads(entrypoint) or [] if part.startswith("sie-")), "")
+    if "command" in container or not script:
         return []
     module = script.replace("-", "_")
     known = run_engine(
@@ -552,6 +555,9 @@ def test_a_wrong_etcd_endpoint_stops_the_service_naming_it(images, rendered, nam
 
 
 def test_a_read_only_cache_directory_stops_the_worker_saying_what_to_mount(images, rendered, namespace_for) -> None:
+    """A read-only root file system as the kubelet makes it (no tmpfs at /tmp: podman's --read-only had one, and hid
+    that transformers needs a temporary directory as it is imported; the worker's pods now mount an emptyDir there),
+    without the cache's volume."""
     objects = rendered["local"]
     workload, container = one_container(objects, "Deployment", "sie-worker")
     read_only = {
@@ -584,3 +590,58 @@ def test_the_check_fails_a_manifest_naming_a_flag_a_variable_or_a_port_its_image
     }
     with pytest.raises(AssertionError, match=r"port bogus \(8099\) does not listen"):
         wait_ready(namespace, run_container(namespace, workload, port, objects), port)
+
+
+# -- what every container may do ------------------------------------------------------------------
+
+SECRET_IN_ARGUMENTS = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_is_unprivileged_and_keeps_its_secrets_out_of_its_arguments(rendered, overlay: str) -> None:
+    """Each container of each overlay, ours and the third-party ones alike (Envoy faces every client; etcd holds every
+    credential): a numeric non-root user, no privilege escalation, no capabilities, the runtime's seccomp profile. And
+    no variable from a Secret in its command or arguments: the kubelet expands `$(VAR)` there, and a process's
+    arguments are readable by every user of its node (the demo-model Job once sent the admin token so)."""
+    for workload in rendered[overlay]:
+        if workload["kind"] not in ("Deployment", "StatefulSet", "Job"):
+            continue
+        spec = workload["spec"]["template"]["spec"]
+        pod = spec.get("securityContext", {})
+        for container in spec["containers"]:
+            where = f"{overlay} {workload['metadata']['name']} {container['name']}"
+            own = container.get("securityContext", {})
+            assert own.get("runAsNonRoot", pod.get("runAsNonRoot")) is True, where
+            assert own.get("allowPrivilegeEscalation") is False, where
+            assert own.get("capabilities", {}).get("drop") == ["ALL"], where
+            assert own.get("seccompProfile", pod.get("seccompProfile")) == {"type": "RuntimeDefault"}, where
+            secret = {e["name"] for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+            named = {m for part in container.get("command", []) + container.get("args", [])
+                     for m in SECRET_IN_ARGUMENTS.findall(part)}  # fmt: skip
+            assert not secret & named, f"{where}: a Secret's value in the process's arguments: {sorted(secret & named)}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_gets_to_finish_its_drain_before_the_kubelet_kills_it(rendered, overlay: str) -> None:
+    """terminationGracePeriodSeconds covers the service's own drain with room to spare: the gateway's equalled it (30 s
+    each), so a drain that used its time was SIGKILLed before the gateway had closed its etcd mirror."""
+    from sie_config.server import DRAIN_GRACE_S as CONFIG_DRAIN_S
+    from sie_gateway.server import DRAIN_GRACE_S as GATEWAY_DRAIN_S
+    from sie_worker.settings import WorkerSettings
+
+    worker_drain_s = WorkerSettings.__dataclass_fields__["drain_timeout_s"].default
+    for workload in rendered[overlay]:
+        if workload["kind"] != "Deployment":
+            continue
+        spec = workload["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        drain_s = {
+            "sie-config": CONFIG_DRAIN_S,
+            "sie-gateway": GATEWAY_DRAIN_S,
+            "sie-worker-cpu": float(env.get("SIE_DRAIN_TIMEOUT_S") or worker_drain_s),
+            "sie-worker-cuda": float(env.get("SIE_DRAIN_TIMEOUT_S") or worker_drain_s),
+        }.get(container["image"].rsplit(":", 1)[0])
+        if drain_s is not None:
+            where = f"{overlay} {workload['metadata']['name']}"
+            assert spec.get("terminationGracePeriodSeconds", 30) >= drain_s + 5, where

@@ -381,9 +381,12 @@ def test_dockerfiles_run_console_scripts_on_their_settings_ports(rendered) -> No
     images = {}
     for path in sorted(DOCKER_DIR.glob("*Dockerfile")):
         for name, stage in dockerfile_stages(path).items():
-            if not stage["entrypoint"] or not stage["entrypoint"][0].startswith("sie-"):
+            entrypoint = stage["entrypoint"] or []
+            if not any(part.startswith("sie-") for part in entrypoint):
                 continue  # a stage of no service's (the Envoy of `sie up --images`, test_manifest_containers.py)
-            (script,) = stage["entrypoint"]
+            init = ["dumb-init", "--single-child", "--"]  # PID 1 passes signals on (tests/test_image_signals.py)
+            assert entrypoint[:3] == init, f"{path.name} {name}: the service runs under {' '.join(init)}"
+            (script,) = entrypoint[3:]
             assert script in SCRIPTS, f"{path.name} {name}: {script} is not a console script of a distribution"
             assert SCRIPT_FOLDERS[script] in stage["installs"], f"{path.name} {name}: {script}'s distribution is not installed"
             assert stage["torch"] == (script == "sie-worker"), f"{path.name} {name}: torch only in the worker's images"

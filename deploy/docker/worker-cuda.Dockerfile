@@ -22,12 +22,13 @@ COPY lib lib
 COPY services/worker services/worker
 COPY bundles bundles
 RUN --mount=type=secret,id=pip.conf,target=/etc/pip.conf \
-    pip install ./contract/python ./lib ./services/worker \
+    pip install ./contract/python ./lib ./services/worker dumb-init==1.2.5.post1 \
  && groupadd --system --gid 10001 sie \
  && useradd --system --uid 10001 --gid sie --home-dir /var/lib/sie --create-home sie
 USER 10001
 # Every address of the container: it needs SIE_WORKER_TOKEN to start (deploy/docker/Dockerfile, worker-cpu).
 ENV SIE_BUNDLES_DIR=/opt/sie/bundles SIE_DEVICE=cuda SIE_HOST=0.0.0.0
 EXPOSE 50061 9095
-ENTRYPOINT ["sie-worker"]
+# dumb-init as PID 1 passes SIGTERM on to the worker even before it has set its handler (deploy/docker/Dockerfile, INIT).
+ENTRYPOINT ["dumb-init", "--single-child", "--", "sie-worker"]
 CMD ["serve"]

@@ -11,6 +11,10 @@
 #    http.*.downstream_rq_active gauges, the admin's own left out), MAX_WAIT_S at most.
 set -u
 admin=$1 min_wait_s=$2 max_wait_s=$3
+if ! [[ $admin == ?*:[0-9]* && $min_wait_s =~ ^[0-9]+$ && $max_wait_s =~ ^[0-9]+$ ]]; then
+  echo "drain.sh ADMIN_ADDRESS MIN_WAIT_S MAX_WAIT_S: got '$admin' '$min_wait_s' '$max_wait_s' (host:port, seconds)" >&2
+  exit 2
+fi
 
 admin_request() {  # METHOD PATH: Envoy's answer, headers included; nothing when the admin does not answer (each line
   # within 2 s: a wedged Envoy does not hold the drain past MAX_WAIT_S)
