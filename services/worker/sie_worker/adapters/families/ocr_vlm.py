@@ -27,19 +27,25 @@ from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import smart_resize as paddle_resize
 
-from sie_worker.adapters.contract import Continued, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.items import Extraction
-from sie_worker.adapters.spec import AdapterSpec, Option, whole_number
+from sie_worker.adapters.layers.sliced_generation import (
+    decode_steps,
+    kept_index,
+    logits_processors,
+    max_new_tokens_option,
+    run_turn,
+)
+from sie_worker.adapters.spec import AdapterSpec, whole_number
 
 # The model types this family reads.
-MODEL_TYPES = ("lighton_ocr",)
+MODEL_TYPES = ("lighton_ocr", "paddleocr_vl")
 DEFAULT_MAX_NEW_TOKENS = 1024
 # Upper bound of max_new_tokens, in run_options and requests: a dense page of text is about 2,000 tokens.
 MAX_NEW_TOKENS = 4096
-DEFAULT_DECODE_STEPS = 32
-MAX_DECODE_STEPS = 1024
 # Upper bound of the instruction's tokens (run_options.prompt or the item's text), checked before any work.
 MAX_PROMPT_TOKENS = 512
 
@@ -66,6 +72,9 @@ class _Generation:
     max_new_tokens: int
     processors: Any
     cache: Any = None
+    # M-RoPE models (PaddleOCR-VL): the offset of each item's text positions past its image, which the model keeps
+    # on itself between forward passes (generate() runs one generation at a time); kept here per state.
+    rope_deltas: torch.Tensor | None = None
     done: dict[int, list[int]] = field(default_factory=dict)
 
 
@@ -74,13 +83,7 @@ class OcrVlm(HfAdapter):
         "ocr_vlm",
         tasks=("extract",),
         inputs=("text", "image"),
-        options=(
-            Option(
-                "max_new_tokens",
-                f"most tokens generated, 1 to {MAX_NEW_TOKENS}",
-                lambda value: whole_number(value, "max_new_tokens", 1, MAX_NEW_TOKENS),
-            ),
-        ),
+        options=(max_new_tokens_option(MAX_NEW_TOKENS),),
     )
 
     def __init__(self, context: LoadContext) -> None:
@@ -90,9 +93,8 @@ class OcrVlm(HfAdapter):
         if config.model_type not in MODEL_TYPES:
             raise ValueError(f"adapter ocr_vlm reads {', '.join(MODEL_TYPES)} models, not {config.model_type!r}")
         # Typed loosely: the generation helpers used below are GenerationMixin's.
-        self.generator: Any = AutoModelForImageTextToText.from_pretrained(
-            weights, local_files_only=True, dtype=context.dtype
-        )
+        model_class: Any = AutoModelForImageTextToText
+        self.generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=context.dtype)
         self.generator.to(context.device).eval()
         self.model = self.generator
         self.processor = AutoProcessor.from_pretrained(weights, local_files_only=True)
@@ -100,22 +102,25 @@ class OcrVlm(HfAdapter):
         self.max_sequence_length = MAX_PROMPT_TOKENS
         self._special_ids = {index for index, token in self.tokenizer.added_tokens_decoder.items() if token.special}
         run = context.profile.run_options
-        self.prompt = run.get("prompt")
-        if self.prompt is not None:
-            self._check_prompt(self.prompt, "run_options.prompt")
+        self.default_prompt = run.get("prompt")
+        if self.default_prompt is not None:
+            self._check_prompt(self.default_prompt, "run_options.prompt")
         self.max_new_tokens = whole_number(
             run.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), "run_options.max_new_tokens", 1, MAX_NEW_TOKENS
         )
-        self.decode_steps = whole_number(
-            run.get("decode_steps", DEFAULT_DECODE_STEPS), "run_options.decode_steps", 1, MAX_DECODE_STEPS
-        )
+        self.decode_steps = decode_steps(run)
         eos = self.generator.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos])
+        self.model_type = config.model_type
         image_processor = self.processor.image_processor
-        self._longest_edge = int(image_processor.size["longest_edge"])
         patch = image_processor.patch_size
         self._patch = int(patch["height"] if isinstance(patch, dict) else patch)
-        self._merged_patch = int(self.processor.effective_patch_size)
+        if self.model_type == "lighton_ocr":
+            self._longest_edge = int(image_processor.size["longest_edge"])
+            self._merged_patch = int(self.processor.effective_patch_size)
+        else:  # PaddleOCR-VL: Qwen2-VL's resize, to whole merged patches within a pixel range
+            self._merged_patch = self._patch * int(image_processor.merge_size)
+            self._pixel_range = (int(image_processor.size["shortest_edge"]), int(image_processor.size["longest_edge"]))
 
     def _check_prompt(self, text: Any, where: str) -> None:
         """An instruction within the bound that holds none of the chat template's special tokens: one would end the
@@ -133,8 +138,18 @@ class OcrVlm(HfAdapter):
             )
 
     def _resized(self, width: int, height: int) -> tuple[int, int]:
-        """The Pixtral processor scales a page down to fit `longest_edge` (never up), then rounds each side up to
-        whole patches: the (width, height) it makes."""
+        """The (width, height) the processor makes of a page. LightOnOCR's (Pixtral's) scales it down to fit
+        `longest_edge` (never up), then rounds each side up to whole patches; PaddleOCR-VL's rounds each side to
+        whole merged patches, scaled into its pixel range."""
+        if self.model_type == "paddleocr_vl":
+            resized_height, resized_width = paddle_resize(
+                height,
+                width,
+                factor=self._merged_patch,
+                min_pixels=self._pixel_range[0],
+                max_pixels=self._pixel_range[1],
+            )
+            return resized_width, resized_height
         ratio = max(height / self._longest_edge, width / self._longest_edge, 1.0)
         side = self._patch
         return math.ceil(math.floor(width / ratio) / side) * side, math.ceil(math.floor(height / ratio) / side) * side
@@ -153,11 +168,10 @@ class OcrVlm(HfAdapter):
         merged = self._merged_patch
         if min(self._resized(*item.image.size)) < merged:
             raise ValueError(
-                f"the page is {item.image.size[0]}x{item.image.size[1]} pixels: scaled to fit "
-                f"{self._longest_edge} pixels, a side is under {merged} pixels (one image token); send a larger or "
-                "less elongated page"
+                f"the page is {item.image.size[0]}x{item.image.size[1]} pixels: resized for the model, a side is "
+                f"under {merged} pixels (one image token); send a larger or less elongated page"
             )
-        text = item.text if item.text is not None else self.prompt
+        text = item.text if item.text is not None else self.default_prompt
         content: list[dict[str, Any]] = [{"type": "image", "image": item.image.convert("RGB")}]
         if text is not None:
             self._check_prompt(text, "text")
@@ -175,52 +189,20 @@ class OcrVlm(HfAdapter):
 
     def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per item, its generated ids once it ends, else `Continued` after one slice of decode steps."""
-        outputs: list[Any] = [None] * len(batch)
-        groups: dict[int, tuple[_Generation, list[int]]] = {}
-        if isinstance(batch[0], Continued):
-            for position, paused in enumerate(batch):
-                groups.setdefault(id(paused.state), (paused.state, []))[1].append(position)
-            for state, positions in groups.values():
-                self._keep(state, [batch[position].row for position in positions])
-            for state, _ in groups.values():
-                self._slice(state)
-        else:
-            keys = {page.group() for page in batch}
-            for key in sorted(keys):
-                positions = [position for position, page in enumerate(batch) if page.group() == key]
-                state = self._prefill([batch[position] for position in positions], positions)
-                groups[id(state)] = (state, positions)
-                self._slice(state)
-        for state, positions in groups.values():
-            for position in positions:
-                paused = batch[position]
-                row = paused.row if isinstance(paused, Continued) else position
-                outputs[position] = state.done.pop(row) if row in state.done else Continued(state, row)
-        return outputs
+        return run_turn(batch, _Page.group, self._prefill, self._keep, self._slice)
 
     def _prefill(self, pages: Sequence[_Page], rows: list[int]) -> _Generation:
         """The prompts' forward pass (the pages' features in place of their image tokens) and the first token."""
-        inputs = {
-            name: torch.cat([page.inputs[name] for page in pages]).to(self.device) for name in pages[0].inputs
-        }
+        inputs = {name: torch.cat([page.inputs[name] for page in pages]).to(self.device) for name in pages[0].inputs}
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self.generator.dtype)
         ids = inputs["input_ids"]
         max_new_tokens = pages[0].max_new_tokens  # one query per batch
-        # generate()'s own preparation of the generation config (the model's, then transformers' defaults), the
-        # special tokens and the logits processors, so the tokens are its.
-        config, _ = self.generator._prepare_generation_config(
-            None, do_sample=False, num_beams=1, num_return_sequences=1, max_new_tokens=max_new_tokens
-        )
-        config.max_length = ids.shape[1] + max_new_tokens
-        self.generator._prepare_special_tokens(config, kwargs_has_attention_mask=False, device=self.device)
-        processors = self.generator._get_logits_processor(
-            generation_config=config, input_ids_seq_length=ids.shape[1], device=str(self.device)
+        _, processors = logits_processors(
+            self.generator, ids.shape[1], max_new_tokens, 1, has_mask=False, device=self.device
         )
         state = _Generation(list(rows), ids, ids.shape[1], max_new_tokens, processors)
-        out = self.generator(**inputs, use_cache=True, logits_to_keep=1)
-        state.cache = out.past_key_values
-        self._append(state, out.logits[:, -1, :])
+        self._append(state, self._forward(state, **inputs))
         return state
 
     def _slice(self, state: _Generation) -> None:
@@ -229,11 +211,19 @@ class OcrVlm(HfAdapter):
         for _ in range(self.decode_steps):
             if not state.rows:
                 return
-            out = self.generator(
-                input_ids=state.ids[:, -1:], past_key_values=state.cache, use_cache=True, logits_to_keep=1
-            )
-            state.cache = out.past_key_values
-            self._append(state, out.logits[:, -1, :])
+            self._append(state, self._forward(state, input_ids=state.ids[:, -1:]))
+
+    def _forward(self, state: _Generation, **inputs: Any) -> torch.Tensor:
+        """One forward pass of the state's items over `inputs` and its cache: the next token's logits."""
+        inner = self.generator.model
+        mrope = hasattr(inner, "rope_deltas")
+        if mrope:
+            inner.rope_deltas = state.rope_deltas
+        out = self.generator(**inputs, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
+        if mrope:
+            state.rope_deltas = inner.rope_deltas
+        state.cache = out.past_key_values
+        return out.logits[:, -1, :]
 
     def _append(self, state: _Generation, logits: torch.Tensor) -> None:
         """Choose each item's next token; items that end (end-of-text, max_new_tokens) move to `state.done`."""
@@ -253,14 +243,12 @@ class OcrVlm(HfAdapter):
     @staticmethod
     def _keep(state: _Generation, rows: list[int]) -> None:
         """Narrow the state to `rows` (in their order in the state), dropping the others."""
-        if rows == state.rows:
+        index = kept_index(state, rows, state.ids.device)
+        if index is None:
             return
-        if not set(rows) <= set(state.rows):
-            # A failed slice is retried in halves (run_isolating_failures): the first half narrowed the shared state.
-            raise RuntimeError("this item's generation state was dropped after a failed slice of its batch")
-        index = torch.tensor([state.rows.index(row) for row in rows], device=state.ids.device, dtype=torch.long)
-        state.rows = list(rows)
         state.ids = state.ids[index]
+        if state.rope_deltas is not None:
+            state.rope_deltas = state.rope_deltas[index]
         if state.cache is not None and rows:
             state.cache.batch_select_indices(index)
 
