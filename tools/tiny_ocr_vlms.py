@@ -57,6 +57,20 @@ def _bpe(specials: list[str]) -> Tokenizer:
     return trained
 
 
+def _decoder(vocab_size: int) -> dict[str, Any]:
+    """The decoders' size: 2 layers of 32, 2 heads sharing one key-value head."""
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "max_position_embeddings": 2048,
+    }
+
+
 def _tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer with the chat and image special tokens LightOnOCR's processor reads."""
     return PreTrainedTokenizerFast(
@@ -94,14 +108,7 @@ def build_tiny_lighton_ocr(directory: Path, *, seed: int = 0, generation: dict[s
     }
     text = {
         "model_type": "qwen3",
-        "vocab_size": len(tokenizer),
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "max_position_embeddings": 2048,
+        **_decoder(len(tokenizer)),
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
         "tie_word_embeddings": False,
@@ -146,7 +153,7 @@ def build_tiny_paddleocr_vl(directory: Path, *, seed: int = 0, generation: dict[
         bos_token="<s>",
         extra_special_tokens={"image_token": "<|IMAGE_PLACEHOLDER|>"},
     )
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _PADDLE_SPECIALS}
+    ids = {token: tokenizer.get_vocab()[token] for token in _PADDLE_SPECIALS}
     vision = {
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -157,14 +164,7 @@ def build_tiny_paddleocr_vl(directory: Path, *, seed: int = 0, generation: dict[
         "spatial_merge_size": 2,
     }
     text = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "max_position_embeddings": 2048,
+        **_decoder(len(tokenizer)),
         "eos_token_id": ids["</s>"],
         "pad_token_id": ids["<unk>"],
         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [2, 3, 3]},
@@ -178,8 +178,8 @@ def build_tiny_paddleocr_vl(directory: Path, *, seed: int = 0, generation: dict[
         vision_start_token_id=ids["<|IMAGE_START|>"],
         vision_end_token_id=ids["<|IMAGE_END|>"],
         tie_word_embeddings=False,
-        initializer_range=0.2,
     )
+    config.initializer_range = 0.2
     torch.manual_seed(seed)
     model = PaddleOCRVLForConditionalGeneration(config).eval()
     model.generation_config.eos_token_id = ids["</s>"]
