@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,17 @@ import yaml
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from grpc_helpers import error_info
-from sie.v1 import inference_pb2_grpc, types_pb2
+from conftest import MINILM
+from grpc_helpers import call_until_loaded, error_info
+from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from test_document_reader import extract
 from tiny_ocr_vlms import build_tiny_lighton_ocr, build_tiny_paddleocr_vl
 from worker_process import Services
 
 CATALOG = Path(__file__).resolve().parents[1] / "catalog" / "models"
 LIGHTON = "lightonai/LightOnOCR-2-1B"
-# The LightOnOCR replica with logits processors in its generation config.
+# The LightOnOCR replica with logits processors in its generation config: a repetition penalty, and end-of-text
+# suppressed, so every answer runs to max_new_tokens (a long page).
 LIGHTON_PENALTY = "test/tiny-lighton-ocr-penalty"
 PADDLE = "PaddlePaddle/PaddleOCR-VL-1.5"
 SHIPPED = (LIGHTON, PADDLE)
@@ -58,7 +61,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shutil.copytree(lighton, penalty)
     model = AutoModelForImageTextToText.from_pretrained(penalty)
     model.generation_config.repetition_penalty = 1.5
-    model.generation_config.forced_eos_token_id = model.generation_config.eos_token_id
+    model.generation_config.suppress_tokens = [model.generation_config.eos_token_id]
     model.generation_config.save_pretrained(penalty)
     # A repetition penalty, so the random decoder's answers vary (positions shift every logit: a wrong M-RoPE
     # offset would show).
@@ -82,15 +85,17 @@ def stub(
         if model == LIGHTON:
             penalty = {**shipped, "id": LIGHTON_PENALTY, "path": str(replicas[LIGHTON_PENALTY])}
             (configs / "penalty.yaml").write_text(yaml.safe_dump(penalty))
-    # The shipped id is the llm bundle's, which serves listed ids only: a bundle of this family alone serves both.
+    # The shipped ids are the llm bundle's, which serves listed ids only: a bundle of this family (and the demo
+    # embedder's) serves them all.
     bundles = tmp_path_factory.mktemp("ocr-vlm-bundles")
-    (bundles / "ocr.yaml").write_text("id: ocr\nadapters: [ocr_vlm]\npriority: 0\n")
+    (bundles / "ocr.yaml").write_text("id: ocr\nadapters: [ocr_vlm, sentence_transformer]\npriority: 0\n")
     worker = services.worker(
         {
             "SIE_MODELS_DIR": str(configs),
             "SIE_PRELOAD_MODELS": "",
             "SIE_BUNDLES_DIR": str(bundles),
             "SIE_BUNDLE": "ocr",
+            "SIE_INSTRUMENTATION": "true",
         },
         name="ocr-vlm",
     )
@@ -181,3 +186,28 @@ def test_hostile_items_are_refused(stub, page: bytes, text: str | None, says: st
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "INVALID_ITEM"
     assert says in raised.value.details()
+
+
+def test_encodes_run_between_the_slices_of_a_long_generation(stub) -> None:
+    """Encodes sent while a page generates 400 tokens (slices of 5 steps) run on the device between its slices:
+    the forward passes that answered them come after the generation's first slice and before its last."""
+    call_until_loaded(
+        lambda: stub.Encode(inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="warm")]))
+    )
+    extract(stub, LIGHTON_PENALTY, items([None]), max_new_tokens=1)  # loaded
+    slices: list[int] = []
+    encode_batches: list[int] = []
+
+    def ocr() -> None:
+        request = inference_pb2.ExtractRequest(model=LIGHTON_PENALTY, items=items([None]), debug=True)
+        request.options.update({"max_new_tokens": 400})
+        slices.extend(batch.batch_id for batch in stub.Extract(request, timeout=300).timing.batches)
+
+    reader = threading.Thread(target=ocr)
+    reader.start()
+    while reader.is_alive() and len(encode_batches) < 6:
+        request = inference_pb2.EncodeRequest(model=MINILM, items=[types_pb2.Item(text="a query")], debug=True)
+        encode_batches.extend(batch.batch_id for batch in stub.Encode(request, timeout=60).timing.batches)
+    reader.join(timeout=300)
+    assert len(slices) >= 400 // 5  # end-of-text suppressed: the page runs to its limit, in slices
+    assert sum(min(slices) < batch < max(slices) for batch in encode_batches) >= 4, (encode_batches, slices)
