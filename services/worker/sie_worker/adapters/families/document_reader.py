@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from transformers import (
     AutoConfig,
-    AutoProcessor,
     Florence2ForConditionalGeneration,
     VisionEncoderDecoderModel,
 )
@@ -40,6 +39,7 @@ from sie_worker.adapters.layers.beam_search import BeamSearch
 from sie_worker.adapters.layers.sliced_generation import (
     decode_steps,
     kept_index,
+    load_generator,
     logits_processors,
     max_new_tokens_option,
     run_turn,
@@ -113,12 +113,9 @@ class DocumentReader(HfAdapter):
                 f"adapter document_reader reads Florence-2 (florence2) and Donut-style (vision-encoder-decoder) "
                 f"models, not {config.model_type!r}"
             )
-        model_class: Any = Florence2ForConditionalGeneration if self.florence else VisionEncoderDecoderModel
-        # Typed loosely: the generation helpers below are GenerationMixin's, which the stubs do not give these classes.
-        self.generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=context.dtype)
-        self.generator.to(context.device).eval()
+        model_class = Florence2ForConditionalGeneration if self.florence else VisionEncoderDecoderModel
+        self.generator, self.processor = load_generator(model_class, weights, context.dtype, context.device)
         self.model = self.generator
-        self.processor = AutoProcessor.from_pretrained(weights, local_files_only=True)
         self.tokenizer = self.processor.tokenizer
         self.max_sequence_length = MAX_PROMPT_TOKENS
         run = context.profile.run_options

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForImageTextToText
 from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import smart_resize as paddle_resize
 
 from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
@@ -35,6 +35,7 @@ from sie_worker.adapters.items import Extraction
 from sie_worker.adapters.layers.sliced_generation import (
     decode_steps,
     kept_index,
+    load_generator,
     logits_processors,
     max_new_tokens_option,
     run_turn,
@@ -92,12 +93,9 @@ class OcrVlm(HfAdapter):
         config = AutoConfig.from_pretrained(weights, local_files_only=True)
         if config.model_type not in MODEL_TYPES:
             raise ValueError(f"adapter ocr_vlm reads {', '.join(MODEL_TYPES)} models, not {config.model_type!r}")
-        # Typed loosely: the generation helpers used below are GenerationMixin's.
-        model_class: Any = AutoModelForImageTextToText
-        self.generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=context.dtype)
-        self.generator.to(context.device).eval()
+        model_class = AutoModelForImageTextToText
+        self.generator, self.processor = load_generator(model_class, weights, context.dtype, context.device)
         self.model = self.generator
-        self.processor = AutoProcessor.from_pretrained(weights, local_files_only=True)
         self.tokenizer = self.processor.tokenizer
         self.max_sequence_length = MAX_PROMPT_TOKENS
         self._special_ids = {index for index, token in self.tokenizer.added_tokens_decoder.items() if token.special}

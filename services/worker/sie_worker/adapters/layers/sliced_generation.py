@@ -1,7 +1,7 @@
-"""What the generating families share (document_reader, ocr_vlm): generate()'s own preparation of the logits
-processors, and the turn of a sliced generation (docs/batching.md, "How generation shares the device"): new items
-start a state per group, paused ones (`Continued`) resume theirs, each state runs one slice of decode steps, and an
-item that ended leaves with its output while the others answer `Continued`."""
+"""What the generating families share (document_reader, ocr_vlm): loading a model and its processor, generate()'s own
+preparation of the logits processors, and the turn of a sliced generation (docs/batching.md, "How generation shares
+the device"): new items start a state per group, paused ones (`Continued`) resume theirs, each state runs one slice
+of decode steps, and an item that ended leaves with its output while the others answer `Continued`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import torch
+from transformers import AutoProcessor
 
 from sie_worker.adapters.contract import Continued
 from sie_worker.adapters.spec import Option, whole_number
@@ -23,6 +24,14 @@ class SlicedState(Protocol):
 
     rows: list[int]
     done: dict[int, Any]
+
+
+def load_generator(model_class: Any, weights: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
+    """The model (`model_class`, in eval mode on `device`) and its processor, from local files only. Typed loosely:
+    the generation helpers used are GenerationMixin's, which the stubs do not give every class."""
+    generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=dtype)
+    generator.to(device).eval()
+    return generator, AutoProcessor.from_pretrained(weights, local_files_only=True)
 
 
 def max_new_tokens_option(bound: int) -> Option:
