@@ -24,7 +24,7 @@ def test_every_family_is_found_by_its_own_name() -> None:
     assert sorted(ADAPTERS) == sorted(
         [
             "bge_m3", "clip", "colbert", "colpali", "cross_encoder", "document_reader", "gliclass", "gliner", "gliner2", "glirel",
-            "llm_reranker", "nli_zero_shot", "sentence_transformer", "splade", "text_classifier", "token_classifier",
+            "llm_reranker", "nli_zero_shot", "ocr_vlm", "sentence_transformer", "splade", "text_classifier", "token_classifier",
             "zero_shot_detector",
         ]
     )  # fmt: skip

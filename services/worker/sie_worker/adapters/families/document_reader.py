@@ -26,24 +26,29 @@ import numpy as np
 import torch
 from transformers import (
     AutoConfig,
-    AutoProcessor,
     Florence2ForConditionalGeneration,
     VisionEncoderDecoderModel,
 )
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.modeling_outputs import BaseModelOutput
 
-from sie_worker.adapters.contract import Continued, Input, LoadContext, Prepared, Query
+from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.items import Extraction
 from sie_worker.adapters.layers.beam_search import BeamSearch
+from sie_worker.adapters.layers.sliced_generation import (
+    decode_steps,
+    kept_index,
+    load_generator,
+    logits_processors,
+    max_new_tokens_option,
+    run_turn,
+)
 from sie_worker.adapters.spec import AdapterSpec, Option, whole_number
 
 DEFAULT_MAX_NEW_TOKENS = 256
 # Upper bound of max_new_tokens, in run_options and requests.
 MAX_NEW_TOKENS = 1024
-DEFAULT_DECODE_STEPS = 32
-MAX_DECODE_STEPS = 1024
 # Upper bound of a prompt's tokens (the task and the item's text), checked before any work.
 MAX_PROMPT_TOKENS = 512
 MAX_TASK_CHARS = 128
@@ -89,11 +94,7 @@ class DocumentReader(HfAdapter):
         inputs=("text", "image"),
         options=(
             Option("task", "the task token the prompt starts with (a Florence-2 task, a Donut task start token)"),
-            Option(
-                "max_new_tokens",
-                f"most tokens generated, 1 to {MAX_NEW_TOKENS}",
-                lambda value: whole_number(value, "max_new_tokens", 1, MAX_NEW_TOKENS),
-            ),
+            max_new_tokens_option(MAX_NEW_TOKENS),
             Option(
                 "num_beams",
                 f"beams of the beam search, 1 (greedy) to {MAX_NUM_BEAMS}",
@@ -112,12 +113,9 @@ class DocumentReader(HfAdapter):
                 f"adapter document_reader reads Florence-2 (florence2) and Donut-style (vision-encoder-decoder) "
                 f"models, not {config.model_type!r}"
             )
-        model_class: Any = Florence2ForConditionalGeneration if self.florence else VisionEncoderDecoderModel
-        # Typed loosely: the generation helpers below are GenerationMixin's, which the stubs do not give these classes.
-        self.generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=context.dtype)
-        self.generator.to(context.device).eval()
+        model_class = Florence2ForConditionalGeneration if self.florence else VisionEncoderDecoderModel
+        self.generator, self.processor = load_generator(model_class, weights, context.dtype, context.device)
         self.model = self.generator
-        self.processor = AutoProcessor.from_pretrained(weights, local_files_only=True)
         self.tokenizer = self.processor.tokenizer
         self.max_sequence_length = MAX_PROMPT_TOKENS
         run = context.profile.run_options
@@ -128,9 +126,7 @@ class DocumentReader(HfAdapter):
         self.max_new_tokens = whole_number(
             run.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS), "run_options.max_new_tokens", 1, MAX_NEW_TOKENS
         )
-        self.decode_steps = whole_number(
-            run.get("decode_steps", DEFAULT_DECODE_STEPS), "run_options.decode_steps", 1, MAX_DECODE_STEPS
-        )
+        self.decode_steps = decode_steps(run)
         self.num_beams = self._default_beams(run)
         eos = self.generator.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos])
@@ -202,26 +198,7 @@ class DocumentReader(HfAdapter):
 
     def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per item, its generated ids once it ends, else `Continued` after one slice of decode steps."""
-        outputs: list[Any] = [None] * len(batch)
-        groups: dict[int, tuple[_Generation, list[int]]] = {}
-        if isinstance(batch[0], Continued):
-            for position, paused in enumerate(batch):
-                state: _Generation = paused.state
-                groups.setdefault(id(state), (state, []))[1].append(position)
-            for state, positions in groups.values():
-                _keep(state, [batch[position].row for position in positions])
-        else:
-            for length in sorted({len(page.prompt) for page in batch}):
-                positions = [position for position, page in enumerate(batch) if len(page.prompt) == length]
-                state = self._start([batch[position] for position in positions], positions)
-                groups[id(state)] = (state, positions)
-        for state, positions in groups.values():
-            self._slice(state)
-            for position in positions:
-                paused = batch[position]
-                row = paused.row if isinstance(paused, Continued) else position
-                outputs[position] = state.done.pop(row) if row in state.done else Continued(state, row)
-        return outputs
+        return run_turn(batch, lambda page: len(page.prompt), self._start, _keep, self._slice)
 
     def _start(self, pages: Sequence[_Page], rows: list[int]) -> _Generation:
         """Encode the pages and set up their decoding."""
@@ -241,15 +218,9 @@ class DocumentReader(HfAdapter):
             encoded = self.generator.encoder(pixel_values=pixels).last_hidden_state
         prompt = torch.tensor([page.prompt for page in pages], device=self.device)
         max_new_tokens, num_beams = pages[0].max_new_tokens, pages[0].num_beams  # one query per batch
-        # generate()'s own preparation of the generation config (the model's, then transformers' defaults), the
-        # special tokens, logits processors and stopping criteria, so the tokens are its.
-        config, _ = self.generator._prepare_generation_config(
-            None, do_sample=False, num_beams=num_beams, num_return_sequences=1, max_new_tokens=max_new_tokens
-        )
-        config.max_length = prompt.shape[1] + max_new_tokens
-        self.generator._prepare_special_tokens(config, kwargs_has_attention_mask=mask is not None, device=self.device)
-        processors = self.generator._get_logits_processor(
-            generation_config=config, input_ids_seq_length=prompt.shape[1], device=str(self.device)
+        # generate()'s own logits processors and stopping criteria, so the tokens are its.
+        config, processors = logits_processors(
+            self.generator, prompt.shape[1], max_new_tokens, num_beams, has_mask=mask is not None, device=self.device
         )
         state = _Generation(list(rows), encoded, mask, prompt, prompt.shape[1], max_new_tokens, processors)
         if num_beams > 1:  # every beam of an item reads its encoder output, as generate() expands it
@@ -337,13 +308,9 @@ class DocumentReader(HfAdapter):
 
 def _keep(state: _Generation, rows: list[int]) -> None:
     """Narrow the state to `rows` (in their order in the state), dropping the others."""
-    if rows == state.rows:
+    index = kept_index(state, rows, state.ids.device)
+    if index is None:
         return
-    if not set(rows) <= set(state.rows):
-        # A failed slice is retried in halves (run_isolating_failures): the first half narrowed the shared state.
-        raise RuntimeError("this item's generation state was dropped after a failed slice of its batch")
-    index = torch.tensor([state.rows.index(row) for row in rows], device=state.ids.device, dtype=torch.long)
-    state.rows = list(rows)
     state.ids = state.ids[index]
     if state.beams is not None:  # the per-row tensors and the cache hold each item's beams
         index = state.beams.keep(index)
