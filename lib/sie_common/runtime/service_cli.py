@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import tempfile
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -43,6 +44,10 @@ def serve_main(
         configure_tracing(settings.tracing_enabled, default_service_name=prog)
     except ValueError as error:
         parser.error(str(error))
+    try:
+        tempfile.gettempdir()  # torch and transformers need one as they are imported; say so instead of a traceback
+    except FileNotFoundError as error:
+        parser.exit(1, f"{prog}: {error}: mount a writable /tmp (e.g. an emptyDir) or point TMPDIR at a writable one\n")
     serve = load_serve()
     return asyncio.run(_run(serve(settings), tuple(startup_errors), logging.getLogger(prog.replace("-", "_"))))
 
