@@ -76,8 +76,19 @@ def test_the_stack_from_the_images_answers_as_the_stack_of_this_python(images, t
         running = containers_named(f"-{stack.ports['gateway']}") + containers_named(f"-{stack.ports['http']}")
         assert sorted(running) == sorted([f"sie-gateway-{stack.ports['gateway']}", f"sie-envoy-{stack.ports['http']}"])
         worker = f"sie-worker-{stack.ports['worker']}"
-        uid = subprocess.run([ENGINE.binary, "exec", worker, "id", "-u"], capture_output=True, text=True, timeout=60)
+        uid = subprocess.run(
+            [ENGINE.binary, "exec", worker, "id", "-u"], capture_output=True, text=True, timeout=60, check=False
+        )
         assert uid.stdout.strip() == "10001", uid.stderr
+        status = subprocess.run(  # no capability and no setuid escalation (UNPRIVILEGED)
+            [ENGINE.binary, "exec", worker, "cat", "/proc/1/status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        held = dict(line.split(":\t", 1) for line in status.stdout.splitlines() if ":\t" in line)
+        assert held["NoNewPrivs"].strip() == "1" and int(held["CapBnd"], 16) == 0, status.stdout
         got = answers(stack)
     finally:
         stack.stop()

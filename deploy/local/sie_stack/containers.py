@@ -100,6 +100,10 @@ class ContainerEngine:
         )
 
 
+# The services need no capability and no setuid program (the Debian base still holds su, mount, passwd, ...).
+UNPRIVILEGED = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges")
+
+
 class Container:
     """How one container is run: its name, image, the variables it gets and the files they name."""
 
@@ -114,6 +118,7 @@ class Container:
         env = self._stage(env, files or {})
         return [
             self.engine.binary, "run", "--rm", "--name", self.name, "--network", "host", *self.engine.run_flags(),
+            *UNPRIVILEGED,
             *(["--volume", f"{self.files_dir}:{FILES_MOUNT}:ro"] if self.files_dir.is_dir() else []),
             *[flag for key, value in env.items() for flag in ("--env", f"{key}={value}")],
             self.image, *args,
