@@ -16,9 +16,8 @@ import grpc
 import numpy as np
 
 from grpc_helpers import encode_request, error_info
-from local_cluster import gateway_model, wait_until
-from reliability.slow_worker import MODEL, SLOW, Call, draining, in_flight_on, registered, slow_and_warm, vectors
-from sie.v1 import inference_pb2_grpc
+from local_cluster import wait_until
+from reliability.slow_worker import MODEL, SLOW, Call, draining, in_flight_on, registered, slow_and_warm
 
 LEASE_TTL_S = 3  # the cluster fixture's SIE_WORKER_LEASE_TTL_S
 
@@ -40,27 +39,18 @@ def test_a_worker_killed_mid_drain_leaves_no_record_beyond_its_lease_and_its_req
 
 
 def test_every_worker_drained_at_once_finishes_its_own_and_refuses_new_work_retryably(cluster) -> None:
-    first = cluster.start_worker("w1", wait=False, **SLOW)
-    second = cluster.start_worker("w2", wait=False, **SLOW)
-    first.wait_serving()
-    second.wait_serving()
-    gateway = cluster.start_gateway()
-    with grpc.insecure_channel(gateway.address) as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        wait_until(lambda: tuple(gateway_model(stub, MODEL).loaded_on) == ("w1", "w2"), what="both warm")
-        with grpc.insecure_channel(second.address) as direct:
-            expected = vectors(inference_pb2_grpc.InferenceStub(direct))
-        calls = [Call(stub) for _ in range(2)]  # one on each (least outstanding)
-        in_flight_on(first)
-        in_flight_on(second)
-        first.process.send_signal(signal.SIGTERM)
-        second.process.send_signal(signal.SIGTERM)
+    with slow_and_warm(cluster, both=SLOW) as two:  # both slow
+        calls = [Call(two.stub) for _ in range(2)]  # one on each (least outstanding)
+        for worker in (two.slow, two.warm):
+            in_flight_on(worker)
+        for worker in (two.slow, two.warm):
+            worker.process.send_signal(signal.SIGTERM)
         draining(cluster, "w1")
         draining(cluster, "w2")
         refusals = []
         for _ in range(5):
             try:
-                stub.Encode(encode_request(MODEL, ["while both drain"]), timeout=30)
+                two.stub.Encode(encode_request(MODEL, ["while both drain"]), timeout=30)
                 refusals.append("answered")
             except grpc.RpcError as error:
                 refusals.append(f"{error.code().name} {error_info(error).reason}")
@@ -68,8 +58,8 @@ def test_every_worker_drained_at_once_finishes_its_own_and_refuses_new_work_retr
         # SHUTTING_DOWN: retryable either way.
         assert set(refusals) <= {"UNAVAILABLE PROVISIONING", "UNAVAILABLE WORKERS_LOST"}, refusals
         for call in calls:
-            np.testing.assert_allclose(call.answer(), expected, atol=1e-5)
+            np.testing.assert_allclose(call.answer(), two.expected, atol=1e-5)
         assert sorted(call.worker for call in calls) == ["w1", "w2"]
-        assert first.process.wait(timeout=60) == 0
-        assert second.process.wait(timeout=60) == 0
+        assert two.slow.process.wait(timeout=60) == 0
+        assert two.warm.process.wait(timeout=60) == 0
     assert registered(cluster) == {}
