@@ -3,7 +3,11 @@
 Requests are multiplexed on the stream by request id; at most `window` are
 in flight, the rest wait for a slot. When the stream breaks, every request in
 flight on it fails with WorkerLost at once (inference is idempotent, so the
-caller may retry elsewhere) and the next call opens a new stream. Each
+caller may retry elsewhere) and the next call opens a new stream. Once the
+link is closed (the worker left the registry), the calls still waiting for a
+slot fail with WorkerLost too (they used to open a stream on the closed
+channel, which raised grpc's UsageError: the caller got UNKNOWN instead of
+being sent to another worker). Each
 request has its own client span and carries its trace context to the worker.
 """
 
@@ -112,6 +116,7 @@ class WorkerLink:
         self._slots = asyncio.Semaphore(window)
         self._stream: _Stream | None = None
         self._ids = itertools.count()
+        self._closed = False
         self.outstanding = 0
 
     async def call(self, task: str, message: Any, *, timeout_s: float | None) -> worker_pb2.WorkResponse:
@@ -159,11 +164,14 @@ class WorkerLink:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def _open_stream(self) -> _Stream:
+        if self._closed:  # the worker left the registry while this call waited for a slot: its channel is closed
+            raise WorkerLost(f"worker {self.worker_id} left the registry")
         if self._stream is None or self._stream.broken:
             self._stream = _Stream(self._stub)
         return self._stream
 
     async def close(self) -> None:
+        self._closed = True
         if self._stream is not None:
             await self._stream.close()
         await self._channel.close()
