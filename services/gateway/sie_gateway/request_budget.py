@@ -29,6 +29,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -349,7 +350,8 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
 
 
 def peer_host(peer: str) -> str:
-    """The address of a gRPC peer ('ipv4:10.0.0.5:41234', 'ipv6:[::1]:41234') without its port."""
-    address = peer.partition(":")[2]
+    """The address of a gRPC peer without its port: 'ipv4:10.0.0.5:41234' and 'ipv6:[::1]:41234', which grpc writes
+    as a URI ('ipv6:%5B::1%5D:41234', a zone's '%' as '%25'): undecoded, no IPv6 peer was ever a trusted proxy."""
+    address = urllib.parse.unquote(peer.partition(":")[2])
     host = address.rpartition(":")[0] or address
     return host.removeprefix("[").removesuffix("]")
