@@ -5,6 +5,7 @@ proxy seen on a dual-stack socket ('::ffff:127.0.0.1', as aiohttp names it) was 
 
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 
 import grpc
@@ -16,6 +17,7 @@ from sie_common.runtime.settings import load_settings
 from sie_gateway.client_address import ClientAddresses
 from sie_gateway.http_adapter.server import body_budget
 from sie_gateway.request_budget import gateway_transport, intake_interceptors, peer_host
+from sie_gateway.server import listen_address
 from sie_gateway.settings import GatewaySettings
 from sie_stack.processes import free_port
 
@@ -74,3 +76,15 @@ async def test_a_proxy_on_ipv6_loopback_names_its_clients_when_trusted(trusted: 
         servicer.release.set()
         await channel.close()
         await server.stop(0)
+
+
+def test_the_gateway_listens_on_an_ipv6_host() -> None:
+    assert listen_address("0.0.0.0", 50051) == "0.0.0.0:50051"
+    assert listen_address("::", 50051) == "[::]:50051"
+    assert listen_address("[::1]", 50051) == "[::1]:50051"
+    if ipv6_loopback():
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(1))
+        try:
+            assert server.add_insecure_port(listen_address("::1", 0)) > 0
+        finally:
+            server.stop(0)
