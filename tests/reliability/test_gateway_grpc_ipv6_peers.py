@@ -6,12 +6,12 @@ proxy seen on a dual-stack socket ('::ffff:127.0.0.1', as aiohttp names it) was 
 from __future__ import annotations
 
 import concurrent.futures
-import socket
 
 import grpc
 import pytest
 
 from reliability.test_gateway_grpc_budget import SMALL_BUDGET, HeldCalls, encode_request, from_address, until
+from reliability.test_metrics_port_crowding import _ipv6_loopback as ipv6_loopback
 from sie.v1 import inference_pb2_grpc
 from sie_common.runtime.settings import load_settings
 from sie_gateway.client_address import ClientAddresses
@@ -20,15 +20,6 @@ from sie_gateway.request_budget import gateway_transport, intake_interceptors, p
 from sie_gateway.server import listen_address
 from sie_gateway.settings import GatewaySettings
 from sie_stack.processes import free_port
-
-
-def ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as probe:
-            probe.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
 
 
 def test_peer_host_decodes_grpcs_ipv6_uris() -> None:
