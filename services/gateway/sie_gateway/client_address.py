@@ -43,8 +43,12 @@ class ClientAddresses:
         return peer
 
     def trusts(self, peer: str) -> bool:
+        """Whether `peer` is a trusted proxy; an IPv4 address mapped into IPv6 ('::ffff:10.0.0.5', as a dual-stack
+        socket names an IPv4 peer) is that IPv4 address."""
         try:
             address = ipaddress.ip_address(peer)
         except ValueError:
             return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
         return any(address in network for network in self._trusted)

@@ -14,7 +14,8 @@ Each message is charged to its caller: the bearer token when the gateway checks 
 (the x-sie-client-address Envoy writes, from a trusted proxy's connection only; SIE_GATEWAY_TRUSTED_PROXIES), else
 the connection's peer address. A unary call whose caller's share is full of messages already read is refused with
 RESOURCE_EXHAUSTED/OVERLOADED and a retry delay, unread; one that only waits for other messages to arrive waits (at
-most MAX_WAITING_READS_PER_CALLER of a caller's calls, MAX_WAITING_READS in all, then OVERLOADED). The budget keeps room
+most MAX_WAITING_READS_PER_CALLER of a caller's calls, MAX_WAITING_READS in all, then OVERLOADED); room freed goes to
+each waiting caller's oldest read in turn. The budget keeps room
 to read one more message: a unary message that would leave less is read but not kept (OVERLOADED), so that small
 calls are still read while large ones fill it. An EncodeStream reads its next message once there is room: it waits
 for its own answers rather than being refused. A unary message that has not all arrived SIE_GATEWAY_HTTP_BODY_TIMEOUT_S
@@ -29,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
@@ -60,7 +62,7 @@ RETRY_AFTER_S = 1.0
 # and of all callers. Past either, a call is refused RESOURCE_EXHAUSTED/OVERLOADED at once.
 MAX_WAITING_READS_PER_CALLER = 512
 MAX_WAITING_READS = 4096
-# How often the oldest waiting read of each caller looks again for room freed where it is not told (an HTTP body
+# How often the oldest waiting read looks again for room freed where it is not told (an HTTP body
 # answered, a stalled read old enough to drop).
 RECHECK_S = 0.05
 NO_MESSAGE = InvalidArgument("the call ended without its request message; send one", reason="MALFORMED_REQUEST")
@@ -84,6 +86,16 @@ def intake_interceptors(settings: GatewaySettings, budget: BodyBudget) -> list[g
     return [Authorize(checks), LeaseRequestBytes(reads, bool(checks), addresses), RejectMalformedRequests()]
 
 
+@dataclasses.dataclass(eq=False)
+class _Turn:
+    """A read waiting for room; `granted` once _wake has held the room for it."""
+
+    lease: BodyLease
+    stream: bool
+    ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    granted: bool = False
+
+
 class MessageReads:
     """Reads of gRPC messages within `budget`: each holds `largest` bytes (the receive limit) of its caller's share
     and of the budget while its message arrives, then the message's own bytes; `timeout_s` bounds a unary call's."""
@@ -94,7 +106,8 @@ class MessageReads:
         self.timeout_s = timeout_s
         self._reading: collections.Counter[str] = collections.Counter()  # bytes of reads in progress, per caller
         self._reading_total = 0
-        self._waiting: dict[str, collections.deque[asyncio.Event]] = {}  # per caller, oldest first
+        # Per caller, oldest first; callers in the order they are next given room.
+        self._waiting: dict[str, collections.deque[_Turn]] = {}
         self.waiting = 0
 
     @contextlib.contextmanager
@@ -122,10 +135,7 @@ class MessageReads:
         except TimeoutError:
             timed_out = True
         finally:
-            self._reading[lease.caller] -= self.largest
-            self._reading_total -= self.largest
-            if not self._reading[lease.caller]:
-                del self._reading[lease.caller]
+            self._unhold(lease.caller)
             if not lease.evicted:
                 self.budget.shrink(lease, len(raw) if raw is not None else 0)
             self._wake()
@@ -141,42 +151,49 @@ class MessageReads:
 
     async def _room(self, lease: BodyLease, context: grpc.aio.ServicerContext, stream: bool) -> None:
         """Hold `largest` bytes on `lease` once its caller's share and the budget have room, its caller's reads
-        waiting in turn (oldest first)."""
+        waiting in turn (oldest first; _wake gives them the room)."""
         caller = lease.caller
         if caller not in self._waiting and self._hold(lease, stream):
             return
         if not stream and self._full(caller):
             await abort(context, self._refusal(caller))
-        queue = self._waiting.setdefault(caller, collections.deque())
+        queue = self._waiting.get(caller, collections.deque())
         if len(queue) >= MAX_WAITING_READS_PER_CALLER or self.waiting >= MAX_WAITING_READS:
-            if not queue:
-                del self._waiting[caller]
             await abort(context, self._crowded(len(queue) >= MAX_WAITING_READS_PER_CALLER))
-        turn = asyncio.Event()
+        self._waiting[caller] = queue
+        turn = _Turn(lease, stream)
         queue.append(turn)
         self.waiting += 1
         try:
-            while True:
-                if queue[0] is turn:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(RECHECK_S):
-                            await turn.wait()
-                    turn.clear()
-                    if self._hold(lease, stream):
-                        return
-                    if not stream and self._full(caller):
-                        await abort(context, self._refusal(caller))
-                else:
-                    await turn.wait()
-                    turn.clear()
+            while not turn.granted:
+                # Only the oldest waiting read looks again on a timer (for stalled reads old enough to drop): one
+                # timer however many callers wait, not one each (3,000 callers' timers took the gateway's loop).
+                oldest = next(iter(self._waiting.values()))[0] is turn
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RECHECK_S if oldest else None):
+                        await turn.ready.wait()
+                if oldest and not turn.granted:
+                    self._wake()
+                if turn.granted:
+                    return
+                turn.ready.clear()
+                if not stream and self._full(caller):
+                    await abort(context, self._refusal(caller))
+        except BaseException:
+            if turn.granted:  # given room, gone before reading: the lease's bytes return when it closes
+                self._unhold(caller)
+            raise
         finally:
-            first = queue[0] is turn
-            queue.remove(turn)
-            self.waiting -= 1
-            if not queue:
-                del self._waiting[caller]
-            elif first:
-                queue[0].set()
+            self._dequeue(turn)
+
+    def _dequeue(self, turn: _Turn) -> None:
+        queue = self._waiting.get(turn.lease.caller)
+        if queue is None or turn not in queue:
+            return
+        queue.remove(turn)
+        self.waiting -= 1
+        if not queue:
+            del self._waiting[turn.lease.caller]
 
     def _hold(self, lease: BodyLease, stream: bool) -> bool:
         """Grow `lease` by `largest` bytes if the caller's share and the budget have room (dropping reads that have
@@ -201,9 +218,38 @@ class MessageReads:
         )
 
     def _wake(self) -> None:
-        """Let the oldest waiting read of each caller look for room."""
-        for queue in self._waiting.values():
-            queue[0].set()
+        """Give the room there is to waiting reads: each caller's oldest in turn (a caller given room goes to the
+        back, so many callers share the room in rounds and none is passed over), until the budget has no room for
+        another; wake the unary reads to refuse (their caller's share, or the budget, full of messages already read),
+        and the oldest read still waiting (it looks again on a timer)."""
+        for caller in list(self._waiting):
+            turn = self._waiting[caller][0]
+            if self._hold(turn.lease, turn.stream):
+                turn.granted = True
+                self._dequeue(turn)
+                if caller in self._waiting:
+                    self._waiting[caller] = self._waiting.pop(caller)
+                turn.ready.set()
+            elif not turn.stream and self._full(caller):
+                turn.ready.set()
+            elif not turn.stream and self._no_room_left(caller):
+                break
+        if self._waiting:
+            next(iter(self._waiting.values()))[0].ready.set()
+
+    def _no_room_left(self, caller: str) -> bool:
+        """After a unary read of `caller` found no room: whether no other read could find any (the budget is full,
+        not only its caller's share, and had no stalled read to drop)."""
+        budget = self.budget
+        full = budget.held + self.largest > budget.limit
+        return full and budget.held_by(caller) + self.largest <= budget.caller_limit
+
+    def _unhold(self, caller: str) -> None:
+        """Undo _hold's count of a read in progress (its lease's bytes are the lease's to return)."""
+        self._reading[caller] -= self.largest
+        self._reading_total -= self.largest
+        if not self._reading[caller]:
+            del self._reading[caller]
 
     def _refusal(self, caller: str) -> ResourceExhausted:
         budget = self.budget
@@ -349,7 +395,8 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
 
 
 def peer_host(peer: str) -> str:
-    """The address of a gRPC peer ('ipv4:10.0.0.5:41234', 'ipv6:[::1]:41234') without its port."""
-    address = peer.partition(":")[2]
+    """The address of a gRPC peer without its port: 'ipv4:10.0.0.5:41234' and 'ipv6:[::1]:41234', which grpc writes
+    as a URI ('ipv6:%5B::1%5D:41234', a zone's '%' as '%25'): undecoded, no IPv6 peer was ever a trusted proxy."""
+    address = urllib.parse.unquote(peer.partition(":")[2])
     host = address.rpartition(":")[0] or address
     return host.removeprefix("[").removesuffix("]")

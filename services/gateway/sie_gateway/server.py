@@ -29,6 +29,12 @@ INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_
 DRAIN_GRACE_S = 30.0
 
 
+def listen_address(host: str, port: int) -> str:
+    """grpc's address for `host` and `port`: an IPv6 host in brackets (SIE_HOST=:: was ':::50051', which grpc cannot
+    parse, and the gateway stopped saying the address was in use)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 async def serve(settings: GatewaySettings) -> None:
     transport = gateway_transport(settings)
     etcd = Etcd.from_settings(settings)
@@ -48,7 +54,7 @@ async def serve(settings: GatewaySettings) -> None:
     server = grpc.aio.server(interceptors=intake_interceptors(settings, budget), options=transport.server_options())
     inference_pb2_grpc.add_InferenceServicer_to_server(api, server)
     health = await add_health_and_reflection(server, [INFERENCE_SERVICE])
-    listen = f"{settings.host}:{settings.port}"
+    listen = listen_address(settings.host, settings.port)
     transport.listen(server, listen)
     # The HTTP adapter (docs/http.md) calls this server on a Unix socket of its own.
     internal = InternalSocket() if settings.http_port else None
