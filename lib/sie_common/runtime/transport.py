@@ -125,3 +125,9 @@ def _read(path: str | None, what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as error:
         raise SettingsError(f"{what} {path!r} cannot be read: {error.strerror or error}") from None
+
+
+def listen_address(host: str, port: int) -> str:
+    """grpc's address for `host` and `port`: an IPv6 host in brackets (SIE_HOST=:: was ':::50051', which grpc cannot
+    parse, and a service stopped saying the address was in use)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

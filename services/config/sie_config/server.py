@@ -16,7 +16,7 @@ from sie_common.edge.auth import Authorize
 from sie_common.edge.malformed_requests import RejectMalformedRequests
 from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
-from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.transport import ServerTransport, listen_address
 from sie_config.api import ConfigService, admin_checks
 from sie_config.leader import LeaderElection
 from sie_config.metrics import register_election
@@ -53,7 +53,7 @@ async def serve(settings: ConfigSettings) -> None:
     server = grpc.aio.server(interceptors=[authorize, RejectMalformedRequests()], options=transport.server_options())
     config_pb2_grpc.add_ConfigServiceServicer_to_server(ConfigService(store, settings), server)
     health = await add_health_and_reflection(server, [CONFIG_SERVICE])
-    listen = f"{settings.host}:{settings.port}"
+    listen = listen_address(settings.host, settings.port)
     transport.listen(server, listen)
     register_election(election)
     metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)

@@ -12,6 +12,7 @@ from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_common.cluster.etcd import Etcd
 from sie_common.runtime.grpc_server import add_health_and_reflection, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
+from sie_common.runtime.transport import listen_address
 from sie_gateway.cluster_view import ClusterView
 from sie_gateway.demand import DemandRecorder
 from sie_gateway.dispatch import Dispatcher
@@ -27,12 +28,6 @@ log = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
 DRAIN_GRACE_S = 30.0
-
-
-def listen_address(host: str, port: int) -> str:
-    """grpc's address for `host` and `port`: an IPv6 host in brackets (SIE_HOST=:: was ':::50051', which grpc cannot
-    parse, and the gateway stopped saying the address was in use)."""
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 async def serve(settings: GatewaySettings) -> None:

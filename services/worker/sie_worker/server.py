@@ -25,7 +25,7 @@ from sie_common.edge.auth import WORK_CALLS, Authorize, Check, inference_checks,
 from sie_common.edge.malformed_requests import RejectMalformedRequests
 from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
-from sie_common.runtime.transport import ServerTransport
+from sie_common.runtime.transport import ServerTransport, listen_address
 from sie_worker.api.inference import InferenceService
 from sie_worker.api.work import WorkService
 from sie_worker.cluster.config_sync import ConfigSync
@@ -65,7 +65,7 @@ async def serve(settings: WorkerSettings) -> None:
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkService(handlers, settings.worker_id, engine.limits), server)
     services = [INFERENCE_SERVICE, WORKER_SERVICE]
     health = await add_health_and_reflection(server, services)  # NOT_SERVING until the preloads finish
-    address = f"{settings.host}:{settings.port}"
+    address = listen_address(settings.host, settings.port)
     transport.listen(server, address)
     register_engine(engine)
     metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
