@@ -39,8 +39,11 @@ def still_open(sockets: list[socket.socket]) -> int:
 
 def test_idle_connections_at_the_limit_do_not_keep_callers_out(edge, reliability_report) -> None:
     with held_connections(edge.port, LIMIT + 16) as idle:
-        time.sleep(4)  # the overload manager sees the count every 0.25 s; idle timeouts are 2 s at 90%
-        left = still_open(idle)
+        # The overload manager sees the count every 0.25 s and idle timeouts are 2 s at 90%: about 2.5 s on a quiet
+        # machine; up to 12 s on a busy one (a clean-clone run had 52 still open at 4 s) before calling it kept.
+        deadline = time.monotonic() + 12
+        while (left := still_open(idle)) >= LIMIT // 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
         answers = []
         for _ in range(5):
             try:
@@ -49,5 +52,5 @@ def test_idle_connections_at_the_limit_do_not_keep_callers_out(edge, reliability
                 answers.append(0)
             time.sleep(0.2)
     reliability_report.add("edge", f"{LIMIT + 16} idle connections, limit {LIMIT}", still_open=left, healthz=answers)
-    assert left < LIMIT // 2, f"{left} idle connections still open after 4 s"
+    assert left < LIMIT // 2, f"{left} idle connections still open after 12 s"
     assert answers.count(200) >= 4, answers

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import time
@@ -197,6 +198,26 @@ class ResidentModels(Generic[M]):
 def _free_memory() -> None:
     gc.collect()
     release_cuda_cache()
+    release_heap()
+
+
+def release_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim): an evicted model's tensors are freed,
+    but without it the process keeps their pages, and a worker that loads model after model grows (a clean-clone
+    run saw 169 MiB after 32 tiny models in turn under a 12 MiB budget)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc (musl, macOS)
+        return None
+
+
+_LIBC = _glibc()
 
 
 def is_cuda_oom(error: BaseException) -> bool:
