@@ -317,16 +317,7 @@ async def attack(intake: bool, calls_per_caller: int) -> dict:
                 await asyncio.sleep(0.05)
                 peak = max(peak, gateway.memory_info().rss)
                 settled = settled + 0.05 if sum(call.done() for call in calls) == done else 0.0
-            refusals = []
-            for call in calls:
-                if not call.done():
-                    call.cancel()
-                    continue
-                try:
-                    await call
-                except grpc.aio.AioRpcError as error:
-                    status = status_pb2.Status.FromString(dict(error.trailing_metadata())["grpc-status-details-bin"])
-                    refusals.append(f"{error.code().name} {status_reason(status)}")
+            refusals = await refusals_of(calls)
         return {
             "calls": len(calls),
             "admitted": len(calls) - len(refusals),
@@ -337,6 +328,23 @@ async def attack(intake: bool, calls_per_caller: int) -> dict:
     finally:
         server.kill()
         server.wait()
+
+
+async def refusals_of(calls: list) -> list[str]:
+    """'CODE REASON' of each ended call that failed (the message where no ErrorInfo came, e.g. from Envoy); calls
+    still running are cancelled and left out."""
+    refusals = []
+    for call in calls:
+        if not call.done():
+            call.cancel()
+            continue
+        try:
+            await call
+        except grpc.aio.AioRpcError as error:
+            details = dict(error.trailing_metadata()).get("grpc-status-details-bin", b"")
+            reason = status_reason(status_pb2.Status.FromString(details)) if details else error.details()
+            refusals.append(f"{error.code().name} {reason}")
+    return refusals
 
 
 async def serve_forever(intake: bool) -> None:

@@ -20,11 +20,16 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
-from google.rpc import status_pb2
 
-from reliability.test_gateway_grpc_budget import COST_PER_BYTE, QUICK_MODEL, encode_request, from_address, serving
+from reliability.test_gateway_grpc_budget import (
+    COST_PER_BYTE,
+    QUICK_MODEL,
+    encode_request,
+    from_address,
+    refusals_of,
+    serving,
+)
 from sie.v1 import inference_pb2
-from sie_common.edge.errors import status_reason
 from sie_common.runtime.settings import load_settings
 from sie_gateway.settings import GatewaySettings
 from sie_stack.envoy_config import render
@@ -111,17 +116,7 @@ async def attack(channels: int, calls_per_channel: int, callers: int, envoy_dir:
                 await asyncio.sleep(0.05)
                 peak = max(peak, gateway.memory_info().rss)
                 settled = settled + 0.05 if sum(call.done() for call in calls) == done else 0.0
-            refusals = []
-            for call in calls:
-                if not call.done():
-                    call.cancel()
-                    continue
-                try:
-                    await call
-                except grpc.aio.AioRpcError as error:
-                    details = dict(error.trailing_metadata()).get("grpc-status-details-bin", b"")
-                    reason = status_reason(status_pb2.Status.FromString(details)) if details else error.details()
-                    refusals.append(f"{error.code().name} {reason}")
+            refusals = await refusals_of(calls)
         finally:
             for link in [*links, quick_link]:
                 await link.close()
