@@ -27,6 +27,7 @@ ENCODER = ModelConfig(
     loras={"legal": "/loras/legal", "medical": "/loras/medical"},
 )
 DUAL = ModelConfig(id="org/dual", source="test", inputs=("text", "image"), tasks=("encode", "score"), dims=512)
+NO_DIMS = ModelConfig(id="org/no-dims", source="test", tasks=("encode",), output_types=("dense",))
 MAX_SEND_BYTES = 4 * 2**20
 
 
@@ -34,7 +35,7 @@ class ConfigsOnly:
     """A registry that knows its models' configs and loads nothing: the planner must refuse before it asks."""
 
     def config(self, model_id: str) -> ModelConfig:
-        return {config.id: config for config in (ENCODER, DUAL)}[model_id]
+        return {config.id: config for config in (ENCODER, DUAL, NO_DIMS)}[model_id]
 
     def use(self, model_id: str, profile: str) -> contextlib.AbstractContextManager[object]:
         raise AssertionError(f"{model_id} was loaded for a request the planner should have refused")
@@ -111,3 +112,14 @@ def test_asking_for_more_dims_than_the_config_states_does_not_hide_a_too_large_a
     items = [TEXT] * (MAX_SEND_BYTES // (384 * 4) + 2)
     error = refusal(planner, EncodeJob(model=ENCODER.id, items=items, dims=2**31 - 1), ResourceExhausted)
     assert error.reason == "RESPONSE_TOO_LARGE" and error.metadata["size"] == str(len(items) * 384 * 4)
+
+
+def test_a_config_without_dims_is_estimated_with_the_requests_dims_as_the_gateway_does(planner: Planner) -> None:
+    """The gateway and the plan refuse by one rule (sie_common.edge.answer_size.stated_dims): a request's own dims
+    are a lower bound on its answer (more than the model has is refused once loaded), so the model is not loaded
+    for an answer that could not be sent either way."""
+    items = [TEXT] * (MAX_SEND_BYTES // (256 * 4) + 2)
+    error = refusal(planner, EncodeJob(model=NO_DIMS.id, items=items, dims=256), ResourceExhausted)
+    assert error.reason == "RESPONSE_TOO_LARGE" and error.metadata["size"] == str(len(items) * 256 * 4)
+    with pytest.raises(AssertionError, match="was loaded"):  # no dims stated anywhere: nothing known to refuse
+        refusal(planner, EncodeJob(model=NO_DIMS.id, items=items))

@@ -50,10 +50,16 @@ def check_encode_estimate(
     packing them in the output dtype."""
     if "dense" not in (request.output_types or config.default_output_types):
         return
-    stated = [dims for dims in (request.dims if request.HasField("dims") else None, config.dims) if dims]
-    check_dense_estimate(
-        len(request.items), min(stated, default=0), request.output_dtype or "float32", limit, setting, value_bytes
-    )
+    dims = stated_dims(request.dims if request.HasField("dims") else None, config.dims)
+    check_dense_estimate(len(request.items), dims, request.output_dtype or "float32", limit, setting, value_bytes)
+
+
+def stated_dims(request_dims: int | None, config_dims: int | None) -> int:
+    """The fewest dims an encode's answer can have before its model is loaded: the smaller of what the request
+    asks for and what the config states (0: neither states any). Asking for more than the model has is refused
+    once it is loaded, so the request's dims are a lower bound either way. The gateway and the worker's plan
+    refuse by this one rule."""
+    return min((dims for dims in (request_dims, config_dims) if dims), default=0)
 
 
 def check_dense_estimate(

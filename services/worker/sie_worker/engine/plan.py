@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sie_common.cluster.model_config import ModelConfig
-from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate
+from sie_common.edge.answer_size import MAX_SEND_SETTING, check_dense_estimate, stated_dims
 from sie_common.edge.errors import InvalidArgument, clipped
 from sie_worker.adapters.contract import AdapterError, Query, Similarity
 from sie_worker.engine.batch_key import BatchKey, batch_key
@@ -98,8 +98,8 @@ class Planner:
         config = self.registry.config(job.model)
         outputs = job.output_types or config.default_output_types
         _check_outputs(config, outputs)
-        # With the dims the config states, an answer too large is refused before the model loads.
-        self._check_answer_estimate(job, outputs, config.dims or 0)
+        # With the dims the request or config states, an answer too large is refused before the model loads.
+        self._check_answer_estimate(job, outputs, stated_dims(job.dims, config.dims))
         model = self._model(holds, config, job.profile, "encode", job.lora, job.items)
         needed = device_outputs(model, outputs)
         muvera = muvera_params(model, job.options) if "dense" in outputs and model.adapter.spec.uses_muvera else None
@@ -113,7 +113,7 @@ class Planner:
                 metadata={"dims": str(job.dims)},
             )
         if width != config.dims:
-            self._check_answer_estimate(job, outputs, width)
+            self._check_answer_estimate(job, outputs, job.dims or width)
         _check_one_input_per_item(model, job.items)
         query = Query("encode", outputs=needed, is_query=job.is_query, instruction=job.instruction, options=job.options)
         _check_query(model, "encode", query)
@@ -131,11 +131,10 @@ class Planner:
             job.output_dtype,
         )
 
-    def _check_answer_estimate(self, job: EncodeJob, outputs: tuple[str, ...], model_dims: int) -> None:
-        """RESPONSE_TOO_LARGE before any work when the job's dense vectors alone could not be sent (0 dims: not known
-        yet, nothing to refuse)."""
-        if "dense" in outputs and model_dims:
-            dims = min(job.dims or model_dims, model_dims)
+    def _check_answer_estimate(self, job: EncodeJob, outputs: tuple[str, ...], dims: int) -> None:
+        """RESPONSE_TOO_LARGE before any work when the job's dense vectors of `dims` values alone could not be sent
+        (0 dims: not known yet, nothing to refuse)."""
+        if "dense" in outputs:
             check_dense_estimate(len(job.items), dims, job.output_dtype, self.max_send_bytes, MAX_SEND_SETTING)
 
     def _score(self, job: ScoreJob, holds: contextlib.ExitStack) -> RequestPlan:
