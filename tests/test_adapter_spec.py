@@ -25,7 +25,7 @@ def test_every_family_is_found_by_its_own_name() -> None:
         [
             "bge_m3", "clip", "colbert", "colpali", "cross_encoder", "document_reader", "gliclass", "gliner", "gliner2", "glirel",
             "llm_reranker", "nli_zero_shot", "ocr_vlm", "sentence_transformer", "splade", "text_classifier", "token_classifier",
-            "zero_shot_detector",
+            "zero_shot_detector", "qwen3_vl_embedder", "qwen3_vl_reranker",
         ]
     )  # fmt: skip
     assert all(cls.spec.name == name and not cls.spec.problems() for name, cls in ADAPTERS.items())

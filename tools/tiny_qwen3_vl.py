@@ -12,6 +12,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from tiny_ocr_vlms import _decoder
+
 # The vision tower's patch side and merge: images are resized to multiples of 32 pixels, as the real ones.
 PATCH_SIZE = 16
 MERGE_SIZE = 2
@@ -75,7 +77,7 @@ def build_tiny_qwen3_vl(directory: Path, *, seed: int = 0) -> Path:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer = _tokenizer()
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _SPECIALS}
+    ids = {token: tokenizer.get_vocab()[token] for token in _SPECIALS}
     vision = {
         "depth": 2,
         "hidden_size": 32,
@@ -90,14 +92,8 @@ def build_tiny_qwen3_vl(directory: Path, *, seed: int = 0) -> Path:
         "initializer_range": 0.2,
     }
     text = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "max_position_embeddings": 4096,
+        **_decoder(len(tokenizer)),
+        "max_position_embeddings": 16384,
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 5000000.0,

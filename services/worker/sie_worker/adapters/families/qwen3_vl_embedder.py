@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import AutoConfig, Qwen3VLModel
+from transformers import AutoConfig, PreTrainedModel, Qwen3VLModel
 
 from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
 from sie_worker.adapters.hf import HfAdapter
@@ -61,7 +61,7 @@ class Qwen3VlEmbedder(HfAdapter):
         text_with_image=True,
     )
 
-    model: Qwen3VLModel
+    model: PreTrainedModel
 
     def __init__(self, context: LoadContext) -> None:
         super().__init__(context)
@@ -82,7 +82,7 @@ class Qwen3VlEmbedder(HfAdapter):
 
     def check(self, query: Query) -> None:
         if query.instruction is not None:
-            self.chat.check_text(query.instruction, "instruction", MAX_INSTRUCTION_TOKENS)
+            self.chat.check_instruction(query.instruction)
 
     def instruction(self, query: Query) -> str:
         if query.instruction is not None:
@@ -95,16 +95,7 @@ class Qwen3VlEmbedder(HfAdapter):
 
     def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The item's prompt, cut at max_sequence_length tokens, at the cost of its tokens."""
-        content: list[dict[str, Any]] = []
-        image = None
-        if item.image is not None:
-            image = self.chat.model_image(item.image)
-            content.append({"type": "image", "image": image})
-        if item.text is not None:
-            self.chat.check_text(item.text, "text")
-            content.append({"type": "text", "text": item.text})
-        if not content:
-            content.append({"type": "text", "text": "NULL"})
+        content, image = self.chat.user_content(item.text, item.image)
         messages = [
             {"role": "system", "content": [{"type": "text", "text": self.instruction(query)}]},
             {"role": "user", "content": content},

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from transformers import Qwen3VLForConditionalGeneration, Qwen3VLModel
 
-from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
+from sie_worker.adapters.contract import AdapterError, Input, LoadContext, Prepared, Query
 from sie_worker.adapters.families.qwen3_vl_embedder import check_model_type, max_tokens
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.layers.qwen_vl_chat import (
@@ -71,30 +71,26 @@ class Qwen3VlReranker(HfAdapter):
 
     def check(self, query: Query) -> None:
         if query.instruction is not None:
-            self.chat.check_text(query.instruction, "instruction", MAX_INSTRUCTION_TOKENS)
+            self.chat.check_instruction(query.instruction)
 
     def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
         pair = items[0].pair or "" if items else ""
-        self.chat.check_text(pair, "query")
+        try:
+            self.chat.check_text(pair, "query")
+        except ValueError as error:
+            raise AdapterError(str(error), reason="INVALID_ITEM", metadata={"item": "query"}) from None
         return super().prepare(items, query)
 
     def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The pair's judge prompt, cut to max_sequence_length tokens before its tail."""
+        document, image = self.chat.user_content(item.text, item.image)
         content: list[dict[str, Any]] = [
             {"type": "text", "text": "<Instruct>: " + (query.instruction or self.default_instruction)},
             {"type": "text", "text": "<Query>:"},
             {"type": "text", "text": item.pair or ""},
             {"type": "text", "text": "\n<Document>:"},
+            *document,
         ]
-        image = None
-        if item.image is not None:
-            image = self.chat.model_image(item.image)
-            content.append({"type": "image", "image": image})
-        if item.text is not None:
-            self.chat.check_text(item.text, "text")
-            content.append({"type": "text", "text": item.text})
-        if item.image is None and item.text is None:
-            content.append({"type": "text", "text": "NULL"})
         messages = [
             {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
             {"role": "user", "content": content},

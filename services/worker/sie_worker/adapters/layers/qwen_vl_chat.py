@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
 
+from sie_worker.adapters.contract import AdapterError
 from sie_worker.adapters.spec import whole_number
 
 # qwen-vl-utils' bounds: an aspect ratio of at most 200, and 4 to 16,384 image tokens.
@@ -143,6 +144,26 @@ class QwenVlChat:
         special = sorted(self.tokenizer.convert_ids_to_tokens(sorted(self._chat_ids.intersection(ids))))
         if special:
             raise ValueError(f"{where}: holds the prompt's special tokens {', '.join(special)}; send it without them")
+
+    def user_content(self, text: str | None, image: Image.Image | None) -> tuple[list[dict[str, Any]], Any]:
+        """An item's part of the user turn, as the reference writes it: its image (resized), then its text ("NULL"
+        for neither); and the resized image. ValueError for a text holding the chat's special tokens."""
+        content: list[dict[str, Any]] = []
+        resized = None
+        if image is not None:
+            resized = self.model_image(image)
+            content.append({"type": "image", "image": resized})
+        if text is not None:
+            self.check_text(text, "text")
+            content.append({"type": "text", "text": text})
+        return content or [{"type": "text", "text": "NULL"}], resized
+
+    def check_instruction(self, text: str) -> None:
+        """A request's instruction: at most MAX_INSTRUCTION_TOKENS, no special tokens (INVALID_INSTRUCTION)."""
+        try:
+            self.check_text(text, "instruction", MAX_INSTRUCTION_TOKENS)
+        except ValueError as error:
+            raise AdapterError(str(error), reason="INVALID_INSTRUCTION") from None
 
     def encode(self, messages: list[dict[str, Any]], image: Image.Image | None) -> ChatInputs:
         """The conversation's prompt (the assistant's turn opened), with the item's image (resized already)."""
