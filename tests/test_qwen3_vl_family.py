@@ -334,6 +334,19 @@ def test_embeddings_equal_the_reference(stub, replica: Path) -> None:
     assert_same_directions(encoded(stub, EMBEDDER, MIXED[:3], is_query=True), reference_embeddings(replica, queries))
 
 
+def test_a_score_by_embeddings_gives_the_instruction_to_the_query_only(stub, replica: Path) -> None:
+    """The query is embedded with the config's query instruction (or the request's), the documents with the
+    default, as the model card embeds them; the score is their cosine."""
+    documents = MIXED[1:4]
+    for fields, instruction in (
+        ({}, "Retrieve images or text relevant to the user's query."),
+        ({"instruction": "Find cats"}, "Find cats"),
+    ):
+        served = scored(stub, EMBEDDER, "a cat", documents, **fields)
+        query = reference_embeddings(replica, [{"text": "a cat", "instruction": instruction}])[0]
+        np.testing.assert_allclose(served, reference_embeddings(replica, documents) @ query, atol=1e-4)
+
+
 def test_matryoshka_dims_cut_and_renormalize(stub, replica: Path) -> None:
     full = reference_embeddings(replica, MIXED[:3])
     served = encoded(stub, EMBEDDER, MIXED[:3], dims=8)
