@@ -357,12 +357,16 @@ def test_matryoshka_dims_cut_and_renormalize(stub, replica: Path) -> None:
 
 def test_overlength_prompts_are_cut_as_the_reference_cuts_them(stub, replica: Path) -> None:
     long = " ".join(TEXTS * 6)
-    entries = [{"text": long}, {"text": long[:50], "image": IMAGES[1]}]
+    # Read only as far as the prompt holds (a prefix of it tokenized): the same as the reference reading it whole.
+    huge = " ".join(TEXTS * 4000)
+    entries = [{"text": long}, {"text": long[:50], "image": IMAGES[1]}, {"text": huge}]
     served = encoded(stub, SHORT_EMBEDDER, entries)
     assert_same_directions(served, reference_embeddings(replica, entries, max_length=SHORT_TOKENS[SHORT_EMBEDDER]))
-    documents = [{"text": long}, {"text": long, "image": IMAGES[1]}]
+    documents = [{"text": long}, {"text": long, "image": IMAGES[1]}, {"text": huge}]
     expected = reference_scores(replica, "a cat", documents, max_length=SHORT_TOKENS[SHORT_RERANKER])
     np.testing.assert_allclose(scored(stub, SHORT_RERANKER, "a cat", documents), expected, atol=1e-4)
+    expected = reference_scores(replica, huge, documents[:1], max_length=SHORT_TOKENS[SHORT_RERANKER])
+    np.testing.assert_allclose(scored(stub, SHORT_RERANKER, huge, documents[:1]), expected, atol=1e-4)
 
 
 @pytest.mark.parametrize("instruction", [None, "Find invoices"])

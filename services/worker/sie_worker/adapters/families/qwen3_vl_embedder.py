@@ -67,8 +67,10 @@ class Qwen3VlEmbedder(HfAdapter):
         super().__init__(context)
         config = check_model_type(context.weights)
         self.model = self.load(Qwen3VLModel)
-        self.chat = QwenVlChat(context.weights, dict(context.profile.load_options))
         self.max_sequence_length = max_tokens(context.config.max_sequence_length, DEFAULT_MAX_TOKENS, config)
+        self.chat = QwenVlChat(
+            context.weights, dict(context.profile.load_options), self.max_sequence_length, self.model.language_model
+        )
         self.dims = int(config.text_config.hidden_size)
         if context.config.dims and context.config.dims != self.dims:
             raise ValueError(f"config says dims {context.config.dims}, but the model embeds in {self.dims}")

@@ -58,8 +58,10 @@ class Qwen3VlReranker(HfAdapter):
         # The decoder alone is kept: the score reads two rows of the output embeddings, kept as their difference.
         full = self.load(Qwen3VLForConditionalGeneration)
         self.model = full.model
-        self.chat = QwenVlChat(context.weights, dict(context.profile.load_options))
         self.max_sequence_length = max_tokens(context.config.max_sequence_length, DEFAULT_MAX_TOKENS, config)
+        self.chat = QwenVlChat(
+            context.weights, dict(context.profile.load_options), self.max_sequence_length, self.model.language_model
+        )
         self.default_instruction = str(context.profile.run_options.get("default_instruction", DEFAULT_INSTRUCTION))
         self.chat.check_text(self.default_instruction, "run_options.default_instruction", MAX_INSTRUCTION_TOKENS)
         vocabulary = self.chat.tokenizer.get_vocab()
@@ -74,12 +76,14 @@ class Qwen3VlReranker(HfAdapter):
             self.chat.check_instruction(query.instruction)
 
     def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
+        """The query read as far as a prompt can hold of it, checked once; then each pair."""
         pair = items[0].pair or "" if items else ""
         try:
+            pair = self.chat.readable(pair)
             self.chat.check_text(pair, "query")
         except ValueError as error:
             raise AdapterError(str(error), reason="INVALID_ITEM", metadata={"item": "query"}) from None
-        return super().prepare(items, query)
+        return super().prepare([item._replace(pair=pair) for item in items], query)
 
     def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The pair's judge prompt, cut to max_sequence_length tokens before its tail."""

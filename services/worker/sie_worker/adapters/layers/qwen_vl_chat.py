@@ -25,6 +25,7 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
 
 from sie_worker.adapters.contract import AdapterError
+from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
 from sie_worker.adapters.spec import whole_number
 
 # qwen-vl-utils' bounds: an aspect ratio of at most 200, and 4 to 16,384 image tokens.
@@ -62,10 +63,12 @@ class ChatInputs:
 
 
 class QwenVlChat:
-    """A Qwen-VL checkpoint's processor, and the image bounds of load_options `min_pixels` / `max_pixels`."""
+    """A Qwen-VL checkpoint's processor, and the image bounds of load_options `min_pixels` / `max_pixels`; texts
+    read as far as a prompt of `max_length` tokens can hold of them (`text_model`: the decoder, its positions)."""
 
-    def __init__(self, directory: Path, load_options: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, load_options: dict[str, Any], max_length: int, text_model: Any) -> None:
         tokenizer = AutoTokenizer.from_pretrained(directory)
+        self.text = TextTokenizer(directory, max_length, text_model, hf=tokenizer, add_special_tokens=False)
         image_processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
         template = tokenizer.chat_template or _saved_template(directory)
         if not template:
@@ -154,9 +157,15 @@ class QwenVlChat:
             resized = self.model_image(image)
             content.append({"type": "image", "image": resized})
         if text is not None:
+            text = self.readable(text)
             self.check_text(text, "text")
             content.append({"type": "text", "text": text})
         return content or [{"type": "text", "text": "NULL"}], resized
+
+    def readable(self, text: str) -> str:
+        """The text cut where the tokens a prompt can hold of it surely end (a 2 MiB text took 12 s to tokenize
+        whole, twice): what the model reads of it is the same."""
+        return self.text.readable_prefixes([text])[0]
 
     def check_instruction(self, text: str) -> None:
         """A request's instruction: at most MAX_INSTRUCTION_TOKENS, no special tokens (INVALID_INSTRUCTION)."""
