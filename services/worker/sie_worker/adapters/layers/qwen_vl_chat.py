@@ -70,9 +70,9 @@ class QwenVlChat:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         self.text = TextTokenizer(directory, max_length, text_model, hf=tokenizer, add_special_tokens=False)
         image_processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
-        template = tokenizer.chat_template or _saved_template(directory)
+        template = _saved_template(directory) or tokenizer.chat_template
         if not template:
-            raise ValueError("the model directory has no chat template (tokenizer or chat_template.json)")
+            raise ValueError("the model directory has no chat template (chat_template.jinja, .json or the tokenizer's)")
         self.processor = _ImageProcessor(
             image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template
         )
@@ -233,7 +233,11 @@ def last_tokens(hidden: torch.Tensor, batch: Sequence[ChatInputs]) -> torch.Tens
 
 
 def _saved_template(directory: Path) -> str | None:
-    """The processor's chat template saved as chat_template.json (older checkpoints)."""
+    """The processor's chat template, as Qwen3VLProcessor.from_pretrained reads it: chat_template.jinja, else
+    chat_template.json (older checkpoints); None when neither is there (then the tokenizer's)."""
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
     path = directory / "chat_template.json"
     if not path.is_file():
         return None
