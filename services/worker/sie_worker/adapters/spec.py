@@ -72,6 +72,10 @@ class AdapterSpec:
     labels_or_option: str = ""
     # Whether it scores (query, item) pairs itself (a cross-encoder) rather than comparing embeddings.
     pairs: bool = False
+    # Whether an item's text and image are read together, as one input (a multimodal LLM embedder or reranker: the
+    # image, then the text, in one prompt), rather than each item holding one of them; its image items then read the
+    # request's instruction too.
+    text_with_image: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with the declaration itself."""
@@ -92,6 +96,8 @@ class AdapterSpec:
             found.append("an encoder must declare its outputs")
         if (self.outputs and not ({"encode", "score"} & set(self.tasks))) or (self.pairs and self.outputs):
             found.append("outputs are an encoder's: it encodes, or scores by comparing embeddings")
+        if self.text_with_image and "image" not in self.inputs:
+            found.append("text_with_image is for an adapter that takes images")
         if self.pairs and self.tasks != ("score",):
             found.append("a pair scorer does score only")
         if self.labels and "extract" not in self.tasks:

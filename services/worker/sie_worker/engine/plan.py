@@ -114,7 +114,7 @@ class Planner:
             )
         if width != config.dims:
             self._check_answer_estimate(job, outputs, job.dims or width)
-        _check_one_input_per_item(model, job.items)
+        _check_one_input_per_item(model, job.items, allow_text_with_image=model.adapter.spec.text_with_image)
         query = Query("encode", outputs=needed, is_query=job.is_query, instruction=job.instruction, options=job.options)
         _check_query(model, "encode", query)
         return RequestPlan(
@@ -145,14 +145,17 @@ class Planner:
         asked = Query("score", instruction=job.instruction, options=job.options)
         _check_query(model, "score", asked)
         if adapter.spec.pairs:
+            _check_text_query(model, job.query)
+            _check_one_input_per_item(model, job.items, allow_text_with_image=adapter.spec.text_with_image)
             pairs = _parts(model, job.lora, job.items, asked, first_row=1, pair=job.query.text or "")
             return RequestPlan(model, "score", job.lora, items, pairs, top_k=job.top_k)
         outputs, similarity = _similarity(model, job)
-        _check_one_input_per_item(model, [job.query])
-        _check_one_input_per_item(model, job.items)
+        together = adapter.spec.text_with_image
+        _check_one_input_per_item(model, [job.query], allow_text_with_image=together)
+        _check_one_input_per_item(model, job.items, allow_text_with_image=together)
         # An instruction is the query's (retrieval models encode documents with their document prompt), except on a
         # dual encoder, where it is the prompt of every text (`a photo of `), the items' too.
-        item_instruction = job.instruction if "image" in adapter.spec.inputs else None
+        item_instruction = job.instruction if "image" in adapter.spec.inputs and not together else None
         query = Query("encode", outputs=outputs, is_query=True, instruction=job.instruction, options=job.options)
         document = Query("encode", outputs=outputs, instruction=item_instruction, options=job.options)
         parts = (
@@ -221,15 +224,16 @@ def _parts(
     for modality in ("text", "image"):
         if modality not in by_modality:
             continue
-        asked = query if modality == "text" else _image_query(query)
+        asked = query if modality == "text" else _image_query(model, query)
         key = batch_key(model.config.id, model.profile, lora, asked)
         parts.append(Part(tuple(by_modality[modality]), asked, key, counted, pair))
     return tuple(parts)
 
 
-def _image_query(query: Query) -> Query:
-    """The query of image items: an encoder's image path reads no prompt (instruction, query or document)."""
-    if query.task != "encode":
+def _image_query(model: LoadedModel, query: Query) -> Query:
+    """The query of image items: an encoder's image path reads no prompt (instruction, query or document), except
+    where an item's image and text are read together in one prompt (text_with_image)."""
+    if query.task != "encode" or model.adapter.spec.text_with_image:
         return dataclasses.replace(query, modality="image")
     return Query("encode", "image", query.outputs, options=query.options)
 
@@ -305,6 +309,17 @@ def _check_inputs(config: ModelConfig, items: Sequence[ItemInput]) -> None:
                     reason="INPUT_NOT_SUPPORTED",
                     metadata={**item.metadata, "input": kind, "model": config.id},
                 )
+
+
+def _check_text_query(model: LoadedModel, query: ItemInput) -> None:
+    """A pair scorer reads its query as a text (each item is scored against it): images there would go unread."""
+    if query.images:
+        raise InvalidArgument(
+            f"query: model {model.config.id} scores each item against a text query and does not read the query's "
+            "images; send the query as text (items may hold images)",
+            reason="INPUT_NOT_SUPPORTED",
+            metadata={**query.metadata, "input": "image", "model": model.config.id},
+        )
 
 
 def _check_one_input_per_item(

@@ -104,7 +104,7 @@ class Preparation:
 
         def prepare(row: int, header: ImageHeader) -> tuple[Input, Prepared]:
             try:
-                given = Input(header.item.text, decode(header, limits=self._limits))
+                given = Input(header.item.text, decode(header, limits=self._limits), part.pair)
                 return given, adapter.prepare([given], part.query)[0]
             except AdapterError as error:
                 raise _refused(error, items, (row,)) from None
