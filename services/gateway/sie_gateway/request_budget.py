@@ -31,7 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, cast
 
 import grpc
@@ -44,7 +44,14 @@ from sie_common.edge.auth import (
     bearer_token,
     inference_checks,
 )
-from sie_common.edge.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable, abort
+from sie_common.edge.errors import (
+    DeadlineExceeded,
+    EndWithoutFrames,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    abort,
+)
 from sie_common.edge.malformed_requests import (
     Continuation,
     RejectMalformedRequests,
@@ -131,7 +138,7 @@ class MessageReads:
         try:
             async with asyncio.timeout(None if stream else self.timeout_s) as deadline:
                 with lease.reading(deadline):
-                    raw = await anext(aiter(messages), None)
+                    raw = await (anext(aiter(messages), None) if stream else only_message(messages))
         except TimeoutError:
             timed_out = True
         finally:
@@ -334,15 +341,17 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
 
             # Served as a stream of requests, so that grpc reads the one message only when this asks for it.
             async def unary_unary(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
-                caller = self._caller(metadata, context.peer())
-                if caller is None:
-                    raw = await anext(aiter(raw_requests), None)
-                    if raw is None:
-                        await abort(context, NO_MESSAGE)
-                    return await behaviour(raw, context)
-                with reads.lease(caller) as lease:
-                    raw = await reads.read(lease, raw_requests, context, stream=False)
-                    return await behaviour(raw, context)
+                with EndWithoutFrames():
+                    caller = self._caller(metadata, context.peer())
+                    if caller is None:
+                        raw = await only_message(raw_requests)
+                        if raw is None:
+                            await abort(context, NO_MESSAGE)
+                        return await behaviour(raw, context)
+                    with reads.lease(caller) as lease:
+                        raw = await reads.read(lease, raw_requests, context, stream=False)
+                        return await behaviour(raw, context)
+                return None
 
             return grpc.stream_unary_rpc_method_handler(unary_unary, response_serializer=serialize)
         if handler.stream_stream is not None:
@@ -353,8 +362,9 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
             ) -> AsyncIterator[Any]:
                 caller = self._caller(metadata, context.peer())
                 if caller is None:
-                    async for response in streaming(raw_requests, context):
-                        yield response
+                    with EndWithoutFrames():
+                        async for response in streaming(raw_requests, context):
+                            yield response
                     return
                 # One lease per message not yet answered, oldest first: each answer returns the oldest.
                 held: collections.deque[contextlib.ExitStack] = collections.deque()
@@ -370,10 +380,11 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
                         yield raw
 
                 try:
-                    async for response in streaming(leased(), context):
-                        if held:
-                            held.popleft().close()
-                        yield response
+                    with EndWithoutFrames():
+                        async for response in streaming(leased(), context):
+                            if held:
+                                held.popleft().close()
+                            yield response
                 finally:
                     while held:
                         held.popleft().close()
@@ -392,6 +403,17 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
             return f"token {bearer_token(metadata)}"
         named = next((value for key, value in metadata or () if key == CLIENT_ADDRESS_HEADER), None)
         return f"address {self._addresses.client(peer_host(peer), named)}"
+
+
+async def only_message(messages: AsyncIterator[bytes]) -> bytes | None:
+    """A unary call's message (None if it ended without one), its stream then closed: grpc's receiver keeps the last
+    message it gave in a reference cycle (its generator's frame) that only the garbage collector frees."""
+    stream = aiter(messages)
+    try:
+        return await anext(stream, None)
+    finally:
+        if isinstance(stream, AsyncGenerator):
+            await stream.aclose()
 
 
 def peer_host(peer: str) -> str:
