@@ -6,12 +6,16 @@ only a full garbage collection frees.
 
 A real gateway process (on the session's etcd, no model configured): one caller's large messages refused for a text
 over its bound, an unknown model, a malformed option, and calls cancelled while they are read or served, one after
-another; the gateway's RSS stays within a few messages' worth of where it began."""
+another; the gateway's RSS stays within a few messages' worth of where it began. And in-process, the interceptor the
+worker and the config service end their handlers with (RejectMalformedRequests): refused calls, unary and streams,
+leave none of their bytes behind."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import gc
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import psutil
@@ -19,7 +23,9 @@ import pytest
 from google.protobuf import struct_pb2
 
 from grpc_helpers import error_reason, items
-from sie.v1 import inference_pb2
+from sie.v1 import inference_pb2, inference_pb2_grpc
+from sie_common.edge.errors import InvalidArgument, abort
+from sie_common.edge.malformed_requests import RejectMalformedRequests
 from worker_process import WorkerProcess
 
 MiB = 2**20
@@ -114,3 +120,59 @@ async def send_one_after_another(
             grown = process.memory_info().rss - before
             assert grown <= GROWTH_BOUND, f"the gateway grew by {grown // MiB} MiB after {n + 1} refused calls"
     return refusals
+
+
+class Refuses(inference_pb2_grpc.InferenceServicer):
+    """Encode copies its request (as the gateway's merged request does) and refuses it; EncodeStream refuses the
+    stream after its first request."""
+
+    async def Encode(
+        self, request: inference_pb2.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EncodeResponse:
+        copy = inference_pb2.EncodeRequest()
+        copy.CopyFrom(request)
+        await abort(context, InvalidArgument("refused", reason="REFUSED"))
+
+    async def EncodeStream(
+        self, requests: AsyncIterator[inference_pb2.EncodeStreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.EncodeStreamResponse]:
+        async for _ in requests:
+            await abort(context, InvalidArgument("refused", reason="REFUSED"))
+        yield inference_pb2.EncodeStreamResponse()
+
+
+async def test_the_workers_and_config_services_interceptor_keeps_nothing_of_refused_calls() -> None:
+    """RejectMalformedRequests, the outermost handler of the worker and the config service: Python's own allocations
+    (tracemalloc; the garbage collector off, as between its rare full collections) after refused 4 MiB calls."""
+    server = grpc.aio.server(
+        interceptors=[RejectMalformedRequests()], options=[("grpc.max_receive_message_length", 8 * MiB)]
+    )
+    inference_pb2_grpc.add_InferenceServicer_to_server(Refuses(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    request = inference_pb2.EncodeRequest(model="m", items=items(["x" * MiB] * 4))
+    collecting = gc.isenabled()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 8 * MiB)]
+        ) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            for _ in range(3):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await stub.Encode(request)
+                assert error_reason(caught.value) == "REFUSED"
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    async for _ in stub.EncodeStream(iter([inference_pb2.EncodeStreamRequest(request=request)])):
+                        pass
+                assert error_reason(caught.value) == "REFUSED"
+            await asyncio.sleep(0.2)
+            kept = tracemalloc.get_traced_memory()[0]
+        # Before: each refused call kept its 4 MiB of bytes (24 MiB for the 6).
+        assert kept < 2 * MiB, f"{kept // MiB} MiB kept after the refused calls ended"
+    finally:
+        tracemalloc.stop()
+        if collecting:
+            gc.enable()
+        await server.stop(0)

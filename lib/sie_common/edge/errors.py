@@ -3,7 +3,6 @@ can act on, and a machine-readable reason in google.rpc.ErrorInfo."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from typing import NoReturn
 
@@ -213,37 +212,3 @@ async def abort_with_status(context: grpc.aio.ServicerContext, status: status_pb
     status = fitted(status)
     await context.abort(code, status.message, trailing_metadata=status_trailers(status))
     raise AssertionError("context.abort returned")  # it raises; this tells type checkers so
-
-
-class EndWithoutFrames:
-    """Around a gRPC handler's work: once the call ends, nothing holds the frames it ran in.
-
-    grpc keeps the AbortError that context.abort raised for as long as the call's state lives, and its traceback
-    keeps the frames it passed through with their locals (the request, its bytes, their copies); those frames hold
-    the call's context, which holds that state: a cycle only a full garbage collection frees, rare in a long-lived
-    process (each refused 15 MiB Encode kept about 46 MB of a gateway, issue 32). So the tracebacks of an abort, and
-    of the exceptions it chains, are dropped and the abort is kept from going further: grpc raises it again itself
-    once the handler returns, and the caller gets the status the abort sent. A cancellation's tracebacks are dropped
-    as it goes on."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> bool:
-        if isinstance(error, grpc.aio.AbortError | asyncio.CancelledError):
-            forget_tracebacks(error)
-        return isinstance(error, grpc.aio.AbortError)
-
-
-def forget_tracebacks(error: BaseException) -> None:
-    """Drop the tracebacks of `error` and of the exceptions it chains (its cause and context), which keep the frames
-    they passed through alive."""
-    pending: list[BaseException | None] = [error]
-    seen: set[int] = set()
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        current.__traceback__ = None
-        pending += [current.__cause__, current.__context__]

@@ -35,7 +35,7 @@ import collections
 import contextlib
 import dataclasses
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, cast
 
 import grpc
@@ -48,14 +48,8 @@ from sie_common.edge.auth import (
     bearer_token,
     inference_checks,
 )
-from sie_common.edge.errors import (
-    DeadlineExceeded,
-    EndWithoutFrames,
-    InvalidArgument,
-    ResourceExhausted,
-    Unavailable,
-    abort,
-)
+from sie_common.edge.ended_calls import EndWithoutFrames, close_requests, only_message
+from sie_common.edge.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable, abort
 from sie_common.edge.malformed_requests import (
     Continuation,
     RejectMalformedRequests,
@@ -372,7 +366,7 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
                 raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
             ) -> AsyncIterator[Any]:
                 caller = self._caller(metadata, context.peer())
-                if caller is None:
+                if caller is None:  # RejectMalformedRequests closes the requests
                     with EndWithoutFrames():
                         async for response in streaming(raw_requests, context):
                             yield response
@@ -399,6 +393,7 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
                 finally:
                     while held:
                         held.popleft().close()
+                    await close_requests(raw_requests)
 
             return grpc.stream_stream_rpc_method_handler(stream_stream, response_serializer=serialize)
         return handler
@@ -414,17 +409,6 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
             return f"token {bearer_token(metadata)}"
         named = next((value for key, value in metadata or () if key == CLIENT_ADDRESS_HEADER), None)
         return f"address {self._addresses.client(peer_host(peer), named)}"
-
-
-async def only_message(messages: AsyncIterator[bytes]) -> bytes | None:
-    """A unary call's message (None if it ended without one), its stream then closed: grpc's receiver keeps the last
-    message it gave in a reference cycle (its generator's frame) that only the garbage collector frees."""
-    stream = aiter(messages)
-    try:
-        return await anext(stream, None)
-    finally:
-        if isinstance(stream, AsyncGenerator):
-            await stream.aclose()
 
 
 def peer_host(peer: str) -> str:
