@@ -52,7 +52,8 @@ async def only_message(messages: AsyncIterator[bytes]) -> bytes | None:
 
 async def close_requests(messages: AsyncIterator[object]) -> None:
     """Close a call's request stream: grpc's receiver keeps the last message it gave in a reference cycle (its
-    generator's frame) until the stream ends, which a call refused or cancelled mid-stream never lets it do."""
+    generator's frame) until the stream ends, which a call refused or cancelled mid-stream never lets it do. A stream
+    a read is still in (an EncodeStream's reader task, cancelled but not yet ended) ends with that read."""
     stream = aiter(messages)
-    if isinstance(stream, AsyncGenerator):
+    if isinstance(stream, AsyncGenerator) and not getattr(stream, "ag_running", False):
         await stream.aclose()
