@@ -32,12 +32,13 @@ def test_an_ipv4_proxy_mapped_into_ipv6_is_trusted_as_itself() -> None:
     addresses = ClientAddresses(["127.0.0.1", "10.9.0.0/16"])
     assert addresses.client("::ffff:127.0.0.1", "203.0.113.9") == "203.0.113.9"
     assert addresses.client("::ffff:10.9.3.4", "203.0.113.9") == "203.0.113.9"
-    assert addresses.client("::ffff:10.8.3.4", "203.0.113.9") == "::ffff:10.8.3.4"
-    assert addresses.client("fe80::1%eth0", "203.0.113.9") == "fe80::1%eth0"
+    # Not a trusted proxy: the peer itself is the caller, an IPv4 one as itself, an IPv6 one as its /64.
+    assert addresses.client("::ffff:10.8.3.4", "203.0.113.9") == "10.8.3.4"
+    assert addresses.client("fe80::1%eth0", "203.0.113.9") == "fe80::/64"
 
 
 @pytest.mark.skipif(not ipv6_loopback(), reason="this host has no IPv6 loopback")
-@pytest.mark.parametrize(("trusted", "charged"), [("127.0.0.1,::1", "10.0.0.{n}"), ("127.0.0.1", "::1")])
+@pytest.mark.parametrize(("trusted", "charged"), [("127.0.0.1,::1", "10.0.0.{n}"), ("127.0.0.1", "::/64")])
 async def test_a_proxy_on_ipv6_loopback_names_its_clients_when_trusted(trusted: str, charged: str) -> None:
     settings = load_settings(GatewaySettings, environ={**SMALL_BUDGET, "SIE_GATEWAY_TRUSTED_PROXIES": trusted})
     budget = body_budget(settings)

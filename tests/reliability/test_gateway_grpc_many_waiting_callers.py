@@ -32,7 +32,8 @@ async def test_calls_of_many_callers_waiting_for_room_cost_no_cpu_and_the_rest_a
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(request_budget, "MAX_WAITING_READS", CALLERS)
-    async with serving(SMALL_BUDGET) as (channel, servicer, budget):
+    # The stalled reads keep their room throughout (dropping them for the waiting ones is test_gateway_grpc_stalled_*).
+    async with serving({**SMALL_BUDGET, "SIE_GATEWAY_GRPC_READ_EVICT_AFTER_S": "600"}) as (channel, servicer, budget):
         call = channel.stream_unary(ENCODE)
         # 4 reads fill the budget (8 MiB, 2 MiB each), the other calls wait: one per caller.
         stalled = [call(never_sent(), metadata=from_address(f"10.5.{n // 250}.{n % 250}")) for n in range(CALLERS + 4)]

@@ -12,16 +12,20 @@ call ends, however it ends (answered, failed, cancelled).
 
 Each message is charged to its caller: the bearer token when the gateway checks tokens, else its client's address
 (the x-sie-client-address Envoy writes, from a trusted proxy's connection only; SIE_GATEWAY_TRUSTED_PROXIES), else
-the connection's peer address. A unary call whose caller's share is full of messages already read is refused with
-RESOURCE_EXHAUSTED/OVERLOADED and a retry delay, unread; one that only waits for other messages to arrive waits (at
-most MAX_WAITING_READS_PER_CALLER of a caller's calls, MAX_WAITING_READS in all, then OVERLOADED); room freed goes to
-each waiting caller's oldest read in turn. The budget keeps room
-to read one more message: a unary message that would leave less is read but not kept (OVERLOADED), so that small
-calls are still read while large ones fill it. An EncodeStream reads its next message once there is room: it waits
+the connection's peer address; an IPv6 address's /64 is one caller (ClientAddresses). A unary call whose caller's
+share is full of messages already read is refused with RESOURCE_EXHAUSTED/OVERLOADED and a retry delay, unread; one
+that only waits for other messages to arrive waits (at most MAX_WAITING_READS_PER_CALLER of a caller's calls,
+MAX_WAITING_READS in all, then OVERLOADED); room freed goes to each waiting caller's oldest read in turn. The budget
+keeps room to read one more message: a unary message that would leave less is read but not kept (OVERLOADED), so that
+small calls are still read while large ones fill it. An EncodeStream reads its next message once there is room: it waits
 for its own answers rather than being refused. A unary message that has not all arrived SIE_GATEWAY_HTTP_BODY_TIMEOUT_S
 after its read began ends its call DEADLINE_EXCEEDED/REQUEST_TIMEOUT; one still awaited
-SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S after its read began when another message needs the room (an idle EncodeStream's
-too) ends its call UNAVAILABLE/OVERLOADED with a retry delay. Calls on the adapter's own Unix socket are not charged
+SIE_GATEWAY_GRPC_READ_EVICT_AFTER_S (1 s) after its read began when another message needs the room ends its call
+UNAVAILABLE/OVERLOADED with a retry delay: the gateway cannot tell a message that has not begun from one arriving (grpc
+tells it only of whole messages), so callers that open calls and send nothing hold others' room for that long at most
+(20 callers' 40 such calls kept 19 of 20 small calls of another past their 20 s deadline, issue 32). An idle
+EncodeStream's read, which waits for its caller's next message, is dropped so after SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S;
+it never takes the budget's last room for one more read. Calls on the adapter's own Unix socket are not charged
 again: the adapter leased their bodies."""
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from sie_common.edge.auth import (
     bearer_token,
     inference_checks,
 )
+from sie_common.edge.ended_calls import EndWithoutFrames, close_requests, only_message
 from sie_common.edge.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable, abort
 from sie_common.edge.malformed_requests import (
     Continuation,
@@ -81,7 +86,7 @@ def intake_interceptors(settings: GatewaySettings, budget: BodyBudget) -> list[g
     parsing (INVALID_ARGUMENT for a malformed message)."""
     checks = inference_checks(settings.auth_mode, settings.auth_tokens)
     largest = gateway_transport(settings).max_receive_message_bytes
-    reads = MessageReads(budget, largest, settings.http_body_timeout_s)
+    reads = MessageReads(budget, largest, settings.http_body_timeout_s, settings.grpc_read_evict_after_s)
     addresses = ClientAddresses(settings.trusted_proxies)
     return [Authorize(checks), LeaseRequestBytes(reads, bool(checks), addresses), RejectMalformedRequests()]
 
@@ -98,12 +103,14 @@ class _Turn:
 
 class MessageReads:
     """Reads of gRPC messages within `budget`: each holds `largest` bytes (the receive limit) of its caller's share
-    and of the budget while its message arrives, then the message's own bytes; `timeout_s` bounds a unary call's."""
+    and of the budget while its message arrives, then the message's own bytes; `timeout_s` bounds a unary call's,
+    which may be dropped for another message once it has held its room for `evict_after_s`."""
 
-    def __init__(self, budget: BodyBudget, largest: int, timeout_s: float) -> None:
+    def __init__(self, budget: BodyBudget, largest: int, timeout_s: float, evict_after_s: float) -> None:
         self.budget = budget
         self.largest = largest
         self.timeout_s = timeout_s
+        self.evict_after_s = evict_after_s
         self._reading: collections.Counter[str] = collections.Counter()  # bytes of reads in progress, per caller
         self._reading_total = 0
         # Per caller, oldest first; callers in the order they are next given room.
@@ -130,8 +137,8 @@ class MessageReads:
         timed_out = False
         try:
             async with asyncio.timeout(None if stream else self.timeout_s) as deadline:
-                with lease.reading(deadline):
-                    raw = await anext(aiter(messages), None)
+                with lease.reading(deadline, None if stream else self.evict_after_s):
+                    raw = await (anext(aiter(messages), None) if stream else only_message(messages))
         except TimeoutError:
             timed_out = True
         finally:
@@ -140,7 +147,7 @@ class MessageReads:
                 self.budget.shrink(lease, len(raw) if raw is not None else 0)
             self._wake()
         if lease.evicted:
-            await abort(context, self._dropped())
+            await abort(context, self._dropped(stream))
         if timed_out:
             await abort(context, self._late())
         if raw is None and not stream:
@@ -291,11 +298,16 @@ class MessageReads:
             retry_after_s=RETRY_AFTER_S,
         )
 
-    def _dropped(self) -> Unavailable:
+    def _dropped(self, stream: bool) -> Unavailable:
+        after, setting = (
+            (self.budget.evict_after_s, "SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S")
+            if stream
+            else (self.evict_after_s, "SIE_GATEWAY_GRPC_READ_EVICT_AFTER_S")
+        )
         return Unavailable(
-            f"this call's message was still awaited {self.budget.evict_after_s:g} s after the gateway asked for it "
-            "(SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S) when its request budget needed the room it held: send each message "
-            "at once (on an EncodeStream, close it when idle), and retry",
+            f"this call's message was still awaited {after:g} s after the gateway asked for it ({setting}) when its "
+            "request budget needed the room it held: send each message at once (on an EncodeStream, close it when "
+            "idle), and retry",
             reason="OVERLOADED",
             retry_after_s=RETRY_AFTER_S,
         )
@@ -334,15 +346,17 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
 
             # Served as a stream of requests, so that grpc reads the one message only when this asks for it.
             async def unary_unary(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
-                caller = self._caller(metadata, context.peer())
-                if caller is None:
-                    raw = await anext(aiter(raw_requests), None)
-                    if raw is None:
-                        await abort(context, NO_MESSAGE)
-                    return await behaviour(raw, context)
-                with reads.lease(caller) as lease:
-                    raw = await reads.read(lease, raw_requests, context, stream=False)
-                    return await behaviour(raw, context)
+                with EndWithoutFrames():
+                    caller = self._caller(metadata, context.peer())
+                    if caller is None:
+                        raw = await only_message(raw_requests)
+                        if raw is None:
+                            await abort(context, NO_MESSAGE)
+                        return await behaviour(raw, context)
+                    with reads.lease(caller) as lease:
+                        raw = await reads.read(lease, raw_requests, context, stream=False)
+                        return await behaviour(raw, context)
+                return None
 
             return grpc.stream_unary_rpc_method_handler(unary_unary, response_serializer=serialize)
         if handler.stream_stream is not None:
@@ -352,9 +366,10 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
                 raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
             ) -> AsyncIterator[Any]:
                 caller = self._caller(metadata, context.peer())
-                if caller is None:
-                    async for response in streaming(raw_requests, context):
-                        yield response
+                if caller is None:  # RejectMalformedRequests closes the requests
+                    with EndWithoutFrames():
+                        async for response in streaming(raw_requests, context):
+                            yield response
                     return
                 # One lease per message not yet answered, oldest first: each answer returns the oldest.
                 held: collections.deque[contextlib.ExitStack] = collections.deque()
@@ -370,13 +385,15 @@ class LeaseRequestBytes(grpc.aio.ServerInterceptor):
                         yield raw
 
                 try:
-                    async for response in streaming(leased(), context):
-                        if held:
-                            held.popleft().close()
-                        yield response
+                    with EndWithoutFrames():
+                        async for response in streaming(leased(), context):
+                            if held:
+                                held.popleft().close()
+                            yield response
                 finally:
                     while held:
                         held.popleft().close()
+                    await close_requests(raw_requests)
 
             return grpc.stream_stream_rpc_method_handler(stream_stream, response_serializer=serialize)
         return handler

@@ -129,6 +129,15 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
         "is ignored and the peer's own address is the caller. Default: loopback (the local stack's Envoy); where "
         "Envoy runs elsewhere (Kubernetes), its pods' addresses",
     )
+    grpc_read_evict_after_s: float = setting(
+        1.0,
+        env="SIE_GATEWAY_GRPC_READ_EVICT_AFTER_S",
+        help="seconds after which a unary gRPC call's message the gateway has asked for and not all received may be "
+        "dropped (UNAVAILABLE OVERLOADED, retryable) when the request budget is full and another call's message needs "
+        "its room. A read holds room for the largest message from when it begins, whether or not its caller sends a "
+        "byte (grpc tells the gateway only once a whole message has arrived), so this is shorter than "
+        "SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S, which EncodeStreams waiting for their next message keep",
+    )
     metrics_port: int = metrics_port_setting(9096, env="SIE_GATEWAY_METRICS_PORT")
 
     def __post_init__(self) -> None:
@@ -138,6 +147,10 @@ class GatewaySettings(HttpAdapterSettings, RequestBoundSettings, EncodeStreamSet
         self._check_worker_token_recipients()
         self.token_pool_quotas()  # refuse a malformed SIE_POOL_TOKEN_QUOTAS at start-up
         trusted_networks(self.trusted_proxies)
+        if self.grpc_read_evict_after_s <= 0:
+            raise SettingsError(
+                f"SIE_GATEWAY_GRPC_READ_EVICT_AFTER_S must be positive, got {self.grpc_read_evict_after_s}"
+            )
         for name in (
             "pool_default_ttl_s",
             "pool_max_workers",

@@ -61,7 +61,8 @@ class BodyBudget:
         self.evict_after_s = evict_after_s
         self.held = 0
         self._callers: dict[str, int] = {}  # bytes held per caller that holds any
-        self._reading: dict[BodyLease, float] = {}  # leases whose bodies are arriving -> since when, oldest first
+        # Leases whose bodies are arriving -> since when, and after how long they may be dropped; oldest first.
+        self._reading: dict[BodyLease, tuple[float, float]] = {}
 
     @contextlib.contextmanager
     def lease(self, caller: str) -> Iterator[BodyLease]:
@@ -110,23 +111,24 @@ class BodyBudget:
             self._callers.pop(lease.caller, None)
 
     @contextlib.contextmanager
-    def arriving(self, lease: BodyLease) -> Iterator[None]:
-        """While `lease`'s body arrives (and so may be dropped)."""
-        self._reading[lease] = asyncio.get_running_loop().time()
+    def arriving(self, lease: BodyLease, evict_after_s: float | None = None) -> Iterator[None]:
+        """While `lease`'s body arrives (and so may be dropped, once it has been arriving for `evict_after_s`, by
+        default the budget's evict_after_s)."""
+        after = self.evict_after_s if evict_after_s is None else evict_after_s
+        self._reading[lease] = (asyncio.get_running_loop().time(), after)
         try:
             yield
         finally:
             self._reading.pop(lease, None)
 
     def _evict_stalled(self, taker: BodyLease, needed: int, caller: str | None = None) -> None:
-        """Drop bodies arriving for evict_after_s or longer (of `caller` only, when given), oldest first, until
+        """Drop bodies arriving for their evict time or longer (of `caller` only, when given), oldest first, until
         `needed` bytes are free."""
         loop = asyncio.get_running_loop()
-        oldest_allowed = loop.time() - self.evict_after_s
-        for lease, since in list(self._reading.items()):
-            if needed <= 0 or since > oldest_allowed:
+        for lease, (since, after) in list(self._reading.items()):
+            if needed <= 0:
                 return
-            if lease is taker or lease.size == 0 or caller not in (None, lease.caller):
+            if loop.time() - since < after or lease is taker or lease.size == 0 or caller not in (None, lease.caller):
                 continue
             needed -= lease.size
             self._release(lease)
@@ -148,11 +150,11 @@ class BodyLease:
         self._deadline: asyncio.Timeout | None = None
 
     @contextlib.contextmanager
-    def reading(self, deadline: asyncio.Timeout) -> Iterator[None]:
-        """While the body arrives under `deadline`, which an eviction brings to now."""
+    def reading(self, deadline: asyncio.Timeout, evict_after_s: float | None = None) -> Iterator[None]:
+        """While the body arrives under `deadline`, which an eviction brings to now (BodyBudget.arriving)."""
         self._deadline = deadline
         try:
-            with self.budget.arriving(self):
+            with self.budget.arriving(self, evict_after_s):
                 yield
         finally:
             self._deadline = None
