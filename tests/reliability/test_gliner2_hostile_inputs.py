@@ -20,7 +20,12 @@ from google.protobuf import json_format
 
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from sie_worker.adapters.families.gliner2 import CACHED_WORD_CHARS, MAX_TEXT_TOKENS, _bounded_token_cache
+from sie_worker.adapters.families.gliner2 import (
+    CACHED_WORD_CHARS,
+    MAX_TEXT_TOKENS,
+    MAX_WORD_CHARS,
+    _bounded_token_cache,
+)
 from tiny_families import build_tiny_gliner2, gliner2_answers
 from tiny_models import write_config
 from worker_process import Services, inference_stub
@@ -96,11 +101,17 @@ def test_words_past_the_token_bound_are_not_read(stub, replica: Path) -> None:
     assert [(e["text"], e["label"], e.get("start", 0), e["end"]) for e in entities] == expected
 
 
-def test_a_word_over_the_token_bound_ends_the_text(stub) -> None:
+@pytest.mark.parametrize(
+    "word",
+    ["https://" + "a/" * 1500, "a" * (MAX_WORD_CHARS + 1), "b" * 2_000_000],
+    ids=["url-of-3000-tokens", "word-over-the-character-bound", "word-of-2-mb"],
+)
+def test_a_word_over_the_token_bound_ends_the_text(stub, word: str) -> None:
     """A URL of 3,000 tokens is one GLiNER2 word: it is not read, nor what follows it (the device read it whole
-    before: 11 s for 4,000 tokens on this replica, 57 s and 4.8 GB for 8,000)."""
-    url = "https://" + "a/" * 1500
-    served = extract(stub, f"{TEXT} {url} Tim Cook visited Paris.", ["person"], threshold=0.0)
+    before: 11 s for 4,000 tokens on this replica, 57 s and 4.8 GB for 8,000). A word of more than MAX_WORD_CHARS
+    characters is past the bound without being tokenized (this replica's WordPiece reads it as one unknown token;
+    a SentencePiece tokenizer, as the real checkpoint's, as thousands)."""
+    served = extract(stub, f"{TEXT} {word} Tim Cook visited Paris.", ["person"], threshold=0.0)
     entities = [json_format.MessageToDict(entity) for entity in served.results[0].entities]
     assert entities and max(entity["end"] for entity in entities) <= len(TEXT) + 1
 
