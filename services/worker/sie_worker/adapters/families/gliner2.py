@@ -19,7 +19,7 @@ run_options: `threshold` (the default when a request sets none, 0.5 as GLiNER2's
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +310,7 @@ class Gliner2Extractor(Adapter):
         return Extraction(entities=entities, data=answer or None)
 
 
-def _bounded_token_cache(processor: Any) -> Any:
+def _bounded_token_cache(processor: Any) -> Callable[[str], list[str]]:
     """GLiNER2's word tokenizer with its LRU cache kept for words up to CACHED_WORD_CHARS long (installed on the
     processor, which tokenizes each word through it): the tokenize of a word, cached or not."""
     cached = processor._tokenize_cached
