@@ -19,7 +19,7 @@ run_options: `threshold` (the default when a request sets none, 0.5 as GLiNER2's
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,14 @@ MAX_SCHEMA_CHOICES = 64
 # Tokens of the prompt the labels and the schema make (what the encoder reads before the text), checked before any
 # work: GLiNER2 never cuts it, and its encoder's time and memory grow with the square of the whole input.
 MAX_PROMPT_TOKENS = 1024
+# Subword tokens of the text GLiNER2 reads (after its first max_sequence_length words): it never cuts them, and the
+# encoder (relative positions, no length limit) grows in time and memory with the square of its input, so the words past
+# the bound are not read. A word of more characters than MAX_WORD_CHARS is over it (not tokenized to find out).
+MAX_TEXT_TOKENS = 2048
+MAX_WORD_CHARS = 16 * MAX_TEXT_TOKENS
+# GLiNER2 keeps the subwords of up to 50,000 words in an LRU cache: only words up to this long are kept there, so a
+# stream of long distinct words cannot hold gigabytes in it.
+CACHED_WORD_CHARS = 32
 # A classification task's labels (a list, or labels to descriptions) or a structure's fields.
 Choices = list[Any] | dict[str, Any]
 
@@ -188,6 +196,7 @@ class Gliner2Extractor(Adapter):
             context.profile.run_options.get("threshold", DEFAULT_THRESHOLD), "run_options.threshold"
         )
         self.split_words = self.extractor.processor.word_splitter
+        self.word_tokens = _bounded_token_cache(self.extractor.processor)
         # The tokens GLiNER2 builds its prompt of ([P], [E], [SEP_TEXT], ...): in a label they shift its positions.
         self.special_tokens = tuple(self.extractor.processor.SPECIAL_TOKENS)
 
@@ -206,6 +215,12 @@ class Gliner2Extractor(Adapter):
                 reason="NO_LABELS",
             )
         for index, label in enumerate(query.labels):
+            if not label.strip():
+                raise AdapterError(
+                    f"labels[{index}]: a blank label names no entity type; send labels with a name",
+                    reason="INVALID_LABEL",
+                    metadata={"label": str(index)},
+                )
             if self._holds_special(label):
                 raise AdapterError(
                     f"labels[{index}]: {clipped(repr(label))} holds one of GLiNER2's prompt tokens "
@@ -245,18 +260,22 @@ class Gliner2Extractor(Adapter):
         return len(self.extractor.processor.transform_record("", self._schema(query)).input_ids)
 
     def prepare(self, items: Sequence[Input], query: Query) -> list[Prepared]:
-        """Each text as far as GLiNER2 reads it (its first max_sequence_length words; the rest is never split), at the
-        cost of the encoder's input: the prompt's tokens and the text's words."""
+        """Each text as far as GLiNER2 reads it (its first max_sequence_length words, within MAX_TEXT_TOKENS subword
+        tokens; the rest is never split or tokenized), at the cost of the encoder's input: the prompt's tokens and
+        the text's."""
         prompt = self._prompt_tokens(query)
         return [self._read_part(item.text or "", prompt) for item in items]
 
     def _read_part(self, text: str, prompt: int) -> Prepared:
-        words = 0
-        for words, (_, _, end) in enumerate(self.split_words(text), start=1):
+        words = tokens = read = 0  # words read, their tokens, the character end of the last
+        for word, _, end in self.split_words(text):
+            count = MAX_TEXT_TOKENS + 1 if len(word) > MAX_WORD_CHARS else len(self.word_tokens(word))
+            if tokens + count > MAX_TEXT_TOKENS:
+                return Prepared(text[:read], prompt + tokens)
+            words, tokens, read = words + 1, tokens + count, end
             if words == self.max_sequence_length:
-                text = text[:end]
-                break
-        return Prepared(text, prompt + words)
+                return Prepared(text[:read], prompt + tokens)
+        return Prepared(text, prompt + tokens)
 
     def run(self, batch: Sequence[Any], query: Query) -> list[Any]:
         """Per text, GLiNER2's formatted answer (confidences and character offsets kept), each task's spans within
@@ -289,6 +308,20 @@ class Gliner2Extractor(Adapter):
             for span in _spans(found.get(label))
         ]
         return Extraction(entities=entities, data=answer or None)
+
+
+def _bounded_token_cache(processor: Any) -> Callable[[str], list[str]]:
+    """GLiNER2's word tokenizer with its LRU cache kept for words up to CACHED_WORD_CHARS long (installed on the
+    processor, which tokenizes each word through it): the tokenize of a word, cached or not."""
+    cached = processor._tokenize_cached
+    tokenize = processor.tokenizer.tokenize
+
+    def word_tokens(word: str) -> list[str]:
+        tokens: list[str] = cached(word) if len(word) <= CACHED_WORD_CHARS else tokenize(word)
+        return tokens
+
+    processor._tokenize_cached = word_tokens
+    return word_tokens
 
 
 def _spans(found: Any) -> list[dict[str, Any]]:

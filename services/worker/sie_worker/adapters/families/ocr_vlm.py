@@ -135,26 +135,32 @@ class OcrVlm(HfAdapter):
                 f"{where}: the instruction holds the prompt's special tokens {', '.join(special)}; send it without them"
             )
 
-    def _resized(self, width: int, height: int) -> tuple[int, int]:
-        """The (width, height) the processor makes of a page. LightOnOCR's (Pixtral's) scales it down to fit
-        `longest_edge` (never up), then rounds each side up to whole patches; PaddleOCR-VL's rounds each side to
-        whole merged patches, scaled into its pixel range."""
+    def _resized(self, width: int, height: int) -> tuple[int, int] | None:
+        """The (width, height) the processor makes of a page, None where it refuses the page. LightOnOCR's
+        (Pixtral's) scales it down to fit `longest_edge` (never up), then rounds each side up to whole patches;
+        PaddleOCR-VL's rounds each side to whole merged patches, scaled into its pixel range, and refuses a page more
+        elongated than 200:1 once each side is at least one merged patch."""
         if self.model_type == "paddleocr_vl":
-            resized_height, resized_width = paddle_resize(
-                height,
-                width,
-                factor=self._merged_patch,
-                min_pixels=self._pixel_range[0],
-                max_pixels=self._pixel_range[1],
-            )
+            try:
+                resized_height, resized_width = paddle_resize(
+                    height,
+                    width,
+                    factor=self._merged_patch,
+                    min_pixels=self._pixel_range[0],
+                    max_pixels=self._pixel_range[1],
+                )
+            except ValueError:  # its aspect ratio bound
+                return None
             return resized_width, resized_height
         ratio = max(height / self._longest_edge, width / self._longest_edge, 1.0)
         side = self._patch
         return math.ceil(math.floor(width / ratio) / side) * side, math.ceil(math.floor(height / ratio) / side) * side
 
     def resized_pixels(self, width: int, height: int) -> int:
-        resized_width, resized_height = self._resized(width, height)
-        return resized_width * resized_height
+        """The pixels of the page as the processor resizes it; 0 for a page it refuses (refused before any work:
+        by the worker's aspect ratio bound, else by prepare_one)."""
+        resized = self._resized(width, height)
+        return 0 if resized is None else resized[0] * resized[1]
 
     def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The chat prompt's ids and the page's pixels, at the cost of the prompt's tokens and those it may
@@ -164,7 +170,13 @@ class OcrVlm(HfAdapter):
         # A page too narrow for one image token (merged patches) gives the model nothing to read, or the processor
         # nothing to resize to (a side scaled to 0 pixels).
         merged = self._merged_patch
-        if min(self._resized(*item.image.size)) < merged:
+        resized = self._resized(*item.image.size)
+        if resized is None:
+            raise ValueError(
+                f"the page is {item.image.size[0]}x{item.image.size[1]} pixels: too elongated for the model's "
+                "processor (more than 200:1 once each side is scaled to at least one image token); crop or pad it"
+            )
+        if min(resized) < merged:
             raise ValueError(
                 f"the page is {item.image.size[0]}x{item.image.size[1]} pixels: resized for the model, a side is "
                 f"under {merged} pixels (one image token); send a larger or less elongated page"
