@@ -23,7 +23,7 @@ from grpc_helpers import encode_request
 from local_cluster import Cluster, gateway_model, model_config, wait_until
 from sie.v1 import config_pb2, config_pb2_grpc, inference_pb2_grpc
 from sie_common.cluster.cluster_store import WORKERS, decode_worker
-from sie_common.cluster.etcd import Etcd, EtcdUnavailable
+from sie_common.cluster.etcd import WATCH_PROBE_S, Etcd, EtcdUnavailable
 from sie_common.cluster.etcd_mirror import MirrorUpdate, PrefixMirror
 from sie_stack.processes import ETCD_BINARY, ChildProcess, free_port
 
@@ -186,3 +186,31 @@ def _workers(endpoint: str, prefix: str) -> set[str]:
         return {decode_worker(entry.value).worker_id for entry in entries}
 
     return asyncio.run(read())
+
+
+async def test_a_watch_on_a_frozen_member_moves_to_the_next(members) -> None:
+    """A frozen member (SIGSTOP: the connection stays open, nothing answers) ends no stream by itself: the watch's
+    progress requests find it out, and the mirror resumes at the next member."""
+    endpoints = [member.endpoint for member in members]
+    watcher = Etcd(endpoints, "/frozen/", timeout_s=2)
+    writer = Etcd(endpoints[1:], "/frozen/")
+    await watcher.connect()
+    await writer.connect()
+    mirror = PrefixMirror(watcher, "keys/", retry_s=0.1)
+    try:
+        await mirror.start()
+        assert members[0].process is not None
+        members[0].process.send_signal(signal.SIGSTOP)
+        last = 0
+        for n in range(5):
+            last = await writer.put(f"keys/{n}", b"x")
+        started = time.monotonic()
+        await mirror.wait_for(last, timeout_s=30)
+        # Found out by the first progress request after the freeze (every WATCH_PROBE_S) going unanswered.
+        assert time.monotonic() - started < WATCH_PROBE_S + 2 + 10
+        assert set(mirror.state) == {f"{n}" for n in range(5)}
+        assert mirror.full_reads == 1
+    finally:
+        await mirror.stop()
+        await watcher.close()
+        await writer.close()

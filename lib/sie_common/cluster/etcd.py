@@ -26,8 +26,10 @@ connects to the next endpoint that answers, in turn. A read or lease keep-alive
 is tried once more at once on the next endpoint (it changes nothing); a write is
 not (it may have been applied), its caller sees `EtcdUnavailable` and retries.
 Watches ask etcd to end them when their member loses the leader (etcd's
-`hasleader` metadata), so a member cut off from the others does not leave a
-watch silent; a broken watch raises `EtcdUnavailable`, and the caller opens it
+`hasleader` metadata), and ask for a progress notification every
+`WATCH_PROBE_S` (a watch with no answer a call timeout later drops the
+connection), so neither a member cut off from the others nor a frozen one
+leaves a watch silent; a broken watch raises `EtcdUnavailable`, and the caller opens it
 again from the revision after the last one it saw (`PrefixMirror` does), on
 whichever member answers: every member serves the same history, so no event is
 missed or seen twice. (Before, a connection stayed on the first endpoint that
@@ -38,6 +40,7 @@ and the config service stopped writing, though the other members served.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -70,6 +73,9 @@ _WATCH_REFUSED = "permission denied"
 _MEMBER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Asks etcd to end a watch with UNAVAILABLE when its member has no leader (etcd's rpctypes.MetadataRequireLeaderKey).
 _REQUIRE_LEADER: Metadata = (("hasleader", "true"),)
+# A watch asks for a progress notification this often; one that gets no answer within a call timeout after that
+# finds its member stalled (a frozen process, a link that drops packets: nothing else would end it).
+WATCH_PROBE_S = 5.0
 
 
 class EtcdUnavailable(ConnectionError):
@@ -337,16 +343,17 @@ class Etcd:
         the next call goes to the next endpoint."""
         if error.code() not in _MEMBER_LOST:
             return False
+        self._drop(stubs, f"{error.code().name} {error.details()}")
+        return True
+
+    def _drop(self, stubs: _Stubs, why: str) -> None:
+        """Stop using the connection `stubs` (if still in use): the next call connects to the next endpoint."""
         if self._stubs is stubs:
             self._stubs = None
             log.warning(
-                "etcd at %s failed (%s %s); the next call goes to the next endpoint",
-                self.endpoints[self._endpoint],
-                error.code().name,
-                error.details(),
+                "etcd at %s failed (%s); the next call goes to the next endpoint", self.endpoints[self._endpoint], why
             )
             self._retired[stubs.channel] = asyncio.get_running_loop().create_task(self._retire(stubs.channel))
-        return True
 
     async def _retire(self, channel: grpc.aio.Channel) -> None:
         """Close a dropped connection once the calls still on it end, at most a call timeout later."""
@@ -559,12 +566,24 @@ class Etcd:
 
             async def requests(stop: asyncio.Event = stop) -> AsyncIterator[rpc.WatchRequest]:
                 yield rpc.WatchRequest(create_request=create)
-                await stop.wait()  # half-closing would end the watch
+                while not stop.is_set():  # (half-closing would end the watch)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), WATCH_PROBE_S)
+                    if not stop.is_set():
+                        yield rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
 
             stubs = await self._live()
             stream = stubs.watch.Watch(requests(), metadata=self._metadata() + _REQUIRE_LEADER)
+            replies = aiter(stream)
             try:
-                async for reply in stream:
+                while True:
+                    try:
+                        reply = await asyncio.wait_for(anext(replies), WATCH_PROBE_S + self._timeout_s)
+                    except StopAsyncIteration:
+                        return  # etcd ended the stream
+                    except TimeoutError:
+                        self._drop(stubs, f"a watch got no answer to a progress request in {self._timeout_s:.0f} s")
+                        raise EtcdUnavailable("etcd stopped answering a watch") from None
                     if reply.compact_revision:
                         raise Compacted(reply.compact_revision)
                     if reply.canceled and _WATCH_REFUSED in reply.cancel_reason:
@@ -579,8 +598,6 @@ class Etcd:
                     if reply.created and not reply.events:
                         continue
                     yield self._batch(reply)
-                else:
-                    return  # etcd ended the stream
             except grpc.aio.AioRpcError as error:
                 self._member_lost(stubs, error)
                 raise EtcdUnavailable(f"etcd watch stream broke: {error.code().name} {error.details()}") from error
