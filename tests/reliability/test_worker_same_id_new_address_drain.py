@@ -11,43 +11,26 @@ from __future__ import annotations
 
 import signal
 import time
-import urllib.request
 
 import grpc
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from local_cluster import gateway_model, wait_until
-from reliability.slow_worker import MODEL, SLOW, WARM, Call, draining, in_flight_on, registered, vectors
+from reliability.slow_worker import MODEL, SLOW, WARM, Call, draining, encode_answers, in_flight_on, registered, vectors
 from sie.v1 import inference_pb2_grpc
-
-
-def _answered(worker) -> float:  # type: ignore[no-untyped-def]
-    """How many encodes of MODEL the worker answered OK (from its metrics)."""
-    with urllib.request.urlopen(f"{worker.metrics_url}/metrics", timeout=10) as reply:
-        families = text_string_to_metric_families(reply.read().decode())
-    return sum(
-        sample.value
-        for family in families
-        for sample in family.samples
-        if sample.name == "sie_worker_requests_total"
-        and sample.labels.get("model") == MODEL
-        and sample.labels.get("operation") == "encode"
-        and sample.labels.get("status") == "OK"
-    )
-
 
 # The old process holds its request's last batch this long: past the new process's start on a busy machine.
 HELD = {**SLOW, "SIE_MAX_BATCH_WAIT_MS": "20000", "SIE_DRAIN_TIMEOUT_S": "90"}
 
 
 def test_the_old_process_finishes_its_requests_and_the_new_address_takes_new_ones(cluster) -> None:
+    gateway = cluster.start_gateway(wait=False)
     old = cluster.start_worker("w1", **HELD)
-    gateway = cluster.start_gateway()
+    gateway.wait_serving()
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         wait_until(lambda: tuple(gateway_model(stub, MODEL).loaded_on) == ("w1",), what="w1 warm")
-        call = Call(stub)
+        call = Call(stub)  # held by the old process for HELD's batch wait
         in_flight_on(old)
         old.process.send_signal(signal.SIGTERM)
         assert draining(cluster, "w1") is not None
@@ -66,10 +49,12 @@ def test_the_old_process_finishes_its_requests_and_the_new_address_takes_new_one
         answer = call.answer()
         assert old.process.wait(timeout=60) == 0
         assert "cancelling" not in old.log()
-        assert _answered(new) == 0, "the old process's request was done again at the new address"
+        assert encode_answers(new.metrics_url, MODEL, "OK") == 0, (
+            "the old process's request was done again at the new address"
+        )
         # New requests go to the new address.
         wait_until(lambda: tuple(gateway_model(stub, MODEL).loaded_on) == ("w1",), what="w1 warm again")
         np.testing.assert_allclose(answer, vectors(stub), atol=1e-5)  # the old one's answer, as the new one gives
-        assert _answered(new) == 1
+        assert encode_answers(new.metrics_url, MODEL, "OK") == 1
     record = registered(cluster).get("w1")
     assert record is not None and record.address == new.address  # the old process's revoke left it alone
