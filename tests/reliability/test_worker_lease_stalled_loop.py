@@ -26,7 +26,7 @@ from sie_worker.cluster.registration import Registration
 
 T = TypeVar("T")
 TTL_S = 2  # keep-alives (and loop checks) every 0.5 s
-STALL_S = 1.5
+STALL_S = 3.0  # well past the 1 s holds below, on a busy machine too
 
 
 class WorkerLoopThread:
