@@ -76,6 +76,19 @@ def _answers(endpoint: str) -> bool:
     return asyncio.run(probe())
 
 
+async def _put(etcd: Etcd, name: str, deadline_s: float = 30) -> int:
+    """A write, retried on EtcdUnavailable as callers do: while the cluster elects a new leader after losing its
+    leader, or right after the member the writer was on was lost, writes fail."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return await etcd.put(name, b"x")
+        except EtcdUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def test_a_mirror_and_calls_go_on_at_the_next_member_without_missing_or_repeating_a_change(members) -> None:
     endpoints = [member.endpoint for member in members]
     watcher = Etcd(endpoints, "/failover/", timeout_s=2)
@@ -94,18 +107,13 @@ async def test_a_mirror_and_calls_go_on_at_the_next_member_without_missing_or_re
             await writer.put(f"keys/before-{n}", b"x")
         members[0].kill()  # the member the watcher is on
         for n in range(20):
-            await writer.put(f"keys/after-{n}", b"x")
+            await _put(writer, f"keys/after-{n}")
             await asyncio.sleep(0.02)
-        last = await writer.put("keys/last", b"x")
+        last = await _put(writer, "keys/last")
         await mirror.wait_for(last, timeout_s=20)
         # A read right after the loss goes to the next member at once; a write does once its caller retries.
         assert (await watcher.get("keys/last")) is not None
-        for _ in range(3):
-            try:
-                await watcher.put("keys/from-watcher", b"y")
-                break
-            except EtcdUnavailable:
-                await asyncio.sleep(0.2)
+        await _put(watcher, "keys/from-watcher")
         assert (await writer.get("keys/from-watcher")) is not None
     finally:
         await mirror.stop()
@@ -203,7 +211,7 @@ async def test_a_watch_on_a_frozen_member_moves_to_the_next(members) -> None:
         members[0].process.send_signal(signal.SIGSTOP)
         last = 0
         for n in range(5):
-            last = await writer.put(f"keys/{n}", b"x")
+            last = await _put(writer, f"keys/{n}")
         started = time.monotonic()
         await mirror.wait_for(last, timeout_s=30)
         # Found out by the first progress request after the freeze (every WATCH_PROBE_S) going unanswered.
