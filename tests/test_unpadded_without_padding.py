@@ -1,0 +1,69 @@
+"""BERT-family encoders on real tokens (sie_worker.kernels.unpadded) given a batch with no padding at all, as a lone
+query is: every position, the pooled output and a head's logits are transformers' own, and each row is what it is
+beside a longer item that pads it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+from sie_worker.kernels.onednn import onednn_available, use_onednn
+from sie_worker.kernels.unpadded import use_unpadded
+
+# Wide weights, so attending to a padded key moves outputs far past the tolerance.
+CONFIG = BertConfig(
+    vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, initializer_range=0.5
+)
+
+
+def built(model_class: type, config: BertConfig) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return model_class(config).eval()
+
+
+def full(ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Inputs whose every position is a real token."""
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+
+
+IDS = torch.randint(3, CONFIG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "onednn"])
+@pytest.mark.parametrize("rows", [1, 3], ids=["one item", "items of one length"])
+def test_a_batch_without_padding_matches_transformers(packed: bool, rows: int) -> None:
+    if packed and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    reference, model = built(BertModel, CONFIG), built(BertModel, CONFIG)
+    if packed:
+        use_onednn(model)
+    assert use_unpadded(model)
+    with torch.inference_mode():
+        got, expected = model(**full(IDS[:rows])), reference(**full(IDS[:rows]))
+    assert got.last_hidden_state.shape == (rows, 7, CONFIG.hidden_size)
+    torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.pooler_output, expected.pooler_output, atol=1e-5, rtol=1e-5)
+
+
+def test_an_item_alone_is_what_it_is_beside_a_longer_one() -> None:
+    model = built(BertModel, CONFIG)
+    assert use_unpadded(model)
+    longer = torch.randint(3, CONFIG.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
+    padded = torch.ones(2, 9, dtype=torch.long)
+    padded[0, :7], padded[1] = IDS[0], longer[0]
+    mask = torch.zeros_like(padded)
+    mask[0, :7], mask[1] = 1, 1
+    with torch.inference_mode():
+        alone = model(**full(IDS[:1])).last_hidden_state
+        beside = model(input_ids=padded, attention_mask=mask, token_type_ids=torch.zeros_like(padded)).last_hidden_state
+    torch.testing.assert_close(alone[0], beside[0, :7], atol=1e-5, rtol=1e-5)
+    assert beside[0, 7:].abs().max() == 0
+
+
+def test_a_classification_head_scores_an_unpadded_pair_as_transformers() -> None:
+    config = BertConfig(**{**CONFIG.to_dict(), "num_labels": 1})
+    reference, head = built(BertForSequenceClassification, config), built(BertForSequenceClassification, config)
+    assert use_unpadded(head)
+    with torch.inference_mode():
+        torch.testing.assert_close(head(**full(IDS)).logits, reference(**full(IDS)).logits, atol=1e-5, rtol=1e-5)
