@@ -13,7 +13,12 @@ from sie_worker.kernels.unpadded import use_unpadded
 
 # Wide weights, so attending to a padded key moves outputs far past the tolerance.
 CONFIG = BertConfig(
-    vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, initializer_range=0.5
+    vocab_size=100,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    initializer_range=0.5,
 )
 
 

@@ -37,7 +37,10 @@ def test_a_worker_started_without_a_policy_lets_idle_threads_sleep() -> None:
 @pytest.mark.process
 @pytest.mark.parametrize(
     ("given", "shown"),
-    [({"OMP_WAIT_POLICY": "ACTIVE"}, "OMP_WAIT_POLICY = 'ACTIVE'"), ({"GOMP_SPINCOUNT": "5000"}, "GOMP_SPINCOUNT = '5000'")],
+    [
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "OMP_WAIT_POLICY = 'ACTIVE'"),
+        ({"GOMP_SPINCOUNT": "5000"}, "GOMP_SPINCOUNT = '5000'"),
+    ],
 )
 def test_the_operators_choice_is_kept(given: dict[str, str], shown: str) -> None:
     assert shown in libgomp_settings(given)

@@ -70,7 +70,8 @@ class SentenceTransformerEncoder(HfAdapter):
         if getattr(self.model.config, "use_cache", None):
             self.model.config.use_cache = False  # one forward pass per batch: a key/value cache is only memory
         if isinstance(getattr(self.model, "pooler", None), torch.nn.Module):
-            self.model.pooler = None  # pooling reads the last hidden state: BERT's pooler layer is a pass for nothing
+            # Pooling reads the last hidden state: BERT's pooler layer would be a pass for nothing.
+            self.model.register_module("pooler", None)
         self.tokenizer = self.use_tokenizer(self.model)
         padding_side = load_options.get("padding_side", self.tokenizer.hf.padding_side)
         if padding_side not in PADDING_SIDES:
