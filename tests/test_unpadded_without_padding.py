@@ -10,21 +10,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertModel
 
 from sie_worker.kernels.onednn import onednn_available, use_onednn
 from sie_worker.kernels.unpadded import use_unpadded
-
-# Wide weights, so attending to a padded key moves outputs far past the tolerance.
-CONFIG = BertConfig(
-    vocab_size=100,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    initializer_range=0.5,
-)
-
-
-def built(model_class: type, config: BertConfig) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return model_class(config).eval()
+from test_unpadded import CONFIG, built
 
 
 def full(ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -35,15 +21,21 @@ def full(ids: torch.Tensor) -> dict[str, torch.Tensor]:
 IDS = torch.randint(3, CONFIG.vocab_size, (3, 7), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["plain", "onednn"])
-@pytest.mark.parametrize("rows", [1, 3], ids=["one item", "items of one length"])
-def test_a_batch_without_padding_matches_transformers(packed: bool, rows: int) -> None:
-    if packed and not onednn_available():
-        pytest.skip("this PyTorch build has no oneDNN")
-    reference, model = built(BertModel, CONFIG), built(BertModel, CONFIG)
-    if packed:
+@pytest.fixture(params=[False, True], ids=["plain", "onednn"])
+def unpadded_bert(request: pytest.FixtureRequest) -> torch.nn.Module:
+    """CONFIG's BertModel on real tokens only, its Linear layers packed for oneDNN or not."""
+    model = built(BertModel, CONFIG)
+    if request.param:
+        if not onednn_available():
+            pytest.skip("this PyTorch build has no oneDNN")
         use_onednn(model)
     assert use_unpadded(model)
+    return model
+
+
+@pytest.mark.parametrize("rows", [1, 3], ids=["one item", "items of one length"])
+def test_a_batch_without_padding_matches_transformers(unpadded_bert: torch.nn.Module, rows: int) -> None:
+    reference, model = built(BertModel, CONFIG), unpadded_bert
     with torch.inference_mode():
         got, expected = model(**full(IDS[:rows])), reference(**full(IDS[:rows]))
     assert got.last_hidden_state.shape == (rows, 7, CONFIG.hidden_size)
