@@ -1,6 +1,7 @@
 """What the choice of where a lone small CPU pass runs (sie_worker.engine.threads) is told of the device thread: a
 pass handed to it while idle is timed until its outputs are back on the event loop, the hops included, so a busy
-event loop counts against that way; passes handed behind another are not timed for it."""
+event loop counts against that way; passes handed behind another are not timed for it; and it takes a lone pass only
+when clearly faster."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from typing import Any
 import pytest
 
 from fake_adapter import FAKE_ENCODER, adapter_of, fake_engine, items
+from sie_worker.engine import threads
 from sie_worker.engine.engine import Engine
 from sie_worker.engine.jobs import EncodeJob
 from sie_worker.engine.threads import DEVICE, INLINE, InlineChoice
+from test_inline_forward_passes import warmed
 
 # How long the event loop is held while a pass is on the device thread.
 HELD_S = 0.3
@@ -81,3 +84,13 @@ async def test_a_pass_handed_behind_another_is_not_timed_for_the_choice(
     release.set()
     await asyncio.gather(first, second)
     assert [way for way, _ in observed] == [DEVICE]
+
+
+def test_a_pass_stays_on_the_event_loop_unless_the_device_thread_is_clearly_faster() -> None:
+    """Measured on both ways, a device thread a little faster does not take the pass (the averages cross back and
+    forth with the load); one DEVICE_MARGIN times as fast or more does."""
+    close, clear = InlineChoice(device_threads=2), InlineChoice(device_threads=2)
+    warmed(close, 8, device_s=0.009, inline_s=0.010)
+    warmed(clear, 8, device_s=0.010 / threads.DEVICE_MARGIN / 1.1, inline_s=0.010)
+    assert close.inline(8)
+    assert not clear.inline(8)
