@@ -1,6 +1,7 @@
 """BERT-family encoders on real tokens (sie_worker.kernels.unpadded) given a batch with no padding at all, as a lone
 query is: every position, the pooled output and a head's logits are transformers' own, and each row is what it is
-beside a longer item that pads it."""
+beside a longer item that pads it; and the pooler layer the sentence_transformer adapter drops (only where the
+model's forward skips it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification, BertModel
 
+from sie_worker.adapters.families.sentence_transformer import pooler_skippable
 from sie_worker.kernels.onednn import onednn_available, use_onednn
 from sie_worker.kernels.unpadded import use_unpadded
 from test_unpadded import CONFIG, built
@@ -64,3 +66,18 @@ def test_a_classification_head_scores_an_unpadded_pair_as_transformers() -> None
     assert use_unpadded(head)
     with torch.inference_mode():
         torch.testing.assert_close(head(**full(IDS)).logits, reference(**full(IDS)).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_only_transformers_own_encoders_lose_their_pooler() -> None:
+    """sentence_transformer drops a pooler nobody reads only where the model's forward skips one set to None."""
+
+    class RemoteCode(BertModel):
+        """A class of a model's own code (as trust_remote_code loads), which may call its pooler regardless."""
+
+    bert = built(BertModel, CONFIG)
+    assert pooler_skippable(bert)
+    assert not pooler_skippable(RemoteCode(CONFIG))
+    assert not pooler_skippable(BertModel(CONFIG, add_pooling_layer=False))
+    bert.register_module("pooler", None)
+    with torch.inference_mode():
+        assert bert(**full(IDS)).pooler_output is None
