@@ -48,6 +48,8 @@ _DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
 PADDING_SIDES = ("left", "right")
 # Prompt token counts (for include_prompt: false) kept per model, most recently used first.
 PROMPT_COUNTS_KEPT = 16
+# transformers' own encoders whose forward skips a pooler layer set to None (remote code and other layouts may not).
+_POOLER_OPTIONAL = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "mpnet"})
 
 
 class SentenceTransformerEncoder(HfAdapter):
@@ -83,6 +85,9 @@ class SentenceTransformerEncoder(HfAdapter):
         )
         if getattr(self.model.config, "use_cache", None):
             self.model.config.use_cache = False  # one forward pass per batch: a key/value cache is only memory
+        if pooler_skippable(self.model):
+            # Pooling reads the last hidden state: BERT's pooler layer would be a pass for nothing.
+            self.model.register_module("pooler", None)
         self.tokenizer = self.use_tokenizer(self.model)
         padding_side = load_options.get("padding_side", self.tokenizer.hf.padding_side)
         if padding_side not in PADDING_SIDES:
@@ -179,6 +184,16 @@ class SentenceTransformerEncoder(HfAdapter):
         if self.pad_left and self._takes_positions:
             extra["position_ids"] = (attention.cumsum(dim=1) - 1).clamp(min=0) + self._first_position
         return self.model(input_ids=input_ids, attention_mask=attention, **extra).last_hidden_state
+
+
+def pooler_skippable(model: torch.nn.Module) -> bool:
+    """Whether `model` has a pooler layer that may be set to None: transformers' own class of an architecture whose
+    forward then skips it (remote code may call it regardless)."""
+    return (
+        type(model).__module__.startswith("transformers.models.")
+        and getattr(getattr(model, "config", None), "model_type", None) in _POOLER_OPTIONAL
+        and isinstance(getattr(model, "pooler", None), torch.nn.Module)
+    )
 
 
 def pool(hidden: torch.Tensor, attention: torch.Tensor, pool_mask: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:
