@@ -74,8 +74,10 @@ def test_an_encode_without_dense_is_not_estimated() -> None:
         check_encode_estimate(request(10**5, output_types=["dense"]), sparse_first, 10, SETTING)
 
 
-def test_a_model_and_request_without_dims_are_not_estimated() -> None:
-    check_encode_estimate(request(10**5), ModelConfig(id="m", source="test"), 10, SETTING)
+def test_a_model_without_dims_is_not_estimated_whatever_dims_the_request_asks_for() -> None:
+    """Only the model tells its width; dims past it are the worker's DIMS_TOO_LARGE, not an answer too large."""
+    for dims in (None, 64, 2**31 - 1):
+        check_encode_estimate(request(10**5, dims=dims), ModelConfig(id="m", source="test"), 10, SETTING)
 
 
 def test_a_built_answer_is_measured_with_room_for_its_envelope() -> None:

@@ -114,12 +114,11 @@ def test_asking_for_more_dims_than_the_config_states_does_not_hide_a_too_large_a
     assert error.reason == "RESPONSE_TOO_LARGE" and error.metadata["size"] == str(len(items) * 384 * 4)
 
 
-def test_a_config_without_dims_is_estimated_with_the_requests_dims_as_the_gateway_does(planner: Planner) -> None:
+def test_a_config_without_dims_is_estimated_only_once_the_model_tells_its_width(planner: Planner) -> None:
     """The gateway and the plan refuse by one rule (sie_common.edge.answer_size.stated_dims): a request's own dims
-    are a lower bound on its answer (more than the model has is refused once loaded), so the model is not loaded
-    for an answer that could not be sent either way."""
+    are not a width (more than the model has is refused once it is loaded, as DIMS_TOO_LARGE), so a config
+    without dims refuses nothing before the load, whatever dims are asked for."""
     items = [TEXT] * (MAX_SEND_BYTES // (256 * 4) + 2)
-    error = refusal(planner, EncodeJob(model=NO_DIMS.id, items=items, dims=256), ResourceExhausted)
-    assert error.reason == "RESPONSE_TOO_LARGE" and error.metadata["size"] == str(len(items) * 256 * 4)
-    with pytest.raises(AssertionError, match="was loaded"):  # no dims stated anywhere: nothing known to refuse
-        refusal(planner, EncodeJob(model=NO_DIMS.id, items=items))
+    for dims in (None, 256, 2**31 - 1):
+        with pytest.raises(AssertionError, match="was loaded"):
+            refusal(planner, EncodeJob(model=NO_DIMS.id, items=items, dims=dims))

@@ -45,7 +45,7 @@ def check_encode_estimate(
     request: inference_pb2.EncodeRequest, config: ModelConfig, limit: int, setting: str, value_bytes: int | None = None
 ) -> None:
     """Refuse before any work an encode whose dense vectors alone would not fit in `limit` bytes, with
-    the dims its request or model config states (none stated: nothing to refuse yet). `value_bytes`: what
+    the dims its request and model config state (`stated_dims`; the config states none: nothing to refuse yet). `value_bytes`: what
     one number takes when the answer spells its numbers out (JSON callers, OpenAI embeddings) instead of
     packing them in the output dtype."""
     if "dense" not in (request.output_types or config.default_output_types):
@@ -55,11 +55,11 @@ def check_encode_estimate(
 
 
 def stated_dims(request_dims: int | None, config_dims: int | None) -> int:
-    """The fewest dims an encode's answer can have before its model is loaded: the smaller of what the request
-    asks for and what the config states (0: neither states any). Asking for more than the model has is refused
-    once it is loaded, so the request's dims are a lower bound either way. The gateway and the worker's plan
-    refuse by this one rule."""
-    return min((dims for dims in (request_dims, config_dims) if dims), default=0)
+    """The dims an encode's answer has by its model config, before the model is loaded: the request's where it
+    asks for fewer, else the config's (0: the config states none, nothing known yet). A request's own dims alone
+    say nothing: more than the model has is refused once it is loaded, precisely (INVALID_ARGUMENT
+    DIMS_TOO_LARGE), not as an answer too large. The gateway and the worker's plan refuse by this one rule."""
+    return min(request_dims or config_dims, config_dims) if config_dims else 0
 
 
 def check_dense_estimate(
