@@ -11,9 +11,10 @@ the garbage collector off (as between its rare full collections)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
 import pytest
@@ -48,6 +49,20 @@ class Unreachable(config_pb2_grpc.ConfigServiceServicer, inference_pb2_grpc.Infe
         yield inference_pb2.EncodeStreamResponse()
 
 
+@contextlib.contextmanager
+def python_allocations() -> Iterator[Callable[[], tuple[int, int]]]:
+    """Python's allocations (now, peak) while the garbage collector is off, as between its rare full collections."""
+    collecting = gc.isenabled()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        yield tracemalloc.get_traced_memory
+    finally:
+        tracemalloc.stop()
+        if collecting:
+            gc.enable()
+
+
 @pytest.mark.parametrize("method", ["/sie.v1.ConfigService/AddModel", "/sie.v1.Inference/Encode"])
 async def test_unary_calls_refused_for_their_token_are_not_read(method: str) -> None:
     checks = {
@@ -64,34 +79,29 @@ async def test_unary_calls_refused_for_their_token_are_not_read(method: str) -> 
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     message = b"\x0a" + b"\xff\xff\xff\x05" + b"x" * MESSAGE_BYTES  # one long field: its bytes are what is measured
-    collecting = gc.isenabled()
-    gc.disable()
-    tracemalloc.start()
     try:
-        async with grpc.aio.insecure_channel(
-            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 2 * MESSAGE_BYTES)]
-        ) as channel:
-            call = channel.unary_unary(method)
-            for _ in range(CALLS):
-                with pytest.raises(grpc.aio.AioRpcError) as caught:
-                    await call(message, timeout=30)
-                assert (caught.value.code(), error_reason(caught.value)) == (
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "MISSING_TOKEN",
-                )
-                with pytest.raises(grpc.aio.AioRpcError) as caught:
-                    await call(message, metadata=(("authorization", "Bearer wrong"),), timeout=30)
-                assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
-            await asyncio.sleep(0.2)
-            kept, peak = tracemalloc.get_traced_memory()
-        # Before: each refused call's message was received (a peak of at least its bytes) and kept (all 8 of them).
-        assert peak < MESSAGE_BYTES, f"a refused call's message was read: peak {peak / MiB:.0f} MiB"
-        assert kept < 2 * MiB, f"{kept / MiB:.0f} MiB kept after the refused calls ended"
-        assert servicer.entered == 0
+        with python_allocations() as traced:
+            async with grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 2 * MESSAGE_BYTES)]
+            ) as channel:
+                call = channel.unary_unary(method)
+                for _ in range(CALLS):
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await call(message, timeout=30)
+                    assert (caught.value.code(), error_reason(caught.value)) == (
+                        grpc.StatusCode.UNAUTHENTICATED,
+                        "MISSING_TOKEN",
+                    )
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await call(message, metadata=(("authorization", "Bearer wrong"),), timeout=30)
+                    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                await asyncio.sleep(0.2)
+                kept, peak = traced()
+            # Before: each refused call's message was received (a peak of at least its bytes) and kept (all 8 of them).
+            assert peak < MESSAGE_BYTES, f"a refused call's message was read: peak {peak / MiB:.0f} MiB"
+            assert kept < 2 * MiB, f"{kept / MiB:.0f} MiB kept after the refused calls ended"
+            assert servicer.entered == 0
     finally:
-        tracemalloc.stop()
-        if collecting:
-            gc.enable()
         await server.stop(0)
 
 
