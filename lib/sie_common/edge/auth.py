@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from sie_common.edge.ended_calls import EndWithoutFrames
 from sie_common.edge.errors import PermissionDenied, SieError, Unauthenticated, abort
 from sie_common.runtime.settings import SettingsError
 
@@ -126,21 +127,23 @@ class Authorize(grpc.aio.ServerInterceptor):
 
 
 def _refusal(handler: grpc.RpcMethodHandler, error: SieError) -> grpc.RpcMethodHandler:
-    """A handler of `handler`'s shape that answers `error` without reading the request."""
+    """A handler of `handler`'s response shape that answers `error` without reading the request: each takes the
+    requests as a stream it never reads (a unary handler has grpc receive the whole message first: 96 callers without
+    a token, a 15 MiB AddModel each through Envoy, took a config service from 449 to 1,020 MiB), and keeps nothing of
+    the call once it ends (EndWithoutFrames)."""
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await abort(context, error)
+    async def unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        with EndWithoutFrames():
+            await abort(context, error)
 
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await abort(context, error)
+    async def streaming(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        with EndWithoutFrames():
+            await abort(context, error)
+        return
         yield  # never reached; makes this an async generator, as streaming handlers are
 
     serialize = handler.response_serializer
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(unary, response_serializer=serialize)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(streaming, response_serializer=serialize)
-    if handler.stream_unary is not None:
+    if handler.unary_unary is not None or handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(unary, response_serializer=serialize)
     return grpc.stream_stream_rpc_method_handler(streaming, response_serializer=serialize)
 

@@ -17,6 +17,10 @@ MAX_CLIENT_ADDRESS_CHARS = 64
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # The IPv6 prefix one caller is given (RFC 6177: end sites get a /64 or more, and choose their addresses in it).
 IPV6_CALLER_PREFIX = 64
+# IPv6 ranges that carry an IPv4 client's address in their last 32 bits, as a translator in front of an IPv6-only
+# service names its IPv4 clients: the well-known NAT64 prefix (RFC 6052) and IPv4-translated addresses (RFC 2765).
+# Each such address is its IPv4 client, not a /64 that every IPv4 client behind the translator would share.
+IPV4_EMBEDDING = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::ffff:0:0:0/96"))
 
 
 def trusted_networks(entries: Iterable[str]) -> tuple[Network, ...]:
@@ -64,12 +68,15 @@ def ip_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
 
 
 def caller_of(address: str) -> str:
-    """The caller a client address stands for: an IPv4 address itself (also mapped into IPv6); an IPv6 address its
-    /64 ('2001:db8:7:1::/64', its zone dropped); anything else (a proxy's header that is no address) as written."""
+    """The caller a client address stands for: an IPv4 address itself (also mapped into IPv6, or embedded by a
+    translator: IPV4_EMBEDDING; never trusted as a proxy for it); an IPv6 address its /64 ('2001:db8:7:1::/64', its
+    zone dropped); anything else (a proxy's header that is no address) as written."""
     parsed = ip_address(address)
     if parsed is None:
         return address
     if isinstance(parsed, ipaddress.IPv4Address):
         return str(parsed)
+    if any(parsed in embedding for embedding in IPV4_EMBEDDING):
+        return str(ipaddress.IPv4Address(int(parsed) & 0xFFFFFFFF))
     prefix = int(parsed) >> (128 - IPV6_CALLER_PREFIX) << (128 - IPV6_CALLER_PREFIX)
     return str(ipaddress.IPv6Network((prefix, IPV6_CALLER_PREFIX)))

@@ -22,8 +22,9 @@ for its own answers rather than being refused. A unary message that has not all 
 after its read began ends its call DEADLINE_EXCEEDED/REQUEST_TIMEOUT; one still awaited
 SIE_GATEWAY_GRPC_READ_EVICT_AFTER_S (1 s) after its read began when another message needs the room ends its call
 UNAVAILABLE/OVERLOADED with a retry delay: the gateway cannot tell a message that has not begun from one arriving (grpc
-tells it only of whole messages), so callers that open calls and send nothing hold others' room for that long at most
-(20 callers' 40 such calls kept 19 of 20 small calls of another past their 20 s deadline, issue 32). An idle
+tells it only of whole messages), so callers that open calls and send nothing hold others' room about that long at most
+(20 callers' 40 such calls kept 19 of 20 small calls of another past their 20 s deadline, issue 32). Only a read that
+has waited EVICT_AFTER_WAITING_S drops another: reads of messages sent at once give their room back sooner. An idle
 EncodeStream's read, which waits for its caller's next message, is dropped so after SIE_GATEWAY_HTTP_BODY_EVICT_AFTER_S;
 it never takes the budget's last room for one more read. Calls on the adapter's own Unix socket are not charged
 again: the adapter leased their bodies."""
@@ -70,6 +71,11 @@ MAX_WAITING_READS = 4096
 # How often the oldest waiting read looks again for room freed where it is not told (an HTTP body
 # answered, a stalled read old enough to drop).
 RECHECK_S = 0.05
+# How long a read waits for room before it drops stalled reads to make it. The reads of messages sent at once end
+# within milliseconds and give their room back: a read that took room from a slow upload the moment it found none
+# dropped it although nothing stayed held (one caller's 15 MiB upload at 5 MiB/s, with 2 small calls of its own at a
+# time, was dropped about 1 s in, on each of 6 tries).
+EVICT_AFTER_WAITING_S = 0.25
 NO_MESSAGE = InvalidArgument("the call ended without its request message; send one", reason="MALFORMED_REQUEST")
 
 
@@ -97,6 +103,7 @@ class _Turn:
 
     lease: BodyLease
     stream: bool
+    since: float  # when it began to wait (the loop's time)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     granted: bool = False
 
@@ -160,7 +167,7 @@ class MessageReads:
         """Hold `largest` bytes on `lease` once its caller's share and the budget have room, its caller's reads
         waiting in turn (oldest first; _wake gives them the room)."""
         caller = lease.caller
-        if caller not in self._waiting and self._hold(lease, stream):
+        if caller not in self._waiting and self._hold(lease, stream, evict=False):
             return
         if not stream and self._full(caller):
             await abort(context, self._refusal(caller))
@@ -168,7 +175,7 @@ class MessageReads:
         if len(queue) >= MAX_WAITING_READS_PER_CALLER or self.waiting >= MAX_WAITING_READS:
             await abort(context, self._crowded(len(queue) >= MAX_WAITING_READS_PER_CALLER))
         self._waiting[caller] = queue
-        turn = _Turn(lease, stream)
+        turn = _Turn(lease, stream, asyncio.get_running_loop().time())
         queue.append(turn)
         self.waiting += 1
         try:
@@ -202,14 +209,14 @@ class MessageReads:
         if not queue:
             del self._waiting[turn.lease.caller]
 
-    def _hold(self, lease: BodyLease, stream: bool) -> bool:
-        """Grow `lease` by `largest` bytes if the caller's share and the budget have room (dropping reads that have
-        stalled long enough to make it, BodyBudget.take); whether it did. An EncodeStream's message, which is kept
-        once read, also needs the budget to keep room for one more read after it."""
+    def _hold(self, lease: BodyLease, stream: bool, evict: bool) -> bool:
+        """Grow `lease` by `largest` bytes if the caller's share and the budget have room (with `evict`, dropping
+        reads that have stalled long enough to make it, BodyBudget.take); whether it did. An EncodeStream's message,
+        which is kept once read, also needs the budget to keep room for one more read after it."""
         if stream and self.budget.held + 2 * self.largest > self.budget.limit:
             return False
         try:
-            lease.grow(self.largest)
+            lease.grow(self.largest, evict)
         except AdapterError:
             return False
         self._reading[lease.caller] += self.largest
@@ -228,10 +235,12 @@ class MessageReads:
         """Give the room there is to waiting reads: each caller's oldest in turn (a caller given room goes to the
         back, so many callers share the room in rounds and none is passed over), until the budget has no room for
         another; wake the unary reads to refuse (their caller's share, or the budget, full of messages already read),
-        and the oldest read still waiting (it looks again on a timer)."""
+        and the oldest read still waiting (it looks again on a timer). Only reads that have waited
+        EVICT_AFTER_WAITING_S drop stalled reads for their room."""
+        now = asyncio.get_running_loop().time()
         for caller in list(self._waiting):
             turn = self._waiting[caller][0]
-            if self._hold(turn.lease, turn.stream):
+            if self._hold(turn.lease, turn.stream, evict=now - turn.since >= EVICT_AFTER_WAITING_S):
                 turn.granted = True
                 self._dequeue(turn)
                 if caller in self._waiting:

@@ -76,11 +76,12 @@ class BodyBudget:
     def held_by(self, caller: str) -> int:
         return self._callers.get(caller, 0)
 
-    def take(self, lease: BodyLease, size: int) -> None:
-        """Grow `lease` by `size` bytes, or refuse its request (AdapterError)."""
+    def take(self, lease: BodyLease, size: int, evict: bool = True) -> None:
+        """Grow `lease` by `size` bytes, or refuse its request (AdapterError); `evict` False: without dropping stalled
+        bodies to make the room."""
         if lease.evicted:
             raise _evicted(self.evict_after_s)
-        if self.held_by(lease.caller) + size > self.caller_limit:
+        if evict and self.held_by(lease.caller) + size > self.caller_limit:
             self._evict_stalled(lease, self.held_by(lease.caller) + size - self.caller_limit, lease.caller)
         if self.held_by(lease.caller) + size > self.caller_limit:
             raise _overloaded(
@@ -88,7 +89,7 @@ class BodyBudget:
                 f"({self.caller_limit} bytes, SIE_GATEWAY_HTTP_MAX_BODY_BUDGET_PER_CALLER_BYTES): wait for answers "
                 "before sending more; retry"
             )
-        if self.held + size > self.limit:
+        if evict and self.held + size > self.limit:
             self._evict_stalled(lease, self.held + size - self.limit)
         if self.held + size > self.limit:
             raise _overloaded(
@@ -159,8 +160,8 @@ class BodyLease:
         finally:
             self._deadline = None
 
-    def grow(self, size: int) -> None:
-        self.budget.take(self, size)
+    def grow(self, size: int, evict: bool = True) -> None:
+        self.budget.take(self, size, evict)
 
     def evict(self, now: float) -> None:
         self.evicted = True
