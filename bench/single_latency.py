@@ -17,6 +17,9 @@ With `--baseline DIR` (a checkout's source tree, e.g. `git archive main services
 standalone workers serve the same one-item requests, taking turns with the rest: this tree's ("worker-standalone")
 and that tree's code through PYTHONPATH ("worker-baseline"), so before and after are measured in the same run on
 the same traffic (the stack's worker also serves the proxy, gateway and Envoy paths' requests and a second model).
+With `--bulk-passes N` as well, those two workers then take turns at N passes of the bulk workload's first
+`--bulk-texts` texts (4 clients, 100 texts a request), so a change to the one-query path is checked against bulk
+throughput in the same run.
 
 The stack is the one `sie up` starts (bench/ours.py). The paths take turns request by request, the order
 rotating, so a machine that other sessions load moves them alike (bench/workloads.py). Each round also records
@@ -45,7 +48,7 @@ import onnxrt
 import ours
 import torch
 from http_client import json_sender
-from workloads import MODEL, SINGLE_TEXT, Send, alternating_latencies_ms, percentile
+from workloads import MODEL, SINGLE_TEXT, Send, Workload, alternating_latencies_ms, bulk, percentile, throughput
 
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
@@ -116,13 +119,33 @@ def _hops(stack: ours.Senders, proxy: str, model: str) -> dict[str, Send]:
     }
 
 
+def bulk_rates(sends: dict[str, Send], passes: int, texts: int) -> dict[str, list[float]]:
+    """Items/s of `passes` passes of the bulk workload's first `texts` texts on each of `sends`, taking turns pass by
+    pass in a rotating order (after a warm-up pass of each)."""
+    whole = bulk()
+    workload = Workload(whole.name, whole.texts[:texts], whole.per_request, f"{texts} of {whole.description}")
+    names = list(sends)
+    for name in names:
+        throughput(sends[name], Workload(workload.name, workload.texts[:200], workload.per_request, "warm-up"))
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(passes):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            rates[name].append(round(throughput(sends[name], workload), 1))
+        print("bulk items/s:", {name: rates[name][-1] for name in names}, flush=True)
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--baseline", type=Path, help="a source tree whose worker runs beside this one's")
+    parser.add_argument("--bulk-passes", type=int, default=0, help="with --baseline: bulk passes on both workers")
+    parser.add_argument("--bulk-texts", type=int, default=400, help="texts of the bulk workload a pass sends")
     args = parser.parse_args()
+    if args.bulk_passes and not args.baseline:
+        parser.error("--bulk-passes compares the two standalone workers: give --baseline")
     paths = (*PATHS, "worker-standalone", "worker-baseline") if args.baseline else PATHS
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp, senders(Path(tmp), args.baseline) as (sends, worker_address, ort_notes):
@@ -143,6 +166,10 @@ def main() -> None:
                 "| load %.2f" % os.getloadavg()[0],
                 flush=True,
             )
+        rates = {}
+        if args.bulk_passes:
+            names = ("worker-standalone", "worker-baseline")
+            rates = bulk_rates({name: sends[name] for name in names}, args.bulk_passes, args.bulk_texts)
     p50 = {path: statistics.median(r["p50_ms"][path] for r in rounds) for path in (*paths, *TINY_PATHS)}
     result = {
         "machine": machine.describe("cpu"),
@@ -160,6 +187,7 @@ def main() -> None:
         "gateway_added_ms": p50["gateway"] - p50["worker"],
         "envoy_native_added_ms": p50["envoy-native"] - p50["gateway"],
         "envoy_openai_added_ms": p50["envoy-openai"] - p50["gateway"],
+        **({"bulk_items_per_s": rates, "bulk_texts_per_pass": args.bulk_texts} if rates else {}),
         **{
             f"tiny_{hop.replace('-', '_')}_added_ms": p50[f"{hop}-tiny"] - p50[f"{base}-tiny"]
             for hop, base in (

@@ -94,6 +94,11 @@ def in_flight_on(worker, minimum: int = 1) -> None:  # type: ignore[no-untyped-d
 
 def unavailable_answers(metrics_url: str, model: str) -> float:
     """How many encode requests of `model` a worker answered UNAVAILABLE (from its metrics)."""
+    return encode_answers(metrics_url, model, "UNAVAILABLE")
+
+
+def encode_answers(metrics_url: str, model: str, status: str) -> float:
+    """How many encode requests of `model` a worker answered with `status` (from its metrics)."""
     with urllib.request.urlopen(f"{metrics_url}/metrics", timeout=10) as reply:
         families = text_string_to_metric_families(reply.read().decode())
     return sum(
@@ -101,7 +106,7 @@ def unavailable_answers(metrics_url: str, model: str) -> float:
         for family in families
         for sample in family.samples
         if sample.name == "sie_worker_requests_total"
-        and sample.labels == {"model": model, "operation": "encode", "status": "UNAVAILABLE"}
+        and sample.labels == {"model": model, "operation": "encode", "status": status}
     )
 
 

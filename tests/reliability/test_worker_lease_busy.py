@@ -21,6 +21,8 @@ from sie_common.cluster.etcd import Etcd
 from sie_worker.cluster.registration import Registration
 
 TTL_S = 2
+# Past the 3 TTLs these tests hold the loop for: a held loop is not (yet) a hung one.
+LOOP_STALL_S = 30.0
 
 
 def record() -> WorkerRecord:
@@ -35,7 +37,7 @@ def kv(etcd_server) -> Iterator[rpc.KVStub]:  # type: ignore[no-untyped-def]
 
 
 async def test_an_event_loop_held_for_three_ttls_keeps_the_registration(etcd: Etcd) -> None:
-    registration = Registration(etcd, "busy", record, ttl_s=TTL_S, publish_interval_s=0.2)
+    registration = Registration(etcd, "busy", record, ttl_s=TTL_S, publish_interval_s=0.2, loop_stall_s=LOOP_STALL_S)
     await registration.start()
     try:
         before = await etcd.get(WORKERS + "busy")
@@ -53,7 +55,7 @@ async def test_an_event_loop_held_for_three_ttls_keeps_the_registration(etcd: Et
 async def test_an_expired_lease_is_registered_again_at_once_while_the_event_loop_is_held(
     etcd: Etcd, kv: rpc.KVStub
 ) -> None:
-    registration = Registration(etcd, "busy", record, ttl_s=TTL_S, publish_interval_s=0.2)
+    registration = Registration(etcd, "busy", record, ttl_s=TTL_S, publish_interval_s=0.2, loop_stall_s=LOOP_STALL_S)
     await registration.start()
     try:
         before = await etcd.get(WORKERS + "busy")

@@ -17,11 +17,30 @@ password is picked up without a restart.
 
 **TLS.** With `EtcdTls` the client speaks TLS to etcd and presents a client
 certificate (`sie up`'s etcd refuses connections without one).
+
+**Failing over between endpoints.** `endpoints` may name several members of one
+cluster. The client talks to one at a time. A call that fails as if that member
+were gone (UNAVAILABLE: refused, reset, or cut off from the cluster's leader;
+DEADLINE_EXCEEDED: stalled) drops the connection, and the next call or watch
+connects to the next endpoint that answers, in turn. A read or lease keep-alive
+is tried once more at once on the next endpoint (it changes nothing); a write is
+not (it may have been applied), its caller sees `EtcdUnavailable` and retries.
+Watches ask etcd to end them when their member loses the leader (etcd's
+`hasleader` metadata), and ask for a progress notification every
+`WATCH_PROBE_S` (a watch with no answer a call timeout later drops the
+connection), so neither a member cut off from the others nor a frozen one
+leaves a watch silent; a broken watch raises `EtcdUnavailable`, and the caller opens it
+again from the revision after the last one it saw (`PrefixMirror` does), on
+whichever member answers: every member serves the same history, so no event is
+missed or seen twice. (Before, a connection stayed on the first endpoint that
+answered: when that member died, gateways stopped seeing workers and configs
+and the config service stopped writing, though the other members served.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +69,13 @@ _STALE_TOKEN = ("invalid auth token", "revision of auth store is old", "auth tok
 _NO_USER = "user name is empty"
 # etcd's cancel reason for a watch it refused: a stale token, or a role that may not read the range.
 _WATCH_REFUSED = "permission denied"
+# Codes that say the member this client talks to is gone, stalled or cut off: the next call goes to the next endpoint.
+_MEMBER_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Asks etcd to end a watch with UNAVAILABLE when its member has no leader (etcd's rpctypes.MetadataRequireLeaderKey).
+_REQUIRE_LEADER: Metadata = (("hasleader", "true"),)
+# A watch asks for a progress notification this often; one that gets no answer within a call timeout after that
+# finds its member stalled (a frozen process, a link that drops packets: nothing else would end it).
+WATCH_PROBE_S = 5.0
 
 
 class EtcdUnavailable(ConnectionError):
@@ -205,6 +231,14 @@ class _Stubs:
 _OPS = aetcd.client.Transactions()
 
 
+class _LeaseOf(aetcd.transactions.BaseCompare):
+    """Compares the lease a key is attached to (aetcd has no builder for it)."""
+
+    def build_compare(self, compare: rpc.Compare) -> None:
+        compare.target = rpc.Compare.LEASE
+        compare.lease = int(self.value)
+
+
 class Etcd:
     """A connection to etcd whose keys are names under `prefix`, authenticated with `credentials` when given."""
 
@@ -225,8 +259,14 @@ class Etcd:
         self.tls = tls
         self._timeout_s = timeout_s
         self._stubs: _Stubs | None = None
+        # The endpoint the connection is (or last was) on: after a failure the next connection tries the one after.
+        self._endpoint = len(self.endpoints) - 1
+        self._closed = False
+        # Connections dropped after a failure, each closing once its calls ended (a call timeout later at most).
+        self._retired: dict[grpc.aio.Channel, asyncio.Task[None]] = {}
         self._token: str | None = None
         self._auth_lock = asyncio.Lock()
+        self._connect_lock = asyncio.Lock()
 
     @classmethod
     def from_settings(cls, settings: EtcdSettings) -> Etcd:
@@ -239,9 +279,16 @@ class Etcd:
         )
 
     async def connect(self) -> None:
-        """Connect to the first endpoint that answers (authenticating first, with a credential)."""
+        """Connect to the first endpoint that answers, in turn from the one after the last used (authenticating
+        first, with a credential). Calls connect by themselves when they need to; this connects now."""
+        self._closed = False
+        if self._stubs is not None:
+            return
         errors = []
-        for endpoint in self.endpoints:
+        count = len(self.endpoints)
+        for step in range(1, count + 1):
+            index = (self._endpoint + step) % count
+            endpoint = self.endpoints[index]
             stubs = _Stubs(self._channel(endpoint.removeprefix("http://").removeprefix("https://")))
             try:
                 # Signing in shows that etcd answers; without a credential, a read that any client may make.
@@ -260,7 +307,7 @@ class Etcd:
             except BaseException:
                 await stubs.channel.close()
                 raise
-            self._stubs = stubs
+            self._stubs, self._endpoint = stubs, index
             return
         raise EtcdUnavailable("cannot reach etcd at " + "; ".join(errors))
 
@@ -271,15 +318,49 @@ class Etcd:
         return rpc.secure_channel(target, self.tls.credentials(), options=options)
 
     async def close(self) -> None:
-        if self._stubs is not None:
-            await self._stubs.channel.close()
-            self._stubs = None
+        self._closed = True
+        retired, self._retired = self._retired, {}
+        for task in retired.values():
+            task.cancel()
+        channels = [*retired, *([self._stubs.channel] if self._stubs is not None else [])]
+        self._stubs = None
+        for channel in channels:
+            await channel.close()
 
-    @property
-    def _connected(self) -> _Stubs:
+    async def _live(self) -> _Stubs:
+        """The connection calls go on: connecting (to the next endpoint that answers) if the last one failed."""
         if self._stubs is None:
-            raise EtcdUnavailable("not connected to etcd")
+            if self._closed:
+                raise EtcdUnavailable("not connected to etcd (the client was closed)")
+            async with self._connect_lock:
+                if self._stubs is None:
+                    await self.connect()
+        assert self._stubs is not None
         return self._stubs
+
+    def _member_lost(self, stubs: _Stubs, error: grpc.aio.AioRpcError) -> bool:
+        """Whether `error` says the member behind `stubs` is gone or stalled; if so, drop that connection so that
+        the next call goes to the next endpoint."""
+        if error.code() not in _MEMBER_LOST:
+            return False
+        self._drop(stubs, f"{error.code().name} {error.details()}")
+        return True
+
+    def _drop(self, stubs: _Stubs, why: str) -> None:
+        """Stop using the connection `stubs` (if still in use): the next call connects to the next endpoint."""
+        if self._stubs is stubs:
+            self._stubs = None
+            log.warning(
+                "etcd at %s failed (%s); the next call goes to the next endpoint", self.endpoints[self._endpoint], why
+            )
+            self._retired[stubs.channel] = asyncio.get_running_loop().create_task(self._retire(stubs.channel))
+
+    async def _retire(self, channel: grpc.aio.Channel) -> None:
+        """Close a dropped connection once the calls still on it end, at most a call timeout later."""
+        try:
+            await channel.close(grace=self._timeout_s)
+        finally:
+            self._retired.pop(channel, None)
 
     @property
     def ops(self) -> aetcd.client.Transactions:
@@ -293,6 +374,10 @@ class Etcd:
         """A `txn` comparison that holds while no key under `name_prefix` was written after `revision`."""
         key = self.key(name_prefix)
         return self.ops.mod(key, prefix_range_end(key)) < revision + 1
+
+    def held_by(self, name: str, lease: int) -> aetcd.transactions.BaseCompare:
+        """A `txn` comparison that holds while the key was last written under `lease` (and exists)."""
+        return _LeaseOf(self.key(name)) == lease
 
     def _name(self, key: bytes) -> str:
         return key.decode()[len(self.prefix) :]
@@ -313,27 +398,37 @@ class Etcd:
         async with self._auth_lock:
             if self._token != stale:
                 return
+            stubs = await self._live()
             try:
-                self._token = await self._authenticate(self._connected)
+                self._token = await self._authenticate(stubs)
             except grpc.aio.AioRpcError as error:
+                self._member_lost(stubs, error)
                 raise self._failure(error, "authenticating again") from error
             log.info("authenticated to etcd again as %s", self.credentials.username if self.credentials else "?")
 
     def _token_is_stale(self, error: grpc.aio.AioRpcError) -> bool:
         return self.credentials is not None and any(reason in (error.details() or "") for reason in _STALE_TOKEN)
 
-    async def _call(self, what: str, invoke: Callable[[_Stubs, Metadata], Awaitable[T]]) -> T:
-        """One etcd call with the current token; once more with a fresh token if etcd says it went stale."""
-        stubs, token = self._connected, self._token
+    async def _call(
+        self, what: str, invoke: Callable[[_Stubs, Metadata], Awaitable[T]], *, changes_nothing: bool = False
+    ) -> T:
+        """One etcd call with the current token; once more with a fresh token if etcd says it went stale. A call that
+        `changes_nothing` is sent once more at once to the next endpoint if its member was lost."""
+        stubs, token = await self._live(), self._token
         try:
             return await invoke(stubs, self._metadata())
         except grpc.aio.AioRpcError as error:
+            if self._member_lost(stubs, error) and changes_nothing and len(self.endpoints) > 1:
+                log.info("etcd: %s again on the next endpoint", what)
+                return await self._call(what, invoke)
             if not self._token_is_stale(error):
                 raise self._failure(error, what) from error
         await self._renew_token(token)
+        stubs = await self._live()
         try:
             return await invoke(stubs, self._metadata())
         except grpc.aio.AioRpcError as error:
+            self._member_lost(stubs, error)
             raise self._failure(error, what) from error
 
     def _failure(self, error: grpc.aio.AioRpcError, what: str) -> EtcdUnavailable:
@@ -383,6 +478,7 @@ class Etcd:
             reply = await self._call(
                 f"reading {key.decode()!r}",
                 lambda stubs, metadata: stubs.kv.Range(request, timeout=self._timeout_s, metadata=metadata),
+                changes_nothing=True,
             )
         except EtcdUnavailable as error:
             if "compacted" in str(error):
@@ -440,7 +536,7 @@ class Etcd:
                 return reply.TTL
             return 0
 
-        return await self._call("a lease keep-alive", refresh)
+        return await self._call("a lease keep-alive", refresh, changes_nothing=True)
 
     async def revoke_lease(self, lease_id: int) -> None:
         request = rpc.LeaseRevokeRequest(ID=lease_id)
@@ -470,11 +566,24 @@ class Etcd:
 
             async def requests(stop: asyncio.Event = stop) -> AsyncIterator[rpc.WatchRequest]:
                 yield rpc.WatchRequest(create_request=create)
-                await stop.wait()  # half-closing would end the watch
+                while not stop.is_set():  # (half-closing would end the watch)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), WATCH_PROBE_S)
+                    if not stop.is_set():
+                        yield rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
 
-            stream = self._connected.watch.Watch(requests(), metadata=self._metadata())
+            stubs = await self._live()
+            stream = stubs.watch.Watch(requests(), metadata=self._metadata() + _REQUIRE_LEADER)
+            replies = aiter(stream)
             try:
-                async for reply in stream:
+                while True:
+                    try:
+                        reply = await asyncio.wait_for(anext(replies), WATCH_PROBE_S + self._timeout_s)
+                    except StopAsyncIteration:
+                        return  # etcd ended the stream
+                    except TimeoutError:
+                        self._drop(stubs, f"a watch got no answer to a progress request in {self._timeout_s:.0f} s")
+                        raise EtcdUnavailable("etcd stopped answering a watch") from None
                     if reply.compact_revision:
                         raise Compacted(reply.compact_revision)
                     if reply.canceled and _WATCH_REFUSED in reply.cancel_reason:
@@ -489,10 +598,16 @@ class Etcd:
                     if reply.created and not reply.events:
                         continue
                     yield self._batch(reply)
-                else:
-                    return  # etcd ended the stream
             except grpc.aio.AioRpcError as error:
+                self._member_lost(stubs, error)
                 raise EtcdUnavailable(f"etcd watch stream broke: {error.code().name} {error.details()}") from error
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                # Not this task's cancellation: grpc cancels the calls on a channel being closed (a connection
+                # dropped after another call found its member lost), which the caller resumes elsewhere.
+                raise EtcdUnavailable("etcd watch stream ended: its connection was dropped") from None
             finally:
                 stop.set()
                 stream.cancel()
@@ -579,7 +694,7 @@ class Etcd:
         """Whether etcd (with authentication on) accepts this password for the user."""
         request = rpc.AuthenticateRequest(name=username, password=password)
         try:
-            await self._connected.auth.Authenticate(request, timeout=self._timeout_s)
+            await (await self._live()).auth.Authenticate(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError:
             return False
         return True

@@ -30,11 +30,26 @@ Metadata = Iterable[tuple[str, str | bytes]] | None
 Check = Callable[[Metadata], None]
 
 
+def authorization(metadata: Metadata) -> str | bytes | None:
+    """The request's one `authorization` header, if it has one; UNAUTHENTICATED for more than one (which would a
+    check read, which a pool's owner, which an intermediary? None: the request is refused). A value with a comma is
+    more than one too: proxies join repeated headers with commas (Envoy does for `authorization`), and no bearer
+    token has one."""
+    values = [value for key, value in metadata or () if key.lower() == "authorization"]
+    if len(values) > 1 or (values and isinstance(values[0], str) and "," in values[0]):
+        raise Unauthenticated(
+            "the request has more than one 'authorization' header (or one with values joined by ','): send exactly "
+            "one, 'authorization: Bearer <token>'",
+            reason="DUPLICATE_AUTHORIZATION",
+        )
+    return values[0] if values else None
+
+
 def bearer_token(metadata: Metadata) -> str | None:
-    """The token of the request's `authorization: Bearer ...` header, if there is one."""
-    for key, value in metadata or ():
-        if key.lower() == "authorization" and isinstance(value, str) and value[: len(_SCHEME)].lower() == _SCHEME:
-            return value[len(_SCHEME) :].strip()
+    """The token of the request's `authorization: Bearer ...` header, if there is one (UNAUTHENTICATED for two)."""
+    value = authorization(metadata)
+    if isinstance(value, str) and value[: len(_SCHEME)].lower() == _SCHEME:
+        return value[len(_SCHEME) :].strip()
     return None
 
 
@@ -80,6 +95,7 @@ def inference_checks(auth_mode: str, auth_tokens: Sequence[str]) -> dict[str, Ch
 
 class Authorize(grpc.aio.ServerInterceptor):
     """Run a method's check on the call's metadata before anything else: decoding, validation, the handler.
+    A call with more than one `authorization` header is refused UNAUTHENTICATED, whatever its method.
 
     `checks` maps a method (`/sie.v1.ConfigService/AddModel`) or a whole service
     (`/sie.v1.Inference/`) to its check; a method's own check wins. Calls with
@@ -97,10 +113,13 @@ class Authorize(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         check = self._checks.get(method) or self._checks.get(method[: method.rfind("/") + 1])
-        if handler is None or check is None:
+        if handler is None:
             return handler
+        metadata = handler_call_details.invocation_metadata
         try:
-            check(handler_call_details.invocation_metadata)
+            authorization(metadata)  # two headers are refused on every call, checked or not
+            if check is not None:
+                check(metadata)
         except SieError as error:
             return _refusal(handler, error)
         return handler

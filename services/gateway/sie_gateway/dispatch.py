@@ -16,6 +16,11 @@ for the whole drain): it comes back when its health check answers SERVING
 again (a restarted process does once its preloads are done and it has
 registered), or when it registers another address. While every eligible worker is out, they
 are tried anyway.
+
+A worker id registered again on another address (a new process replacing one that still drains) gets a new link
+for new requests; the old link is kept until the requests already on it are answered (the old process finishes
+what it accepted), then closed. (It used to be closed at once, cancelling those requests, which were redone
+elsewhere: nothing lost, but the old process's drain was wasted.)
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ class Dispatcher:
         self._max_attempts = max_attempts
         self._demand = demand
         self._links: dict[str, WorkerLink] = {}
+        # Links to an address a worker id left for another, each closing once its requests are answered.
+        self._retiring: set[asyncio.Task[None]] = set()
         # Workers whose stream broke -> the task that checks their health until they serve again.
         self._lost: dict[str, asyncio.Task[None]] = {}
 
@@ -83,12 +90,14 @@ class Dispatcher:
         return frozenset(self._lost)
 
     async def workers_changed(self, workers: Mapping[str, WorkerRecord]) -> None:
-        """Close the links of workers that left the registry or registered another address; their requests fail
-        over."""
+        """Close the links of workers that left the registry (their requests fail over); retire those of workers
+        that registered another address (their requests are answered where they were sent)."""
         for worker_id, link in list(self._links.items()):
             record = workers.get(worker_id)
-            if record is None or record.address != link.address:
+            if record is None:
                 await self._forget(worker_id)
+            elif record.address != link.address:
+                self._retire(worker_id)
 
     async def dispatch(
         self, task: str, message: Any, *, model: str, candidates: Candidates, deadline: float | None
@@ -106,17 +115,18 @@ class Dispatcher:
             serving = (
                 self._demand.serving(worker.machine_profile, worker.pool) if self._demand else contextlib.nullcontext()
             )
+            link = self._link(worker)
             try:
                 with serving:
-                    response = await self._link(worker).call(task, message, timeout_s=timeout_s)
+                    response = await link.call(task, message, timeout_s=timeout_s)
             except WorkerLost:
                 tried.add(worker.worker_id)
-                self._lose(worker.worker_id, "its Work stream broke")
+                self._lose(link, "its Work stream broke")
                 continue
             tried.add(worker.worker_id)
             reason = status_reason(response.error) if response.WhichOneof("outcome") == "error" else ""
             if reason == SHUTTING_DOWN:
-                self._lose(worker.worker_id, "it is draining (SHUTTING_DOWN)")
+                self._lose(link, "it is draining (SHUTTING_DOWN)")
                 continue
             if reason in NOT_LOADED_HERE and self._warm(candidates(tried), model):
                 cold_answer = response
@@ -130,10 +140,11 @@ class Dispatcher:
         """Whether one of `workers`, not lost, has `model` loaded."""
         return any(model in worker.loaded_models and worker.worker_id not in self._lost for worker in workers)
 
-    def _lose(self, worker_id: str, why: str) -> None:
-        """Take a worker out of routing until its health check answers SERVING (or it leaves the registry)."""
-        link = self._links.get(worker_id)
-        if link is not None and worker_id not in self._lost:
+    def _lose(self, link: WorkerLink, why: str) -> None:
+        """Take a worker out of routing until its health check answers SERVING (or it leaves the registry); not if
+        `link` is no longer its link (an old address it left for another)."""
+        worker_id = link.worker_id
+        if self._links.get(worker_id) is link and worker_id not in self._lost:
             log.warning("worker %s is out of routing: %s", worker_id, why)
             self._lost[worker_id] = asyncio.create_task(self._until_serving(worker_id, link))
 
@@ -155,9 +166,28 @@ class Dispatcher:
             probe.cancel()
         await self._links.pop(worker_id).close()
 
+    def _retire(self, worker_id: str) -> None:
+        """Take a worker's link out of use, and close it once the requests on it are answered."""
+        probe = self._lost.pop(worker_id, None)
+        if probe is not None:
+            probe.cancel()
+        link = self._links.pop(worker_id)
+        log.info(
+            "worker %s left %s for another address; finishing %d requests there",
+            worker_id,
+            link.address,
+            link.outstanding,
+        )
+        task = asyncio.create_task(link.close_when_quiet(), name=f"retire-link:{worker_id}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     def _link(self, worker: WorkerRecord) -> WorkerLink:
         link = self._links.get(worker.worker_id)
-        if link is None or link.address != worker.address:
+        if link is not None and link.address != worker.address:
+            self._retire(worker.worker_id)
+            link = None
+        if link is None:
             channel = self._connect(worker.address) if self._connect is not None else None
             link = WorkerLink(worker.worker_id, worker.address, window=self._window, channel=channel)
             self._links[worker.worker_id] = link
@@ -165,3 +195,6 @@ class Dispatcher:
 
     async def close(self) -> None:
         await self.workers_changed({})
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)

@@ -117,7 +117,10 @@ class WorkerLink:
         self._stream: _Stream | None = None
         self._ids = itertools.count()
         self._closed = False
-        self.outstanding = 0
+        self.outstanding = 0  # calls sent (at most `window`)
+        self._calls = 0  # calls sent or waiting for a slot
+        self._quiet = asyncio.Event()  # set while there are none
+        self._quiet.set()
 
     async def call(self, task: str, message: Any, *, timeout_s: float | None) -> worker_pb2.WorkResponse:
         """Send one request ("encode", "score", "extract") and wait for its answer.
@@ -125,12 +128,19 @@ class WorkerLink:
         `timeout_s` travels with the request, so the worker stops when the
         caller's deadline passes; raises WorkerLost when the stream breaks.
         """
-        async with self._slots:
-            self.outstanding += 1
-            try:
-                return await self._exchange(task, message, timeout_s)
-            finally:
-                self.outstanding -= 1
+        self._calls += 1
+        self._quiet.clear()
+        try:
+            async with self._slots:
+                self.outstanding += 1
+                try:
+                    return await self._exchange(task, message, timeout_s)
+                finally:
+                    self.outstanding -= 1
+        finally:
+            self._calls -= 1
+            if not self._calls:
+                self._quiet.set()
 
     async def _exchange(self, task: str, message: Any, timeout_s: float | None) -> worker_pb2.WorkResponse:
         stream = self._open_stream()
@@ -169,6 +179,13 @@ class WorkerLink:
         if self._stream is None or self._stream.broken:
             self._stream = _Stream(self._stub)
         return self._stream
+
+    async def close_when_quiet(self) -> None:
+        """Close once no call is sent or waiting (each ends by its answer, its deadline or the stream breaking)."""
+        try:
+            await self._quiet.wait()
+        finally:
+            await self.close()
 
     async def close(self) -> None:
         self._closed = True

@@ -72,7 +72,13 @@ async def serve(settings: WorkerSettings) -> None:
     await server.start()
     cluster = await _Cluster.follow(settings, engine) if settings.etcd_endpoints else None
     await engine.start()  # preloads, including models only etcd knows
-    if cluster is not None:
+    # From here a SIGTERM drains (and deregisters): installed before registering, so one that comes while the record
+    # is being written does not end the process with the record left in etcd for a lease TTL.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if cluster is not None and not stop.is_set():
         await cluster.register(settings, engine)
     await set_serving(health, services, True)
     catalog = engine.registry.catalog
@@ -88,10 +94,6 @@ async def serve(settings: WorkerSettings) -> None:
         len(catalog.problems),
     )
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("stopping: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
     await set_serving(health, services, False)
@@ -169,6 +171,7 @@ class _Cluster:
             record,
             ttl_s=settings.worker_lease_ttl_s,
             publish_interval_s=settings.health_publish_interval_ms / 1000,
+            loop_stall_s=settings.worker_loop_stall_s,
         )
         await self.registration.start()
 

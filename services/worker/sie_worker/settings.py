@@ -274,6 +274,12 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
         env="SIE_WORKER_LEASE_TTL_S",
         help="TTL of the lease the registration is bound to: a dead worker disappears from etcd within it",
     )
+    worker_loop_stall_s: float = setting(
+        20.0,
+        env="SIE_WORKER_LOOP_STALL_S",
+        help="how long the worker's event loop may go without running before the worker withdraws its registration "
+        "(gateways send what they had sent it elsewhere); it registers again once the loop runs",
+    )
     weight_packages: tuple[str, ...] = weight_packages_setting()
     weight_roots: tuple[str, ...] = setting(
         (),
@@ -346,7 +352,7 @@ class WorkerSettings(RequestBoundSettings, EncodeStreamSettings, ServiceSettings
             )
         bounds = {name: getattr(self, name) for name in _POSITIVE_BOUNDS}
         for name, value in bounds.items():
-            if value <= 0:
+            if not value > 0:  # NaN too
                 raise SettingsError(f"{self.__dataclass_fields__[name].metadata['env']}={value}: must be positive")
         if self.cpu_compute_precision not in CPU_PRECISIONS:
             raise SettingsError(
@@ -374,4 +380,5 @@ _POSITIVE_BOUNDS = (
     "max_request_timeout_s",
     "encode_stream_window",
     "max_encode_streams",
+    "worker_loop_stall_s",
 )

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from sie_common.edge.auth import CLIENT_ADDRESS_HEADER, Check, bearer_token
+from sie_common.edge.auth import CLIENT_ADDRESS_HEADER, Check, authorization, bearer_token
 from sie_common.edge.errors import SieError
 from sie_gateway.client_address import ClientAddresses
 from sie_gateway.http_adapter.bodies import (
@@ -58,10 +58,10 @@ class Adapter:
     def authorize(self, request: web.Request) -> None:
         """401 / 403 unless the request presents a token the gateway accepts: the check its gRPC interceptor runs
         (sie_common.edge.auth), here before the body is read, so a caller without a token holds nothing."""
-        if self.token_check is None:
-            return
         try:
-            self.token_check(_authorization(request))
+            authorization(_authorization(request))  # two headers are refused with or without a token check
+            if self.token_check is not None:
+                self.token_check(_authorization(request))
         except SieError as error:
             raise from_sie_error(error) from None
 

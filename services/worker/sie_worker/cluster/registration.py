@@ -16,10 +16,19 @@ TTL.) If the lease is found expired anyway (etcd unreachable longer than the TTL
 once, with the record last published.
 
 Every write of the record after the first (the refreshes, the draining record) and the final revoke go through that
-thread's connection too, one call at a time; after a failed call it connects again, trying each of
-SIE_ETCD_ENDPOINTS in turn. (A connection stays on the endpoint it first reached: when that member died, the
-keep-alives and the refreshes failed for good while the other endpoints served, so the record left etcd after one
-TTL and never came back.)
+thread's connection too. Like every etcd connection, it fails over between SIE_ETCD_ENDPOINTS (after a failed call
+the next goes to the next endpoint that answers: `sie_common.cluster.etcd`).
+
+The first registration replaces whatever record the worker id had: a new process of the same id (a restart on
+another address while the old one drains) takes the id over. Every later write goes through only while the key is
+still under this process's lease, and registering again after an expiry only while the key is absent, so the old
+process's refreshes and draining record do not overwrite the new one's (gateways finish the old process's requests
+on its address and send new ones to the new address).
+
+A worker whose event loop hangs while the lease thread lives would keep a ready record, and gateways would send it
+requests that wait to their deadline. The lease thread checks at each renewal that the loop runs (`WorkerLoop`: the
+loop is asked to run a callback, and is stalled once one has waited SIE_WORKER_LOOP_STALL_S); a stalled worker
+revokes its lease (the record goes, gateways send its requests elsewhere) and registers again once the loop runs.
 """
 
 from __future__ import annotations
@@ -30,15 +39,12 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable
 
 from sie_common.cluster.cluster_store import WORKERS, WorkerRecord, encode_worker
 from sie_common.cluster.etcd import Etcd, EtcdUnavailable
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Keep-alives per TTL: one may fail (or take its whole timeout) and the next still lands in time.
 KEEP_ALIVES_PER_TTL = 4
@@ -49,13 +55,21 @@ RETRY_S = 0.25
 
 class Registration:
     def __init__(
-        self, etcd: Etcd, worker_id: str, record: Callable[[], WorkerRecord], *, ttl_s: int, publish_interval_s: float
+        self,
+        etcd: Etcd,
+        worker_id: str,
+        record: Callable[[], WorkerRecord],
+        *,
+        ttl_s: int,
+        publish_interval_s: float,
+        loop_stall_s: float,
     ) -> None:
         self._etcd = etcd
         self._name = WORKERS + worker_id
         self._record = record
         self._ttl_s = ttl_s
         self._publish_interval_s = publish_interval_s
+        self._loop_stall_s = loop_stall_s
         self._ready = True
         self._keeper: LeaseKeeper | None = None
         self._task: asyncio.Task[None] | None = None
@@ -66,7 +80,8 @@ class Registration:
         lease = await self._etcd.grant_lease(self._ttl_s)
         await self._etcd.put(self._name, value, lease=lease)
         log.info("registered %s in etcd (lease TTL %d s)", self._name, self._ttl_s)
-        self._keeper = LeaseKeeper(self._etcd, self._name, lease, value, self._ttl_s)
+        worker_loop = WorkerLoop(asyncio.get_running_loop(), self._loop_stall_s)
+        self._keeper = LeaseKeeper(self._etcd, self._name, lease, value, self._ttl_s, worker_loop)
         self._keeper.start()
         self._task = asyncio.create_task(self._refresh(), name="worker-registration")
 
@@ -115,20 +130,19 @@ class LeaseKeeper:
 
     The thread's event loop runs until the process ends (a grpc.aio channel belongs to one event loop, and grpc
     reports events for a loop that was closed as errors); `stop` ends the keep-alives, revokes the lease and closes
-    the connection. Its etcd calls take turns (`_calls`): one that fails closes the connection, which another call
-    must not be using."""
+    the connection."""
 
-    def __init__(self, etcd: Etcd, name: str, lease: int, value: bytes, ttl_s: int) -> None:
+    def __init__(self, etcd: Etcd, name: str, lease: int, value: bytes, ttl_s: int, worker_loop: WorkerLoop) -> None:
         self.lease = lease
         self.value = value
         self._name = name
         self._ttl_s = ttl_s
         self._step_s = ttl_s / KEEP_ALIVES_PER_TTL
+        self._worker_loop = worker_loop
+        self._withdrawn = False
         # A call gives up after a third of the TTL: a slow etcd gets that long to answer, and a call lost on a broken
         # connection leaves time for another try before the lease runs out.
         self._etcd = Etcd(etcd.endpoints, etcd.prefix, credentials=etcd.credentials, tls=etcd.tls, timeout_s=ttl_s / 3)
-        self._connected = False
-        self._calls: asyncio.Lock | None = None  # made on the thread's loop
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sie-worker-lease", daemon=True)
         self._task: asyncio.Task[None] | None = None
@@ -147,7 +161,6 @@ class LeaseKeeper:
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._stop(), self._loop))
 
     async def _start(self) -> None:
-        self._calls = asyncio.Lock()
         self._task = asyncio.create_task(self._keep_alive())
 
     async def _stop(self) -> None:
@@ -156,47 +169,69 @@ class LeaseKeeper:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         try:
-            await self._call(lambda: self._etcd.revoke_lease(self.lease))
+            await self._etcd.revoke_lease(self.lease)
         except EtcdUnavailable as error:
             log.warning("could not revoke the worker lease (the record goes when it expires): %s", error)
         await self._etcd.close()
 
     async def _publish(self, value: bytes) -> None:
         self.value = value  # what the keeper registers again with, should the lease expire
-        await self._call(lambda: self._etcd.put(self._name, value, lease=self.lease))
-
-    async def _call(self, call: Callable[[], Awaitable[T]]) -> T:
-        """`call` on this thread's connection (connecting first if need be), one at a time; a failure closes the
-        connection, so that the next call connects again, to whichever endpoint answers."""
-        assert self._calls is not None
-        async with self._calls:
-            try:
-                if not self._connected:
-                    await self._etcd.connect()
-                    self._connected = True
-                return await call()
-            except EtcdUnavailable:
-                self._connected = False
-                await self._etcd.close()
-                raise
+        etcd = self._etcd
+        ours, _ = await etcd.txn(
+            [etcd.held_by(self._name, self.lease)], [etcd.ops.put(etcd.key(self._name), value, lease=self.lease)]
+        )
+        if not ours:
+            log.info(
+                "%s is not under this worker's lease (another process took the id, or the lease ended): not written",
+                self._name,
+            )
 
     async def _keep_alive(self) -> None:
         while True:
             await asyncio.sleep(self._step_s)
+            if not await self._worker_loop_runs():
+                continue
             delay = RETRY_S
             while not await self._refreshed():
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, self._step_s)
 
+    async def _worker_loop_runs(self) -> bool:
+        """Whether the worker's event loop runs; the first time it is found stalled, the lease is revoked (the record
+        goes: gateways stop routing here and send what they had sent here elsewhere). The lease is kept alive no
+        more until the loop runs again; the next keep-alive then finds it gone and registers again."""
+        if self._worker_loop.runs():
+            if self._withdrawn:
+                log.warning("the worker's event loop runs again; registering again")
+                self._withdrawn = False
+            return True
+        if not self._withdrawn:
+            log.error(
+                "the worker's event loop has not run for %.0f s: withdrawing the registration until it runs again",
+                self._worker_loop.stalled_s(),
+            )
+            try:
+                await self._etcd.revoke_lease(self.lease)
+                self._withdrawn = True
+            except EtcdUnavailable as error:
+                log.warning("could not withdraw the registration of a stalled worker: %s; retrying", error)
+        return False
+
     async def _refreshed(self) -> bool:
         """One keep-alive (a new lease and the record again if it had expired); False if etcd did not answer."""
         started = time.monotonic()
         try:
-            if await self._call(lambda: self._etcd.keep_alive(self.lease)) > 0:
+            if await self._etcd.keep_alive(self.lease) > 0:
                 return True
             log.warning("worker lease expired (etcd unreachable for longer than its TTL?); registering again")
-            lease = await self._call(lambda: self._etcd.grant_lease(self._ttl_s))
-            await self._call(lambda: self._etcd.put(self._name, self.value, lease=lease))
+            etcd = self._etcd
+            lease = await etcd.grant_lease(self._ttl_s)
+            key = etcd.key(self._name)
+            registered, _ = await etcd.txn([etcd.ops.version(key) == 0], [etcd.ops.put(key, self.value, lease=lease)])
+            if not registered:  # another process registered this worker id since: it keeps the record
+                await etcd.revoke_lease(lease)
+                log.warning("%s was registered by another process meanwhile: leaving it to that one", self._name)
+                return True
             self.lease = lease
             log.info("registered %s in etcd again (lease TTL %d s)", self._name, self._ttl_s)
             return True
@@ -205,3 +240,32 @@ class LeaseKeeper:
         except Exception:  # nothing may end the keep-alives: the registration would be lost for good
             log.exception("worker lease keep-alive failed unexpectedly; retrying")
         return False
+
+
+class WorkerLoop:
+    """Whether the worker's event loop still runs, as seen from another thread: each look asks the loop to run a
+    callback, and the loop is stalled once one it was asked to run has waited longer than `stall_s`. (The lease
+    keeper's thread runs whatever the worker's loop does; without this, a worker whose loop hung kept a ready
+    record, and gateways sent it requests that waited to their deadline.)"""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stall_s: float) -> None:
+        self._loop = loop
+        self._stall_s = stall_s
+        self._asked_at: float | None = None  # when the callback not yet run was asked for
+
+    def runs(self) -> bool:
+        if self._asked_at is None:
+            if self._loop.is_closed():
+                return True  # the worker is stopping
+            self._asked_at = time.monotonic()
+            self._loop.call_soon_threadsafe(self._ran)
+            return True
+        return self.stalled_s() <= self._stall_s
+
+    def stalled_s(self) -> float:
+        """How long the callback the loop was asked to run has waited (0: it ran)."""
+        asked_at = self._asked_at
+        return 0.0 if asked_at is None else time.monotonic() - asked_at
+
+    def _ran(self) -> None:
+        self._asked_at = None

@@ -212,9 +212,13 @@ class DeviceLoop:
         self._batches += 1
         running: Future = Future()
         try:
-            running.set_result(_forward(work, batch, INLINE))
+            outputs, started, finished = _forward(work, batch)
         except Exception as error:  # noqa: BLE001 - answered per item, as a pass on the device thread
             running.set_exception(error)
+        else:
+            running.set_result((outputs, started, finished))
+            if work.inline is not None:
+                work.inline.observe(batch.padded_tokens, INLINE, finished - started)
         self._deliver(work, batch, self._batches, running)
 
     async def serve(self) -> None:
@@ -235,17 +239,26 @@ class DeviceLoop:
                 batch = await self._former.next_batch()
             QUEUE_DEPTH.set(self._former.pending)
             work = batch[0].payload.work
+            # A pass handed to an idle device thread is timed until its outputs are back here, the hops included:
+            # what a lone request would wait for there, set against a pass on the event loop (engine.threads).
+            alone = work.inline is not None and not self._handed and self._device_thread.idle
             self._batches += 1
             self._handed += 1
-            running = self._device_thread.submit(_forward, work, batch, DEVICE)
-            deliver = functools.partial(self._delivered, work, batch, self._batches)
+            handed_at = time.monotonic() if alone else None
+            running = self._device_thread.submit(_forward, work, batch)
+            deliver = functools.partial(self._delivered, work, batch, self._batches, handed_at)
             running.add_done_callback(functools.partial(_deliver_unless_cancelled, loop, deliver))
             behind = _Handed(work, batch, running)
 
-    def _delivered(self, work: DeviceWork, batch: Batch[DeviceItem], batch_id: int, running: Future) -> None:
-        """A batch back from the device thread: its slot free again, its outputs fanned out."""
+    def _delivered(
+        self, work: DeviceWork, batch: Batch[DeviceItem], batch_id: int, handed_at: float | None, running: Future
+    ) -> None:
+        """A batch back from the device thread: its slot free again, its outputs fanned out; `handed_at`: when it
+        was handed to an idle device thread (None: not timed for the choice of where small passes run)."""
         self._slots.release()
         self._handed -= 1
+        if handed_at is not None and work.inline is not None and not running.cancelled() and not running.exception():
+            work.inline.observe(batch.padded_tokens, DEVICE, time.monotonic() - handed_at)
         self._deliver(work, batch, batch_id, running)
 
     async def _instead_of(self, behind: _Handed, slots: asyncio.Semaphore) -> Batch[DeviceItem]:
@@ -342,10 +355,9 @@ def _deliver_unless_cancelled(loop: asyncio.AbstractEventLoop, deliver: Callable
         loop.call_soon_threadsafe(deliver, done)
 
 
-def _forward(work: DeviceWork, batch: Batch[DeviceItem], way: str) -> tuple[Sequence[Any], float, float]:
-    """Run one batch, under torch.inference_mode, `way` (on the device thread, or INLINE on the event loop's): its
-    outputs (or, for an item the pass failed on, the error) and when the pass started and finished
-    (time.monotonic)."""
+def _forward(work: DeviceWork, batch: Batch[DeviceItem]) -> tuple[Sequence[Any], float, float]:
+    """Run one batch, under torch.inference_mode (on the device thread, or on the event loop's): its outputs (or,
+    for an item the pass failed on, the error) and when the pass started and finished (time.monotonic)."""
     started = time.monotonic()
     with torch.inference_mode():
         outputs = run_isolating_failures(
@@ -355,8 +367,6 @@ def _forward(work: DeviceWork, batch: Batch[DeviceItem], way: str) -> tuple[Sequ
             recover=release_cuda_cache,
         )
     finished = time.monotonic()
-    if work.inline is not None:
-        work.inline.observe(batch.padded_tokens, way, finished - started)
     return outputs, started, finished
 
 

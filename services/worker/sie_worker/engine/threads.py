@@ -5,12 +5,15 @@ Handing a pass to the device thread and its outputs back costs two thread wake-u
 the pass over its threads and waits for all of them at the op's end, some hundred times a pass for a 6-layer BERT.
 For a few tokens the split saves less than those waits cost, and where other processes share the cores each wait
 may last a scheduler slice: on the 2-core development machine under other sessions' load, a one-item
-all-MiniLM-L6-v2 request took 15-30 ms with its pass on one thread and 200-320 ms on two (docs/benchmarks.md). On
-an idle machine two threads may still win at a few dozen tokens. So the device loop measures: per model and per size
-(padded tokens, in powers of two, up to MAX_INLINE_TOKENS) it keeps a moving average of each way's seconds per
-token, runs the faster, and every EXPLORE_EVERY-th pass of a size the other, so the choice follows the machine's
-load. The loop serves no one else meanwhile, so a pass runs there by choice only at sizes whose passes there took at
-most MAX_INLINE_S (tried only where the device thread's took at most MAX_TRIED_S). A size over it whose device
+all-MiniLM-L6-v2 request took 15-30 ms with its pass on one thread and 200-320 ms on two (docs/benchmarks.md; with
+libgomp's idle threads spinning, which the worker now turns off: sie_worker.cli). On an idle machine two threads may
+still win at a few dozen tokens. So the device loop measures: per model and per size (padded tokens, in powers of
+two, up to MAX_INLINE_TOKENS) it keeps a moving average of each way's seconds per token (on the event loop, the
+pass; on the device thread, for a pass handed to it while idle, from the hand-over until its outputs are back on the
+event loop: the hops are what a lone request pays there too), runs the faster, and every EXPLORE_EVERY-th pass of a
+size the other, so the choice follows the machine's load. The loop serves no one else meanwhile, so a pass runs
+there by choice only at sizes whose passes there took at most MAX_INLINE_S (tried only where the device thread's
+took at most MAX_TRIED_S). A size over it whose device
 passes take over MAX_INLINE_S too is still measured there every EXPLORE_EVERY-th pass: one stall of the process on
 a loaded machine would otherwise send every later pass of that size to the device thread for good (seen: 200 ms
 passes on two threads where one took 20 ms).
@@ -40,6 +43,11 @@ WARM_PASSES = 3
 EXPLORE_EVERY = 16
 # Weight of a new pass in a way's moving average.
 SMOOTHING = 0.2
+# A size measured on both ways stays on the event loop unless the device thread's passes are this many times as
+# fast: on a loaded machine the two averages cross back and forth with the load, and each pass sent the wrong way
+# costs the hops besides (in-process, MiniLM one item at load 8: a fifth of passes went to the device thread, at
+# 43 ms median against 32 on the event loop; where two threads truly win, by 1.5-2x, they still do).
+DEVICE_MARGIN = 1.25
 
 INLINE = "inline"
 DEVICE = "device"
@@ -79,7 +87,7 @@ class InlineChoice:
             return explore and device_s > MAX_INLINE_S
         if not size.warm(INLINE):
             return device_s <= MAX_TRIED_S
-        faster = inline_s <= device_s
+        faster = inline_s <= device_s * DEVICE_MARGIN
         return faster != explore
 
     def observe(self, padded_tokens: int, way: str, seconds: float) -> None:

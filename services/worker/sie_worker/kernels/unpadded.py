@@ -56,30 +56,40 @@ def _forward(
     embedded = base.embeddings(input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids)
     width = embedded.shape[-1]
     real = attention_mask.bool()
-    positions = real.flatten().nonzero().squeeze(1)
-    keys = real[:, None, None, :]
-    hidden = embedded.reshape(batch * length, width).index_select(0, positions)
+    # A batch without padding (one item, or items of one length: a lone query) has nothing to gather or mask.
+    positions = None if bool(real.all()) else real.flatten().nonzero().squeeze(1)
+    keys = None if positions is None else real[:, None, None, :]
+    hidden = embedded.reshape(batch * length, width)
+    if positions is not None:
+        hidden = hidden.index_select(0, positions)
     for layer in base.encoder.layer:
         attention = layer.attention
-        context = _self_attention(attention.self, hidden, positions, keys)
+        context = _self_attention(attention.self, hidden, batch, length, positions, keys)
         hidden = attention.output(context, hidden)
         hidden = layer.output(layer.intermediate(hidden), hidden)
-    sequence = hidden.new_zeros(batch * length, width).index_copy_(0, positions, hidden).view(batch, length, width)
+    if positions is not None:
+        hidden = hidden.new_zeros(batch * length, width).index_copy_(0, positions, hidden)
+    sequence = hidden.view(batch, length, width)
     pooled = base.pooler(sequence) if getattr(base, "pooler", None) is not None else None
     return BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state=sequence, pooler_output=pooled)
 
 
 def _self_attention(
-    module: BertLike, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor
+    module: BertLike,
+    hidden: torch.Tensor,
+    batch: int,
+    length: int,
+    positions: torch.Tensor | None,
+    keys: torch.Tensor | None,
 ) -> torch.Tensor:
     """Multi-head self-attention of the real tokens `hidden` [T, width]: padded to [B, heads, L, head size]
-    for SDPA, with padded keys masked, and the real rows taken back."""
-    batch, length = keys.shape[0], keys.shape[-1]
+    for SDPA, with padded keys masked, and the real rows taken back (`positions` None: no padding, T = B * L)."""
     heads, head_size = module.num_attention_heads, module.attention_head_size
 
     def by_head(projected: torch.Tensor) -> torch.Tensor:
-        padded = projected.new_zeros(batch * length, projected.shape[-1]).index_copy_(0, positions, projected)
-        return padded.view(batch, length, heads, head_size).transpose(1, 2)
+        if positions is not None:
+            projected = projected.new_zeros(batch * length, projected.shape[-1]).index_copy_(0, positions, projected)
+        return projected.view(batch, length, heads, head_size).transpose(1, 2)
 
     context = torch.nn.functional.scaled_dot_product_attention(
         by_head(module.query(hidden)),
@@ -88,7 +98,8 @@ def _self_attention(
         attn_mask=keys,
         scale=module.scaling,
     )
-    return context.transpose(1, 2).reshape(batch * length, heads * head_size).index_select(0, positions)
+    context = context.transpose(1, 2).reshape(batch * length, heads * head_size)
+    return context if positions is None else context.index_select(0, positions)
 
 
 # transformers' BERT and the models whose layers are copies of BERT's.

@@ -5,7 +5,10 @@ normalization, maximum length and prompts, and runs the transformer through
 `transformers`. A profile can override them: load_options `pooling` (a mode
 or list of modes), `include_prompt`, `normalize`, `padding_side`, `bidirectional` (decoders
 trained with bidirectional attention); run_options `query_prompt`,
-`document_prompt`, `instruction_prompt` (with an `{instruction}` placeholder).
+`document_prompt`, `instruction_prompt` (with an `{instruction}` placeholder). A checkpoint whose model type is its
+own code's over a transformers architecture (sie_worker.adapters.layers.native_architectures: llama-embed-nemotron's
+`llama_bidirec`) loads through that architecture's class, bidirectional where its code is, unless the profile trusts
+the shipped code.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.items import EncodedItem, TokenizedText
 from sie_worker.adapters.layers.checkpoint_files import module_folder, read_json, read_modules
 from sie_worker.adapters.layers.dense_modules import DenseModule, load_dense
+from sie_worker.adapters.layers.native_architectures import native_architecture
 from sie_worker.adapters.layers.padding import by_length, padded
 from sie_worker.adapters.layers.text_tokenizer import position_offset
 from sie_worker.adapters.spec import AdapterSpec
@@ -44,6 +48,8 @@ _DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
 PADDING_SIDES = ("left", "right")
 # Prompt token counts (for include_prompt: false) kept per model, most recently used first.
 PROMPT_COUNTS_KEPT = 16
+# transformers' own encoders whose forward skips a pooler layer set to None (remote code and other layouts may not).
+_POOLER_OPTIONAL = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "mpnet"})
 
 
 class SentenceTransformerEncoder(HfAdapter):
@@ -64,11 +70,24 @@ class SentenceTransformerEncoder(HfAdapter):
             raise ValueError(f"unknown pooling mode {unknown[0]!r}; known: {', '.join(POOLING_MODES)}")
         self.include_prompt: bool = _flag(load_options, "include_prompt", bool(pooling.get("include_prompt", True)))
         self.normalized = bool(load_options.get("normalize", any(m.endswith("Normalize") for m in modules)))
-        bidirectional = _flag(load_options, "bidirectional", False)
-
-        self.model = self.load(AutoModel, reads_padding=False)
+        model_config = read_json(directory / "config.json")
+        # A model type whose code only takes the causal mask away: bidirectional whoever's code builds it (the shipped
+        # code's own mask override may be one transformers no longer calls).
+        native = native_architecture(model_config.get("model_type") if isinstance(model_config, dict) else None)
+        bidirectional = _flag(load_options, "bidirectional", native is not None and native.bidirectional)
+        if native is not None and native.bidirectional and not bidirectional:
+            raise ValueError(
+                f"load option bidirectional: false, but model type {model_config['model_type']!r} attends both ways"
+            )
+        trusted = context.profile.trust_remote_code
+        self.model = self.load(
+            native.loader(model_config) if native and not trusted else AutoModel, reads_padding=False
+        )
         if getattr(self.model.config, "use_cache", None):
             self.model.config.use_cache = False  # one forward pass per batch: a key/value cache is only memory
+        if pooler_skippable(self.model):
+            # Pooling reads the last hidden state: BERT's pooler layer would be a pass for nothing.
+            self.model.register_module("pooler", None)
         self.tokenizer = self.use_tokenizer(self.model)
         padding_side = load_options.get("padding_side", self.tokenizer.hf.padding_side)
         if padding_side not in PADDING_SIDES:
@@ -165,6 +184,16 @@ class SentenceTransformerEncoder(HfAdapter):
         if self.pad_left and self._takes_positions:
             extra["position_ids"] = (attention.cumsum(dim=1) - 1).clamp(min=0) + self._first_position
         return self.model(input_ids=input_ids, attention_mask=attention, **extra).last_hidden_state
+
+
+def pooler_skippable(model: torch.nn.Module) -> bool:
+    """Whether `model` has a pooler layer that may be set to None: transformers' own class of an architecture whose
+    forward then skips it (remote code may call it regardless)."""
+    return (
+        type(model).__module__.startswith("transformers.models.")
+        and getattr(getattr(model, "config", None), "model_type", None) in _POOLER_OPTIONAL
+        and isinstance(getattr(model, "pooler", None), torch.nn.Module)
+    )
 
 
 def pool(hidden: torch.Tensor, attention: torch.Tensor, pool_mask: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:
