@@ -50,16 +50,21 @@ class _ImageProcessor(Qwen3VLProcessor):
 @dataclass(frozen=True)
 class ChatInputs:
     """One prompt as the processor made it: its token ids, their modality (0 text, 1 image: what M-RoPE reads) and,
-    with an image, its patches and their grid."""
+    with an image, its patches and their grid. The processor writes each patch over `frames` identical frames (an
+    image is a video of one still); only the first is held, as (patches, channels, pixels of a patch): 12 bytes a
+    resized pixel, not 24, until the batch runs (`batched` repeats it on the device)."""
 
     ids: list[int]
     types: list[int]
     pixel_values: np.ndarray | None = None
     grid: np.ndarray | None = None
+    frames: int = 1
 
     def cut(self, kept: Sequence[int]) -> ChatInputs:
         """The prompt with only the tokens at positions `kept` (in order)."""
-        return ChatInputs([self.ids[i] for i in kept], [self.types[i] for i in kept], self.pixel_values, self.grid)
+        return ChatInputs(
+            [self.ids[i] for i in kept], [self.types[i] for i in kept], self.pixel_values, self.grid, self.frames
+        )
 
 
 class QwenVlChat:
@@ -80,6 +85,7 @@ class QwenVlChat:
         self.pad_id = int(tokenizer.pad_token_id)
         self.special_ids = frozenset(tokenizer.all_special_ids)
         self.factor = int(image_processor.patch_size) * int(image_processor.merge_size)
+        self.frames = int(image_processor.temporal_patch_size)
         area = self.factor * self.factor
         low, high = MIN_IMAGE_TOKENS * area, MAX_IMAGE_TOKENS * area
         self.min_pixels = whole_number(
@@ -185,7 +191,10 @@ class QwenVlChat:
         types = inputs["mm_token_type_ids"][0].tolist()
         if image is None:
             return ChatInputs(ids, types)
-        return ChatInputs(ids, types, inputs["pixel_values"], inputs["image_grid_thw"])
+        patches = inputs["pixel_values"]
+        channels = len(self.processor.image_processor.image_mean)
+        first = patches.reshape(len(patches), channels, self.frames, -1)[:, :, 0]
+        return ChatInputs(ids, types, np.ascontiguousarray(first), inputs["image_grid_thw"], self.frames)
 
     def _processor(self) -> Any:
         processor = getattr(self._local, "processor", None)
@@ -203,8 +212,8 @@ def with_period(instruction: str) -> str:
 
 
 def batched(batch: Sequence[ChatInputs], pad_id: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """The model's inputs for a batch: ids right-padded with their mask and modality, the images' patches and grids
-    in item order."""
+    """The model's inputs for a batch: ids right-padded with their mask and modality, the images' patches (each
+    patch's frame repeated as the processor writes it, on the device) and grids in item order."""
     longest = max(len(item.ids) for item in batch)
     ids = np.full((len(batch), longest), pad_id, dtype=np.int64)
     mask = np.zeros((len(batch), longest), dtype=np.int64)
@@ -218,11 +227,13 @@ def batched(batch: Sequence[ChatInputs], pad_id: int, device: torch.device, dtyp
         "attention_mask": torch.from_numpy(mask).to(device),
         "mm_token_type_ids": torch.from_numpy(types).to(device),
     }
-    pixels = [item.pixel_values for item in batch if item.pixel_values is not None]
-    grids = [item.grid for item in batch if item.grid is not None]
-    if pixels:
-        inputs["pixel_values"] = torch.from_numpy(np.concatenate(pixels)).to(device, dtype)
-        inputs["image_grid_thw"] = torch.from_numpy(np.concatenate(grids)).to(device)
+    images = [item for item in batch if item.pixel_values is not None]
+    if images:
+        first = torch.from_numpy(np.concatenate([item.pixel_values for item in images])).to(device, dtype)
+        patches, channels, pixels = first.shape
+        frames = first.unsqueeze(2).expand(patches, channels, images[0].frames, pixels)
+        inputs["pixel_values"] = frames.reshape(patches, -1)
+        inputs["image_grid_thw"] = torch.from_numpy(np.concatenate([item.grid for item in images])).to(device)
     return inputs
 
 
