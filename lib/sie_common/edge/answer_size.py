@@ -44,10 +44,10 @@ def check_answer(answer: Message, limit: int, setting: str) -> None:
 def check_encode_estimate(
     request: inference_pb2.EncodeRequest, config: ModelConfig, limit: int, setting: str, value_bytes: int | None = None
 ) -> None:
-    """Refuse before any work an encode whose dense vectors alone would not fit in `limit` bytes, with
-    the dims its request and model config state (`stated_dims`; the config states none: nothing to refuse yet). `value_bytes`: what
-    one number takes when the answer spells its numbers out (JSON callers, OpenAI embeddings) instead of
-    packing them in the output dtype."""
+    """Refuse before any work an encode whose dense vectors alone would not fit in `limit` bytes, with the dims
+    its request and model config state (`stated_dims`; the config states none: nothing to refuse yet).
+    `value_bytes`: what one number takes when the answer spells its numbers out (JSON callers, OpenAI
+    embeddings) instead of packing them in the output dtype."""
     if "dense" not in (request.output_types or config.default_output_types):
         return
     dims = stated_dims(request.dims if request.HasField("dims") else None, config.dims)
