@@ -98,7 +98,7 @@ class Planner:
         config = self.registry.config(job.model)
         outputs = job.output_types or config.default_output_types
         _check_outputs(config, outputs)
-        # With the dims the config states (the request's where fewer), an answer too large is refused before the model loads.
+        # With the dims the config states (the request's where fewer), a too large answer is refused before the load.
         self._check_answer_estimate(job, outputs, stated_dims(job.dims, config.dims))
         model = self._model(holds, config, job.profile, "encode", job.lora, job.items)
         needed = device_outputs(model, outputs)
