@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 # Characters of a text tokenized at first per token of the maximum length (TextTokenizer._encode_prefixes).
 PREFIX_CHARS_PER_TOKEN = 4
+# Characters per token of the maximum length past which a prefix is not grown further: its kept tokens then stand
+# for the whole text's (a vocabulary's tokens are far shorter), even when one word runs on past it.
+MAX_PREFIX_CHARS_PER_TOKEN = 64
 # Above this, a tokenizer's model_max_length is a placeholder, not a limit.
 _UNSET_MAX_LENGTH = 1_000_000
 
@@ -73,7 +76,10 @@ class TextTokenizer:
         text is tokenized from a prefix of PREFIX_CHARS_PER_TOKEN characters per token of the maximum length
         and chunk, four times longer each time that prefix does not show those chunks to be final: there must
         be more tokens, and none of theirs may belong to the prefix's last word (which the cut may have split).
-        Then they are the whole text's. Texts the tokenizer truncates on the left are read whole."""
+        Then they are the whole text's. A prefix stops growing at MAX_PREFIX_CHARS_PER_TOKEN characters per
+        token and chunk: one "word" of megabytes (a run of letters no pre-tokenizer splits) would otherwise be read
+        whole, seconds and gigabytes for tokens past the cut. Texts the tokenizer truncates on the left are read
+        whole."""
         if self.rust.truncation is None or self.rust.truncation["direction"] != "right":
             return self.rust.encode_batch(texts, add_special_tokens=self.add_special_tokens)
         length = self.max_length * PREFIX_CHARS_PER_TOKEN * chunks
@@ -85,8 +91,9 @@ class TextTokenizer:
             for index, text in enumerate(texts)
             if len(text) > length and not _chunks_final(encodings[index], chunks)
         ]
-        while pending:
-            length *= 4
+        longest = self.max_length * MAX_PREFIX_CHARS_PER_TOKEN * chunks
+        while pending and length < longest:
+            length = min(length * 4, longest)
             for index, encoding in zip(
                 pending,
                 self.rust.encode_batch(
