@@ -1,6 +1,7 @@
 """A text's tokens are read from a prefix of it (sie_worker.adapters.layers.text_tokenizer), in-process: one "word"
 of megabytes that no pre-tokenizer splits is not read whole (a byte-level BPE took seconds and gigabytes for tokens
-past the cut), and what is kept equals the tokens of the whole text."""
+past the cut), and what is kept equals the tokens of the whole text (unless its first 64 characters per token give
+fewer tokens than the maximum length: mostly whitespace; the rest is then not read)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from edge_load import held_connections, request, running_edge
 pytestmark = pytest.mark.process
 
 LIMIT = 64
+KEPT_AT_MOST = LIMIT * 6 // 10  # of the idle connections, once timeouts shrank
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,10 @@ def test_idle_connections_at_the_limit_do_not_keep_callers_out(edge, reliability
     with held_connections(edge.port, LIMIT + 16) as idle:
         # The overload manager sees the count every 0.25 s and idle timeouts are 2 s at 90%: about 2.5 s on a quiet
         # machine; up to 12 s on a busy one (a clean-clone run had 52 still open at 4 s) before calling it kept.
+        # The shrinking stops near half the limit (the timers stretch back as the count falls towards it), so up to
+        # 60% may stay: what matters is that new callers get in.
         deadline = time.monotonic() + 12
-        while (left := still_open(idle)) >= LIMIT // 2 and time.monotonic() < deadline:
+        while (left := still_open(idle)) > KEPT_AT_MOST and time.monotonic() < deadline:
             time.sleep(0.5)
         answers = []
         for _ in range(5):
@@ -52,5 +55,5 @@ def test_idle_connections_at_the_limit_do_not_keep_callers_out(edge, reliability
                 answers.append(0)
             time.sleep(0.2)
     reliability_report.add("edge", f"{LIMIT + 16} idle connections, limit {LIMIT}", still_open=left, healthz=answers)
-    assert left < LIMIT // 2, f"{left} idle connections still open after 12 s"
+    assert left <= KEPT_AT_MOST, f"{left} idle connections still open after 12 s"
     assert answers.count(200) >= 4, answers

@@ -1,11 +1,9 @@
 """Adversarial pass on the worker's event loop: a small request must not hold it for other callers.
 
-Requests of up to 8 items are tokenized on the event loop (Engine.off_loop). The tokenizer reads only a prefix of
-a long text, unless the prefix shows no word to cut at: a text of long whitespace before its one word is read
-whole, seconds for 8 such texts of 1.5 MiB. Held on the event loop, that work stalled every other caller; it must
-go to the preprocessing threads. The test asserts ordering, not time: with debug, an answer names the forward
-passes that ran its items (ids count up in the order they ran), so a one-item request sent while the heavy one
-is tokenized runs first."""
+A request's CPU work goes to the preprocessing threads unless it is a few items of short text
+(Preparation.off_loop). Eight texts of 1.5 MiB of whitespace before one word once took seconds to tokenize on
+the event loop; a text is no longer read whole (tests/test_text_tokenizer_long_words.py), so that request no
+longer holds anyone. What is left here: a caller that goes away mid-way leaves nothing queued."""
 
 from __future__ import annotations
 
@@ -15,16 +13,13 @@ import urllib.request
 
 import grpc
 import pytest
+
 from grpc_helpers import encode_when_loaded
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from sie_worker.batching.former import BatchFormer, BatchLimits, PendingItem
 
 MODEL = "test/tiny-mean"
-HEAVY_ITEMS = 8  # at most engine.INLINE_ITEMS: counted by items alone, they were tokenized on the event loop
 BULK_ITEMS = 4096
-HEAVY_TEXT = (
-    " " * (3 * 2**19 - 4) + "word"
-)  # 1.5 MiB; 8 of them stay under the 16 MiB message limit
 
 
 @pytest.fixture(scope="module")
@@ -32,49 +27,8 @@ def instrumented_worker(start_module_worker):
     return start_module_worker(SIE_PRELOAD_MODELS=MODEL, SIE_INSTRUMENTATION="true")
 
 
-def test_a_small_request_is_not_held_behind_eight_huge_texts_tokenized(
-    instrumented_worker, reliability_report
-) -> None:
-    heavy_request = inference_pb2.EncodeRequest(
-        model=MODEL, items=[types_pb2.Item(text=HEAVY_TEXT)] * HEAVY_ITEMS, debug=True
-    )
-    small_request = inference_pb2.EncodeRequest(
-        model=MODEL, items=[types_pb2.Item(text="a short query")], debug=True
-    )
-    with grpc.insecure_channel(
-        instrumented_worker.address, options=[("grpc.max_send_message_length", 16 * 2**20)]
-    ) as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        encode_when_loaded(stub, MODEL, ["warm up"])
-        heavy = stub.Encode.future(heavy_request, timeout=300)
-        time.sleep(
-            1.0
-        )  # let the heavy request reach the worker and its tokenization start (it takes seconds)
-        started = time.monotonic()
-        small = stub.Encode(small_request, timeout=300)
-        small_s = time.monotonic() - started
-        heavy_answer = heavy.result()
-
-    assert len(small.results) == 1 and len(heavy_answer.results) == HEAVY_ITEMS
-    [small_pass] = [stats.batch_id for stats in small.timing.batches]
-    heavy_passes = sorted(stats.batch_id for stats in heavy_answer.timing.batches)
-    reliability_report.add(
-        "worker event loop",
-        f"1-item request sent while {HEAVY_ITEMS} texts of 1.5 MiB (whitespace, then one word) are tokenized",
-        small_answered_s=round(small_s, 2),
-        heavy_tokenization_ms=round(heavy_answer.timing.tokenization_ms),
-        small_pass=small_pass,
-        heavy_passes=heavy_passes,
-    )
-    assert small_pass < heavy_passes[0], (
-        f"the small request ran in pass {small_pass}, after the heavy one's {heavy_passes}: it waited for its tokenization"
-    )
-
-
 def queue_depth(metrics_port: int) -> float:
-    with urllib.request.urlopen(
-        f"http://127.0.0.1:{metrics_port}/metrics", timeout=5
-    ) as answer:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as answer:
         for line in answer.read().decode().splitlines():
             if line.startswith("sie_worker_queue_depth "):
                 return float(line.split()[1])
@@ -88,10 +42,7 @@ def test_a_request_cancelled_while_queued_leaves_no_items_in_the_queue_depth(
     queue depth the worker exports (what an autoscaler reads) says so, with nothing else arriving to refresh it."""
     bulk_request = inference_pb2.EncodeRequest(
         model=MODEL,
-        items=[
-            types_pb2.Item(text=f"bulk item {index} " + "word " * 20)
-            for index in range(BULK_ITEMS)
-        ],
+        items=[types_pb2.Item(text=f"bulk item {index} " + "word " * 20) for index in range(BULK_ITEMS)],
     )
     with grpc.insecure_channel(instrumented_worker.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
@@ -99,18 +50,14 @@ def test_a_request_cancelled_while_queued_leaves_no_items_in_the_queue_depth(
         bulk = stub.Encode.future(bulk_request, timeout=300)
         deadline = time.monotonic() + 120
         while (queued := queue_depth(instrumented_worker.metrics_port)) < BULK_ITEMS // 2:
-            assert not bulk.done() and time.monotonic() < deadline, (
-                "the bulk request never queued half its items"
-            )
+            assert not bulk.done() and time.monotonic() < deadline, "the bulk request never queued half its items"
             time.sleep(0.005)
         bulk.cancel()
         settle = time.monotonic() + 10
         while (left := queue_depth(instrumented_worker.metrics_port)) and time.monotonic() < settle:
             time.sleep(0.05)
         later = stub.Encode(
-            inference_pb2.EncodeRequest(
-                model=MODEL, items=[types_pb2.Item(text="still answered")]
-            ),
+            inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text="still answered")]),
             timeout=60,
         )
     reliability_report.add(
@@ -120,25 +67,18 @@ def test_a_request_cancelled_while_queued_leaves_no_items_in_the_queue_depth(
         later_request_answered=len(later.results) == 1,
     )
     assert bulk.cancelled()
-    assert left == 0, (
-        f"the worker reports {left} items queued after their request was cancelled, with none waiting"
-    )
+    assert left == 0, f"the worker reports {left} items queued after their request was cancelled, with none waiting"
     assert len(later.results) == 1
 
 
-async def test_a_batch_given_back_after_its_request_was_cancelled_is_not_queued_again() -> (
-    None
-):
+async def test_a_batch_given_back_after_its_request_was_cancelled_is_not_queued_again() -> None:
     """The engine checks `may_displace`, then awaits the newer batch; a caller whose items sit in the staged batch
     may go away meanwhile (its queued items are discarded). Giving that batch back must not queue its items
     again: they would run a forward pass for nobody and count in the queue depth."""
     former = BatchFormer()
     limits = BatchLimits(max_items=4, max_tokens=1000, max_wait_s=0)
     loop = asyncio.get_running_loop()
-    bulk = [
-        PendingItem("bulk", 10, f"bulk{index}", loop.create_future())
-        for index in range(12)
-    ]
+    bulk = [PendingItem("bulk", 10, f"bulk{index}", loop.create_future()) for index in range(12)]
     former.add(bulk, limits)
     await asyncio.wait_for(former.next_batch(), 1)  # running
     staged = await asyncio.wait_for(former.next_batch(), 1)

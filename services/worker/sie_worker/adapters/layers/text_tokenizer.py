@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 # Characters of a text tokenized at first per token of the maximum length (TextTokenizer._encode_prefixes).
 PREFIX_CHARS_PER_TOKEN = 4
 # Characters per token of the maximum length past which a prefix is not grown further: its kept tokens then stand
-# for the whole text's (a vocabulary's tokens are far shorter), even when one word runs on past it.
+# for the whole text's (a vocabulary's tokens are far shorter), even when one word runs on past it. Not read: what
+# follows that many characters when they give fewer tokens than the maximum length (mostly whitespace).
 MAX_PREFIX_CHARS_PER_TOKEN = 64
 # Above this, a tokenizer's model_max_length is a placeholder, not a limit.
 _UNSET_MAX_LENGTH = 1_000_000
