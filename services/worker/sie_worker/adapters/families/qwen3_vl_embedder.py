@@ -13,10 +13,9 @@ truncates it; an image whose tokens would be cut is refused. Images: see sie_wor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
-from transformers import AutoConfig, PreTrainedModel, Qwen3VLModel
+from transformers import PreTrainedModel, Qwen3VLModel
 
 from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
 from sie_worker.adapters.hf import HfAdapter
@@ -26,30 +25,15 @@ from sie_worker.adapters.layers.qwen_vl_chat import (
     ChatInputs,
     QwenVlChat,
     batched,
+    check_model_type,
     last_tokens,
+    max_tokens,
     with_period,
 )
 from sie_worker.adapters.spec import AdapterSpec
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
 DEFAULT_MAX_TOKENS = 8192
-
-
-def check_model_type(directory: Any) -> Any:
-    """The checkpoint's config; ValueError unless it is a Qwen3-VL model."""
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
-    if config.model_type != "qwen3_vl":
-        raise ValueError(f"this adapter reads qwen3_vl models, not {config.model_type!r}")
-    return config
-
-
-def max_tokens(configured: int | None, default: int, config: Any) -> int:
-    """The prompt's token limit: the model config's max_sequence_length, else `default`, within the positions."""
-    positions = int(config.text_config.max_position_embeddings)
-    limit = configured or min(default, positions)
-    if limit > positions:
-        raise ValueError(f"max_sequence_length {limit} is over the model's {positions} positions")
-    return limit
 
 
 class Qwen3VlEmbedder(HfAdapter):

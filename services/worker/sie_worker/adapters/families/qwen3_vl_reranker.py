@@ -24,14 +24,15 @@ import torch
 from transformers import Qwen3VLForConditionalGeneration, Qwen3VLModel
 
 from sie_worker.adapters.contract import AdapterError, Input, LoadContext, Prepared, Query
-from sie_worker.adapters.families.qwen3_vl_embedder import check_model_type, max_tokens
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.layers.qwen_vl_chat import (
     MAX_INSTRUCTION_TOKENS,
     ChatInputs,
     QwenVlChat,
     batched,
+    check_model_type,
     last_tokens,
+    max_tokens,
 )
 from sie_worker.adapters.spec import AdapterSpec
 

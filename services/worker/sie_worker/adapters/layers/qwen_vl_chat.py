@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from transformers import AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
+from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
 
 from sie_worker.adapters.contract import AdapterError
 from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
@@ -254,3 +254,20 @@ def _saved_template(directory: Path) -> str | None:
         return None
     template = json.loads(path.read_text()).get("chat_template")
     return template if isinstance(template, str) else None
+
+
+def check_model_type(directory: Any) -> Any:
+    """The checkpoint's config; ValueError unless it is a Qwen3-VL model."""
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if config.model_type != "qwen3_vl":
+        raise ValueError(f"this adapter reads qwen3_vl models, not {config.model_type!r}")
+    return config
+
+
+def max_tokens(configured: int | None, default: int, config: Any) -> int:
+    """The prompt's token limit: the model config's max_sequence_length, else `default`, within the positions."""
+    positions = int(config.text_config.max_position_embeddings)
+    limit = configured or min(default, positions)
+    if limit > positions:
+        raise ValueError(f"max_sequence_length {limit} is over the model's {positions} positions")
+    return limit
