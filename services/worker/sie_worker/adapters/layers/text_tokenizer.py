@@ -92,7 +92,7 @@ class TextTokenizer:
             for index, text in enumerate(texts)
             if len(text) > length and not _chunks_final(encodings[index], chunks)
         ]
-        longest = self.max_length * MAX_PREFIX_CHARS_PER_TOKEN * chunks
+        longest = self._longest_prefix(chunks)
         while pending and length < longest:
             length = min(length * 4, longest)
             for index, encoding in zip(
@@ -108,6 +108,10 @@ class TextTokenizer:
             ]
         return encodings
 
+    def _longest_prefix(self, chunks: int) -> int:
+        """The most characters of a text `_encode_prefixes` reads for `chunks` chunks."""
+        return self.max_length * MAX_PREFIX_CHARS_PER_TOKEN * chunks
+
     def encode_pairs(self, first: str, seconds: Sequence[str]) -> list[TokenizedText]:
         """(first, second) pairs, truncated longest first. Each text is cut first to the tokens a pair can keep
         of it: every pair tokenizes `first` again, so a long query costs one tokenization, not one per item, and
@@ -119,11 +123,14 @@ class TextTokenizer:
         return [TokenizedText(encoding.ids, type_ids=encoding.type_ids) for encoding in self.rust.encode_batch(pairs)]
 
     def readable_prefixes(self, texts: list[str]) -> list[str]:
-        """Each text cut after about twice the maximum length in tokens (all of it when it fits). Cut longer than
-        the maximum length, a text truncates in a pair (longest first) as the whole text does, except when both
-        are cut: then the odd token of the budget may go to the other side (the longer one gets it)."""
+        """Each text cut after about twice the maximum length in tokens (all of it when it fits, but never past
+        what `_encode_prefixes` reads: a text whose read prefix gives fewer tokens, mostly whitespace, is cut
+        there, or every pair would read it whole again). Cut longer than the maximum length, a text truncates in
+        a pair (longest first) as the whole text does, except when both are cut: then the odd token of the
+        budget may go to the other side (the longer one gets it)."""
+        longest = self._longest_prefix(2)
         return [
-            text[: max(end for _, end in encoding.overflowing[0].offsets)] if encoding.overflowing else text
+            text[: max(end for _, end in encoding.overflowing[0].offsets)] if encoding.overflowing else text[:longest]
             for text, encoding in zip(texts, self._encode_prefixes(texts, chunks=2), strict=True)
         ]
 
