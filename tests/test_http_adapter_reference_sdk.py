@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,23 @@ def test_encode_score_extract_equal_sie_client(stack, python) -> None:
     # to sie_client's either way (above)
 
 
+def wait_for_settled_models(base_url: str, timeout_s: float = 30.0) -> None:
+    """Until two lists 1 s apart are equal: a worker reports the models it loaded a moment after the requests that
+    loaded them are answered, so a list taken just after another test's requests may still be changing."""
+    list_call = [["list", "list_models", [], {}]]
+    previous = answers("sie_client", base_url, list_call)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        current = answers("sie_client", base_url, list_call)
+        if current == previous:
+            return
+        previous = current
+    raise AssertionError(f"the model list kept changing for {timeout_s} s: {previous}")
+
+
 def test_models_and_capacity_equal_sie_client(stack, python) -> None:
+    wait_for_settled_models(stack.http)
     calls = [
         ["list", "list_models", [], {}],
         ["get", "get_model", [MINILM], {}],
