@@ -32,17 +32,9 @@ def wide(edge, tiny_models) -> str:
         config_pb2_grpc.ConfigServiceStub(channel).AddModel(config_pb2.AddModelRequest(config=config), metadata=credentials, timeout=30)
     with grpc.insecure_channel(edge.gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
-        wait_until(lambda: _knows(stub, WIDE), what="the gateway to know the wide model")
+        listed = inference_pb2.ListModelsRequest()
+        wait_until(lambda: WIDE in {model.id for model in stub.ListModels(listed, timeout=10).models}, what="the gateway to know the wide model")
     return WIDE
-
-
-def _knows(stub: inference_pb2_grpc.InferenceStub, model: str) -> bool:
-    try:
-        return stub.GetModel(inference_pb2.GetModelRequest(model=model), timeout=10).model.id == model
-    except grpc.RpcError as error:
-        if error.code() != grpc.StatusCode.NOT_FOUND:
-            raise
-        return False
 
 
 def encode(model: str, dims: int) -> inference_pb2.EncodeRequest:
