@@ -15,7 +15,7 @@ from google.protobuf import struct_pb2
 
 from sie.v1 import inference_pb2, types_pb2
 from sie_common.edge.errors import InvalidArgument
-from sie_common.edge.request_bounds import check_user
+from sie_common.edge.request_bounds import check_dims, check_user
 from sie_contract.tensors import decode_tensor
 
 ENCODING_FORMATS = ("float", "base64")
@@ -42,6 +42,7 @@ def encode_request(request: inference_pb2.CreateEmbeddingsRequest) -> inference_
         model=request.model, items=[types_pb2.Item(text=text) for text in texts], output_types=["dense"]
     )
     if request.HasField("dimensions"):
+        check_dims(request.dimensions, "dimensions")
         encode.dims = request.dimensions
     return encode
 

@@ -197,6 +197,13 @@ def check_threshold(threshold: float) -> None:
         raise InvalidArgument(f"threshold must be a number in [0, 1], got {threshold}", reason="INVALID_THRESHOLD")
 
 
+def check_dims(dims: int, field: str = "dims") -> None:
+    """Matryoshka truncation keeps the first `dims` values: a positive count (the upper bound is the model's, once
+    it is loaded: DIMS_TOO_LARGE). Checked before the answer-size estimate, which reads it."""
+    if dims <= 0:
+        raise InvalidArgument(f"{field} must be positive, got {dims}", reason="INVALID_DIMS", metadata={"field": field})
+
+
 def check_options(options: struct_pb2.Struct, bounds: RequestBounds) -> None:
     """The options struct: at most SIE_MAX_OPTIONS_BYTES serialized, objects and lists at most SIE_MAX_OPTIONS_DEPTH
     deep, each key (at any depth) at most SIE_MAX_NAME_BYTES: an option's name is a name.
@@ -312,3 +319,5 @@ def check_request(request: Any, bounds: RequestBounds) -> None:
         check_labels(request.labels, bounds)
     if "threshold" in fields and request.HasField("threshold"):
         check_threshold(request.threshold)
+    if "dims" in fields and request.HasField("dims"):
+        check_dims(request.dims)

@@ -6,14 +6,20 @@ accepted finish and are answered (up to SIE_DRAIN_TIMEOUT_S; new ones are refuse
 sends to another worker); the server stops, giving open calls STOP_GRACE_S to take their last answers; then the
 registration's lease is revoked. Requests still unfinished at the drain deadline are cancelled: their streams
 break, and a gateway sends them to another worker.
+
+The signal handlers are installed before anything else: a signal during start-up (connecting to etcd, preloading,
+registering) ends the start where it is (the preloads are abandoned, nothing more is registered) and the same stop
+follows, exit 0. Before, one that came before the preloads had finished killed the process (SIGTERM's default). A
+worker whose id another process has taken over (`Registration`'s `on_superseded`) stops the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -47,6 +53,10 @@ STOP_GRACE_S = 1.0
 
 
 async def serve(settings: WorkerSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     check_local_cache_writable(settings)
     transport = ServerTransport.of(settings)
     device = select_device(settings.device)
@@ -70,29 +80,28 @@ async def serve(settings: WorkerSettings) -> None:
     register_engine(engine)
     metrics = start_metrics_server(settings.host, settings.metrics_port, lambda: health.ready)
     await server.start()
+    # Connecting is bounded (each endpoint a call timeout); a signal meanwhile is seen once it is done.
     cluster = await _Cluster.follow(settings, engine) if settings.etcd_endpoints else None
-    await engine.start()  # preloads, including models only etcd knows
-    # From here a SIGTERM drains (and deregisters): installed before registering, so one that comes while the record
-    # is being written does not end the process with the record left in etcd for a lease TTL.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    if cluster is not None and not stop.is_set():
-        await cluster.register(settings, engine)
-    await set_serving(health, services, True)
-    catalog = engine.registry.catalog
-    log.info(
-        "sie-worker %s serving sie.v1.Inference and sie.v1.Worker on %s "
-        "(device %s, bundle %s, memory limit: %s; models: %s; config problems: %d)",
-        settings.worker_id,
-        address,
-        engine.device,
-        catalog.bundle.id,
-        engine.registry.pressure.describe(),
-        ", ".join(engine.registry.model_ids),
-        len(catalog.problems),
-    )
+    started = await _unless_stopped(engine.start(), stop)  # preloads, including models only etcd knows
+    # A signal that comes while the record is being written is handled once it is written: the stop revokes it.
+    if started and cluster is not None and not stop.is_set():
+        await cluster.register(settings, engine, on_superseded=stop.set)
+    if stop.is_set():
+        log.info("stopped while starting%s", "" if started else ": the preloads are abandoned")
+    else:
+        await set_serving(health, services, True)
+        catalog = engine.registry.catalog
+        log.info(
+            "sie-worker %s serving sie.v1.Inference and sie.v1.Worker on %s "
+            "(device %s, bundle %s, memory limit: %s; models: %s; config problems: %d)",
+            settings.worker_id,
+            address,
+            engine.device,
+            catalog.bundle.id,
+            engine.registry.pressure.describe(),
+            ", ".join(engine.registry.model_ids),
+            len(catalog.problems),
+        )
 
     await stop.wait()
     log.info("stopping: draining in-flight requests (up to %.0f s)", settings.drain_timeout_s)
@@ -110,6 +119,23 @@ async def serve(settings: WorkerSettings) -> None:
     await engine.stop()
     if metrics is not None:
         metrics.stop()
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run `work` until it ends, or until `stop` is set first (then it is cancelled); whether it ended."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        task.result()  # what it raised
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
 
 
 def _answered_before_drain(engine: Engine, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
@@ -147,8 +173,9 @@ class _Cluster:
         await config_sync.start()
         return cls(etcd, config_sync)
 
-    async def register(self, settings: WorkerSettings, engine: Engine) -> None:
-        """Publish this worker under its lease, so gateways route to it."""
+    async def register(self, settings: WorkerSettings, engine: Engine, *, on_superseded: Callable[[], None]) -> None:
+        """Publish this worker under its lease, so gateways route to it; `on_superseded` once another process took
+        the worker id over."""
         address = advertised_address(settings.host, settings.port, settings.advertise_address)
 
         def record() -> WorkerRecord:
@@ -172,6 +199,7 @@ class _Cluster:
             ttl_s=settings.worker_lease_ttl_s,
             publish_interval_s=settings.health_publish_interval_ms / 1000,
             loop_stall_s=settings.worker_loop_stall_s,
+            on_superseded=on_superseded,
         )
         await self.registration.start()
 

@@ -92,8 +92,6 @@ def encode_job(request: inference_pb2.EncodeRequest, limits: Limits) -> EncodeJo
             reason="UNKNOWN_OUTPUT_DTYPE",
             metadata={"output_dtype": clipped(dtype)},
         )
-    if request.HasField("dims") and request.dims <= 0:
-        raise InvalidArgument(f"dims must be positive, got {request.dims}", reason="INVALID_DIMS")
     return EncodeJob(
         model=request.model,
         items=items,

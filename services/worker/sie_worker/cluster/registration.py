@@ -25,6 +25,11 @@ still under this process's lease, and registering again after an expiry only whi
 process's refreshes and draining record do not overwrite the new one's (gateways finish the old process's requests
 on its address and send new ones to the new address).
 
+A process that finds its worker id's record under another lease (a write of its record refused, or a registration
+again after an expiry refused) no longer owns the id: it says so in its log (naming the address the record now
+has), revokes its own lease, writes and renews nothing more, and calls `on_superseded` (the worker then drains and
+exits 0, as on SIGTERM). Before, a live duplicate kept renewing a lease that held no key, for as long as it ran.
+
 A worker whose event loop hangs while the lease thread lives would keep a ready record, and gateways would send it
 requests that wait to their deadline. The lease thread checks at each renewal that the loop runs (`WorkerLoop`: the
 loop is asked to run a callback, and is stalled once one has waited SIE_WORKER_LOOP_STALL_S); a stalled worker
@@ -41,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sie_common.cluster.cluster_store import WORKERS, WorkerRecord, encode_worker
+from sie_common.cluster.cluster_store import WORKERS, WorkerRecord, decode_worker, encode_worker
 from sie_common.cluster.etcd import Etcd, EtcdUnavailable
 
 log = logging.getLogger(__name__)
@@ -63,13 +68,17 @@ class Registration:
         ttl_s: int,
         publish_interval_s: float,
         loop_stall_s: float,
+        on_superseded: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_superseded` runs on the worker's event loop once another process has taken the worker id over (the
+        worker stops)."""
         self._etcd = etcd
         self._name = WORKERS + worker_id
         self._record = record
         self._ttl_s = ttl_s
         self._publish_interval_s = publish_interval_s
         self._loop_stall_s = loop_stall_s
+        self._on_superseded = on_superseded
         self._ready = True
         self._keeper: LeaseKeeper | None = None
         self._task: asyncio.Task[None] | None = None
@@ -80,8 +89,13 @@ class Registration:
         lease = await self._etcd.grant_lease(self._ttl_s)
         await self._etcd.put(self._name, value, lease=lease)
         log.info("registered %s in etcd (lease TTL %d s)", self._name, self._ttl_s)
-        worker_loop = WorkerLoop(asyncio.get_running_loop(), self._loop_stall_s)
-        self._keeper = LeaseKeeper(self._etcd, self._name, lease, value, self._ttl_s, worker_loop)
+        loop = asyncio.get_running_loop()
+        worker_loop = WorkerLoop(loop, self._loop_stall_s)
+
+        def superseded() -> None:  # (called on the keeper's thread)
+            loop.call_soon_threadsafe(self._on_superseded)
+
+        self._keeper = LeaseKeeper(self._etcd, self._name, lease, value, self._ttl_s, worker_loop, superseded)
         self._keeper.start()
         self._task = asyncio.create_task(self._refresh(), name="worker-registration")
 
@@ -114,7 +128,7 @@ class Registration:
         return encode_worker(dataclasses.replace(self._record(), ready=self._ready))
 
     async def _refresh(self) -> None:
-        while True:
+        while not self._keeper or not self._keeper.superseded:
             await asyncio.sleep(self._publish_interval_s)
             try:
                 await self.publish()
@@ -126,15 +140,28 @@ class Registration:
 
 class LeaseKeeper:
     """Keeps one registration's lease alive from a thread of its own (its own event loop and etcd client); registers
-    `value` again under a new lease if the lease expired anyway. `lease` is the one to write the record under.
+    `value` again under a new lease if the lease expired anyway. `lease` is the one to write the record under. Once
+    the record is found under another process's lease, it stops for good (`superseded`) and calls `on_superseded`
+    (from its own thread).
 
     The thread's event loop runs until the process ends (a grpc.aio channel belongs to one event loop, and grpc
     reports events for a loop that was closed as errors); `stop` ends the keep-alives, revokes the lease and closes
     the connection."""
 
-    def __init__(self, etcd: Etcd, name: str, lease: int, value: bytes, ttl_s: int, worker_loop: WorkerLoop) -> None:
+    def __init__(
+        self,
+        etcd: Etcd,
+        name: str,
+        lease: int,
+        value: bytes,
+        ttl_s: int,
+        worker_loop: WorkerLoop,
+        on_superseded: Callable[[], None],
+    ) -> None:
         self.lease = lease
         self.value = value
+        self.superseded = False
+        self._on_superseded = on_superseded
         self._name = name
         self._ttl_s = ttl_s
         self._step_s = ttl_s / KEEP_ALIVES_PER_TTL
@@ -146,6 +173,9 @@ class LeaseKeeper:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sie-worker-lease", daemon=True)
         self._task: asyncio.Task[None] | None = None
+        # Held while the record is written or registered again: a write that finds the key under another lease then
+        # knows it is not this process's own registration under way.
+        self._writing: asyncio.Lock | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -161,6 +191,7 @@ class LeaseKeeper:
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._stop(), self._loop))
 
     async def _start(self) -> None:
+        self._writing = asyncio.Lock()
         self._task = asyncio.create_task(self._keep_alive())
 
     async def _stop(self) -> None:
@@ -168,31 +199,56 @@ class LeaseKeeper:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        try:
-            await self._etcd.revoke_lease(self.lease)
-        except EtcdUnavailable as error:
-            log.warning("could not revoke the worker lease (the record goes when it expires): %s", error)
+        if not self.superseded:  # (a superseded keeper revoked its lease already)
+            try:
+                await self._etcd.revoke_lease(self.lease)
+            except EtcdUnavailable as error:
+                log.warning("could not revoke the worker lease (the record goes when it expires): %s", error)
         await self._etcd.close()
 
     async def _publish(self, value: bytes) -> None:
         self.value = value  # what the keeper registers again with, should the lease expire
         etcd = self._etcd
-        ours, _ = await etcd.txn(
-            [etcd.held_by(self._name, self.lease)], [etcd.ops.put(etcd.key(self._name), value, lease=self.lease)]
-        )
-        if not ours:
-            log.info(
-                "%s is not under this worker's lease (another process took the id, or the lease ended): not written",
-                self._name,
+        assert self._writing is not None
+        async with self._writing:
+            if self.superseded:
+                return
+            ours, _ = await etcd.txn(
+                [etcd.held_by(self._name, self.lease)], [etcd.ops.put(etcd.key(self._name), value, lease=self.lease)]
             )
+            if ours:
+                return
+            holder = await etcd.get(self._name)
+            if holder is not None:  # under another lease, and not one this keeper is registering with (the lock)
+                await self._give_up(holder.value)
+                return
+        log.info("%s is not under this worker's lease (the lease ended): not written", self._name)
+
+    async def _give_up(self, record: bytes) -> None:
+        """Another process registered this worker id (its `record`): write and renew nothing more, revoke this
+        process's lease, and say so."""
+        self.superseded = True
+        try:
+            address = decode_worker(record).address
+        except (ValueError, TypeError):
+            address = "an address this worker cannot read"
+        log.warning(
+            "%s is now registered by another process (at %s): this process no longer owns the worker id, stops "
+            "renewing its lease and stops",
+            self._name,
+            address,
+        )
+        with contextlib.suppress(EtcdUnavailable):  # it holds no key: left alone, it only expires
+            await self._etcd.revoke_lease(self.lease)
+        self._on_superseded()
 
     async def _keep_alive(self) -> None:
-        while True:
+        while not self.superseded:
             await asyncio.sleep(self._step_s)
-            if not await self._worker_loop_runs():
+            if self.superseded or not await self._worker_loop_runs():
                 continue
             delay = RETRY_S
-            while not await self._refreshed():
+            while not await self._refreshed() and not self.superseded:
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, self._step_s)
 
@@ -224,15 +280,23 @@ class LeaseKeeper:
             if await self._etcd.keep_alive(self.lease) > 0:
                 return True
             log.warning("worker lease expired (etcd unreachable for longer than its TTL?); registering again")
-            etcd = self._etcd
-            lease = await etcd.grant_lease(self._ttl_s)
-            key = etcd.key(self._name)
-            registered, _ = await etcd.txn([etcd.ops.version(key) == 0], [etcd.ops.put(key, self.value, lease=lease)])
-            if not registered:  # another process registered this worker id since: it keeps the record
-                await etcd.revoke_lease(lease)
-                log.warning("%s was registered by another process meanwhile: leaving it to that one", self._name)
-                return True
-            self.lease = lease
+            assert self._writing is not None
+            async with self._writing:
+                if self.superseded:
+                    return True
+                etcd = self._etcd
+                lease = await etcd.grant_lease(self._ttl_s)
+                key = etcd.key(self._name)
+                registered, _ = await etcd.txn(
+                    [etcd.ops.version(key) == 0], [etcd.ops.put(key, self.value, lease=lease)]
+                )
+                if not registered:  # another process registered this worker id since: it keeps the record
+                    await etcd.revoke_lease(lease)
+                    holder = await etcd.get(self._name)
+                    if holder is not None:
+                        await self._give_up(holder.value)
+                    return True
+                self.lease = lease
             log.info("registered %s in etcd again (lease TTL %d s)", self._name, self._ttl_s)
             return True
         except EtcdUnavailable as error:
