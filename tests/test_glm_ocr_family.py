@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -120,6 +121,36 @@ def test_answers_equal_generate_and_decode(stub, replica: Path, max_new_tokens: 
     expected = card_answers(replica, PAGES, prompts, max_new_tokens)
     assert [answer["text"] for answer in served] == expected
     assert len(set(expected)) == len(expected)  # the pages' answers differ: a mix-up would show
+
+
+def in_mode(mode: str, size: tuple[int, int]) -> bytes:
+    """A random page saved in `mode` (16-bit grey for I;16; CMYK as a JPEG, the others as PNGs)."""
+    rng = np.random.default_rng(len(mode))
+    if mode == "I;16":
+        image = Image.fromarray((rng.random((size[1], size[0])) * 65535).astype("uint16"))
+    else:
+        image = Image.fromarray((rng.random((size[1], size[0], 3)) * 255).astype("uint8")).convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG" if mode == "CMYK" else "PNG")
+    return buffer.getvalue()
+
+
+def test_pages_of_other_modes_are_read_as_the_card_reads_them(stub, replica: Path) -> None:
+    """Pages with transparency, a palette, one bit, 16-bit grey and CMYK: each converted to RGB as the card's
+    loader converts it, then the same answer."""
+    pages = [
+        in_mode(mode, size)
+        for mode, size in [
+            ("RGBA", (30, 20)),
+            ("LA", (20, 30)),
+            ("P", (24, 24)),
+            ("1", (40, 16)),
+            ("I;16", (16, 40)),
+            ("CMYK", (32, 24)),
+        ]
+    ]
+    served = extract(stub, GLM_OCR, [page_item(row, data) for row, data in enumerate(pages)], max_new_tokens=6)
+    assert [answer["text"] for answer in served] == card_answers(replica, pages, [PROMPT] * len(pages), 6)
 
 
 def test_page_bound_is_the_processors_size(stub) -> None:
