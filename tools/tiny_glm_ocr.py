@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from tiny_ocr_vlms import bpe
 
 # The vision encoder's patch side and merge: one image token is a 2 x 2 block of 4-pixel patches (8 x 8 pixels).
 PATCH_SIZE = 4
@@ -49,24 +50,12 @@ CHAT_TEMPLATE = (
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-_CORPUS = [
-    "Invoice total 12.50 coffee tea cake receipt date store address phone 0123456789",
-    "The quick brown fox jumps over the lazy dog. Page one of two, section A: results and notes.",
-    "# Title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nText with **bold** and $x^2$. Text Recognition: Table",
-]
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on a few sentences, GLM's special tokens first in its vocabulary."""
-    trained = Tokenizer(models.BPE())
-    trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trained.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    trained.train_from_iterator(_CORPUS * 4, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=trained,
+        tokenizer_object=bpe(SPECIALS),
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
         extra_special_tokens=SPECIALS,

@@ -23,8 +23,9 @@ run_options: `prompt` (default instruction, none by default), `max_new_tokens` (
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,11 @@ class OcrVlm(HfAdapter):
         else:  # PaddleOCR-VL, GLM-OCR: Qwen2-VL's resize, to whole merged patches within a pixel range
             self._merged_patch = self._patch * int(image_processor.merge_size)
             self._pixel_range = (int(image_processor.size["shortest_edge"]), int(image_processor.size["longest_edge"]))
+            self._smart_resize: Callable[..., tuple[int, int]] = (
+                functools.partial(glm_resize, self._frames, temporal_factor=self._frames)
+                if self.model_type == "glm_ocr"
+                else paddle_resize
+            )
 
     def _check_prompt(self, text: Any, where: str) -> None:
         """An instruction within the bound that holds none of the chat template's special tokens: one would end the
@@ -150,23 +156,9 @@ class OcrVlm(HfAdapter):
         PaddleOCR-VL's rounds each side to whole merged patches, scaled into its pixel range, and refuses a page more
         elongated than 200:1 once each side is at least one merged patch; GLM-OCR's (GLM-4.6V's) does the same, its
         pixel range counting both frames of the page."""
-        if self.model_type == "glm_ocr":
+        if self.model_type != "lighton_ocr":
             try:
-                resized_height, resized_width = glm_resize(
-                    self._frames,
-                    height,
-                    width,
-                    temporal_factor=self._frames,
-                    factor=self._merged_patch,
-                    min_pixels=self._pixel_range[0],
-                    max_pixels=self._pixel_range[1],
-                )
-            except ValueError:  # its aspect ratio bound
-                return None
-            return resized_width, resized_height
-        if self.model_type == "paddleocr_vl":
-            try:
-                resized_height, resized_width = paddle_resize(
+                resized_height, resized_width = self._smart_resize(
                     height,
                     width,
                     factor=self._merged_patch,
