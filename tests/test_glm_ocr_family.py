@@ -5,8 +5,9 @@ skip_special_tokens=True)`, the model card's call on transformers' own GlmOcrFor
 Glm46VProcessor (built without its video processor: no torchvision), for pages of several sizes and aspects in one
 request, pages alone (the config's "Text Recognition:") and with an instruction, and the replica's generation
 config (a repetition penalty, two end-of-text tokens). The size a page is bounded at is the size the processor makes
-of it, both frames counted; options out of bounds, instructions with the chat template's tokens and pages the
-processor would refuse are refused before any work."""
+of it, both frames counted; options out of bounds, instructions with the chat template's tokens, pages the
+processor would refuse (over 200:1 once scaled up) are refused before any work; pages of other modes (transparency,
+palette, 16-bit grey, CMYK) are read as the card reads them."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ MAX_NEW_TOKENS = 12
 # The worker's bound on an image's pixels, as decoded and as resized (both frames): a 70 x 70 page (4,900 pixels)
 # resizes to 64 x 64, 8,192 pixels counted twice, over it.
 MAX_IMAGE_PIXELS = 6000
+# The worker's bound on an image's aspect ratio, raised over the processor's 200:1 so a page between the two reaches
+# the family's own check.
+MAX_ASPECT_RATIO = 400
 # Pages of several sizes: two of one size (prefilled together), its transpose (as many patches, another grid), wide,
 # small (scaled up to the pixel range), tiny (under one image token: scaled up to it) and long and thin.
 SIZES = [(40, 48), (40, 48), (48, 40), (70, 30), (20, 12), (3, 5), (300, 8)]
@@ -73,6 +77,7 @@ def stub(
             "SIE_BUNDLES_DIR": str(bundles),
             "SIE_BUNDLE": "ocr",
             "SIE_MAX_IMAGE_PIXELS": str(MAX_IMAGE_PIXELS),
+            "SIE_MAX_IMAGE_ASPECT_RATIO": str(MAX_ASPECT_RATIO),
         },
         name="glm-ocr",
     )
@@ -161,6 +166,17 @@ def test_page_bound_is_the_processors_size(stub) -> None:
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error_info(raised.value).reason == "IMAGE_TOO_LARGE"
     assert "8192 pixels" in raised.value.details()
+
+
+@pytest.mark.parametrize("size", [(2, 450), (450, 2)])
+def test_a_page_too_elongated_for_the_processor_is_an_invalid_item(stub, size: tuple[int, int]) -> None:
+    """225:1, under the worker's bound: the processor scales the short side up to one image token (8 pixels), then
+    refuses a page over 200:1. Refused from its size, before any work, as INVALID_ITEM, not INTERNAL."""
+    with pytest.raises(grpc.RpcError) as raised:
+        extract(stub, GLM_OCR, [page_item(0, png(2, size))])
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(raised.value).reason == "INVALID_ITEM"
+    assert "too elongated" in raised.value.details()
 
 
 def test_resized_sizes_are_the_processors(replica: Path, tmp_path: Path) -> None:
