@@ -63,8 +63,9 @@ def _tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny_glm_ocr(directory: Path, *, seed: int = 0, generation: dict[str, Any] | None = None) -> Path:
-    """A random GlmOcrForConditionalGeneration (2-layer vision encoder, 2-layer GLM decoder with M-RoPE) with a
-    Glm46VProcessor; its generation config ends at `<|endoftext|>` or `<|user|>`, as GLM chat models' do;
+    """A random GlmOcrForConditionalGeneration (2-layer vision encoder, 2-layer GLM decoder with M-RoPE, and the
+    checkpoint's multi-token-prediction layer stored beside them) with a Glm46VProcessor; its generation config ends
+    at `<|endoftext|>` or `<|user|>`, as the checkpoint's does;
     `generation`: settings of its generation config. Weights drawn wider than the default, so greedy answers vary."""
     from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
 
@@ -118,6 +119,7 @@ def build_tiny_glm_ocr(directory: Path, *, seed: int = 0, generation: dict[str, 
     for name, value in (generation or {}).items():
         setattr(model.generation_config, name, value)
     model.save_pretrained(directory)
+    _with_next_token_layer(directory / "model.safetensors")
     tokenizer.save_pretrained(directory)
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     preprocessor = {
@@ -134,3 +136,16 @@ def build_tiny_glm_ocr(directory: Path, *, seed: int = 0, generation: dict[str, 
     (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
     (directory / "processor_config.json").write_text(json.dumps({"processor_class": "Glm46VProcessor"}, indent=2))
     return directory
+
+
+def _with_next_token_layer(weights: Path) -> None:
+    """The checkpoint's multi-token-prediction layer (`num_nextn_predict_layers: 1`), stored as decoder layer 16 after
+    its 16 layers: weights transformers' GlmOcr classes skip on load. A few of its tensors, so a replica loads with
+    them as the checkpoint does."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    hidden = tensors["model.language_model.embed_tokens.weight"].shape[1]
+    for name in ("eh_proj.weight", "self_attn.q_proj.weight", "mlp.down_proj.weight"):
+        tensors[f"model.language_model.layers.16.{name}"] = torch.randn(hidden, hidden)
+    save_file(tensors, weights, metadata={"format": "pt"})
