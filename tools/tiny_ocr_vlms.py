@@ -45,7 +45,7 @@ _PADDLE_SPECIALS = [
 ]
 
 
-def _bpe(specials: list[str]) -> Tokenizer:
+def bpe(specials: list[str]) -> Tokenizer:
     """A byte-level BPE model trained on a few sentences, with `specials` first in its vocabulary."""
     trained = Tokenizer(models.BPE())
     trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -74,7 +74,7 @@ def _decoder(vocab_size: int) -> dict[str, Any]:
 def _tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer with the chat and image special tokens LightOnOCR's processor reads."""
     return PreTrainedTokenizerFast(
-        tokenizer_object=_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[IMG]", "[IMG_BREAK]", "[IMG_END]"]),
+        tokenizer_object=bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[IMG]", "[IMG_BREAK]", "[IMG_END]"]),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens={
@@ -147,7 +147,7 @@ def build_tiny_paddleocr_vl(directory: Path, *, seed: int = 0, generation: dict[
     from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=_bpe(_PADDLE_SPECIALS),
+        tokenizer_object=bpe(_PADDLE_SPECIALS),
         eos_token="</s>",
         pad_token="<unk>",
         bos_token="<s>",

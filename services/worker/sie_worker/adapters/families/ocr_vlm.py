@@ -1,6 +1,9 @@
 """OCR vision-language models: a decoder-only language model reads a page image (its patches' features in place of
 image tokens in a chat prompt) and writes the page's text. LightOnOCR (`LightOnOcrForConditionalGeneration`, a
-Pixtral encoder and a Qwen3 decoder), native in transformers, with its processor's chat template.
+Pixtral encoder and a Qwen3 decoder), PaddleOCR-VL (`PaddleOCRVLForConditionalGeneration`) and GLM-OCR
+(`GlmOcrForConditionalGeneration`: a CogViT encoder and a GLM decoder with M-RoPE), native in
+transformers, each with its processor's chat template. GLM-OCR's processor (`Glm46VProcessor`) is built without its
+video processor, which needs torchvision (layers/video_free_processor.py).
 
 Each item is a page image and, optionally, an instruction text (else run_options `prompt`, else none: LightOnOCR's
 card sends the image alone). The prompt is the processor's chat template over one user turn (the image, then the
@@ -20,13 +23,15 @@ run_options: `prompt` (default instruction, none by default), `max_new_tokens` (
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForImageTextToText
+from transformers import AutoConfig, AutoModelForImageTextToText, Glm46VProcessor
+from transformers.models.glm46v.image_processing_pil_glm46v import smart_resize as glm_resize
 from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import smart_resize as paddle_resize
 
 from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
@@ -40,10 +45,11 @@ from sie_worker.adapters.layers.sliced_generation import (
     max_new_tokens_option,
     run_turn,
 )
+from sie_worker.adapters.layers.video_free_processor import image_processor_only
 from sie_worker.adapters.spec import AdapterSpec, whole_number
 
 # The model types this family reads.
-MODEL_TYPES = ("lighton_ocr", "paddleocr_vl")
+MODEL_TYPES = ("lighton_ocr", "paddleocr_vl", "glm_ocr")
 DEFAULT_MAX_NEW_TOKENS = 1024
 # Upper bound of max_new_tokens, in run_options and requests: a dense page of text is about 2,000 tokens.
 MAX_NEW_TOKENS = 4096
@@ -94,7 +100,9 @@ class OcrVlm(HfAdapter):
         if config.model_type not in MODEL_TYPES:
             raise ValueError(f"adapter ocr_vlm reads {', '.join(MODEL_TYPES)} models, not {config.model_type!r}")
         model_class = AutoModelForImageTextToText
-        self.generator, self.processor = load_generator(model_class, weights, context.dtype, context.device)
+        # GLM-OCR's processor declares a video processor (torchvision): built without it.
+        processor = image_processor_only(Glm46VProcessor, weights) if config.model_type == "glm_ocr" else None
+        self.generator, self.processor = load_generator(model_class, weights, context.dtype, context.device, processor)
         self.model = self.generator
         self.tokenizer = self.processor.tokenizer
         self.max_sequence_length = MAX_PROMPT_TOKENS
@@ -113,12 +121,19 @@ class OcrVlm(HfAdapter):
         image_processor = self.processor.image_processor
         patch = image_processor.patch_size
         self._patch = int(patch["height"] if isinstance(patch, dict) else patch)
+        # The frames the processor writes each resized pixel into (GLM-OCR's: 2, an image being a still video).
+        self._frames = int(getattr(image_processor, "temporal_patch_size", 1)) if self.model_type == "glm_ocr" else 1
         if self.model_type == "lighton_ocr":
             self._longest_edge = int(image_processor.size["longest_edge"])
             self._merged_patch = int(self.processor.effective_patch_size)
-        else:  # PaddleOCR-VL: Qwen2-VL's resize, to whole merged patches within a pixel range
+        else:  # PaddleOCR-VL, GLM-OCR: Qwen2-VL's resize, to whole merged patches within a pixel range
             self._merged_patch = self._patch * int(image_processor.merge_size)
             self._pixel_range = (int(image_processor.size["shortest_edge"]), int(image_processor.size["longest_edge"]))
+            self._smart_resize: Callable[..., tuple[int, int]] = (
+                functools.partial(glm_resize, self._frames, temporal_factor=self._frames)
+                if self.model_type == "glm_ocr"
+                else paddle_resize
+            )
 
     def _check_prompt(self, text: Any, where: str) -> None:
         """An instruction within the bound that holds none of the chat template's special tokens: one would end the
@@ -139,10 +154,11 @@ class OcrVlm(HfAdapter):
         """The (width, height) the processor makes of a page, None where it refuses the page. LightOnOCR's
         (Pixtral's) scales it down to fit `longest_edge` (never up), then rounds each side up to whole patches;
         PaddleOCR-VL's rounds each side to whole merged patches, scaled into its pixel range, and refuses a page more
-        elongated than 200:1 once each side is at least one merged patch."""
-        if self.model_type == "paddleocr_vl":
+        elongated than 200:1 once each side is at least one merged patch; GLM-OCR's (GLM-4.6V's) does the same, its
+        pixel range counting both frames of the page."""
+        if self.model_type != "lighton_ocr":
             try:
-                resized_height, resized_width = paddle_resize(
+                resized_height, resized_width = self._smart_resize(
                     height,
                     width,
                     factor=self._merged_patch,
@@ -157,10 +173,11 @@ class OcrVlm(HfAdapter):
         return math.ceil(math.floor(width / ratio) / side) * side, math.ceil(math.floor(height / ratio) / side) * side
 
     def resized_pixels(self, width: int, height: int) -> int:
-        """The pixels of the page as the processor resizes it; 0 for a page it refuses (refused before any work:
-        by the worker's aspect ratio bound, else by prepare_one)."""
+        """The pixels of the page as the processor resizes it, each counted once per frame it is written into (the
+        memory held until the page is read); 0 for a page it refuses (refused before any work: by the worker's aspect
+        ratio bound, else by prepare_one)."""
         resized = self._resized(width, height)
-        return 0 if resized is None else resized[0] * resized[1]
+        return 0 if resized is None else resized[0] * resized[1] * self._frames
 
     def prepare_one(self, item: Input, query: Query) -> Prepared:
         """The chat prompt's ids and the page's pixels, at the cost of the prompt's tokens and those it may

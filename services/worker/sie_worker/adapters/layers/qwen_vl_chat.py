@@ -10,7 +10,6 @@ its own copy (the tokenizer sets padding and truncation on its Rust tokenizer at
 from __future__ import annotations
 
 import copy
-import json
 import math
 import threading
 import unicodedata
@@ -22,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, Qwen3VLProcessor
+from transformers import AutoConfig, Qwen3VLProcessor
 
 from sie_worker.adapters.contract import AdapterError
 from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
+from sie_worker.adapters.layers.video_free_processor import image_processor_only
 from sie_worker.adapters.spec import whole_number
 
 # qwen-vl-utils' bounds: an aspect ratio of at most 200, and 4 to 16,384 image tokens.
@@ -36,15 +36,6 @@ MAX_IMAGE_TOKENS = 16384
 DEFAULT_MAX_IMAGE_TOKENS = 1800
 # Upper bound of an instruction's tokens, checked before any work.
 MAX_INSTRUCTION_TOKENS = 1024
-
-
-class _ImageProcessor(Qwen3VLProcessor):
-    """Qwen3VLProcessor without a video processor (transformers' video processors need torchvision)."""
-
-    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-        if argument is None and argument_name == "video_processor":
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
 
 
 @dataclass(frozen=True)
@@ -72,15 +63,10 @@ class QwenVlChat:
     read as far as a prompt of `max_length` tokens can hold of them (`text_model`: the decoder, its positions)."""
 
     def __init__(self, directory: Path, load_options: dict[str, Any], max_length: int, text_model: Any) -> None:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        self.processor = image_processor_only(Qwen3VLProcessor, directory)
+        tokenizer = self.processor.tokenizer
+        image_processor = self.processor.image_processor
         self.text = TextTokenizer(directory, max_length, text_model, hf=tokenizer, add_special_tokens=False)
-        image_processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
-        template = _saved_template(directory) or tokenizer.chat_template
-        if not template:
-            raise ValueError("the model directory has no chat template (chat_template.jinja, .json or the tokenizer's)")
-        self.processor = _ImageProcessor(
-            image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=template
-        )
         self.tokenizer = tokenizer
         self.pad_id = int(tokenizer.pad_token_id)
         self.special_ids = frozenset(tokenizer.all_special_ids)
@@ -241,19 +227,6 @@ def last_tokens(hidden: torch.Tensor, batch: Sequence[ChatInputs]) -> torch.Tens
     """Each row's hidden state at its last real token (right padding)."""
     rows = torch.arange(len(batch), device=hidden.device)
     return hidden[rows, torch.tensor([len(item.ids) - 1 for item in batch], device=hidden.device)]
-
-
-def _saved_template(directory: Path) -> str | None:
-    """The processor's chat template, as Qwen3VLProcessor.from_pretrained reads it: chat_template.jinja, else
-    chat_template.json (older checkpoints); None when neither is there (then the tokenizer's)."""
-    jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    path = directory / "chat_template.json"
-    if not path.is_file():
-        return None
-    template = json.loads(path.read_text()).get("chat_template")
-    return template if isinstance(template, str) else None
 
 
 def check_model_type(directory: Any) -> Any:

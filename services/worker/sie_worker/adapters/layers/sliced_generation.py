@@ -26,12 +26,17 @@ class SlicedState(Protocol):
     done: dict[int, Any]
 
 
-def load_generator(model_class: Any, weights: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, Any]:
-    """The model (`model_class`, in eval mode on `device`) and its processor, from local files only. Typed loosely:
-    the generation helpers used are GenerationMixin's, which the stubs do not give every class."""
+def load_generator(
+    model_class: Any, weights: str, dtype: torch.dtype, device: torch.device, processor: Any = None
+) -> tuple[Any, Any]:
+    """The model (`model_class`, in eval mode on `device`) and its processor (`processor` where given, else
+    AutoProcessor's), from local files only. Typed loosely: the generation helpers used are GenerationMixin's, which
+    the stubs do not give every class."""
     generator: Any = model_class.from_pretrained(weights, local_files_only=True, dtype=dtype)
     generator.to(device).eval()
-    return generator, AutoProcessor.from_pretrained(weights, local_files_only=True)
+    if processor is None:
+        processor = AutoProcessor.from_pretrained(weights, local_files_only=True)
+    return generator, processor
 
 
 def max_new_tokens_option(bound: int) -> Option:
