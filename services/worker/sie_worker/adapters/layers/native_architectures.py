@@ -8,6 +8,7 @@ with the weights runs.
 | `bidir_mistral` | NV-Embed's decoder (`BidirectionalMistralModel`, in `text_config`) | `MistralModel`, bidirectional |
 | `new` | Alibaba-NLP/new-impl (`NewModel`, `NewForMaskedLM`, `NewForTokenClassification`) | `Gte...` of the same head |
 | `gte` with `auto_map` | new-impl's code under transformers' type name (Snowflake's arctic-embed-m-v2.0) | the same |
+| none (`auto_map`: `XLMRobertaFlashConfig`) | jinaai's XLM-RoBERTa, absolute positions (jina-reranker-v2) | XLM-R |
 
 The first two's code subclasses the transformers model only to take the causal mask away, which the worker's own
 switch does (sie_worker.kernels.bidirectional, checked at load by a probe); their extra config keys (`pooling`,
@@ -19,15 +20,25 @@ embedding carries over, and its fixed-NTK rotary scaling (`rope_scaling: {type: 
 frequency then divided by f^(2/d), d the head width) is exactly transformers' `linear` rope on base θ·f with factor
 f^(2/d). Settings new-impl has and GteModel does not compute (log-n attention scaling, mixed-NTK, separate q/k/v
 weights, RMSNorm, absolute positions) are refused at load rather than served differently.
+
+jinaai's XLM-RoBERTa (`XLMRobertaFlashConfig`: flash-attention's BERT with its own names, `emb_ln`,
+`encoder.layers.N.mixer.Wqkv` / `out_proj`, `norm1`, `mlp.fc1` / `fc2`, `norm2`; its config names no model type) with
+absolute positions is transformers' XLM-RoBERTa layer for layer (post-LayerNorm blocks, exact or tanh GELU, positions
+counted from the padding index + 1): its weights are renamed and the fused q/k/v split here
+(`xlm_roberta_flash_weights`).
+Its rotary variant (jina-colbert-v2, jina-embeddings-v3) and LoRA adapters are refused.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file
 from transformers import CONFIG_MAPPING, AutoModel, PretrainedConfig, PreTrainedModel
 
 from sie_worker.adapters.layers.checkpoint_files import read_json
@@ -91,6 +102,94 @@ def gte_settings(raw: dict[str, Any]) -> dict[str, Any]:
     return {**settings, "rope_parameters": new_impl_rope(raw)}
 
 
+# jinaai's XLMRobertaFlashConfig: keys of its own code (flash kernels, pooling of its encode, truncation) that
+# XLMRobertaConfig does not read, or that are checked here.
+_XLM_ROBERTA_FLASH_KEYS = (
+    "use_flash_attn",
+    "emb_pooler",
+    "matryoshka_dimensions",
+    "truncate_dim",
+    "task_instructions",
+    "load_trained_adapters",
+    "lora_adaptations",
+    "lora_rank",
+    "lora_dropout_p",
+    "lora_alpha",
+    "lora_main_params_trainable",
+    "rotary_emb_base",
+    "use_reentrant",
+    "fused_bias_fc",
+    "fused_mlp",
+    "fused_dropout_add_ln",
+    "mlp_checkpoint_lvl",
+    "torch_dtype",
+)
+# Its tanh-approximated GELUs (all computed as torch's tanh GELU by its MLP).
+_TANH_GELUS = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh")
+# Its layers' weight names (after `encoder.layers.N.`) -> XLM-RoBERTa's (after `encoder.layer.N.`).
+_XLM_ROBERTA_FLASH_LAYER_NAMES = {
+    "mixer.out_proj.": "attention.output.dense.",
+    "norm1.": "attention.output.LayerNorm.",
+    "mlp.fc1.": "intermediate.dense.",
+    "mlp.fc2.": "output.dense.",
+    "norm2.": "output.LayerNorm.",
+}
+_FLASH_LAYER = re.compile(r"^(.*)encoder\.layers\.(\d+)\.(.+)$")
+
+
+def xlm_roberta_flash_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """jinaai's XLMRobertaFlashConfig as XLMRobertaConfig's settings; ValueError for what XLM-RoBERTa does not
+    compute."""
+    if raw.get("position_embedding_type", "rotary") != "absolute":
+        raise ValueError(
+            f"position_embedding_type {raw.get('position_embedding_type', 'rotary')!r}: jinaai's XLM-RoBERTa is "
+            "served natively with absolute positions only; trust the shipped code (load_options.trust_remote_code) "
+            "to run it as it is"
+        )
+    if raw.get("lora_adaptations") or raw.get("last_layer_subset"):
+        raise ValueError("LoRA adaptations or a last-layer subset: jinaai's XLM-RoBERTa has no native form of them")
+    activation = raw.get("hidden_act", "gelu")
+    if activation != "gelu" and activation not in _TANH_GELUS:
+        raise ValueError(f"hidden_act {activation!r}: jinaai's XLM-RoBERTa computes GELU only")
+    settings = {key: value for key, value in _shared_settings(raw).items() if key not in _XLM_ROBERTA_FLASH_KEYS}
+    return {**settings, "hidden_act": "gelu" if activation == "gelu" else "gelu_pytorch_tanh"}
+
+
+def xlm_roberta_flash_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The safetensors weights of jinaai's XLM-RoBERTa in `directory` under XLM-RoBERTa's names, each layer's fused
+    `mixer.Wqkv` split into query, key and value (its rows are q, k, v, each heads x head width)."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{directory}: no safetensors weights (jinaai's XLM-RoBERTa is read from them)")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        for key, value in load_file(str(file)).items():
+            weights.update(_xlm_roberta_names(key, value))
+    return weights
+
+
+def _xlm_roberta_names(key: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
+    if key.endswith(("emb_ln.weight", "emb_ln.bias")):
+        return {key.replace("emb_ln.", "embeddings.LayerNorm."): value}
+    layer = _FLASH_LAYER.match(key)
+    if layer is None:
+        return {key: value}
+    prefix, index, rest = layer.groups()
+    target = f"{prefix}encoder.layer.{index}."
+    if rest.startswith("mixer.Wqkv."):
+        suffix = rest.removeprefix("mixer.Wqkv.")
+        query, key_part, value_part = value.chunk(3, dim=0)
+        return {
+            f"{target}attention.self.query.{suffix}": query,
+            f"{target}attention.self.key.{suffix}": key_part,
+            f"{target}attention.self.value.{suffix}": value_part,
+        }
+    for flash, native in _XLM_ROBERTA_FLASH_LAYER_NAMES.items():
+        if rest.startswith(flash):
+            return {target + native + rest.removeprefix(flash): value}
+    return {key: value}
+
+
 @dataclass(frozen=True)
 class NativeLoader:
     """Stands in for a transformers Auto class (its `from_pretrained`) for one checkpoint: the native class that
@@ -101,12 +200,19 @@ class NativeLoader:
     config: PretrainedConfig
     key_mapping: dict[str, str] | None = None
     auto_class: Any = AutoModel
+    # Reads the directory's weights under the native class's names, where transformers has no conversion for them.
+    weights: Callable[[Path], dict[str, torch.Tensor]] | None = None
 
     def from_pretrained(self, directory: Path, *, trust_remote_code: bool = False, **kwargs: Any) -> PreTrainedModel:
         """The model of `directory`; `kwargs` go to the class's from_pretrained. Never runs the directory's code
         (`trust_remote_code` is the caller's, and not needed here: the config given names no code)."""
-        model, info = self.auto_class.from_pretrained(
-            directory, config=self.config, key_mapping=self.key_mapping, output_loading_info=True, **kwargs
+        source: Path | None = directory
+        if self.weights is not None:  # transformers takes weights given, or a directory to read, not both
+            source, kwargs["state_dict"] = None, self.weights(directory)
+        # The class the Auto class maps this config to (its own from_pretrained needs a directory).
+        model_class = self.auto_class._model_mapping[type(self.config)]
+        model, info = model_class.from_pretrained(
+            source, config=self.config, key_mapping=self.key_mapping, output_loading_info=True, **kwargs
         )
         if info["missing_keys"]:
             missing = sorted(info["missing_keys"])
@@ -124,13 +230,15 @@ class NativeArchitecture:
     model_type: str
     bidirectional: bool
     settings: Callable[[dict[str, Any]], dict[str, Any]] = field(default=_shared_settings)
+    weights: Callable[[Path], dict[str, torch.Tensor]] | None = None
 
     def loader(
         self, raw: dict[str, Any], key_mapping: dict[str, str] | None = None, auto_class: Any = AutoModel
     ) -> NativeLoader:
         """The native class `auto_class` maps to, over the checkpoint's config `raw` (its own type and code left
         out)."""
-        return NativeLoader(CONFIG_MAPPING[self.model_type](**self.settings(raw)), key_mapping, auto_class)
+        config = CONFIG_MAPPING[self.model_type](**self.settings(raw))
+        return NativeLoader(config, key_mapping, auto_class, self.weights)
 
 
 GTE = NativeArchitecture("gte", bidirectional=False, settings=gte_settings)
@@ -142,17 +250,35 @@ NATIVE_ARCHITECTURES = {
 # transformers' own model types that a checkpoint's config also names over code of its own (`auto_map`), in that
 # code's settings: served as the native stand-in of that code, never as transformers reads the config itself.
 SHIPPED_CODE_UNDER_NATIVE_TYPES = {"gte": GTE}
+# Shipped configuration classes (`auto_map`'s AutoConfig) of configs that name no model type.
+SHIPPED_CONFIG_CLASSES = {
+    "XLMRobertaFlashConfig": NativeArchitecture(
+        "xlm-roberta", bidirectional=False, settings=xlm_roberta_flash_settings, weights=xlm_roberta_flash_weights
+    ),
+}
 
 
 def native_architecture(config: object) -> NativeArchitecture | None:
-    """The native stand-in for a checkpoint's config.json (a dict), None for any other (transformers' own types
-    included, unless the config names code of its own over one of SHIPPED_CODE_UNDER_NATIVE_TYPES)."""
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(config, dict) or not isinstance(model_type, str):
+    """The native stand-in for a checkpoint's config.json (a dict): by its model type, or by its shipped
+    configuration class where it names no model type; None for any other (transformers' own types included, unless
+    the config names code of its own over one of SHIPPED_CODE_UNDER_NATIVE_TYPES)."""
+    if not isinstance(config, dict):
+        return None
+    model_type = config.get("model_type")
+    if model_type is None:
+        return SHIPPED_CONFIG_CLASSES.get(_shipped_config_class(config))
+    if not isinstance(model_type, str):
         return None
     if model_type in NATIVE_ARCHITECTURES:
         return NATIVE_ARCHITECTURES[model_type]
     return SHIPPED_CODE_UNDER_NATIVE_TYPES.get(model_type) if "auto_map" in config else None
+
+
+def _shipped_config_class(config: dict[str, Any]) -> str:
+    """The class name of the configuration code `auto_map` names ("" for none)."""
+    auto_map = config.get("auto_map")
+    name = auto_map.get("AutoConfig") if isinstance(auto_map, dict) else None
+    return name.rsplit(".", 1)[-1] if isinstance(name, str) else ""
 
 
 def serving_class(auto_class: Any, directory: Path, *, trusted: bool) -> Any:
@@ -160,8 +286,13 @@ def serving_class(auto_class: Any, directory: Path, *, trusted: bool) -> Any:
     config names a shipped model type served natively and the profile does not trust the shipped code, else
     `auto_class` itself. A type whose code attends both ways is the sentence_transformer family's alone (it
     switches the mask); elsewhere it fails the load."""
-    raw = read_json(directory / "config.json")
-    native = None if trusted else native_architecture(raw)
+    if trusted:
+        return auto_class
+    try:
+        raw = read_json(directory / "config.json")
+    except ValueError:  # not JSON: transformers' own load says so, naming the file
+        return auto_class
+    native = native_architecture(raw)
     if native is None or not isinstance(raw, dict):
         return auto_class
     if native.bidirectional:
