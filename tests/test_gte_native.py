@@ -46,6 +46,9 @@ REFUSED = {
     "test/gte-mixed-ntk": ({"rope_scaling": {"type": "ntk", "factor": 8.0, "mixed_b": 0.5}}, "mixed_b"),
     "test/gte-logn": ({"logn_attention_scale": True}, "logn_attention_scale: the native GTE has no log-n"),
     "test/gte-unpacked": ({"pack_qkv": False}, "pack_qkv False: the native GTE serves pack_qkv True only"),
+    # Not a number: the rotary frequencies would all be NaN, every vector too.
+    "test/gte-nan-factor": ({"rope_scaling": {"type": "ntk", "factor": float("nan")}}, "fixed NTK scaling only"),
+    "test/gte-zero-base": ({"rope_theta": 0}, "rope_theta 0.0: a rotary base must be a positive number"),
 }
 STELLA_TRUSTED = "test/stella-trusted"
 TRIPWIRE = "tripwire.txt"
@@ -263,3 +266,15 @@ def test_a_profile_that_trusts_the_shipped_code_runs_it(stub, served: dict[str, 
         _encode(stub, STELLA_TRUSTED, ["x"])
     assert error_info(raised.value).reason == "MODEL_LOAD_FAILED"
     assert (served[STELLA_TRUSTED] / TRIPWIRE).read_text() == "ran"
+
+
+def test_only_a_config_in_new_impl_form_is_translated() -> None:
+    """new-impl's own type, or transformers' `gte` beside an `auto_map` in new-impl's keys, is translated; a `gte`
+    config in transformers' own form (`rope_parameters`) or with no code named is left to transformers."""
+    from sie_worker.adapters.layers.native_architectures import GTE, native_architecture
+
+    shipped = {"model_type": "gte", "auto_map": {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"}}
+    assert native_architecture({"model_type": "new"}) is GTE
+    assert native_architecture(shipped) is GTE
+    assert native_architecture({**shipped, "rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}) is None
+    assert native_architecture({"model_type": "gte"}) is None

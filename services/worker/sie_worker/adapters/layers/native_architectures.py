@@ -19,7 +19,8 @@ transformers' conversion mapping for `gte`; its config is translated here (`gte_
 embedding carries over, and its fixed-NTK rotary scaling (`rope_scaling: {type: ntk, factor: f}`: base θ·f, every
 frequency then divided by f^(2/d), d the head width) is exactly transformers' `linear` rope on base θ·f with factor
 f^(2/d). Settings new-impl has and GteModel does not compute (log-n attention scaling, mixed-NTK, separate q/k/v
-weights, RMSNorm, absolute positions) are refused at load rather than served differently.
+weights, RMSNorm, absolute positions, another activation than GELU) are refused at load rather than served
+differently.
 
 jinaai's XLM-RoBERTa (`XLMRobertaFlashConfig`: flash-attention's BERT with its own names, `emb_ln`,
 `encoder.layers.N.mixer.Wqkv` / `out_proj`, `norm1`, `mlp.fc1` / `fc2`, `norm2`; its config names no model type) with
@@ -31,6 +32,7 @@ Its rotary variant (jina-colbert-v2, jina-embeddings-v3) and LoRA adapters are r
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +71,8 @@ def _shared_settings(raw: dict[str, Any]) -> dict[str, Any]:
 def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
     """new-impl's rotary embedding as transformers' rope parameters (see the module docstring)."""
     theta = float(raw.get("rope_theta", NEW_IMPL_ROPE_THETA))
+    if not math.isfinite(theta) or theta <= 0:
+        raise ValueError(f"rope_theta {theta!r}: a rotary base must be a positive number")
     scaling = raw.get("rope_scaling")
     if scaling is None:
         return {"rope_type": "default", "rope_theta": theta}
@@ -78,6 +82,7 @@ def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
         or scaling.get("type") != "ntk"
         or scaling.get("mixed_b") is not None
         or not isinstance(factor, int | float)
+        or not math.isfinite(factor)
         or factor < 1
     ):
         raise ValueError(
@@ -91,7 +96,13 @@ def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
 
 def gte_settings(raw: dict[str, Any]) -> dict[str, Any]:
     """new-impl's NewConfig as GteConfig's settings; ValueError for what GteModel does not compute."""
-    required = {"position_embedding_type": "rope", "layer_norm_type": "layer_norm", "pack_qkv": True}
+    # GteForMaskedLM's head computes GELU whatever the config says.
+    required = {
+        "position_embedding_type": "rope",
+        "layer_norm_type": "layer_norm",
+        "pack_qkv": True,
+        "hidden_act": "gelu",
+    }
     for key, value in required.items():
         if raw.get(key, value) != value:
             raise ValueError(f"{key} {raw[key]!r}: the native GTE serves {key} {value!r} only")
@@ -140,11 +151,12 @@ _FLASH_LAYER = re.compile(r"^(.*)encoder\.layers\.(\d+)\.(.+)$")
 def xlm_roberta_flash_settings(raw: dict[str, Any]) -> dict[str, Any]:
     """jinaai's XLMRobertaFlashConfig as XLMRobertaConfig's settings; ValueError for what XLM-RoBERTa does not
     compute."""
-    if raw.get("position_embedding_type", "rotary") != "absolute":
+    # Said outright: the default differs between versions of that code (absolute, later rotary).
+    if raw.get("position_embedding_type") != "absolute":
         raise ValueError(
-            f"position_embedding_type {raw.get('position_embedding_type', 'rotary')!r}: jinaai's XLM-RoBERTa is "
-            "served natively with absolute positions only; trust the shipped code (load_options.trust_remote_code) "
-            "to run it as it is"
+            f"position_embedding_type {raw.get('position_embedding_type')!r}: jinaai's XLM-RoBERTa is served "
+            "natively with absolute positions only; trust the shipped code (load_options.trust_remote_code) to run "
+            "it as it is"
         )
     if raw.get("lora_adaptations") or raw.get("last_layer_subset"):
         raise ValueError("LoRA adaptations or a last-layer subset: jinaai's XLM-RoBERTa has no native form of them")
@@ -271,7 +283,9 @@ def native_architecture(config: object) -> NativeArchitecture | None:
         return None
     if model_type in NATIVE_ARCHITECTURES:
         return NATIVE_ARCHITECTURES[model_type]
-    return SHIPPED_CODE_UNDER_NATIVE_TYPES.get(model_type) if "auto_map" in config else None
+    # A config already in transformers' own form (rope_parameters) is read by transformers, whatever code it names.
+    shipped_form = "auto_map" in config and "rope_parameters" not in config
+    return SHIPPED_CODE_UNDER_NATIVE_TYPES.get(model_type) if shipped_form else None
 
 
 def _shipped_config_class(config: dict[str, Any]) -> str:
