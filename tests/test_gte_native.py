@@ -33,6 +33,7 @@ from grpc_helpers import call_until_loaded, error_info, items
 from sie.v1 import inference_pb2, inference_pb2_grpc
 from sie_contract.tensors import from_tensor
 from tiny_gte import GTE_HEADS, GTE_HIDDEN, LAYOUTS, GteReplica, build_gte
+from tiny_shipped_code import TRIPWIRE, tripwire_copy
 from worker_process import Services, inference_stub
 
 CATALOG = Path(__file__).resolve().parents[1] / "catalog" / "models"
@@ -51,7 +52,6 @@ REFUSED = {
     "test/gte-zero-base": ({"rope_theta": 0}, "rope_theta 0.0: a rotary base must be a positive number"),
 }
 STELLA_TRUSTED = "test/stella-trusted"
-TRIPWIRE = "tripwire.txt"
 SHIPPED_CODE = ("modeling.py", "configuration.py")
 WORDS = ["search", "engines", "rank", "documents", "by", "relevance", "and", "embeddings", "map", "text", "to"]
 TEXTS = [
@@ -118,18 +118,6 @@ def _served_config(model_id: str, replica: Path) -> dict[str, Any]:
     return {**config, "path": str(replica)}
 
 
-def _tripwire_copy(directory: Path, copy: Path) -> Path:
-    """`directory` with the shipped code files `auto_map` may name as ones that record they ran and fail."""
-    shutil.copytree(directory, copy)
-    for folder in {path.parent for path in copy.rglob("config.json")}:
-        for name in SHIPPED_CODE:
-            (folder / name).write_text(
-                f"import pathlib\npathlib.Path({str(copy / TRIPWIRE)!r}).write_text('ran')\n"
-                "raise ValueError('the shipped code ran')\n"
-            )
-    return copy
-
-
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, GteReplica]:
     root = tmp_path_factory.mktemp("gte-replicas")
@@ -141,7 +129,7 @@ def served(replicas: dict[str, GteReplica], tmp_path_factory: pytest.TempPathFac
     """The directories the worker serves, by model id: tripwire copies of the replicas, and the refused layouts."""
     root = tmp_path_factory.mktemp("gte-served")
     directories = {
-        model_id: _tripwire_copy(replica.shipped, root / f"served-{index}")
+        model_id: tripwire_copy(replica.shipped, root / f"served-{index}", SHIPPED_CODE)
         for index, (model_id, replica) in enumerate(replicas.items())
     }
     for index, (model_id, (change, _)) in enumerate(REFUSED.items()):
@@ -149,7 +137,7 @@ def served(replicas: dict[str, GteReplica], tmp_path_factory: pytest.TempPathFac
         config = json.loads((copy / "config.json").read_text())
         (copy / "config.json").write_text(json.dumps({**config, **change}))
         directories[model_id] = copy
-    directories[STELLA_TRUSTED] = _tripwire_copy(replicas[STELLA].shipped, root / "stella-trusted")
+    directories[STELLA_TRUSTED] = tripwire_copy(replicas[STELLA].shipped, root / "stella-trusted", SHIPPED_CODE)
     return directories
 
 

@@ -30,6 +30,7 @@ import yaml
 from grpc_helpers import call_until_loaded, error_info
 from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 from tiny_jina import JinaReplica, build_jina_reranker
+from tiny_shipped_code import TRIPWIRE, tripwire_copy
 from worker_process import Services, inference_stub
 
 CATALOG = Path(__file__).resolve().parents[1] / "catalog" / "models"
@@ -40,7 +41,6 @@ REFUSED = {
     "test/jina-lora": ({"lora_adaptations": ["retrieval.query"]}, "LoRA adaptations"),
 }
 SHIPPED_CODE = ("configuration_xlm_roberta.py", "modeling_xlm_roberta.py")
-TRIPWIRE = "tripwire.txt"
 QUERY = "which fox jumps over the lazy dog?"
 DOCUMENTS = [
     "the quick brown fox jumps over the lazy dog",
@@ -51,16 +51,6 @@ DOCUMENTS = [
 ]
 
 
-def _tripwire_copy(directory: Path, copy: Path) -> Path:
-    shutil.copytree(directory, copy)
-    for name in SHIPPED_CODE:
-        (copy / name).write_text(
-            f"import pathlib\npathlib.Path({str(copy / TRIPWIRE)!r}).write_text('ran')\n"
-            "raise ValueError('the shipped code ran')\n"
-        )
-    return copy
-
-
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory: pytest.TempPathFactory) -> JinaReplica:
     return build_jina_reranker(tmp_path_factory.mktemp("jina-replica"))
@@ -69,13 +59,13 @@ def replica(tmp_path_factory: pytest.TempPathFactory) -> JinaReplica:
 @pytest.fixture(scope="module")
 def served(replica: JinaReplica, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("jina-served")
-    directories = {RERANKER: _tripwire_copy(replica.shipped, root / "reranker")}
+    directories = {RERANKER: tripwire_copy(replica.shipped, root / "reranker", SHIPPED_CODE)}
     for index, (model_id, (change, _)) in enumerate(REFUSED.items()):
         copy = shutil.copytree(directories[RERANKER], root / f"refused-{index}")
         config = json.loads((copy / "config.json").read_text())
         (copy / "config.json").write_text(json.dumps({**config, **change}))
         directories[model_id] = copy
-    directories[TRUSTED] = _tripwire_copy(replica.shipped, root / "trusted")
+    directories[TRUSTED] = tripwire_copy(replica.shipped, root / "trusted", SHIPPED_CODE)
     return directories
 
 
