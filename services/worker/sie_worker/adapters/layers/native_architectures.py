@@ -6,7 +6,7 @@ with the weights runs.
 | --- | --- | --- |
 | `llama_bidirec` | nvidia/llama-embed-nemotron-8b (`LlamaBidirectionalModel`) | `LlamaModel`, bidirectional |
 | `bidir_mistral` | NV-Embed's decoder (`BidirectionalMistralModel`, in `text_config`) | `MistralModel`, bidirectional |
-| `new` | Alibaba-NLP/new-impl (`NewModel`, `NewForMaskedLM`, `NewForTokenClassification`) | `Gte...` of the same head |
+| `new` | Alibaba-NLP/new-impl (`NewModel`, `NewForMaskedLM`, `NewForTokenClassification`) | GTE, the same head |
 | `gte` with `auto_map` | new-impl's code under transformers' type name (Snowflake's arctic-embed-m-v2.0) | the same |
 | none (`auto_map`: `XLMRobertaFlashConfig`) | jinaai's XLM-RoBERTa, absolute positions (jina-reranker-v2) | XLM-R |
 
