@@ -48,6 +48,7 @@ DOCUMENTS = [
     "a",
     "embeddings map text to vectors and similar meanings land close together in the space of vectors",
     "I love 🍕 pizza and ünïcödé 文字!",
+    " ".join(["sparse dense multivector retrieval query passage model"] * 20),  # past the 64 tokens: cut
 ]
 
 
