@@ -7,6 +7,8 @@ under `sentence_transformers`, or as config.json's older
 `sbert_ce_default_activation_function` (Sigmoid, Identity or Tanh), else
 Sigmoid for one label. load_options `activation` (`sigmoid` / `identity` /
 `tanh`) overrides it. Models with more than one label are refused at load.
+A checkpoint of shipped code served natively (sie_worker.adapters.layers.native_architectures: jinaai's XLM-RoBERTa
+with absolute positions) loads through transformers' own class unless the profile trusts the shipped code.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.items import TokenizedText
 from sie_worker.adapters.layers.activations import ACTIVATIONS, saved_activation
+from sie_worker.adapters.layers.native_architectures import serving_class
 from sie_worker.adapters.layers.padding import by_length, model_inputs, padded
 from sie_worker.adapters.spec import AdapterSpec
 
@@ -29,7 +32,10 @@ class CrossEncoderScorer(HfAdapter):
 
     def __init__(self, context: LoadContext) -> None:
         super().__init__(context)
-        self.model = self.load(AutoModelForSequenceClassification, reads_padding=False)
+        classifier = serving_class(
+            AutoModelForSequenceClassification, context.weights, trusted=context.profile.trust_remote_code
+        )
+        self.model = self.load(classifier, reads_padding=False)
         if self.model.config.num_labels != 1:
             raise ValueError(f"a reranker needs one output label; this model has {self.model.config.num_labels}")
         self.tokenizer = self.use_tokenizer(self.model)

@@ -48,8 +48,8 @@ class NvEmbedEncoder(HfAdapter):
                 f"{directory}/config.json: model_type {raw.get('model_type')!r} is not NV-Embed's ({MODEL_TYPE!r})"
             )
         text = raw.get("text_config")
-        native = native_architecture(text.get("model_type")) if isinstance(text, dict) else None
-        if native is None or not isinstance(text, dict):
+        native = native_architecture(text)
+        if native is None or not native.bidirectional or not isinstance(text, dict):
             raise ValueError(
                 f"{directory}/config.json: text_config.model_type must be bidir_mistral (a Mistral decoder run "
                 "bidirectionally), the one NV-Embed decoder the worker builds natively"

@@ -7,8 +7,8 @@ or list of modes), `include_prompt`, `normalize`, `padding_side`, `bidirectional
 trained with bidirectional attention); run_options `query_prompt`,
 `document_prompt`, `instruction_prompt` (with an `{instruction}` placeholder). A checkpoint whose model type is its
 own code's over a transformers architecture (sie_worker.adapters.layers.native_architectures: llama-embed-nemotron's
-`llama_bidirec`) loads through that architecture's class, bidirectional where its code is, unless the profile trusts
-the shipped code.
+`llama_bidirec`, new-impl's GTE `new`) loads through that architecture's class, bidirectional where its code is, unless
+the profile trusts the shipped code.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class SentenceTransformerEncoder(HfAdapter):
         model_config = read_json(directory / "config.json")
         # A model type whose code only takes the causal mask away: bidirectional whoever's code builds it (the shipped
         # code's own mask override may be one transformers no longer calls).
-        native = native_architecture(model_config.get("model_type") if isinstance(model_config, dict) else None)
+        native = native_architecture(model_config)
         bidirectional = _flag(load_options, "bidirectional", native is not None and native.bidirectional)
         if native is not None and native.bidirectional and not bidirectional:
             raise ValueError(

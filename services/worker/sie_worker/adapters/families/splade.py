@@ -6,6 +6,8 @@ Doc-only models (OpenSearch) weigh queries without the model: each distinct toke
 special tokens added; an unknown character's [UNK] counts) gets its static weight from `idf.json` / the
 SparseStaticEmbedding (sie_worker.adapters.layers.sparse_layout), as sentence-transformers' SparseStaticEmbedding.
 The non-zero weights come back as ascending indices + values.
+A masked-LM of a shipped model type served natively (sie_worker.adapters.layers.native_architectures: new-impl's GTE)
+loads through transformers' own class unless the profile trusts the shipped code.
 run_options `query_prompt` / `document_prompt` put a prefix before the text (a request's instruction replaces it).
 """
 
@@ -21,6 +23,7 @@ from transformers import AutoModelForMaskedLM
 from sie_worker.adapters.contract import Input, LoadContext, Prepared, Query
 from sie_worker.adapters.hf import HfAdapter
 from sie_worker.adapters.items import EncodedItem, SparseWeights, TokenizedText
+from sie_worker.adapters.layers.native_architectures import serving_class
 from sie_worker.adapters.layers.padding import model_inputs, padded
 from sie_worker.adapters.layers.sparse_layout import read_layout
 from sie_worker.adapters.layers.text_tokenizer import TextTokenizer
@@ -34,7 +37,8 @@ class SpladeEncoder(HfAdapter):
         super().__init__(context)
         self.layout = read_layout(context.weights)
         directory = self.layout.model_directory
-        self.model = self.load(AutoModelForMaskedLM, weights=directory)
+        masked_lm = serving_class(AutoModelForMaskedLM, directory, trusted=context.profile.trust_remote_code)
+        self.model = self.load(masked_lm, weights=directory)
         self.tokenizer = self.use_tokenizer(self.model, directory=directory)
         self.vocab_size = int(self.model.config.vocab_size)
         if self.layout.idf is not None:
