@@ -139,6 +139,7 @@ def main() -> None:
     import machine
     import onnxrt
     import torch
+    from worker_ab import wait_until_answers
     from workloads import MODEL, SINGLE_TEXT
 
     from sie.v1 import inference_pb2, inference_pb2_grpc, types_pb2
@@ -166,7 +167,9 @@ def main() -> None:
         }
         if args.baseline is not None:
             sources = ("services/worker", "lib", "contract/python")
-            env["PYTHONPATH"] = os.pathsep.join([*(str(args.baseline / s) for s in sources), str(Path(__file__).parent)])
+            env["PYTHONPATH"] = os.pathsep.join(
+                [*(str(args.baseline / s) for s in sources), str(Path(__file__).parent)]
+            )
         log = (tmp / "worker.log").open("w")
         worker = subprocess.Popen([sys.executable, __file__, "--worker"], env=env, stdout=log, stderr=log)
         sent: list[tuple[int, int]] = []
@@ -174,15 +177,7 @@ def main() -> None:
         try:
             stub = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
             request = inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=SINGLE_TEXT)])
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    stub.Encode(request, timeout=60)
-                    break
-                except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"the worker did not answer: {(tmp / 'worker.log').read_text()}") from None
-                    time.sleep(0.5)
+            wait_until_answers(stub, tmp / "worker.log")
             for _ in range(40):  # warm-up, and the choice of where its passes run measured
                 stub.Encode(request, timeout=60)
                 encoder.encode([SINGLE_TEXT])

@@ -54,7 +54,7 @@ async def echo(port: int) -> None:
     )
 
     class Echo(inference_pb2_grpc.InferenceServicer):
-        async def Encode(self, request: Any, context: Any) -> inference_pb2.EncodeResponse:  # noqa: N802
+        async def Encode(self, request: Any, context: Any) -> inference_pb2.EncodeResponse:
             return answer
 
     server = grpc.aio.server()
@@ -81,31 +81,41 @@ def servers(tmp: Path, baseline: Path, copies: int) -> Iterator[dict[str, infere
     for copy in range(copies):
         suffix = "" if copy == 0 else f"-{copy + 1}"
         launches.append((f"worker-after{suffix}", [sys.executable, "-m", "sie_worker", "serve"], {}))
-        launches.append((f"worker-before{suffix}", [sys.executable, "-m", "sie_worker", "serve"], {"PYTHONPATH": before}))
+        launches.append(
+            (f"worker-before{suffix}", [sys.executable, "-m", "sie_worker", "serve"], {"PYTHONPATH": before})
+        )
     try:
         for name, argv, env in launches:
             port = free_port()
             full = {**os.environ, **common, "SIE_PORT": str(port), "SIE_MODELS_DIR": str(models), **env}
             log = (tmp / f"{name}.log").open("w")
-            started.append(subprocess.Popen([*argv, str(port)] if name == "echo" else argv, env=full, stdout=log, stderr=log))
+            started.append(
+                subprocess.Popen([*argv, str(port)] if name == "echo" else argv, env=full, stdout=log, stderr=log)
+            )
             stubs[name] = inference_pb2_grpc.InferenceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-        request = inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=SINGLE_TEXT)])
         for name, stub in stubs.items():
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    stub.Encode(request, timeout=60)
-                    break
-                except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{name} did not answer; its log: {tmp / name}.log") from None
-                    time.sleep(0.5)
+            wait_until_answers(stub, tmp / f"{name}.log")
         yield stubs
     finally:
         for process in started:
             process.terminate()
         for process in started:
             process.wait(60)
+
+
+def wait_until_answers(stub: inference_pb2_grpc.InferenceStub, log: Path, timeout_s: float = 300) -> None:
+    """Until a one-item Encode is answered (the server starts, the model loads); `log`: the server's, named when it
+    does not."""
+    request = inference_pb2.EncodeRequest(model=MODEL, items=[types_pb2.Item(text=SINGLE_TEXT)])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            stub.Encode(request, timeout=60)
+            return
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no answer within {timeout_s:.0f} s; the server's log: {log}") from None
+            time.sleep(0.5)
 
 
 def main() -> None:
@@ -161,7 +171,13 @@ def main() -> None:
                     {
                         "p50_ms": {name: round(statistics.median(values), 3) for name, values in measured.items()},
                         "worker_stages_ms": {
-                            name: dict(zip(STAGES, (round(statistics.median(col), 3) for col in zip(*rows)), strict=True))
+                            name: dict(
+                                zip(
+                                    STAGES,
+                                    (round(statistics.median(col), 3) for col in zip(*rows, strict=True)),
+                                    strict=True,
+                                )
+                            )
                             for name, rows in timings.items()
                         },
                         "loadavg": os.getloadavg()[0],
@@ -178,7 +194,9 @@ def main() -> None:
         "same_vector_before_after": same,
         "rounds": rounds,
         "p50_ms_median_of_rounds": p50,
-        "over_onnxruntime": {name: round(p50[name] / p50["onnxruntime"], 3) for name in names if name.startswith("worker")},
+        "over_onnxruntime": {
+            name: round(p50[name] / p50["onnxruntime"], 3) for name in names if name.startswith("worker")
+        },
     }
     print(json.dumps({key: value for key, value in result.items() if key not in ("machine", "rounds")}, indent=1))
     if args.out:
