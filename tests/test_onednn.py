@@ -108,4 +108,7 @@ def test_a_served_model_is_packed_by_default_and_plain_with_the_setting_off(stub
     # the served model has no pooler (its pooling never reads it: sentence_transformer drops it)
     reference = AutoModel.from_pretrained(tiny_models[model], add_pooling_layer=False)
     linear_bytes = sum(module.weight.numel() * 4 for module in reference.modules() if type(module) is torch.nn.Linear)
-    assert packed_bytes - plain_bytes == linear_bytes > 0
+    # and each layer's query, key and value packed side by side, biases too (sie_worker.kernels.unpadded)
+    attention = [layer.attention.self for layer in reference.encoder.layer]
+    fused_bytes = sum((p.weight.numel() + p.bias.numel()) * 4 for a in attention for p in (a.query, a.key, a.value))
+    assert packed_bytes - plain_bytes == linear_bytes + fused_bytes > 0

@@ -155,7 +155,9 @@ class Engine:
 
 async def _all_or_none(*steps: Awaitable[T]) -> list[T]:
     """Run steps concurrently; when one fails, cancel the others (their queued items leave the BatchFormer) and
-    raise."""
+    raise. A lone step is awaited in the caller's task: no task of its own, no turn of the event loop to join it."""
+    if len(steps) == 1:
+        return [await steps[0]]
     tasks = [asyncio.ensure_future(step) for step in steps]
     try:
         return list(await asyncio.gather(*tasks))

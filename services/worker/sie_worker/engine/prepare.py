@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -66,9 +66,7 @@ class Preparation:
         whole request, such as its images' pixels, before any item's). Then the multivector bounds."""
         started = time.perf_counter()
         with span("tokenization"):
-            outcomes = await asyncio.gather(
-                *(self._part(plan.model.adapter, part, plan.items) for part in plan.parts), return_exceptions=True
-            )
+            outcomes = await _each(self._part(plan.model.adapter, part, plan.items) for part in plan.parts)
         clock.tokenization_ms += ms_since(started)
         refused = [outcome for outcome in outcomes if isinstance(outcome, _Refused)]
         if refused:
@@ -141,6 +139,18 @@ class Preparation:
             if "multivector" in plan.outputs:
                 check_dense_estimate(total, dims, plan.output_dtype, self._max_send_bytes, MAX_SEND_SETTING)
             check_held_multivectors(total, dims, self._limits, plan.task)
+
+
+async def _each(steps: Iterable[Awaitable[T]]) -> list[T | BaseException]:
+    """Every step's outcome or exception, the steps run together; a lone one in the caller's task (no task of its
+    own, no turn of the event loop to join it)."""
+    awaited = list(steps)
+    if len(awaited) != 1:
+        return await asyncio.gather(*awaited, return_exceptions=True)
+    try:
+        return [await awaited[0]]
+    except Exception as error:  # noqa: BLE001 - returned, as gather(return_exceptions=True) returns it
+        return [error]
 
 
 class _Refused(Exception):

@@ -35,9 +35,22 @@ class PackedLinear(torch.nn.Linear):
     packed_weight: torch.Tensor
 
     def forward(self, input: torch.Tensor, activation: str = "none") -> torch.Tensor:
-        # The last argument picks the activation's variant: for GELU, "none" is the exact (erf) form BERT uses.
-        variant = "none" if activation == "gelu" else ""
-        return torch.ops.mkldnn._linear_pointwise(input, self.packed_weight, self.bias, activation, [], variant)
+        return packed_matmul(input, self.packed_weight, self.bias, activation)
+
+
+def packed_matmul(
+    input: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"
+) -> torch.Tensor:
+    """`input` times a oneDNN-packed float32 weight, plus `bias`, then `activation` ("none" or "gelu") in the same
+    kernel: a PackedLinear's forward without the module call (sie_worker.kernels.unpadded calls it directly)."""
+    # The last argument picks the activation's variant: for GELU, "none" is the exact (erf) form BERT uses.
+    variant = "none" if activation == "gelu" else ""
+    return torch.ops.mkldnn._linear_pointwise(input, packed, bias, activation, [], variant)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A weight [out, in] (float32, or bfloat16) in oneDNN's packed layout, for `packed_matmul` (float32)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
 
 
 class PackedBf16Linear(PackedLinear):
@@ -91,7 +104,7 @@ def use_onednn(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> in
     if not linears or not onednn_available():
         return 0
     try:
-        packed = [torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype)) for linear in linears]
+        packed = [pack(linear.weight.detach().to(dtype)) for linear in linears]
         agrees = packed_matches(linears[0], packed[0], dtype)
     except RuntimeError as error:
         log.warning("oneDNN cannot pack this model's Linear weights (%s); it runs on plain PyTorch", error)
