@@ -46,9 +46,11 @@ def workers_seen(stub, model: str, count: int, loaded_on: tuple[str, ...] = ()) 
 
 
 def test_affinity_routes_to_the_warm_worker_and_a_cold_model_to_one_worker(cluster) -> None:
-    cluster.start_worker("warm", SIE_PRELOAD_MODELS=MEAN)
-    cluster.start_worker("cold")
-    gateway = cluster.start_gateway()
+    """And EncodeStream and the errors through the gateway, on the same processes."""
+    cluster.start_worker("warm", wait=False, SIE_PRELOAD_MODELS=MEAN)
+    cluster.start_worker("cold", wait=False)
+    gateway = cluster.start_gateway(wait=False)
+    cluster.wait_serving()
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         workers_seen(stub, MEAN, 2, loaded_on=("warm",))
@@ -62,11 +64,22 @@ def test_affinity_routes_to_the_warm_worker_and_a_cold_model_to_one_worker(clust
         rollout = gateway_model(stub, MEAN).rollouts[0]
         assert rollout.bundle == "default" and sorted(rollout.current_workers) == ["cold", "warm"]
 
+        answers = list(stub.EncodeStream(iter([inference_pb2.EncodeStreamRequest(request=request(MEAN, f"s{n}")) for n in range(20)]), timeout=60))
+        assert sorted(a.request_id for a in answers) == sorted(f"s{n}" for n in range(20))
+        assert all(a.WhichOneof("outcome") == "response" for a in answers)
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.Encode(request("no/such", "x"), timeout=10)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.Encode(inference_pb2.EncodeRequest(model=MEAN), timeout=10)  # the worker's own validation, passed through
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_reason(bad.value) == "NO_ITEMS"
+
 
 def test_kill_9_of_a_worker_under_load_loses_no_request(cluster, stub) -> None:
     for name in ("w1", "w2", "w3"):
-        cluster.start_worker(name, SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway()
+        cluster.start_worker(name, wait=False, SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(wait=False)
+    cluster.wait_serving()
     texts = [f"steady load item {n}" for n in range(150)]
     expected = {t: from_tensor(stub.Encode(request(MEAN, t)).results[0].dense) for t in texts}  # standalone reference
     answers: dict[str, list] = {t: [] for t in texts}
@@ -142,9 +155,11 @@ def test_scale_from_zero_answers_provisioning_until_a_worker_arrives(cluster, et
 
 
 def test_pool_requests_reach_only_its_workers_and_an_unrenewed_pool_expires(cluster) -> None:
-    cluster.start_worker("p1", SIE_PRELOAD_MODELS=MEAN)
-    cluster.start_worker("p2", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true")
+    """Then, on the same processes, the client's own pool: kept alive past its TTL, left to expire after close."""
+    cluster.start_worker("p1", wait=False, SIE_PRELOAD_MODELS=MEAN)
+    cluster.start_worker("p2", wait=False, SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(wait=False, SIE_POOLS_ENABLED="true")
+    cluster.wait_serving()
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         workers_seen(stub, MEAN, 2, loaded_on=("p1", "p2"))
@@ -170,25 +185,21 @@ def test_pool_requests_reach_only_its_workers_and_an_unrenewed_pool_expires(clus
             what="both workers shared again",
         )
 
-
-def test_the_client_keeps_its_pool_alive_and_lets_it_expire_after_close(cluster) -> None:
-    cluster.start_worker("c1")
-    gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", **POOLS_MAY_TAKE_EVERY_WORKER)
-    with grpc.insecure_channel(gateway.address) as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        workers_seen(stub, MEAN, 1)
+        # The client keeps its pool alive and lets it expire after close.
         client = SIEClient(gateway.address, pool="sdk-pool")
         client.create_pool("sdk-pool", {"default": 1}, ttl_s=2)
+        (held,) = stub.GetPool(inference_pb2.GetPoolRequest(name="sdk-pool")).pool.workers
         time.sleep(5)  # well past the TTL: the client renews every ~0.7 s
-        assert stub.GetPool(inference_pb2.GetPoolRequest(name="sdk-pool")).pool.workers == ["c1"]
+        assert stub.GetPool(inference_pb2.GetPoolRequest(name="sdk-pool")).pool.workers == [held]
         assert client.encode(MEAN, "inside the pool")["dense"].shape == (32,)
         client.close()
         wait_until(lambda: not stub.ListPools(inference_pb2.ListPoolsRequest()).pools, timeout_s=20, what="expiry after close")
 
 
 def test_gateway_backpressure_and_static_auth(cluster) -> None:
-    cluster.start_worker("slow", SIE_PRELOAD_MODELS=MEAN, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="2000")
-    gateway = cluster.start_gateway(SIE_GATEWAY_MAX_IN_FLIGHT="1", SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="t0ken,other")
+    cluster.start_worker("slow", wait=False, SIE_PRELOAD_MODELS=MEAN, SIE_ADAPTIVE_BATCHING="false", SIE_MAX_BATCH_WAIT_MS="2000")
+    gateway = cluster.start_gateway(wait=False, SIE_GATEWAY_MAX_IN_FLIGHT="1", SIE_AUTH_MODE="static", SIE_AUTH_TOKENS="t0ken,other")
+    cluster.wait_serving()
     good = (("authorization", "Bearer t0ken"),)
     with grpc.insecure_channel(gateway.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
@@ -219,23 +230,6 @@ def test_gateway_backpressure_and_static_auth(cluster) -> None:
         assert stub.Encode(request(MEAN, "after"), metadata=good, timeout=30).results
 
 
-def test_encode_stream_and_errors_through_the_gateway(cluster) -> None:
-    cluster.start_worker("s1", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway()
-    with grpc.insecure_channel(gateway.address) as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        workers_seen(stub, MEAN, 1, loaded_on=("s1",))
-        answers = list(stub.EncodeStream(iter([inference_pb2.EncodeStreamRequest(request=request(MEAN, f"s{n}")) for n in range(20)]), timeout=60))
-        assert sorted(a.request_id for a in answers) == sorted(f"s{n}" for n in range(20))
-        assert all(a.WhichOneof("outcome") == "response" for a in answers)
-        with pytest.raises(grpc.RpcError) as missing:
-            stub.Encode(request("no/such", "x"), timeout=10)
-        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-        with pytest.raises(grpc.RpcError) as bad:
-            stub.Encode(inference_pb2.EncodeRequest(model=MEAN), timeout=10)  # the worker's own validation, passed through
-        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_reason(bad.value) == "NO_ITEMS"
-
-
 def test_a_pool_for_a_bundle_reserves_only_that_bundles_workers(tmp_path, etcd_server, etcd_prefix, tiny_models, start_config) -> None:
     from local_cluster import Cluster, model_config
 
@@ -247,9 +241,10 @@ def test_a_pool_for_a_bundle_reserves_only_that_bundles_workers(tmp_path, etcd_s
     cluster = Cluster(tmp_path, etcd_server.endpoint, etcd_prefix, models, lambda: start_config(SIE_BUNDLES_DIR=str(bundles)))
     try:
         # Named so that the first in order (what a pool of any bundle takes) is the default-bundle worker.
-        cluster.start_worker("a-default", SIE_BUNDLES_DIR=str(bundles), SIE_PRELOAD_MODELS=MEAN)
-        cluster.start_worker("b-other", SIE_BUNDLES_DIR=str(bundles), SIE_BUNDLE="other", SIE_PRELOAD_MODELS=MEAN)
-        gateway = cluster.start_gateway(SIE_POOLS_ENABLED="true", **POOLS_MAY_TAKE_EVERY_WORKER)
+        cluster.start_worker("a-default", wait=False, SIE_BUNDLES_DIR=str(bundles), SIE_PRELOAD_MODELS=MEAN)
+        cluster.start_worker("b-other", wait=False, SIE_BUNDLES_DIR=str(bundles), SIE_BUNDLE="other", SIE_PRELOAD_MODELS=MEAN)
+        gateway = cluster.start_gateway(wait=False, SIE_POOLS_ENABLED="true", **POOLS_MAY_TAKE_EVERY_WORKER)
+        cluster.wait_serving()
         with grpc.insecure_channel(gateway.address) as channel:
             stub = inference_pb2_grpc.InferenceStub(channel)
             workers_seen(stub, MEAN, 2, loaded_on=("a-default", "b-other"))

@@ -79,6 +79,11 @@ class Cluster:
             gateway.wait_serving(timeout_s=60)
         return gateway
 
+    def wait_serving(self) -> None:
+        """Until every worker and gateway started so far serves: those started with `wait=False` start up together."""
+        for process in self.processes:
+            process.wait_serving()
+
     def stop(self) -> None:
         """Stop the workers and gateways together (each one's drain and grace overlap the others')."""
         stop_all(self.processes)

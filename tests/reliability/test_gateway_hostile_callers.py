@@ -87,24 +87,10 @@ def metric_sum(process, name: str, **labels: str) -> float:  # type: ignore[no-u
     return total
 
 
-def test_pool_creation_is_off_unless_the_operator_turns_it_on(cluster, reliability_report) -> None:
-    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway()
-    with gateway.channel() as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        refused = refusal(
-            lambda: stub.CreatePool(inference_pb2.CreatePoolRequest(name="all", gpus={"default": 1000}, ttl_s=2**31 - 1), timeout=30)
-        )
-        reliability_report.add("adversarial gateway", "CreatePool with pools off", status=refused.code().name, reason=error_reason(refused))
-        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and error_reason(refused) == "POOLS_DISABLED"
-        assert not stub.ListPools(inference_pb2.ListPoolsRequest(), timeout=30).pools
-        wait_until(lambda: gateway_model(stub, MEAN).loaded_on == ["w1"], what="worker registered")
-        still_serves(stub)
-
-
 def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_report) -> None:
-    cluster.start_worker("w1", SIE_PRELOAD_MODELS=MEAN)
+    cluster.start_worker("w1", wait=False, SIE_PRELOAD_MODELS=MEAN)
     gateway = cluster.start_gateway(
+        wait=False,
         SIE_POOLS_ENABLED="true",
         SIE_POOL_MAX_WORKERS="3",
         SIE_POOL_MAX_TTL_S="120",
@@ -115,6 +101,7 @@ def test_pool_size_ttl_and_per_token_quotas_are_capped(cluster, reliability_repo
         SIE_AUTH_MODE="static",
         SIE_AUTH_TOKENS="small-token,big-token",
     )
+    cluster.wait_serving()
     small, big = (("authorization", "Bearer small-token"),), (("authorization", "Bearer big-token"),)
     with gateway.channel() as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
@@ -213,10 +200,13 @@ def test_renew_pool_succeeds_and_saves_a_newly_registered_worker(cluster, reliab
         assert missing.code() == grpc.StatusCode.NOT_FOUND and error_reason(missing) == "POOL_NOT_FOUND"
 
 
-def test_model_not_found_among_a_thousand_models_has_a_short_message(cluster, tiny_models, reliability_report) -> None:
-    worker = cluster.start_worker("n1", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway()
-    write_models(cluster, tiny_models[MEAN], [f"bulk/model-{index:04d}" for index in range(1000)])
+def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster, tiny_models, reliability_report) -> None:
+    """First, among the first 1,000 of them, MODEL_NOT_FOUND has a short message (at the gateway and the worker)."""
+    worker = cluster.start_worker("m1", wait=False, SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(wait=False)
+    cluster.wait_serving()
+    bulk = [f"bulk/model-{index:04d}" for index in range(2500)]
+    write_models(cluster, tiny_models[MEAN], bulk[:1000])
     with gateway.channel() as gateway_channel, worker.channel() as worker_channel:
         stub = inference_pb2_grpc.InferenceStub(gateway_channel)
         direct = inference_pb2_grpc.InferenceStub(worker_channel)
@@ -234,11 +224,7 @@ def test_model_not_found_among_a_thousand_models_has_a_short_message(cluster, ti
             assert len(missing.details()) < 1000 and " in all)" in missing.details()
         still_serves(stub)
 
-
-def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster, tiny_models, reliability_report) -> None:
-    worker = cluster.start_worker("m1", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway()
-    write_models(cluster, tiny_models[MEAN], [f"bulk/model-{index:04d}" for index in range(2500)])
+    write_models(cluster, tiny_models[MEAN], bulk[1000:])
     with gateway.channel() as channel, cluster.config.channel() as config_channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         wait_until(lambda: knows(stub, "bulk/model-2499"), timeout_s=120, what="2,500 models at the gateway")
@@ -266,8 +252,11 @@ def test_a_model_added_after_2500_reaches_the_gateway_at_the_cost_of_one(cluster
 
 
 def test_an_answer_over_the_message_limit_is_refused_and_breaks_no_work_stream(cluster, tiny_models, reliability_report) -> None:
-    workers = [cluster.start_worker(name, SIE_PRELOAD_MODELS=MEAN, SIE_MAX_SEND_MESSAGE_BYTES=str(256 * 1024)) for name in ("o1", "o2")]
-    gateway = cluster.start_gateway(SIE_MAX_SEND_MESSAGE_BYTES=str(64 * 1024))
+    workers = [
+        cluster.start_worker(name, wait=False, SIE_PRELOAD_MODELS=MEAN, SIE_MAX_SEND_MESSAGE_BYTES=str(256 * 1024)) for name in ("o1", "o2")
+    ]
+    gateway = cluster.start_gateway(wait=False, SIE_MAX_SEND_MESSAGE_BYTES=str(64 * 1024))
+    cluster.wait_serving()
     sized = "sized/mean"  # the same weights, with dims in its config: its answer's size is known up front
     colbert = "test/tiny-colbert"  # multivectors: no estimate, the answer is measured once computed
     with cluster.config.channel() as config_channel:
@@ -348,6 +337,8 @@ def rss_mb(pid: int) -> float:
 RSS_BOUND_MB = 150
 # Requests the never-reading caller may send (each ~60 KB, answered with ~800 KB): bounds the case on a server without flow control.
 MAX_SENT = 1000
+# How long the never-reading caller's sender must have sent nothing more before the gateway's memory is judged.
+HELD_BACK_S = 5.0
 
 
 def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_gateway(cluster, tiny_models, reliability_report) -> None:
@@ -356,8 +347,9 @@ def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_
         config_pb2_grpc.ConfigServiceStub(config_channel).AddModel(
             config_pb2.AddModelRequest(config=colbert_config(tiny_models[colbert])), timeout=30
         )
-    cluster.start_worker("e1", SIE_PRELOAD_MODELS=colbert)
-    gateway = cluster.start_gateway(SIE_ENCODE_STREAM_WINDOW="8")
+    cluster.start_worker("e1", wait=False, SIE_PRELOAD_MODELS=colbert)
+    gateway = cluster.start_gateway(wait=False, SIE_ENCODE_STREAM_WINDOW="8")
+    cluster.wait_serving()
     # 100 texts of ~128 tokens: each answer holds ~800 KB of multivectors.
     text = " ".join(f"word{n}" for n in range(120))
     big = inference_pb2.EncodeRequest(model=colbert, output_types=["multivector"], items=[types_pb2.Item(text=text) for _ in range(100)])
@@ -377,11 +369,16 @@ def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_
         pid = gateway.process.pid
         baseline = rss_mb(pid)
         call = stub.EncodeStream(requests(), timeout=120)  # its answers are never read
-        peak = baseline
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        # Watched until the sender has been held back for HELD_BACK_S (what the window and flow control should do
+        # within seconds), at most 15 s: a gateway that kept reading would let it run on to MAX_SENT.
+        peak, began = baseline, time.monotonic()
+        last_sent, held_since = sent, began
+        while time.monotonic() - began < 15 and time.monotonic() - held_since < HELD_BACK_S:
             peak = max(peak, rss_mb(pid))
             time.sleep(0.25)
+            if sent != last_sent:
+                last_sent, held_since = sent, time.monotonic()
+        watched_s = time.monotonic() - began
         sent_while_unread = sent
         call.cancel()
         stop.set()
@@ -389,8 +386,9 @@ def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_
         after = rss_mb(pid)
         reliability_report.add(
             "adversarial gateway",
-            "EncodeStream never read for 15 s",
+            "EncodeStream never read",
             requests_sent=sent_while_unread,
+            watched_s=round(watched_s, 1),
             rss_growth_mb=round(peak - baseline),
             after_cancel_mb=round(after - baseline),
             bound_mb=RSS_BOUND_MB,
@@ -403,9 +401,11 @@ def test_an_encode_stream_reader_that_never_reads_holds_back_its_sender_not_the_
 
 def test_the_gateway_refuses_fields_over_their_bounds_before_routing(cluster, reliability_report) -> None:
     """Bounds on a message's own fields are the gateway's too: with tighter ones than its worker's, the
-    gateway's answer shows it checked them, before it looked the model up or routed anything."""
-    cluster.start_worker("b1", SIE_PRELOAD_MODELS=MEAN)
-    gateway = cluster.start_gateway(SIE_MAX_ITEMS_PER_REQUEST="4", SIE_MAX_TEXT_BYTES="64", SIE_MAX_OPTIONS_DEPTH="2")
+    gateway's answer shows it checked them, before it looked the model up or routed anything. And pool creation is
+    off unless the operator turns it on (the same processes: pools are off by default whatever the bounds)."""
+    cluster.start_worker("b1", wait=False, SIE_PRELOAD_MODELS=MEAN)
+    gateway = cluster.start_gateway(wait=False, SIE_MAX_ITEMS_PER_REQUEST="4", SIE_MAX_TEXT_BYTES="64", SIE_MAX_OPTIONS_DEPTH="2")
+    cluster.wait_serving()
     nested = struct_pb2.Struct()
     nested.update({"a": {"b": {"c": 1}}})
     cases = {
@@ -431,4 +431,12 @@ def test_the_gateway_refuses_fields_over_their_bounds_before_routing(cluster, re
             reliability_report.add("adversarial gateway", f"field over its bound at the gateway ({reason})", status=refused.code().name)
             assert (refused.code(), error_reason(refused)) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
         assert error_info(refusal(lambda: cases["TEXT_TOO_LONG"](stub))).metadata["setting"] == "SIE_MAX_TEXT_BYTES"
+        still_serves(stub)
+
+        refused = refusal(
+            lambda: stub.CreatePool(inference_pb2.CreatePoolRequest(name="all", gpus={"default": 1000}, ttl_s=2**31 - 1), timeout=30)
+        )
+        reliability_report.add("adversarial gateway", "CreatePool with pools off", status=refused.code().name, reason=error_reason(refused))
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and error_reason(refused) == "POOLS_DISABLED"
+        assert not stub.ListPools(inference_pb2.ListPoolsRequest(), timeout=30).pools
         still_serves(stub)

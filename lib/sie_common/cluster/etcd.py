@@ -568,7 +568,8 @@ class Etcd:
                 yield rpc.WatchRequest(create_request=create)
                 while not stop.is_set():  # (half-closing would end the watch)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), WATCH_PROBE_S)
+                        async with asyncio.timeout(WATCH_PROBE_S):
+                            await stop.wait()
                     if not stop.is_set():
                         yield rpc.WatchRequest(progress_request=rpc.WatchProgressRequest())
 
@@ -577,8 +578,12 @@ class Etcd:
             replies = aiter(stream)
             try:
                 while True:
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the answer when it comes in the
+                    # same turn of the loop as a cancellation, and the cancellation is lost (a mirror's stop then
+                    # waited for ever: tests/test_etcd_mirror_stop.py).
                     try:
-                        reply = await asyncio.wait_for(anext(replies), WATCH_PROBE_S + self._timeout_s)
+                        async with asyncio.timeout(WATCH_PROBE_S + self._timeout_s):
+                            reply = await anext(replies)
                     except StopAsyncIteration:
                         return  # etcd ended the stream
                     except TimeoutError:
