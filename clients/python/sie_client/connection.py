@@ -166,7 +166,8 @@ class Connection:
         state = self._channel.get_state(try_to_connect=True)
         while state in (grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.CONNECTING):
             try:
-                await asyncio.wait_for(self._channel.wait_for_state_change(state), deadline - loop.time())
+                async with asyncio.timeout_at(deadline):
+                    await self._channel.wait_for_state_change(state)
             except TimeoutError:
                 raise SIEConnectionError(
                     f"no connection to {self.target} within connect_timeout_s={self.connect_timeout_s}"

@@ -134,7 +134,8 @@ class DeliveredStatus:
         if not _replaced(status.code, status.message, error.debug_error_string() or ""):
             return status
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._arrived.wait(), DELIVERED_STATUS_WAIT_S)
+            async with asyncio.timeout(DELIVERED_STATUS_WAIT_S):
+                await self._arrived.wait()
         return self._status or status
 
 

@@ -59,7 +59,8 @@ async def encode_streamed(
         while True:
             wait_s = site.timeout_s + max(0.0, retries_due - loop.time())
             try:
-                answer = await asyncio.wait_for(call.read(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    answer = await call.read()
             except TimeoutError:
                 raise site.timed_out(f"in {wait_s:.1f} s with {remaining} requests outstanding").error() from None
             if answer is grpc.aio.EOF:

@@ -170,7 +170,8 @@ class BatchFormer(Generic[P]):
             self._changed.clear()
             timeout = None if wake_at is None else max(0.0, wake_at - now)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
 
     def take_ready(self) -> Batch[P] | None:
         """The batch `next_batch` would return now, if a group is ready now; else None (nothing waits)."""
