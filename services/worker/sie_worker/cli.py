@@ -15,17 +15,21 @@ from sie_worker.settings import WorkerSettings
 
 # How libgomp reads the variables that say how its idle threads wait (GCC's libgomp/env.c): a value it cannot parse
 # is reported on stderr and ignored, and its threads then spin, the default the worker sets PASSIVE to avoid.
-# Spaces as C's isspace() has them around either.
+# Spaces as C's isspace() has them around either; letters compared as strncasecmp does, byte by byte (re.ASCII: a
+# Unicode case fold would take PASSIVE spelled with U+017F, the long s, or 10 with U+212A, the Kelvin sign, both of
+# which libgomp ignores).
 _C_SPACE = "[ \t\n\v\f\r]*"
 OPENMP_WAIT_VALUES = {
     # name: (what libgomp reads, said in words)
     "OMP_WAIT_POLICY": (
-        re.compile(f"{_C_SPACE}(active|passive){_C_SPACE}", re.IGNORECASE),
+        re.compile(f"{_C_SPACE}(active|passive){_C_SPACE}", re.IGNORECASE | re.ASCII),
         "ACTIVE or PASSIVE (any case)",
     ),
     # strtoull's integer (a sign allowed, below 2**64), optionally scaled by k, M, G or T.
     "GOMP_SPINCOUNT": (
-        re.compile(f"{_C_SPACE}(infinite|infinity|(?P<count>[+-]?[0-9]+){_C_SPACE}[kmgt]?){_C_SPACE}", re.IGNORECASE),
+        re.compile(
+            f"{_C_SPACE}(infinite|infinity|(?P<count>[+-]?[0-9]+){_C_SPACE}[kmgt]?){_C_SPACE}", re.IGNORECASE | re.ASCII
+        ),
         "a count of spins (e.g. 0, 10000, 10k) or INFINITE",
     ),
 }
