@@ -11,6 +11,7 @@ from typing import Any
 
 from sie_common.runtime.service_cli import serve_main
 from sie_common.runtime.settings import SettingsError
+from sie_common.runtime.stop_signals import ignore_once_stopped, remember_until_serving
 from sie_worker.settings import WorkerSettings
 
 # How libgomp reads the variables that say how its idle threads wait (GCC's libgomp/env.c): a value it cannot parse
@@ -64,6 +65,7 @@ def _openmp_reads(pattern: re.Pattern[str], value: str) -> bool:
 
 
 def _load_serve() -> Callable[[WorkerSettings], Coroutine[Any, Any, None]]:
+    remember_until_serving()  # a signal while torch imports: serve stops at once (exit 0) instead of exit -15
     try:
         idle_openmp_threads_sleep(os.environ)
     except SettingsError as error:  # refused as a SIE_* setting is: before anything loads, exit 2
@@ -78,7 +80,7 @@ def _load_serve() -> Callable[[WorkerSettings], Coroutine[Any, Any, None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return serve_main(
+    code = serve_main(
         argv,
         prog="sie-worker",
         description="The SIE worker: batches and runs search models.",
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         settings_type=WorkerSettings,
         load_serve=_load_serve,
     )
+    ignore_once_stopped()
+    return code
 
 
 if __name__ == "__main__":
