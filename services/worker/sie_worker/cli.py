@@ -11,21 +11,26 @@ from typing import Any
 
 from sie_common.runtime.service_cli import serve_main
 from sie_common.runtime.settings import SettingsError
+from sie_common.runtime.stop_signals import ignore_once_stopped, remember_until_serving
 from sie_worker.settings import WorkerSettings
 
 # How libgomp reads the variables that say how its idle threads wait (GCC's libgomp/env.c): a value it cannot parse
 # is reported on stderr and ignored, and its threads then spin, the default the worker sets PASSIVE to avoid.
-# Spaces as C's isspace() has them around either.
+# Spaces as C's isspace() has them around either; letters compared as strncasecmp does, byte by byte (re.ASCII: a
+# Unicode case fold would take PASSIVE spelled with U+017F, the long s, or 10 with U+212A, the Kelvin sign, both of
+# which libgomp ignores).
 _C_SPACE = "[ \t\n\v\f\r]*"
 OPENMP_WAIT_VALUES = {
     # name: (what libgomp reads, said in words)
     "OMP_WAIT_POLICY": (
-        re.compile(f"{_C_SPACE}(active|passive){_C_SPACE}", re.IGNORECASE),
+        re.compile(f"{_C_SPACE}(active|passive){_C_SPACE}", re.IGNORECASE | re.ASCII),
         "ACTIVE or PASSIVE (any case)",
     ),
     # strtoull's integer (a sign allowed, below 2**64), optionally scaled by k, M, G or T.
     "GOMP_SPINCOUNT": (
-        re.compile(f"{_C_SPACE}(infinite|infinity|(?P<count>[+-]?[0-9]+){_C_SPACE}[kmgt]?){_C_SPACE}", re.IGNORECASE),
+        re.compile(
+            f"{_C_SPACE}(infinite|infinity|(?P<count>[+-]?[0-9]+){_C_SPACE}[kmgt]?){_C_SPACE}", re.IGNORECASE | re.ASCII
+        ),
         "a count of spins (e.g. 0, 10000, 10k) or INFINITE",
     ),
 }
@@ -60,6 +65,7 @@ def _openmp_reads(pattern: re.Pattern[str], value: str) -> bool:
 
 
 def _load_serve() -> Callable[[WorkerSettings], Coroutine[Any, Any, None]]:
+    remember_until_serving()  # a signal while torch imports: serve stops at once (exit 0) instead of exit -15
     try:
         idle_openmp_threads_sleep(os.environ)
     except SettingsError as error:  # refused as a SIE_* setting is: before anything loads, exit 2
@@ -74,7 +80,7 @@ def _load_serve() -> Callable[[WorkerSettings], Coroutine[Any, Any, None]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return serve_main(
+    code = serve_main(
         argv,
         prog="sie-worker",
         description="The SIE worker: batches and runs search models.",
@@ -82,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         settings_type=WorkerSettings,
         load_serve=_load_serve,
     )
+    ignore_once_stopped()
+    return code
 
 
 if __name__ == "__main__":

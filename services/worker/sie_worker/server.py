@@ -10,7 +10,9 @@ break, and a gateway sends them to another worker.
 The signal handlers are installed before anything else: a signal during start-up (connecting to etcd, preloading,
 registering) ends the start where it is (the preloads are abandoned, nothing more is registered) and the same stop
 follows, exit 0. Before, one that came before the preloads had finished killed the process (SIGTERM's default). A
-worker whose id another process has taken over (`Registration`'s `on_superseded`) stops the same way.
+worker whose id another process has taken over (`Registration`'s `on_superseded`) stops the same way. One that came
+while the worker's modules were imported, before these handlers (`stop_signals`), ends serve before it starts
+anything.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -31,6 +32,7 @@ from sie_common.edge.auth import WORK_CALLS, Authorize, Check, inference_checks,
 from sie_common.edge.malformed_requests import RejectMalformedRequests
 from sie_common.runtime.grpc_server import add_health_and_reflection, advertised_address, set_serving
 from sie_common.runtime.metrics_server import start_metrics_server
+from sie_common.runtime.stop_signals import STOP_SIGNALS, received_before_serving
 from sie_common.runtime.transport import ServerTransport, listen_address
 from sie_worker.api.inference import InferenceService
 from sie_worker.api.work import WorkService
@@ -55,8 +57,11 @@ STOP_GRACE_S = 1.0
 async def serve(settings: WorkerSettings) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
+    if received_before_serving():  # while the worker's modules were imported: nothing is started yet
+        log.info("stopped while starting: a stop signal came before anything was started")
+        return
     check_local_cache_writable(settings)
     transport = ServerTransport.of(settings)
     device = select_device(settings.device)

@@ -29,6 +29,9 @@ A process that finds its worker id's record under another lease (a write of its 
 again after an expiry refused) no longer owns the id: it says so in its log (naming the address the record now
 has), revokes its own lease, writes and renews nothing more, and calls `on_superseded` (the worker then drains and
 exits 0, as on SIGTERM). Before, a live duplicate kept renewing a lease that held no key, for as long as it ran.
+A registration again whose answer was lost (etcd applied it, then the member died or the call timed out) leaves the
+record under a lease the keeper granted but did not get to keep: found there, it is adopted, not taken for another
+process's (it was, and the worker stopped itself, leaving its own ready record for a TTL).
 
 A worker whose event loop hangs while the lease thread lives would keep a ready record, and gateways would send it
 requests that wait to their deadline. The lease thread checks at each renewal that the loop runs (`WorkerLoop`: the
@@ -176,6 +179,9 @@ class LeaseKeeper:
         # Held while the record is written or registered again: a write that finds the key under another lease then
         # knows it is not this process's own registration under way.
         self._writing: asyncio.Lock | None = None
+        # The lease of a registration again whose answer was lost (etcd may have applied it): the record found under
+        # it is this process's own, not another's.
+        self._unanswered: int | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -216,13 +222,30 @@ class LeaseKeeper:
             ours, _ = await etcd.txn(
                 [etcd.held_by(self._name, self.lease)], [etcd.ops.put(etcd.key(self._name), value, lease=self.lease)]
             )
-            if ours:
+            if ours or await self._adopted(value):
                 return
             holder = await etcd.get(self._name)
             if holder is not None:  # under another lease, and not one this keeper is registering with (the lock)
                 await self._give_up(holder.value)
                 return
         log.info("%s is not under this worker's lease (the lease ended): not written", self._name)
+
+    async def _adopted(self, value: bytes) -> bool:
+        """Whether the record is under the lease of this keeper's registration again whose answer was lost (etcd
+        applied it after all): then `value` is written under that lease, which becomes this keeper's. (Without this,
+        the keeper found its own record under a lease it did not know, and stopped the worker as superseded.)"""
+        lease = self._unanswered
+        if lease is None:
+            return False
+        etcd = self._etcd
+        ours, _ = await etcd.txn(
+            [etcd.held_by(self._name, lease)], [etcd.ops.put(etcd.key(self._name), value, lease=lease)]
+        )
+        self._unanswered = None  # answered: the record is under it, or that lease holds nothing and only expires
+        if ours:
+            self.lease = lease
+            log.info("%s was registered again after all (the answer was lost): keeping its lease alive", self._name)
+        return ours
 
     async def _give_up(self, record: bytes) -> None:
         """Another process registered this worker id (its `record`): write and renew nothing more, revoke this
@@ -279,17 +302,21 @@ class LeaseKeeper:
         try:
             if await self._etcd.keep_alive(self.lease) > 0:
                 return True
-            log.warning("worker lease expired (etcd unreachable for longer than its TTL?); registering again")
             assert self._writing is not None
             async with self._writing:
                 if self.superseded:
                     return True
+                if await self._adopted(self.value):
+                    return await self._etcd.keep_alive(self.lease) > 0
+                log.warning("worker lease expired (etcd unreachable for longer than its TTL?); registering again")
                 etcd = self._etcd
                 lease = await etcd.grant_lease(self._ttl_s)
                 key = etcd.key(self._name)
+                self._unanswered = lease
                 registered, _ = await etcd.txn(
                     [etcd.ops.version(key) == 0], [etcd.ops.put(key, self.value, lease=lease)]
                 )
+                self._unanswered = None
                 if not registered:  # another process registered this worker id since: it keeps the record
                     await etcd.revoke_lease(lease)
                     holder = await etcd.get(self._name)
