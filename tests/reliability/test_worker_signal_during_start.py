@@ -38,5 +38,6 @@ def test_a_sigterm_during_start_exits_0_promptly_and_leaves_nothing_in_etcd(clus
     assert stopped_s < 30, f"stopped {stopped_s:.1f} s after the signal"
     assert registered(cluster) == {}, "a record was left in etcd"
     assert "Traceback" not in log, log[-3000:]
-    if after != REGISTERED:
+    if after == CONNECTED:  # the second preload takes a while; after the last one, a busy machine may deliver the
+        # signal only once the worker has registered and served, which is the third case's outcome
         assert "serving sie.v1.Inference" not in log, "it went on to serve"
