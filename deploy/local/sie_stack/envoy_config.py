@@ -49,7 +49,7 @@ from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
 
 from sie_common.edge.auth import CLIENT_ADDRESS_HEADER
-from sie_common.edge.errors import ERROR_DOMAIN
+from sie_common.edge.errors import ERROR_DOMAIN, SieError, Unavailable
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 from sie_stack.request_check import (
     FEW_CHUNKS,
@@ -83,6 +83,10 @@ _HTTP_CONNECTION_MANAGER = (
 )
 _GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
 _FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+# A request as native gRPC sends it (the transcoder leaves it alone; one it transcodes has TRANSCODED_HEADER).
+_GRPC_CONTENT_TYPE = {"name": "content-type", "string_match": {"prefix": "application/grpc"}}
+# The header the transcoder adds with the HTTP path (which tells the gateway the caller reads JSON).
+TRANSCODED_HEADER = "x-envoy-original-path"
 _MAX_CONNECTIONS = "envoy.resource_monitors.global_downstream_max_connections"
 # google.rpc.Code of the other JSON bodies Envoy answers with itself.
 _INVALID_ARGUMENT = 3
@@ -110,6 +114,17 @@ DEFAULT_PEER_BODY_SHARE = 0.5
 MAX_BODIES_PER_THREAD = 1024
 # Requests (streams) at once on one HTTP/2 connection: each may buffer a whole body.
 MAX_CONCURRENT_STREAMS = 100
+# What Envoy reads from a connection at once, what an HTTP/2 client may send on a stream or a connection before Envoy
+# passes it on (its flow-control windows), and what a stream buffers on its way through (a native gRPC call, a body to
+# the HTTP adapter): each Envoy worker thread holds one read, and the request check's copy of it, at a time. Bodies the
+# check and the transcoder hold whole are not held to it (the check keeps a JSON body in its Lua memory, leased from
+# the body budget; a body of max_request_bytes passes, over HTTP/1 and HTTP/2: tests/reliability/test_envoy_buffers.py).
+CONNECTION_BUFFER_BYTES = 2**20
+# An HTTP/2 stream's flow-control window: what a client may send on one stream before Envoy has passed it on (Envoy's
+# default, 256 MiB, let a native call's whole message sit in Envoy). The edge values Envoy's own guidance gives.
+STREAM_WINDOW_BYTES = 2**16
+# What Envoy returns to the system each quarter second of the free memory tcmalloc holds.
+MEMORY_RELEASE_BYTES = 64 * 2**20
 # A request's headers, and the whole request, must arrive within these (from its first byte; neither is renewed by
 # more bytes). A native gRPC stream is exempt from the second once its first answer is on its way.
 REQUEST_HEADERS_TIMEOUT = "10s"
@@ -203,6 +218,10 @@ def render(
         # /readyz, and a pod's preStop drains through the admin from inside (deploy/kustomize/base/envoy/drain.sh).
         "admin": {"address": _address("127.0.0.1", admin_port)},
         "overload_manager": _overload_manager(max_heap_bytes, max_connections),
+        # Free memory goes back to the system as it is freed, not only past 90% (shrink_heap): the heap monitor counts
+        # what tcmalloc keeps mapped, and 64 native 16 MB calls through Envoy, most refused by the gateway at once,
+        # left 266 MiB counted with 7 MiB in use.
+        "memory_allocator_manager": {"bytes_to_release": MEMORY_RELEASE_BYTES, "memory_release_interval": "0.25s"},
         "static_resources": {
             "listeners": [
                 {
@@ -210,10 +229,10 @@ def render(
                     "address": _address(host, listen_port),
                     # A second Envoy (another stack, an orphan) must fail to bind, not share the port.
                     "enable_reuse_port": False,
-                    # The request check reads a whole JSON body before the transcoder does: the same limit
-                    # as the transcoder's (the default, 1 MiB, would refuse larger bodies). The overload
-                    # manager bounds what all of them hold together.
-                    "per_connection_buffer_limit_bytes": max_request_bytes,
+                    # What one read from a connection takes in before the filters see it (and an HTTP/1 stream's
+                    # buffer): a worker thread holds one such read and the check's copy of it at a time, so this
+                    # bounds what slow senders cost Envoy's heap (16 MiB, as it was, let 30 of them grow it by 34 MB).
+                    "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_BYTES,
                     # Connections spread evenly over the worker threads (by default the first to wake takes them, most
                     # often the same one): each thread has its own share of the body budget.
                     "connection_balance_config": {"exact_balance": {}},
@@ -264,7 +283,11 @@ def _http_connection_manager(
                 "idle_timeout": CONNECTION_IDLE_TIMEOUT,
                 "max_headers_count": MAX_REQUEST_HEADERS,
             },
-            "http2_protocol_options": {"max_concurrent_streams": MAX_CONCURRENT_STREAMS},
+            "http2_protocol_options": {
+                "max_concurrent_streams": MAX_CONCURRENT_STREAMS,
+                # What a client may send on a stream, and on a connection, before Envoy has passed it on.
+                **_http2_windows(),
+            },
             "local_reply_config": _local_replies(),
             "route_config": {
                 "virtual_hosts": [
@@ -362,10 +385,11 @@ def _adapter_routes() -> list[dict[str, Any]]:
 
 
 def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, Any]:
-    """Past 85% of `max_heap_bytes` the streams holding the most buffered bytes are reset, more of them the
-    closer to 95%, and idle timeouts shrink; at 90% keep-alive stops and the heap is returned to the system; at
-    95% new requests are refused (503 OVERLOADED). From CROWDED_SHARE of `max_connections` idle timeouts are 2 s, until
-    fewer are open; connections past it are closed on accept."""
+    """Past 85% of `max_heap_bytes` idle timeouts shrink; at 90% keep-alive stops and the heap is returned to the
+    system; at 95% new requests are refused (503 OVERLOADED; UNAVAILABLE OVERLOADED to native gRPC). No stream is
+    reset for memory (reset_high_memory_stream): a native gRPC caller heard a reset as INTERNAL; what a stream holds
+    is bounded by CONNECTION_BUFFER_BYTES and STREAM_WINDOW_BYTES instead. From CROWDED_SHARE of `max_connections`
+    idle timeouts are 2 s, until fewer are open; connections past it are closed on accept."""
 
     def at(threshold: float) -> list[dict[str, Any]]:
         return [{"name": _FIXED_HEAP, "threshold": {"value": threshold}}]
@@ -396,7 +420,6 @@ def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, An
             },
         ],
         "actions": [
-            {"name": "envoy.overload_actions.reset_high_memory_stream", "triggers": scaled},
             {
                 "name": "envoy.overload_actions.reduce_timeouts",
                 "triggers": scaled + crowded,
@@ -412,8 +435,6 @@ def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, An
             {"name": "envoy.overload_actions.disable_http_keepalive", "triggers": at(0.90)},
             {"name": "envoy.overload_actions.stop_accepting_requests", "triggers": at(0.95)},
         ],
-        # Streams that buffer 1 MiB or more are tracked, so reset_high_memory_stream can find the largest.
-        "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},
     }
 
 
@@ -427,6 +448,16 @@ def _local_replies() -> dict[str, Any]:
     retry = [_header("retry-after", "1")]
     return {
         "mappers": [
+            # Envoy's refusal of a new request near its heap limit, to a native gRPC caller: UNAVAILABLE, as Envoy
+            # maps its 503, with the reason and retry delay the services give.
+            _native_reply(
+                _refused_overloaded(),
+                Unavailable(
+                    "Envoy is near its memory limit and takes no new requests for now; retry",
+                    reason="OVERLOADED",
+                    retry_after_s=1,
+                ),
+            ),
             _local_reply(_cut("OVERLOADED"), _UNAVAILABLE, *_BODIES_OVERLOADED, retry, status=503),
             _local_reply(_cut("BODY_TOO_LARGE"), _INVALID_ARGUMENT, *_BODY_TOO_LARGE, status=413),
             _local_reply(
@@ -452,7 +483,7 @@ def _local_replies() -> dict[str, Any]:
                 retry,
             ),
             _local_reply(
-                _flags("OM"),
+                _refused_overloaded(),
                 _UNAVAILABLE,
                 "OVERLOADED",
                 "Envoy is near its memory limit and takes no new requests for now; retry",
@@ -523,8 +554,9 @@ def _local_reply(
     """A local-reply mapper: for a reply to an HTTP caller that Envoy made itself and `condition` matches, the JSON
     error body (Envoy's own reason for it, its response code details, in the ErrorInfo metadata), with `status`
     instead of Envoy's when given."""
-    # A key the request check sets (to true) is absent: the reply is neither the check's own nor to native gRPC.
-    not_own = [
+    # A key the request check sets (to true) is absent: the reply is neither the check's own nor to native gRPC; nor is
+    # it to a native gRPC call the check never saw (Envoy refused it before its filters ran).
+    not_own: list[dict[str, Any]] = [
         {
             "metadata_filter": {
                 "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": key}], "value": {"bool_match": False}},
@@ -533,6 +565,17 @@ def _local_reply(
         }
         for key in ("answered", "native")
     ]
+    not_own.append(
+        {
+            "or_filter": {
+                "filters": [
+                    {"header_filter": {"header": {"name": "content-type", "present_match": False}}},
+                    {"header_filter": {"header": {**_GRPC_CONTENT_TYPE, "invert_match": True}}},
+                    {"header_filter": {"header": {"name": TRANSCODED_HEADER, "present_match": True}}},
+                ]
+            }
+        }
+    )
     info = {
         "@type": "type.googleapis.com/google.rpc.ErrorInfo",
         "reason": reason,
@@ -548,6 +591,48 @@ def _local_reply(
     if status is not None:
         mapper["status_code"] = status
     return mapper
+
+
+def _native_reply(condition: dict[str, Any], error: SieError) -> dict[str, Any]:
+    """A local-reply mapper: for a reply to a native gRPC call (gRPC's content type, not transcoded) that Envoy made
+    itself and `condition` matches, `error`'s google.rpc.Status (its ErrorInfo, its RetryInfo) in
+    grpc-status-details-bin, and its message; the status code is Envoy's mapping of its HTTP status."""
+    details = base64.b64encode(error.to_status().SerializeToString()).decode()
+    native = [
+        {"header_filter": {"header": _GRPC_CONTENT_TYPE}},
+        {"header_filter": {"header": {"name": TRANSCODED_HEADER, "present_match": False}}},
+    ]
+    return {
+        "filter": {"and_filter": {"filters": [condition, *native]}},
+        "headers_to_add": [_header("grpc-status-details-bin", details)],
+        # Envoy sends a gRPC caller the body as grpc-message.
+        "body_format_override": {"text_format": error.message},
+    }
+
+
+def _refused_overloaded() -> dict[str, Any]:
+    """Envoy refused a new request near its heap limit (stop_accepting_requests): a 503 before any filter ran (its OM
+    flag is set only after the reply is made)."""
+    return {"or_filter": {"filters": [_flags("OM"), {"and_filter": {"filters": [_status(503), _unchecked()]}}]}}
+
+
+def _unchecked() -> dict[str, Any]:
+    """The request check never saw the request: it sets `rpc` (never empty) or `answered` (only ever true) on every
+    request it sees, so a key that is there never matches these values, and one that is not does."""
+    values = {"rpc": {"string_match": {"exact": ""}}, "answered": {"bool_match": False}}
+    return {
+        "and_filter": {
+            "filters": [
+                {
+                    "metadata_filter": {
+                        "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": key}], "value": value},
+                        "match_if_key_not_found": True,
+                    }
+                }
+                for key, value in values.items()
+            ]
+        }
+    }
 
 
 def _not_a_path() -> dict[str, Any]:
@@ -708,13 +793,26 @@ def _cluster(name: str, address: str, health_checked: bool = False, http2: bool 
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}},
+                "explicit_http_config": {"http2_protocol_options": _http2_windows()}
+                if http2
+                else {"http_protocol_options": {}},
             },
         },
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, int(port))}}]}],
         },
+    }
+
+
+def _http2_windows() -> dict[str, int]:
+    """HTTP/2 flow-control windows, which are also the buffer limits of an HTTP/2 stream's data (Envoy's defaults, 256
+    MiB, let each of 64 native 16 MB calls queue its whole message in Envoy for a gateway that read two: 149 MiB of
+    them pending at once, past the heap limit): downstream, what a client may send before Envoy has passed it on;
+    upstream, what Envoy queues for a service that has not read it."""
+    return {
+        "initial_stream_window_size": STREAM_WINDOW_BYTES,
+        "initial_connection_window_size": CONNECTION_BUFFER_BYTES,
     }
 
 
