@@ -49,7 +49,7 @@ from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
 
 from sie_common.edge.auth import CLIENT_ADDRESS_HEADER
-from sie_common.edge.errors import ERROR_DOMAIN, SieError, Unavailable
+from sie_common.edge.errors import ERROR_DOMAIN, InvalidArgument, SieError, Unavailable
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 from sie_stack.request_check import (
     FEW_CHUNKS,
@@ -72,6 +72,12 @@ _UNIMPLEMENTED = 12
 # Reasons and messages of answers given in more than one place.
 _ROUTE_NOT_FOUND = ("ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md")
 _BODIES_OVERLOADED = ("OVERLOADED", "Envoy holds as many request bodies as it may just now; retry")
+# A grpc-timeout header that is not gRPC's TimeoutValue TimeoutUnit (1 to 8 digits, then one of H M S m u n): passed on,
+# the gateway's grpc reset the stream, which a caller heard as INTERNAL.
+_BAD_TIMEOUT = (
+    "INVALID_TIMEOUT",
+    "the grpc-timeout header must be 1 to 8 digits and a unit (H, M, S, m, u or n), as gRPC writes it (e.g. 500m)",
+)
 _BODY_TOO_LARGE = (
     "BODY_TOO_LARGE",
     "the body is larger than the edge takes (sie envoy-config --max-request-bytes, the services' "
@@ -132,10 +138,22 @@ REQUEST_TIMEOUT = "60s"
 # A request's headers (the path with them), in KiB: what Envoy passes on becomes gRPC metadata (the path as
 # x-envoy-original-path, which tells the gateway the caller reads JSON), and grpc refuses metadata past 8 KiB at
 # random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
+# The request check refuses them past this (431 HEADERS_TOO_LARGE; to a native gRPC call INVALID_ARGUMENT), counted as
+# HTTP/2 and grpc count a header list (name, value and 32 bytes each); Envoy's codecs take up to CODEC_HEADERS_KIB, so
+# that the check sees them: past that, or past MAX_REQUEST_HEADERS fields, an HTTP/1 request gets 431 from the codec
+# and HTTP/2's codec resets the stream before any filter or local reply runs (9 KB of metadata on a native call was
+# such a reset, INTERNAL to the caller, when the codec's limit was this one).
 MAX_REQUEST_HEADERS_KIB = 7
-# A request's header fields at most (Envoy's default, written out): past it, or past MAX_REQUEST_HEADERS_KIB, an HTTP/1
-# request gets 431 HEADERS_TOO_LARGE; HTTP/2's codec resets the stream before any filter or local reply runs.
+CODEC_HEADERS_KIB = 32
+# A request's header fields at most (Envoy's default, written out).
 MAX_REQUEST_HEADERS = 100
+# Their refusal, by the request check or the HTTP/1 codec.
+_HEADERS_TOO_LARGE = (
+    "HEADERS_TOO_LARGE",
+    f"the request's headers exceed {MAX_REQUEST_HEADERS} fields or {MAX_REQUEST_HEADERS_KIB} KiB (name, value and 32 "
+    "bytes each, as HTTP/2 counts them), the path counted (they travel on as gRPC metadata): send fewer or shorter "
+    "headers",
+)
 # A stream, and a connection without streams, with no bytes either way for this long are closed.
 STREAM_IDLE_TIMEOUT = "300s"
 CONNECTION_IDLE_TIMEOUT = "300s"
@@ -262,8 +280,17 @@ def _http_connection_manager(
         "NOT_FOUND": not_found["direct_response"]["body"]["inline_string"],
         "CHECK_FAILED": _error_json(_INTERNAL, "EDGE_ERROR", "the request check failed to say; nothing went on"),
         "OVERLOADED": _error_json(_UNAVAILABLE, *_BODIES_OVERLOADED),
+        "BAD_TIMEOUT": _error_json(_INVALID_ARGUMENT, *_BAD_TIMEOUT),
+        "BAD_TIMEOUT_MESSAGE": _BAD_TIMEOUT[1],
+        "HEADERS_TOO_LARGE": _error_json(_INVALID_ARGUMENT, *_HEADERS_TOO_LARGE),
+        "HEADERS_TOO_LARGE_MESSAGE": _HEADERS_TOO_LARGE[1],
+        "HEADERS_TOO_LARGE_DETAILS": _status_details(
+            InvalidArgument(_HEADERS_TOO_LARGE[1], reason=_HEADERS_TOO_LARGE[0])
+        ),
+        # The same refusal to a native gRPC caller: its google.rpc.Status, as grpc-status-details-bin carries it.
+        "BAD_TIMEOUT_DETAILS": _status_details(InvalidArgument(_BAD_TIMEOUT[1], reason=_BAD_TIMEOUT[0])),
     }
-    check, guard = lua_filters(files, _checked_routes(files), answers, admission)
+    check, guard = lua_filters(files, _checked_routes(files), answers, admission, MAX_REQUEST_HEADERS_KIB * 1024)
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -275,7 +302,7 @@ def _http_connection_manager(
             "normalize_path": True,
             "merge_slashes": True,
             "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
-            "max_request_headers_kb": MAX_REQUEST_HEADERS_KIB,
+            "max_request_headers_kb": CODEC_HEADERS_KIB,
             "request_headers_timeout": REQUEST_HEADERS_TIMEOUT,
             "request_timeout": REQUEST_TIMEOUT,
             "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
@@ -515,13 +542,7 @@ def _local_replies() -> dict[str, Any]:
                 f"{REQUEST_TIMEOUT} of its first byte",
             ),
             _local_reply(_status(413), _INVALID_ARGUMENT, *_BODY_TOO_LARGE),
-            _local_reply(
-                _status(431),
-                _INVALID_ARGUMENT,
-                "HEADERS_TOO_LARGE",
-                f"the request's headers exceed {MAX_REQUEST_HEADERS} fields or {MAX_REQUEST_HEADERS_KIB} KiB, the "
-                "path counted (they travel on as gRPC metadata): send fewer or shorter headers",
-            ),
+            _local_reply(_status(431), _INVALID_ARGUMENT, *_HEADERS_TOO_LARGE),
             # The transcoder's refusals (a value that does not fit its field: "dims": "many") and the HTTP codec's.
             _local_reply(
                 {
@@ -597,7 +618,7 @@ def _native_reply(condition: dict[str, Any], error: SieError) -> dict[str, Any]:
     """A local-reply mapper: for a reply to a native gRPC call (gRPC's content type, not transcoded) that Envoy made
     itself and `condition` matches, `error`'s google.rpc.Status (its ErrorInfo, its RetryInfo) in
     grpc-status-details-bin, and its message; the status code is Envoy's mapping of its HTTP status."""
-    details = base64.b64encode(error.to_status().SerializeToString()).decode()
+    details = _status_details(error)
     native = [
         {"header_filter": {"header": _GRPC_CONTENT_TYPE}},
         {"header_filter": {"header": {"name": TRANSCODED_HEADER, "present_match": False}}},
@@ -614,6 +635,11 @@ def _refused_overloaded() -> dict[str, Any]:
     """Envoy refused a new request near its heap limit (stop_accepting_requests): a 503 before any filter ran (its OM
     flag is set only after the reply is made)."""
     return {"or_filter": {"filters": [_flags("OM"), {"and_filter": {"filters": [_status(503), _unchecked()]}}]}}
+
+
+def _status_details(error: SieError) -> str:
+    """`error`'s google.rpc.Status as a grpc-status-details-bin header carries it."""
+    return base64.b64encode(error.to_status().SerializeToString()).decode()
 
 
 def _unchecked() -> dict[str, Any]:
