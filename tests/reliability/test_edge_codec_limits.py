@@ -58,11 +58,12 @@ def test_too_many_headers_over_http1_are_a_json_431(edge, headers) -> None:
     status, body = raw(edge.port, f"GET /v1/models HTTP/1.1\r\nhost: edge\r\n{lines}\r\n".encode())
     reason, metadata = error(body)
     assert status == b"HTTP/1.1 431 Request Header Fields Too Large" and reason == "HEADERS_TOO_LARGE"
-    assert metadata["envoy"] in ("http1.too_many_headers", "http1.headers_too_large")
+    # the codec's (101 fields), or the request check's (8 KiB: the codec takes 32, test_envoy_header_limits)
+    assert metadata.get("envoy", "http1.too_many_headers") == "http1.too_many_headers"
     assert "100 fields or 7 KiB" in json.loads(body)["message"]
 
 
-@pytest.mark.parametrize("headers", [MANY, LONG], ids=["101 headers", "8 KiB of headers"])
+@pytest.mark.parametrize("headers", [MANY], ids=["101 headers"])
 def test_too_many_headers_over_http2_reset_that_stream_only(edge, headers) -> None:
     with Connection(edge.port) as connection, Connection(edge.port, source="127.0.0.2") as other:
         before = connection.request("POST", "/v1/encode/m", JSON, BODY)

@@ -49,7 +49,7 @@ from google.api import annotations_pb2
 from google.protobuf import descriptor_pb2
 
 from sie_common.edge.auth import CLIENT_ADDRESS_HEADER
-from sie_common.edge.errors import ERROR_DOMAIN
+from sie_common.edge.errors import ERROR_DOMAIN, InvalidArgument, SieError, Unavailable
 from sie_common.runtime.settings import DEFAULT_MAX_RECEIVE_MESSAGE_BYTES, DEFAULT_MAX_SEND_MESSAGE_BYTES
 from sie_stack.request_check import (
     FEW_CHUNKS,
@@ -72,6 +72,12 @@ _UNIMPLEMENTED = 12
 # Reasons and messages of answers given in more than one place.
 _ROUTE_NOT_FOUND = ("ROUTE_NOT_FOUND", "no HTTP route here: the paths are in docs/http.md")
 _BODIES_OVERLOADED = ("OVERLOADED", "Envoy holds as many request bodies as it may just now; retry")
+# A grpc-timeout header that is not gRPC's TimeoutValue TimeoutUnit (1 to 8 digits, then one of H M S m u n): passed on,
+# the gateway's grpc reset the stream, which a caller heard as INTERNAL.
+_BAD_TIMEOUT = (
+    "INVALID_TIMEOUT",
+    "the grpc-timeout header must be 1 to 8 digits and a unit (H, M, S, m, u or n), as gRPC writes it (e.g. 500m)",
+)
 _BODY_TOO_LARGE = (
     "BODY_TOO_LARGE",
     "the body is larger than the edge takes (sie envoy-config --max-request-bytes, the services' "
@@ -83,6 +89,10 @@ _HTTP_CONNECTION_MANAGER = (
 )
 _GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
 _FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
+# A request as native gRPC sends it (the transcoder leaves it alone; one it transcodes has TRANSCODED_HEADER).
+_GRPC_CONTENT_TYPE = {"name": "content-type", "string_match": {"prefix": "application/grpc"}}
+# The header the transcoder adds with the HTTP path (which tells the gateway the caller reads JSON).
+TRANSCODED_HEADER = "x-envoy-original-path"
 _MAX_CONNECTIONS = "envoy.resource_monitors.global_downstream_max_connections"
 # google.rpc.Code of the other JSON bodies Envoy answers with itself.
 _INVALID_ARGUMENT = 3
@@ -97,6 +107,9 @@ _INTERNAL = 13
 DEFAULT_MAX_HEAP_BYTES = 384 * 2**20
 BODY_BUDGET_SHARE = 1 / 3
 DEFAULT_MAX_CONNECTIONS = 1024
+# The share of the connection limit from which every connection (and stream) idle for 2 s is closed: the rest of the
+# limit stays free for new callers however many idle connections an attacker opens.
+CROWDED_SHARE = 0.9
 # Envoy's worker threads (its --concurrency; `sie up` and the Kubernetes base pass it): the body budget is split over
 # them (each thread's Lua state has its own).
 WORKER_THREADS = 2
@@ -107,6 +120,17 @@ DEFAULT_PEER_BODY_SHARE = 0.5
 MAX_BODIES_PER_THREAD = 1024
 # Requests (streams) at once on one HTTP/2 connection: each may buffer a whole body.
 MAX_CONCURRENT_STREAMS = 100
+# What Envoy reads from a connection at once, what an HTTP/2 client may send on a stream or a connection before Envoy
+# passes it on (its flow-control windows), and what a stream buffers on its way through (a native gRPC call, a body to
+# the HTTP adapter): each Envoy worker thread holds one read, and the request check's copy of it, at a time. Bodies the
+# check and the transcoder hold whole are not held to it (the check keeps a JSON body in its Lua memory, leased from
+# the body budget; a body of max_request_bytes passes, over HTTP/1 and HTTP/2: tests/reliability/test_envoy_buffers.py).
+CONNECTION_BUFFER_BYTES = 2**20
+# An HTTP/2 stream's flow-control window: what a client may send on one stream before Envoy has passed it on (Envoy's
+# default, 256 MiB, let a native call's whole message sit in Envoy). The edge values Envoy's own guidance gives.
+STREAM_WINDOW_BYTES = 2**16
+# What Envoy returns to the system each quarter second of the free memory tcmalloc holds.
+MEMORY_RELEASE_BYTES = 64 * 2**20
 # A request's headers, and the whole request, must arrive within these (from its first byte; neither is renewed by
 # more bytes). A native gRPC stream is exempt from the second once its first answer is on its way.
 REQUEST_HEADERS_TIMEOUT = "10s"
@@ -114,10 +138,22 @@ REQUEST_TIMEOUT = "60s"
 # A request's headers (the path with them), in KiB: what Envoy passes on becomes gRPC metadata (the path as
 # x-envoy-original-path, which tells the gateway the caller reads JSON), and grpc refuses metadata past 8 KiB at
 # random and past 16 KiB always, with RESOURCE_EXHAUSTED (HTTP 429, which invites retries).
+# The request check refuses them past this (431 HEADERS_TOO_LARGE; to a native gRPC call INVALID_ARGUMENT), counted as
+# HTTP/2 and grpc count a header list (name, value and 32 bytes each); Envoy's codecs take up to CODEC_HEADERS_KIB, so
+# that the check sees them: past that, or past MAX_REQUEST_HEADERS fields, an HTTP/1 request gets 431 from the codec
+# and HTTP/2's codec resets the stream before any filter or local reply runs (9 KB of metadata on a native call was
+# such a reset, INTERNAL to the caller, when the codec's limit was this one).
 MAX_REQUEST_HEADERS_KIB = 7
-# A request's header fields at most (Envoy's default, written out): past it, or past MAX_REQUEST_HEADERS_KIB, an HTTP/1
-# request gets 431 HEADERS_TOO_LARGE; HTTP/2's codec resets the stream before any filter or local reply runs.
+CODEC_HEADERS_KIB = 32
+# A request's header fields at most (Envoy's default, written out).
 MAX_REQUEST_HEADERS = 100
+# Their refusal, by the request check or the HTTP/1 codec.
+_HEADERS_TOO_LARGE = (
+    "HEADERS_TOO_LARGE",
+    f"the request's headers exceed {MAX_REQUEST_HEADERS} fields or {MAX_REQUEST_HEADERS_KIB} KiB (name, value and 32 "
+    "bytes each, as HTTP/2 counts them), the path counted (they travel on as gRPC metadata): send fewer or shorter "
+    "headers",
+)
 # A stream, and a connection without streams, with no bytes either way for this long are closed.
 STREAM_IDLE_TIMEOUT = "300s"
 CONNECTION_IDLE_TIMEOUT = "300s"
@@ -200,6 +236,10 @@ def render(
         # /readyz, and a pod's preStop drains through the admin from inside (deploy/kustomize/base/envoy/drain.sh).
         "admin": {"address": _address("127.0.0.1", admin_port)},
         "overload_manager": _overload_manager(max_heap_bytes, max_connections),
+        # Free memory goes back to the system as it is freed, not only past 90% (shrink_heap): the heap monitor counts
+        # what tcmalloc keeps mapped, and 64 native 16 MB calls through Envoy, most refused by the gateway at once,
+        # left 266 MiB counted with 7 MiB in use.
+        "memory_allocator_manager": {"bytes_to_release": MEMORY_RELEASE_BYTES, "memory_release_interval": "0.25s"},
         "static_resources": {
             "listeners": [
                 {
@@ -207,10 +247,10 @@ def render(
                     "address": _address(host, listen_port),
                     # A second Envoy (another stack, an orphan) must fail to bind, not share the port.
                     "enable_reuse_port": False,
-                    # The request check reads a whole JSON body before the transcoder does: the same limit
-                    # as the transcoder's (the default, 1 MiB, would refuse larger bodies). The overload
-                    # manager bounds what all of them hold together.
-                    "per_connection_buffer_limit_bytes": max_request_bytes,
+                    # What one read from a connection takes in before the filters see it (and an HTTP/1 stream's
+                    # buffer): a worker thread holds one such read and the check's copy of it at a time, so this
+                    # bounds what slow senders cost Envoy's heap (16 MiB, as it was, let 30 of them grow it by 34 MB).
+                    "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_BYTES,
                     # Connections spread evenly over the worker threads (by default the first to wake takes them, most
                     # often the same one): each thread has its own share of the body budget.
                     "connection_balance_config": {"exact_balance": {}},
@@ -240,8 +280,17 @@ def _http_connection_manager(
         "NOT_FOUND": not_found["direct_response"]["body"]["inline_string"],
         "CHECK_FAILED": _error_json(_INTERNAL, "EDGE_ERROR", "the request check failed to say; nothing went on"),
         "OVERLOADED": _error_json(_UNAVAILABLE, *_BODIES_OVERLOADED),
+        "BAD_TIMEOUT": _error_json(_INVALID_ARGUMENT, *_BAD_TIMEOUT),
+        "BAD_TIMEOUT_MESSAGE": _BAD_TIMEOUT[1],
+        "HEADERS_TOO_LARGE": _error_json(_INVALID_ARGUMENT, *_HEADERS_TOO_LARGE),
+        "HEADERS_TOO_LARGE_MESSAGE": _HEADERS_TOO_LARGE[1],
+        "HEADERS_TOO_LARGE_DETAILS": _status_details(
+            InvalidArgument(_HEADERS_TOO_LARGE[1], reason=_HEADERS_TOO_LARGE[0])
+        ),
+        # The same refusal to a native gRPC caller: its google.rpc.Status, as grpc-status-details-bin carries it.
+        "BAD_TIMEOUT_DETAILS": _status_details(InvalidArgument(_BAD_TIMEOUT[1], reason=_BAD_TIMEOUT[0])),
     }
-    check, guard = lua_filters(files, _checked_routes(files), answers, admission)
+    check, guard = lua_filters(files, _checked_routes(files), answers, admission, MAX_REQUEST_HEADERS_KIB * 1024)
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -253,7 +302,7 @@ def _http_connection_manager(
             "normalize_path": True,
             "merge_slashes": True,
             "path_with_escaped_slashes_action": "UNESCAPE_AND_FORWARD",
-            "max_request_headers_kb": MAX_REQUEST_HEADERS_KIB,
+            "max_request_headers_kb": CODEC_HEADERS_KIB,
             "request_headers_timeout": REQUEST_HEADERS_TIMEOUT,
             "request_timeout": REQUEST_TIMEOUT,
             "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
@@ -261,7 +310,11 @@ def _http_connection_manager(
                 "idle_timeout": CONNECTION_IDLE_TIMEOUT,
                 "max_headers_count": MAX_REQUEST_HEADERS,
             },
-            "http2_protocol_options": {"max_concurrent_streams": MAX_CONCURRENT_STREAMS},
+            "http2_protocol_options": {
+                "max_concurrent_streams": MAX_CONCURRENT_STREAMS,
+                # What a client may send on a stream, and on a connection, before Envoy has passed it on.
+                **_http2_windows(),
+            },
             "local_reply_config": _local_replies(),
             "route_config": {
                 "virtual_hosts": [
@@ -359,18 +412,21 @@ def _adapter_routes() -> list[dict[str, Any]]:
 
 
 def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, Any]:
-    """Past 85% of `max_heap_bytes` the streams holding the most buffered bytes are reset, more of them the
-    closer to 95%, and idle timeouts shrink; at 90% keep-alive stops and the heap is returned to the system; at
-    95% new requests are refused (503 OVERLOADED). Past half of `max_connections` idle timeouts shrink too (to 2 s
-    at 90%); connections past it are closed on accept."""
+    """Past 85% of `max_heap_bytes` idle timeouts shrink; at 90% keep-alive stops and the heap is returned to the
+    system; at 95% new requests are refused (503 OVERLOADED; UNAVAILABLE OVERLOADED to native gRPC). No stream is
+    reset for memory (reset_high_memory_stream): a native gRPC caller heard a reset as INTERNAL; what a stream holds
+    is bounded by CONNECTION_BUFFER_BYTES and STREAM_WINDOW_BYTES instead. From CROWDED_SHARE of `max_connections`
+    idle timeouts are 2 s, until fewer are open; connections past it are closed on accept."""
 
     def at(threshold: float) -> list[dict[str, Any]]:
         return [{"name": _FIXED_HEAP, "threshold": {"value": threshold}}]
 
     scaled = [{"name": _FIXED_HEAP, "scaled": {"scaling_threshold": 0.85, "saturation_threshold": 0.95}}]
     # Idle connections hold no heap but do hold places: 1024 that never sent a byte kept every new caller out for the
-    # 300 s idle timeout. From half the connection limit idle timeouts shrink, to their 2 s minimum at 90%.
-    crowded = [{"name": _MAX_CONNECTIONS, "scaled": {"scaling_threshold": 0.5, "saturation_threshold": 0.9}}]
+    # 300 s idle timeout. A threshold, not a scale: scaled from half the limit, the timeouts stretched back as the count
+    # fell, so how many idle connections stayed depended on when the overload manager looked (47 of 64 in a busy CI
+    # run); at its threshold every connection idle for 2 s goes, until fewer than CROWDED_SHARE of the limit are open.
+    crowded = [{"name": _MAX_CONNECTIONS, "threshold": {"value": CROWDED_SHARE}}]
     return {
         "refresh_interval": "0.25s",
         "resource_monitors": [
@@ -391,7 +447,6 @@ def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, An
             },
         ],
         "actions": [
-            {"name": "envoy.overload_actions.reset_high_memory_stream", "triggers": scaled},
             {
                 "name": "envoy.overload_actions.reduce_timeouts",
                 "triggers": scaled + crowded,
@@ -407,8 +462,6 @@ def _overload_manager(max_heap_bytes: int, max_connections: int) -> dict[str, An
             {"name": "envoy.overload_actions.disable_http_keepalive", "triggers": at(0.90)},
             {"name": "envoy.overload_actions.stop_accepting_requests", "triggers": at(0.95)},
         ],
-        # Streams that buffer 1 MiB or more are tracked, so reset_high_memory_stream can find the largest.
-        "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},
     }
 
 
@@ -422,6 +475,16 @@ def _local_replies() -> dict[str, Any]:
     retry = [_header("retry-after", "1")]
     return {
         "mappers": [
+            # Envoy's refusal of a new request near its heap limit, to a native gRPC caller: UNAVAILABLE, as Envoy
+            # maps its 503, with the reason and retry delay the services give.
+            _native_reply(
+                _refused_overloaded(),
+                Unavailable(
+                    "Envoy is near its memory limit and takes no new requests for now; retry",
+                    reason="OVERLOADED",
+                    retry_after_s=1,
+                ),
+            ),
             _local_reply(_cut("OVERLOADED"), _UNAVAILABLE, *_BODIES_OVERLOADED, retry, status=503),
             _local_reply(_cut("BODY_TOO_LARGE"), _INVALID_ARGUMENT, *_BODY_TOO_LARGE, status=413),
             _local_reply(
@@ -447,7 +510,7 @@ def _local_replies() -> dict[str, Any]:
                 retry,
             ),
             _local_reply(
-                _flags("OM"),
+                _refused_overloaded(),
                 _UNAVAILABLE,
                 "OVERLOADED",
                 "Envoy is near its memory limit and takes no new requests for now; retry",
@@ -479,13 +542,7 @@ def _local_replies() -> dict[str, Any]:
                 f"{REQUEST_TIMEOUT} of its first byte",
             ),
             _local_reply(_status(413), _INVALID_ARGUMENT, *_BODY_TOO_LARGE),
-            _local_reply(
-                _status(431),
-                _INVALID_ARGUMENT,
-                "HEADERS_TOO_LARGE",
-                f"the request's headers exceed {MAX_REQUEST_HEADERS} fields or {MAX_REQUEST_HEADERS_KIB} KiB, the "
-                "path counted (they travel on as gRPC metadata): send fewer or shorter headers",
-            ),
+            _local_reply(_status(431), _INVALID_ARGUMENT, *_HEADERS_TOO_LARGE),
             # The transcoder's refusals (a value that does not fit its field: "dims": "many") and the HTTP codec's.
             _local_reply(
                 {
@@ -518,8 +575,9 @@ def _local_reply(
     """A local-reply mapper: for a reply to an HTTP caller that Envoy made itself and `condition` matches, the JSON
     error body (Envoy's own reason for it, its response code details, in the ErrorInfo metadata), with `status`
     instead of Envoy's when given."""
-    # A key the request check sets (to true) is absent: the reply is neither the check's own nor to native gRPC.
-    not_own = [
+    # A key the request check sets (to true) is absent: the reply is neither the check's own nor to native gRPC; nor is
+    # it to a native gRPC call the check never saw (Envoy refused it before its filters ran).
+    not_own: list[dict[str, Any]] = [
         {
             "metadata_filter": {
                 "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": key}], "value": {"bool_match": False}},
@@ -528,6 +586,17 @@ def _local_reply(
         }
         for key in ("answered", "native")
     ]
+    not_own.append(
+        {
+            "or_filter": {
+                "filters": [
+                    {"header_filter": {"header": {"name": "content-type", "present_match": False}}},
+                    {"header_filter": {"header": {**_GRPC_CONTENT_TYPE, "invert_match": True}}},
+                    {"header_filter": {"header": {"name": TRANSCODED_HEADER, "present_match": True}}},
+                ]
+            }
+        }
+    )
     info = {
         "@type": "type.googleapis.com/google.rpc.ErrorInfo",
         "reason": reason,
@@ -543,6 +612,53 @@ def _local_reply(
     if status is not None:
         mapper["status_code"] = status
     return mapper
+
+
+def _native_reply(condition: dict[str, Any], error: SieError) -> dict[str, Any]:
+    """A local-reply mapper: for a reply to a native gRPC call (gRPC's content type, not transcoded) that Envoy made
+    itself and `condition` matches, `error`'s google.rpc.Status (its ErrorInfo, its RetryInfo) in
+    grpc-status-details-bin, and its message; the status code is Envoy's mapping of its HTTP status."""
+    details = _status_details(error)
+    native = [
+        {"header_filter": {"header": _GRPC_CONTENT_TYPE}},
+        {"header_filter": {"header": {"name": TRANSCODED_HEADER, "present_match": False}}},
+    ]
+    return {
+        "filter": {"and_filter": {"filters": [condition, *native]}},
+        "headers_to_add": [_header("grpc-status-details-bin", details)],
+        # Envoy sends a gRPC caller the body as grpc-message.
+        "body_format_override": {"text_format": error.message},
+    }
+
+
+def _refused_overloaded() -> dict[str, Any]:
+    """Envoy refused a new request near its heap limit (stop_accepting_requests): a 503 before any filter ran (its OM
+    flag is set only after the reply is made)."""
+    return {"or_filter": {"filters": [_flags("OM"), {"and_filter": {"filters": [_status(503), _unchecked()]}}]}}
+
+
+def _status_details(error: SieError) -> str:
+    """`error`'s google.rpc.Status as a grpc-status-details-bin header carries it."""
+    return base64.b64encode(error.to_status().SerializeToString()).decode()
+
+
+def _unchecked() -> dict[str, Any]:
+    """The request check never saw the request: it sets `rpc` (never empty) or `answered` (only ever true) on every
+    request it sees, so a key that is there never matches these values, and one that is not does."""
+    values = {"rpc": {"string_match": {"exact": ""}}, "answered": {"bool_match": False}}
+    return {
+        "and_filter": {
+            "filters": [
+                {
+                    "metadata_filter": {
+                        "matcher": {"filter": METADATA_NAMESPACE, "path": [{"key": key}], "value": value},
+                        "match_if_key_not_found": True,
+                    }
+                }
+                for key, value in values.items()
+            ]
+        }
+    }
 
 
 def _not_a_path() -> dict[str, Any]:
@@ -703,13 +819,26 @@ def _cluster(name: str, address: str, health_checked: bool = False, http2: bool 
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}} if http2 else {"http_protocol_options": {}},
+                "explicit_http_config": {"http2_protocol_options": _http2_windows()}
+                if http2
+                else {"http_protocol_options": {}},
             },
         },
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, int(port))}}]}],
         },
+    }
+
+
+def _http2_windows() -> dict[str, int]:
+    """HTTP/2 flow-control windows, which are also the buffer limits of an HTTP/2 stream's data (Envoy's defaults, 256
+    MiB, let each of 64 native 16 MB calls queue its whole message in Envoy for a gateway that read two: 149 MiB of
+    them pending at once, past the heap limit): downstream, what a client may send before Envoy has passed it on;
+    upstream, what Envoy queues for a service that has not read it."""
+    return {
+        "initial_stream_window_size": STREAM_WINDOW_BYTES,
+        "initial_connection_window_size": CONNECTION_BUFFER_BYTES,
     }
 
 

@@ -28,7 +28,10 @@
 -- ROUTES = {{method, Lua pattern of the path, message of the body or "" for none, gRPC path}, ...}
 -- BODY_LIMIT, BODY_BUDGET, PEER_BUDGET, MAX_BODIES, PEER_BODIES, LEASE_S, FEW_CHUNKS, MIN_CHUNK: the body admission
 -- (sie_stack.request_check.BodyAdmission, FEW_CHUNKS, MIN_CHUNK_BYTES);
--- OVERLOADED: the JSON body of its 503 (and NOT_FOUND, CHECK_FAILED: the route guard's answers).
+-- OVERLOADED: the JSON body of its 503 (and NOT_FOUND, CHECK_FAILED: the route guard's answers); BAD_TIMEOUT: the JSON
+-- body of its 400 for a malformed grpc-timeout header, BAD_TIMEOUT_MESSAGE and BAD_TIMEOUT_DETAILS (a google.rpc.Status,
+-- base64) the same refusal to a native gRPC call; HEADERS_TOO_LARGE (431), HEADERS_TOO_LARGE_MESSAGE and
+-- HEADERS_TOO_LARGE_DETAILS: those of headers over MAX_HEADER_BYTES.
 -- A route whose metadata (under this filter's name) says `adapter` goes to the gateway's HTTP adapter: its
 -- body is another protocol's (msgpack, Cohere, TEI), bounded here by size only.
 -- NAMESPACE: the dynamic-metadata namespace. The check writes `rpc` there (the gRPC path it
@@ -684,10 +687,48 @@ local function check_chunks(handle, route, lease, anonymous)
   allocated(size, handle:timestamp())
 end
 
+-- gRPC's TimeoutValue TimeoutUnit: 1 to 8 digits and a unit.
+local GRPC_TIMEOUT = "^%d%d?%d?%d?%d?%d?%d?%d?[HMSmun]$"
+
+-- The check's refusal to a native gRPC call: a trailers-only answer with INVALID_ARGUMENT, `message` and `details` (a
+-- google.rpc.Status, base64, its ErrorInfo with the reason).
+local function respond_grpc(handle, message, details)
+  handle:streamInfo():dynamicMetadata():set(NAMESPACE, "answered", true)
+  handle:respond({[":status"] = "200", ["content-type"] = "application/grpc", ["grpc-status"] = "3",
+    ["grpc-message"] = message, ["grpc-status-details-bin"] = details}, "")
+end
+
+-- The request's headers as HTTP/2 and grpc count a header list: name, value and 32 bytes each.
+local function header_bytes(headers)
+  local size = 0
+  for key, value in pairs(headers) do
+    size = size + #key + #value + 32
+  end
+  return size
+end
+
 function envoy_on_request(handle)
   local headers = handle:headers()
   local raw = headers:get(":path") or ""
-  if is_grpc(headers:get("content-type") or "") then
+  local grpc = is_grpc(headers:get("content-type") or "")
+  if header_bytes(headers) > MAX_HEADER_BYTES then
+    if grpc then
+      respond_grpc(handle, HEADERS_TOO_LARGE_MESSAGE, HEADERS_TOO_LARGE_DETAILS)
+    else
+      respond(handle, "431", HEADERS_TOO_LARGE)
+    end
+    return
+  end
+  local timeout = headers:get("grpc-timeout")
+  if timeout ~= nil and not find(timeout, GRPC_TIMEOUT) then
+    if grpc then
+      respond_grpc(handle, BAD_TIMEOUT_MESSAGE, BAD_TIMEOUT_DETAILS)
+    else
+      respond(handle, "400", BAD_TIMEOUT)
+    end
+    return
+  end
+  if grpc then
     local mark = handle:streamInfo():dynamicMetadata()
     mark:set(NAMESPACE, "rpc", raw)
     mark:set(NAMESPACE, "native", true)

@@ -107,11 +107,12 @@ def lua_filters(
     routes: Iterable[CheckedRoute],
     answers: Mapping[str, str],
     admission: BodyAdmission,
+    max_header_bytes: int,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The check (to put before the transcoder) and the guard (after it) for `routes`. `answers`: the JSON bodies of
     Envoy's own answers the scripts give, by the Lua global they read them from (NOT_FOUND, Envoy's other 404s;
     CHECK_FAILED, a 500 for a check that never said; OVERLOADED, a 503 for a full body budget). No route takes a
-    query."""
+    query. `max_header_bytes`: the most header bytes (name, value and 32 each) the check lets through."""
     routes = list(routes)
     messages = _messages(files)
     reachable = _reachable(messages, [route.message for route in routes if route.message])
@@ -123,6 +124,7 @@ def lua_filters(
     lines = [
         *constants,
         f"MAX_PATH = {MAX_PATH_BYTES}",
+        f"MAX_HEADER_BYTES = {max_header_bytes}",
         f"BODY_LIMIT = {admission.limit}",
         f"BODY_BUDGET = {admission.budget}",
         f"PEER_BUDGET = {admission.peer_budget}",

@@ -59,7 +59,7 @@ from sie_common.edge.malformed_requests import (
 )
 from sie_common.runtime.transport import ServerTransport
 from sie_gateway.client_address import ClientAddresses
-from sie_gateway.http_adapter.bodies import BodyBudget, BodyLease
+from sie_gateway.http_adapter.bodies import EVICT_AFTER_WAITING_S, BodyBudget, BodyLease
 from sie_gateway.http_adapter.errors import AdapterError
 from sie_gateway.settings import GatewaySettings
 
@@ -71,11 +71,6 @@ MAX_WAITING_READS = 4096
 # How often the oldest waiting read looks again for room freed where it is not told (an HTTP body
 # answered, a stalled read old enough to drop).
 RECHECK_S = 0.05
-# How long a read waits for room before it drops stalled reads to make it. The reads of messages sent at once end
-# within milliseconds and give their room back: a read that took room from a slow upload the moment it found none
-# dropped it although nothing stayed held (one caller's 15 MiB upload at 5 MiB/s, with 2 small calls of its own at a
-# time, was dropped about 1 s in, on each of 6 tries).
-EVICT_AFTER_WAITING_S = 0.25
 NO_MESSAGE = InvalidArgument("the call ended without its request message; send one", reason="MALFORMED_REQUEST")
 
 
