@@ -135,6 +135,7 @@ def test_more_layers_than_the_weights_hold_is_refused_before_building(
             capture_output=True,
             text=True,
             timeout=90,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         pytest.fail("the load of a million-layer config over a two-layer checkpoint was still building after 90 s")
@@ -148,4 +149,5 @@ def test_the_layers_a_checkpoint_holds_still_load(gte: Path) -> None:
     native = native_architecture(raw)
     assert native is not None
     model = native.loader(raw).from_pretrained(gte)
-    assert len(model.layers if hasattr(model, "layers") else model.encoder.layer) == raw["num_hidden_layers"] == 2
+    layers: Any = model.layers  # GteModel's
+    assert len(layers) == raw["num_hidden_layers"] == 2

@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from safetensors import safe_open
@@ -99,7 +99,7 @@ def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
     return {"rope_type": "linear", "rope_theta": float(theta * factor), "factor": float(factor) ** (2 / head_width)}
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     """A JSON number (`true` is not one, though Python counts bool an int)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -280,7 +280,8 @@ def check_layer_count(directory: Path, config: PretrainedConfig) -> None:
     indices: set[int] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
-            indices.update(int(found.group(1)) for name in handle.keys() if (found := _LAYER_INDEX.search(name)))
+            names = handle.keys()
+            indices.update(int(found.group(1)) for name in names if (found := _LAYER_INDEX.search(name)))
     held = max(indices, default=-1) + 1
     if indices and layers > held:
         raise ValueError(
