@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -71,19 +71,19 @@ def _shared_settings(raw: dict[str, Any]) -> dict[str, Any]:
 
 def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
     """new-impl's rotary embedding as transformers' rope parameters (see the module docstring)."""
-    theta = raw.get("rope_theta", NEW_IMPL_ROPE_THETA)
-    if not _is_number(theta) or not math.isfinite(theta) or theta <= 0:
-        raise ValueError(f"rope_theta {theta!r}: a rotary base must be a positive number")
+    given = raw.get("rope_theta", NEW_IMPL_ROPE_THETA)
+    theta = _finite(given)
+    if theta is None or theta <= 0:
+        raise ValueError(f"rope_theta {_finite(given, given)!r}: a rotary base must be a positive number")
     scaling = raw.get("rope_scaling")
     if scaling is None:
-        return {"rope_type": "default", "rope_theta": float(theta)}
-    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+        return {"rope_type": "default", "rope_theta": theta}
+    factor = _finite(scaling.get("factor")) if isinstance(scaling, dict) else None
     if (
         not isinstance(scaling, dict)
         or scaling.get("type") != "ntk"
         or scaling.get("mixed_b") is not None
-        or not _is_number(factor)
-        or not math.isfinite(factor)
+        or factor is None
         or factor < 1
     ):
         raise ValueError(
@@ -96,12 +96,19 @@ def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
             f"rope_theta {theta!r} times rope_scaling's factor {factor!r} is past a float's range: no rotary base"
         )
     head_width = _head_width(raw)
-    return {"rope_type": "linear", "rope_theta": float(theta * factor), "factor": float(factor) ** (2 / head_width)}
+    return {"rope_type": "linear", "rope_theta": theta * factor, "factor": factor ** (2 / head_width)}
 
 
-def _is_number(value: object) -> TypeGuard[int | float]:
-    """A JSON number (`true` is not one, though Python counts bool an int)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _finite(value: object, otherwise: object = None) -> Any:
+    """A JSON number as a finite float, else `otherwise` (`true` is no number, though Python counts bool an int; an
+    integer past a float's range is none either)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return otherwise
+    try:
+        number = float(value)
+    except OverflowError:
+        return otherwise
+    return number if math.isfinite(number) else otherwise
 
 
 # The sizes a config may leave out: NewConfig's defaults and GteConfig's alike.
