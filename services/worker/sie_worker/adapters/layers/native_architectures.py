@@ -28,6 +28,10 @@ absolute positions is transformers' XLM-RoBERTa layer for layer (post-LayerNorm 
 counted from the padding index + 1): its weights are renamed and the fused q/k/v split here
 (`xlm_roberta_flash_weights`).
 Its rotary variant (jina-colbert-v2, jina-embeddings-v3) and LoRA adapters are refused.
+
+A config's odd values fail the load with a ValueError naming the key, before any model is built: a rotary base or
+factor that is no finite number (or overflows when multiplied), a size that is no positive whole number, a head count
+that does not divide the width, and more layers than the checkpoint's safetensors weights hold (`check_layer_count`).
 """
 
 from __future__ import annotations
