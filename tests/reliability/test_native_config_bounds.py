@@ -101,6 +101,27 @@ def test_an_odd_gte_setting_is_refused_naming_its_key(gte: Path, change: dict[st
     assert is_permanent(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"num_attention_heads": 0}, "num_attention_heads"),
+        ({"num_attention_heads": 3}, "num_attention_heads"),
+        ({"pad_token_id": 10**9}, "pad_token_id"),
+        ({"pad_token_id": -1}, "pad_token_id"),
+    ],
+    ids=["no-heads", "heads-not-dividing", "padding-past-the-vocabulary", "negative-padding"],
+)
+def test_an_odd_jina_setting_is_refused_naming_its_key(jina: Path, change: dict[str, Any], named: str) -> None:
+    """A padding token past the vocabulary failed in torch with an AssertionError, which the registry retried for
+    ever (MODEL_LOAD_BACKOFF); no heads with a ZeroDivisionError."""
+    raw = _config(jina, **change)
+    native = native_architecture(raw)
+    assert native is not None and native.model_type == "xlm-roberta"
+    with pytest.raises(ValueError, match=named) as refused:
+        native.loader(raw)
+    assert is_permanent(refused.value)
+
+
 def test_a_missing_size_is_the_native_default(gte: Path) -> None:
     """A config without hidden_size (and no rope scaling) still reads as GteConfig's and NewConfig's 768."""
     raw = _config(gte, hidden_size=_MISSING, rope_scaling=None)

@@ -115,7 +115,7 @@ def _finite(value: object, otherwise: object = None) -> Any:
     return number if math.isfinite(number) else otherwise
 
 
-# The sizes a config may leave out: NewConfig's defaults and GteConfig's alike.
+# The sizes a config may leave out: NewConfig's, GteConfig's and XLMRobertaConfig's defaults alike.
 _SIZE_DEFAULTS = {"hidden_size": 768, "num_attention_heads": 12}
 
 
@@ -202,6 +202,10 @@ def xlm_roberta_flash_settings(raw: dict[str, Any]) -> dict[str, Any]:
     activation = raw.get("hidden_act", "gelu")
     if activation != "gelu" and activation not in _TANH_GELUS:
         raise ValueError(f"hidden_act {activation!r}: jinaai's XLM-RoBERTa computes GELU only")
+    _head_width(raw)
+    vocabulary, padding = raw.get("vocab_size", 30522), raw.get("pad_token_id", 1)  # XLMRobertaConfig's defaults
+    if not isinstance(vocabulary, int) or not isinstance(padding, int) or not 0 <= padding < vocabulary:
+        raise ValueError(f"pad_token_id {padding!r}: must be a token of the vocabulary (vocab_size {vocabulary!r})")
     settings = {key: value for key, value in _shared_settings(raw).items() if key not in _XLM_ROBERTA_FLASH_KEYS}
     return {**settings, "hidden_act": "gelu" if activation == "gelu" else "gelu_pytorch_tanh"}
 
