@@ -53,6 +53,15 @@ def _config(directory: Path, **change: Any) -> dict[str, Any]:
 _MISSING = object()
 
 
+def assert_refused(raw: dict[str, Any], model_type: str, named: str) -> None:
+    """The config is served natively as `model_type`, and its translation refuses it (permanently) naming `named`."""
+    native = native_architecture(raw)
+    assert native is not None and native.model_type == model_type
+    with pytest.raises(ValueError, match=named) as refused:
+        native.loader(raw)
+    assert is_permanent(refused.value)
+
+
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -93,12 +102,7 @@ _MISSING = object()
     ],
 )
 def test_an_odd_gte_setting_is_refused_naming_its_key(gte: Path, change: dict[str, Any], named: str) -> None:
-    raw = _config(gte, **change)
-    native = native_architecture(raw)
-    assert native is not None and native.model_type == "gte"
-    with pytest.raises(ValueError, match=named) as refused:
-        native.loader(raw)
-    assert is_permanent(refused.value)
+    assert_refused(_config(gte, **change), "gte", named)
 
 
 @pytest.mark.parametrize(
@@ -114,12 +118,7 @@ def test_an_odd_gte_setting_is_refused_naming_its_key(gte: Path, change: dict[st
 def test_an_odd_jina_setting_is_refused_naming_its_key(jina: Path, change: dict[str, Any], named: str) -> None:
     """A padding token past the vocabulary failed in torch with an AssertionError, which the registry retried for
     ever (MODEL_LOAD_BACKOFF); no heads with a ZeroDivisionError."""
-    raw = _config(jina, **change)
-    native = native_architecture(raw)
-    assert native is not None and native.model_type == "xlm-roberta"
-    with pytest.raises(ValueError, match=named) as refused:
-        native.loader(raw)
-    assert is_permanent(refused.value)
+    assert_refused(_config(jina, **change), "xlm-roberta", named)
 
 
 def test_a_missing_size_is_the_native_default(gte: Path) -> None:
