@@ -28,6 +28,10 @@ absolute positions is transformers' XLM-RoBERTa layer for layer (post-LayerNorm 
 counted from the padding index + 1): its weights are renamed and the fused q/k/v split here
 (`xlm_roberta_flash_weights`).
 Its rotary variant (jina-colbert-v2, jina-embeddings-v3) and LoRA adapters are refused.
+
+A config's odd values fail the load with a ValueError naming the key, before any model is built: a rotary base or
+factor that is no finite number (or overflows when multiplied), a size that is no positive whole number, a head count
+that does not divide the width, and more layers than the checkpoint's safetensors weights hold (`check_layer_count`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import CONFIG_MAPPING, AutoModel, PretrainedConfig, PreTrainedModel
 
@@ -70,19 +75,19 @@ def _shared_settings(raw: dict[str, Any]) -> dict[str, Any]:
 
 def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
     """new-impl's rotary embedding as transformers' rope parameters (see the module docstring)."""
-    theta = float(raw.get("rope_theta", NEW_IMPL_ROPE_THETA))
-    if not math.isfinite(theta) or theta <= 0:
-        raise ValueError(f"rope_theta {theta!r}: a rotary base must be a positive number")
+    given = raw.get("rope_theta", NEW_IMPL_ROPE_THETA)
+    theta = _finite(given)
+    if theta is None or theta <= 0:
+        raise ValueError(f"rope_theta {_finite(given, given)!r}: a rotary base must be a positive number")
     scaling = raw.get("rope_scaling")
     if scaling is None:
         return {"rope_type": "default", "rope_theta": theta}
-    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    factor = _finite(scaling.get("factor")) if isinstance(scaling, dict) else None
     if (
         not isinstance(scaling, dict)
         or scaling.get("type") != "ntk"
         or scaling.get("mixed_b") is not None
-        or not isinstance(factor, int | float)
-        or not math.isfinite(factor)
+        or factor is None
         or factor < 1
     ):
         raise ValueError(
@@ -90,8 +95,41 @@ def new_impl_rope(raw: dict[str, Any]) -> dict[str, Any]:
             '({"type": "ntk", "factor": f}, f >= 1); trust the shipped code (load_options.trust_remote_code) to '
             "run it as it is"
         )
-    head_width = int(raw["hidden_size"]) // int(raw["num_attention_heads"])
-    return {"rope_type": "linear", "rope_theta": theta * factor, "factor": float(factor) ** (2 / head_width)}
+    if not math.isfinite(theta * factor):
+        raise ValueError(
+            f"rope_theta {theta!r} times rope_scaling's factor {factor!r} is past a float's range: no rotary base"
+        )
+    head_width = _head_width(raw)
+    return {"rope_type": "linear", "rope_theta": theta * factor, "factor": factor ** (2 / head_width)}
+
+
+def _finite(value: object, otherwise: object = None) -> Any:
+    """A JSON number as a finite float, else `otherwise` (`true` is no number, though Python counts bool an int; an
+    integer past a float's range is none either)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return otherwise
+    try:
+        number = float(value)
+    except OverflowError:
+        return otherwise
+    return number if math.isfinite(number) else otherwise
+
+
+# The sizes a config may leave out: NewConfig's, GteConfig's and XLMRobertaConfig's defaults alike.
+_SIZE_DEFAULTS = {"hidden_size": 768, "num_attention_heads": 12}
+
+
+def _head_width(raw: dict[str, Any]) -> int:
+    """hidden_size / num_attention_heads, each a positive whole number, one dividing the other (ValueError naming the
+    key otherwise)."""
+    sizes = {key: raw.get(key, default) for key, default in _SIZE_DEFAULTS.items()}
+    for key, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{key} {value!r}: config.json must give a positive whole number")
+    hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+    if hidden % heads:
+        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    return hidden // heads
 
 
 def gte_settings(raw: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +147,7 @@ def gte_settings(raw: dict[str, Any]) -> dict[str, Any]:
     for key in ("logn_attention_scale", "logn_attention_clip1"):
         if raw.get(key):
             raise ValueError(f"{key}: the native GTE has no log-n attention scaling")
+    _head_width(raw)
     settings = {key: value for key, value in _shared_settings(raw).items() if key not in _NEW_IMPL_KEYS}
     return {**settings, "rope_parameters": new_impl_rope(raw)}
 
@@ -163,6 +202,10 @@ def xlm_roberta_flash_settings(raw: dict[str, Any]) -> dict[str, Any]:
     activation = raw.get("hidden_act", "gelu")
     if activation != "gelu" and activation not in _TANH_GELUS:
         raise ValueError(f"hidden_act {activation!r}: jinaai's XLM-RoBERTa computes GELU only")
+    _head_width(raw)
+    vocabulary, padding = raw.get("vocab_size", 30522), raw.get("pad_token_id", 1)  # XLMRobertaConfig's defaults
+    if not isinstance(vocabulary, int) or not isinstance(padding, int) or not 0 <= padding < vocabulary:
+        raise ValueError(f"pad_token_id {padding!r}: must be a token of the vocabulary (vocab_size {vocabulary!r})")
     settings = {key: value for key, value in _shared_settings(raw).items() if key not in _XLM_ROBERTA_FLASH_KEYS}
     return {**settings, "hidden_act": "gelu" if activation == "gelu" else "gelu_pytorch_tanh"}
 
@@ -218,6 +261,7 @@ class NativeLoader:
     def from_pretrained(self, directory: Path, *, trust_remote_code: bool = False, **kwargs: Any) -> PreTrainedModel:
         """The model of `directory`; `kwargs` go to the class's from_pretrained. Never runs the directory's code
         (`trust_remote_code` is the caller's, and not needed here: the config given names no code)."""
+        check_layer_count(directory, self.config)
         source: Path | None = directory
         if self.weights is not None:  # transformers takes weights given, or a directory to read, not both
             source, kwargs["state_dict"] = None, self.weights(directory)
@@ -232,6 +276,33 @@ class NativeLoader:
                 f"{directory}: the checkpoint lacks {len(missing)} weights of {type(model).__name__}, e.g. {missing[0]}"
             )
         return model
+
+
+# A weight of layer N: `layer.N.` (BERT, GTE), `layers.N.` (flash-attention BERT, Llama, Mistral).
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def check_layer_count(directory: Path, config: PretrainedConfig) -> None:
+    """Refuse a config that asks for more layers than the checkpoint's safetensors weights hold (ValueError naming
+    num_hidden_layers), before the class is built: building a million layers of a config that says so, to find
+    their weights missing, holds the load (and every load after it) for minutes and takes gigabytes. Read from the
+    files' headers only; a checkpoint without safetensors files, or without weights named by layer, is left to the
+    load itself."""
+    layers = getattr(config, "num_hidden_layers", None)
+    files = sorted(directory.glob("*.safetensors"))
+    if not isinstance(layers, int) or not files:
+        return
+    indices: set[int] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            names = handle.keys()
+            indices.update(int(found.group(1)) for name in names if (found := _LAYER_INDEX.search(name)))
+    held = max(indices, default=-1) + 1
+    if indices and layers > held:
+        raise ValueError(
+            f"{directory}: config.json's num_hidden_layers is {layers}, and the checkpoint's weights hold {held} "
+            "layers; fix num_hidden_layers"
+        )
 
 
 @dataclass(frozen=True)
