@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from edge_load import request
 from google.protobuf import json_format
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_http_edge import CLIP, MEAN
 
@@ -228,6 +228,9 @@ headers = st.dictionaries(
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(method=st.sampled_from(["POST", "POST", "POST", "GET", "PUT", "DELETE"]),
        path=st.sampled_from(ENCODE_PATHS) | st.sampled_from(OTHER_PATHS), body=raw_bodies(), extra=headers)
+# Envoy's own refusal (a fragment fails path normalization) to a grpc-web caller: it got a 400 with no body while the
+# local replies took every application/grpc* content type for native gRPC
+@example(method="POST", path=f"/v1/encode/{MEAN}#frag", body=b"{}", extra={"content-type": "application/grpc-web"})
 def test_generated_requests_get_a_bounded_documented_answer(edge, method, path, body, extra) -> None:
     started = time.monotonic()
     status, seconds, got = request(port_of(edge), method, path, body, extra)

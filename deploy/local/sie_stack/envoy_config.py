@@ -89,8 +89,10 @@ _HTTP_CONNECTION_MANAGER = (
 )
 _GRPC_JSON_TRANSCODER = "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder"
 _FIXED_HEAP = "envoy.resource_monitors.fixed_heap"
-# A request as native gRPC sends it (the transcoder leaves it alone; one it transcodes has TRANSCODED_HEADER).
-_GRPC_CONTENT_TYPE = {"name": "content-type", "string_match": {"prefix": "application/grpc"}}
+# A request as native gRPC sends it (the transcoder leaves it alone; one it transcodes has TRANSCODED_HEADER), as Envoy
+# and the request check take it (request_check.lua's is_native): application/grpc or application/grpc+...; grpc-web
+# and "application/grpc; charset=utf-8" are HTTP callers, answered with the JSON body.
+_GRPC_CONTENT_TYPE = {"name": "content-type", "string_match": {"safe_regex": {"regex": r"application/grpc(\+.*)?"}}}
 # The header the transcoder adds with the HTTP path (which tells the gateway the caller reads JSON).
 TRANSCODED_HEADER = "x-envoy-original-path"
 _MAX_CONNECTIONS = "envoy.resource_monitors.global_downstream_max_connections"
