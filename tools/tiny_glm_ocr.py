@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from tiny_ocr_vlms import bpe
+from tiny_ocr_vlms import bpe, decoder
 
 # The vision encoder's patch side and merge: one image token is a 2 x 2 block of 4-pixel patches (8 x 8 pixels).
 PATCH_SIZE = 4
@@ -84,14 +84,7 @@ def build_tiny_glm_ocr(directory: Path, *, seed: int = 0, generation: dict[str, 
         "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0},
     }
     text = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "max_position_embeddings": 2048,
+        **decoder(len(tokenizer)),
         "pad_token_id": ids["<|endoftext|>"],
         "rope_parameters": {
             "rope_type": "default",

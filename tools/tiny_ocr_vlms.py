@@ -57,7 +57,7 @@ def bpe(specials: list[str]) -> Tokenizer:
     return trained
 
 
-def _decoder(vocab_size: int) -> dict[str, Any]:
+def decoder(vocab_size: int) -> dict[str, Any]:
     """The decoders' size: 2 layers of 32, 2 heads sharing one key-value head."""
     return {
         "vocab_size": vocab_size,
@@ -108,7 +108,7 @@ def build_tiny_lighton_ocr(directory: Path, *, seed: int = 0, generation: dict[s
     }
     text = {
         "model_type": "qwen3",
-        **_decoder(len(tokenizer)),
+        **decoder(len(tokenizer)),
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
         "tie_word_embeddings": False,
@@ -164,7 +164,7 @@ def build_tiny_paddleocr_vl(directory: Path, *, seed: int = 0, generation: dict[
         "spatial_merge_size": 2,
     }
     text = {
-        **_decoder(len(tokenizer)),
+        **decoder(len(tokenizer)),
         "eos_token_id": ids["</s>"],
         "pad_token_id": ids["<unk>"],
         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [2, 3, 3]},

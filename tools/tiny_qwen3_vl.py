@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tiny_ocr_vlms import _decoder
+from tiny_ocr_vlms import decoder
 
 # The vision tower's patch side and merge: images are resized to multiples of 32 pixels, as the real ones.
 PATCH_SIZE = 16
@@ -92,7 +92,7 @@ def build_tiny_qwen3_vl(directory: Path, *, seed: int = 0) -> Path:
         "initializer_range": 0.2,
     }
     text = {
-        **_decoder(len(tokenizer)),
+        **decoder(len(tokenizer)),
         "max_position_embeddings": 16384,
         "rope_parameters": {
             "rope_type": "default",
