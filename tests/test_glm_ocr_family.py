@@ -31,7 +31,7 @@ from sie_worker.adapters.contract import Input, LoadContext, Query
 from sie_worker.adapters.families.ocr_vlm import OcrVlm
 from sie_worker.adapters.layers.video_free_processor import without_video
 from test_document_reader import extract
-from test_ocr_vlm_family import page_item, png
+from test_ocr_vlm_family import generated_answer, page_item, png
 from tiny_glm_ocr import CHAT_TEMPLATE, build_tiny_glm_ocr
 from worker_process import Services
 
@@ -100,21 +100,9 @@ def card_answers(directory: Path, pages: list[bytes], texts: list[str], max_new_
     decode."""
     processor = card_processor(directory)
     model = GlmOcrForConditionalGeneration.from_pretrained(directory).eval()
-    answers = []
-    for page, text in zip(pages, texts, strict=True):
-        image = Image.open(io.BytesIO(page)).convert("RGB")
-        content = [{"type": "image", "image": image}, {"type": "text", "text": text}]
-        inputs = processor.apply_chat_template(
-            [{"role": "user", "content": content}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-            return_tensors="pt",
-        )
-        with torch.inference_mode():
-            output = model.generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens)
-        answers.append(processor.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
-    return answers
+    return [
+        generated_answer(processor, model, page, text, max_new_tokens) for page, text in zip(pages, texts, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("max_new_tokens", [MAX_NEW_TOKENS, 40])

@@ -116,6 +116,11 @@ def card_answer(directory: Path, page: bytes, text: str | None, max_new_tokens: 
     """The model card's call: the chat template over the image (and the text), generate(), decode."""
     processor = AutoProcessor.from_pretrained(directory)
     model = AutoModelForImageTextToText.from_pretrained(directory).eval()
+    return generated_answer(processor, model, page, text, max_new_tokens)
+
+
+def generated_answer(processor: Any, model: Any, page: bytes, text: str | None, max_new_tokens: int) -> str:
+    """`model`'s greedy answer to the page (and the text) through `processor`'s chat template, decoded."""
     content: list[dict[str, Any]] = [{"type": "image", "image": Image.open(io.BytesIO(page)).convert("RGB")}]
     if text is not None:
         content.append({"type": "text", "text": text})
