@@ -101,3 +101,19 @@ def test_a_target_that_is_no_path_is_a_json_404(edge) -> None:
     # `*` is a target only OPTIONS takes: with any other method the codec refuses the request line
     status, body = raw(edge.port, b"GET * HTTP/1.1\r\nhost: edge\r\n\r\n")
     assert (status, error(body)[0]) == (b"HTTP/1.1 400 Bad Request", "INVALID_REQUEST")
+
+
+@pytest.mark.parametrize(
+    "malformed", [("X-Upper", "1"), ("connection", "close"), ("te", "gzip")], ids=["uppercase", "connection", "te"]
+)
+def test_a_malformed_header_over_http2_resets_that_stream_only(edge, malformed) -> None:
+    """HTTP/2 forbids upper-case names and connection-specific headers; one stream sending one used to end the whole
+    connection, a shared gRPC channel's calls in flight with it (an outside attack: the earlier stream's body, sent
+    after, got no answer)."""
+    with Connection(edge.port) as connection:
+        before = connection.request("POST", "/v1/encode/m", JSON, end=False)  # its body still to come
+        refused = connection.request("POST", "/v1/encode/m", [*JSON, malformed], BODY)
+        connection.send(before, BODY, end=True)
+        assert connection.read(lambda: all(connection.answered(stream) for stream in (before, refused)), 10)
+        assert refused in connection.resets and connection.goaway is None
+        assert error(connection.bodies[before])[0] == PASSED

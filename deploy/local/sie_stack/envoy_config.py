@@ -314,6 +314,9 @@ def _http_connection_manager(
             },
             "http2_protocol_options": {
                 "max_concurrent_streams": MAX_CONCURRENT_STREAMS,
+                # A stream with a malformed header (an upper-case name, a connection-specific header) is reset alone;
+                # by default Envoy ends the connection, and every call in flight on a shared gRPC channel with it.
+                "override_stream_error_on_invalid_http_message": True,
                 # What a client may send on a stream, and on a connection, before Envoy has passed it on.
                 **_http2_windows(),
             },
